@@ -1,0 +1,47 @@
+"""The Drafter protocol: the one interface every drafter implements."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from specfamily.core.policy import Policy, make_policy
+from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """begin once per request, propose per step, observe what was committed, optional end.
+
+    Class attributes the loop reads: ``needs_features`` (hand target features to ``observe``),
+    ``lossy`` (results are marked lossy), ``policy`` (a draft-length Policy).
+    """
+
+    needs_features: bool
+    lossy: bool
+    policy: Policy
+
+    def begin(self, ctx: DecodeContext) -> None: ...
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft: ...
+
+    def observe(self, outcome: VerifyOutcome) -> None: ...
+
+
+class BaseDrafter:
+    """Defaults for the protocol: no features, lossless, a draft-length policy from options."""
+
+    needs_features: bool = False
+    lossy: bool = False
+    default_gamma: int = 4
+
+    def __init__(self, gamma: int | None = None, policy: str = "constant") -> None:
+        self.policy = make_policy(policy, self.default_gamma if gamma is None else gamma)
+
+    def begin(self, ctx: DecodeContext) -> None:
+        self.policy.reset()
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        pass
+
+    def end(self) -> None:
+        pass

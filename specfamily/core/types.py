@@ -1,0 +1,118 @@
+"""Dataclasses shared by the engine and the drafters: sampling settings, drafts, outcomes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from specfamily.core.metrics import Metrics
+    from specfamily.core.target import Target
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Draft:
+    """A token tree over the current context; a chain has parents [-1, 0, 1, ...].
+
+    ``q`` row i is the distribution token i was actually sampled from (after the target's warping),
+    or ``q is None`` for deterministic proposals, which the verifier treats as one-hot.
+    """
+
+    tokens: torch.Tensor  # (n,) long
+    parents: torch.Tensor  # (n,) long, -1 for children of the root, parents[i] < i
+    q: torch.Tensor | None = None  # (n, V)
+
+    def __post_init__(self) -> None:
+        self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
+        self.parents = torch.as_tensor(self.parents, dtype=torch.long).reshape(-1)
+        n = self.tokens.numel()
+        if self.parents.numel() != n:
+            raise ValueError(f"draft has {n} tokens but {self.parents.numel()} parents")
+        if n and bool(((self.parents < -1) | (self.parents >= torch.arange(n))).any()):
+            raise ValueError("draft parents must satisfy -1 <= parents[i] < i")
+        if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != n):
+            raise ValueError(f"draft q must have shape (n={n}, V), got {tuple(self.q.shape)}")
+
+    @classmethod
+    def chain(cls, tokens, q: torch.Tensor | None = None) -> Draft:
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        return cls(tokens, torch.arange(tokens.numel()) - 1, q)
+
+    @classmethod
+    def empty(cls) -> Draft:
+        return cls(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def is_chain(self) -> bool:
+        return bool((self.parents == torch.arange(len(self)) - 1).all())
+
+    def depths(self) -> torch.Tensor:
+        """(n,) depth of each node; children of the root have depth 1."""
+        depth = [0] * len(self)
+        for i, parent in enumerate(self.parents.tolist()):
+            depth[i] = 1 if parent < 0 else depth[parent] + 1
+        return torch.tensor(depth, dtype=torch.long)
+
+
+@dataclass
+class VerifyOutcome:
+    """What one verification committed, handed to ``Drafter.observe``.
+
+    ``tokens`` are the new committed tokens: the accepted draft tokens, then the target's token.
+    ``features`` (only for drafters with ``needs_features``): (m, H) features of the positions
+    processed in this pass that lie on the committed path, in order; row j is the feature at
+    absolute position ``feature_start + j``, i.e. the one that produced the token at position
+    ``feature_start + j + 1``. Usually the root and the accepted nodes; on the first pass the
+    whole prompt.
+    """
+
+    tokens: list[int]
+    accepted_nodes: list[int]
+    draft_size: int
+    features: torch.Tensor | None = None  # (m, H)
+    feature_start: int = 0
+
+
+@dataclass
+class DecodeContext:
+    """Per-request state a drafter may read: the committed tokens grow as the loop commits."""
+
+    target: Target
+    prompt_ids: torch.Tensor  # (L,) long
+    sampling: SamplingConfig
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)  # prompt + committed new tokens
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only; an EOS that ends the text is included
+    metrics: Metrics
+    lossy: bool = False

@@ -1,0 +1,1 @@
+"""Conformance suite and test-only drafters for drafter authors."""

@@ -1,0 +1,3 @@
+from specfamily.zoo.cli import main
+
+main()
