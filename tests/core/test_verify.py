@@ -1,0 +1,103 @@
+import pytest
+import torch
+
+from specfamily.core.verify import greedy_tree, verify_chain, verify_tree
+
+P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
+Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
+
+
+def _one_hot(index: int, vocab: int = 5) -> torch.Tensor:
+    row = torch.zeros(vocab, dtype=torch.float64)
+    row[index] = 1.0
+    return row
+
+
+def test_textbook_single_position_law():
+    """One drafted token x ~ q then the verifier: the output must follow p exactly."""
+    gen = torch.Generator().manual_seed(0)
+    n = 40000
+    counts = torch.zeros(5)
+    accepted = 0
+    p_rows = torch.stack([P, P])  # row 1 (bonus) unused for the law of the first token
+    for _ in range(n):
+        x = torch.multinomial(Q, 1, generator=gen)
+        k, nxt = verify_chain(x, Q.view(1, -1), p_rows, gen)
+        first = int(x) if k == 1 else nxt
+        counts[first] += 1
+        accepted += k
+    assert accepted / n == pytest.approx(0.67, abs=0.01)
+    assert torch.allclose(counts / n, P.float(), atol=0.01)
+
+
+def test_residual_after_rejection_is_norm_max_p_minus_q():
+    gen = torch.Generator().manual_seed(1)
+    residual = torch.clamp(P - Q, min=0)
+    assert torch.allclose(residual, torch.tensor([0.22, 0, 0.06, 0.05, 0], dtype=torch.float64))
+    # token 1 has p/q = .26/.45: rejections resample from the residual only
+    counts = torch.zeros(5)
+    for _ in range(20000):
+        k, nxt = verify_chain(torch.tensor([1]), Q.view(1, -1), torch.stack([P, P]), gen)
+        if k == 0:
+            counts[nxt] += 1
+    law = counts / counts.sum()
+    assert torch.allclose(law, (residual / residual.sum()).float(), atol=0.015)
+    assert counts[1] == 0 and counts[4] == 0
+
+
+def test_greedy_chain_accepts_longest_matching_prefix():
+    p = torch.stack([_one_hot(2), _one_hot(3), _one_hot(0), _one_hot(4)])
+    assert verify_chain(torch.tensor([2, 3, 1]), None, p) == (2, 0)
+    assert verify_chain(torch.tensor([2, 3, 0]), None, p) == (3, 4)
+    assert verify_chain(torch.tensor([1, 3, 0]), None, p) == (0, 2)
+
+
+def test_greedy_tree_matches_verify_tree_with_one_hot_p():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        n = int(torch.randint(1, 9, (1,), generator=gen))
+        parents = torch.tensor([int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(n)])
+        tokens = torch.randint(0, 4, (n,), generator=gen)
+        best = torch.randint(0, 4, (n + 1,), generator=gen)
+        p = torch.nn.functional.one_hot(best, 5).double()
+        path, nxt = verify_tree(tokens, parents, None, p, gen)
+        # deterministic siblings with equal tokens: the first in index order wins in both
+        assert greedy_tree(tokens, parents, best) == (path, nxt)
+
+
+def test_tree_tries_children_in_order_and_descends():
+    # root children: node 0 (token 1), node 1 (token 2); node 2 (token 3) is a child of node 1
+    tokens, parents = torch.tensor([1, 2, 3]), torch.tensor([-1, -1, 1])
+    p = torch.stack([_one_hot(2), _one_hot(0), _one_hot(3), _one_hot(4)])
+    assert verify_tree(tokens, parents, None, p) == ([1, 2], 4)
+
+
+def test_deterministic_tree_is_exact_under_sampling():
+    """Two deterministic children at the root: the first token must still follow p."""
+    gen = torch.Generator().manual_seed(2)
+    tokens, parents = torch.tensor([1, 0]), torch.tensor([-1, -1])
+    p = torch.stack([P, P, P])
+    counts = torch.zeros(5)
+    n = 30000
+    for _ in range(n):
+        path, nxt = verify_tree(tokens, parents, None, p, gen)
+        counts[int(tokens[path[0]]) if path else nxt] += 1
+    assert torch.allclose(counts / n, P.float(), atol=0.01)
+
+
+def test_all_zero_residual_falls_back_to_p():
+    # q equals p on a one-hot: a rejection is impossible; with rounding the guard keeps a valid law
+    p = torch.stack([_one_hot(1), _one_hot(1)])
+    q = _one_hot(1).view(1, -1)
+    assert verify_chain(torch.tensor([1]), q, p) == (1, 1)
+
+
+def test_q_zero_for_the_drafted_token_is_an_error():
+    q = _one_hot(0).view(1, -1)
+    with pytest.raises(ValueError, match="draft token 2 has q = 0"):
+        verify_chain(torch.tensor([2]), q, torch.stack([P, P]))
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match=r"p must have shape \(n \+ 1 = 3, V\)"):
+        verify_tree(torch.tensor([1, 2]), torch.tensor([-1, 0]), None, torch.stack([P, P]))
