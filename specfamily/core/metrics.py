@@ -1,0 +1,198 @@
+"""Per-request metrics: acceptance (alpha), tau, per-position acceptance, timings, measured c.
+
+The decode loop feeds a ``MetricsRecorder`` one ``record_pass`` per target forward pass (the
+prefill pass included, as a pass without a proposal) and calls ``finish`` at the end; the numbers
+are computed by the small pure functions below, so timing stays out of the math.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+NAN = float("nan")
+
+
+@dataclass
+class Metrics:
+    """What one request measured. Ratios with nothing to count are nan."""
+
+    new_tokens: int
+    target_passes: int  # the prefill pass included
+    draft_steps: int  # drafter forward/proposal steps
+    proposed_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float  # alpha: accepted / (accepted + proposals that ended in a rejection)
+    draft_acceptance: float  # accepted / proposed tokens
+    mean_accepted_length: float  # tau = new_tokens / target_passes; plain decoding: 1.0
+    per_position_acceptance: list[float]  # i: accepted share of the tokens at depth i + 1
+    draft_seconds: float
+    verify_seconds: float
+    other_seconds: float
+    total_seconds: float
+    c: float  # one draft step's time / one verification pass's time (prefill and passes without a proposal left out)
+    lossy: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat and JSON-friendly: nan becomes None."""
+        return {key: _json_value(value) for key, value in asdict(self).items()}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, list):
+        return [_json_value(item) for item in value]
+    return value
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, nan when the denominator is not positive."""
+    return numerator / denominator if denominator > 0 else NAN
+
+
+def estimate_alpha(accepted: int, rejections: int) -> float:
+    """Per-position acceptance: each proposal is a run of accepts ended by at most one rejection."""
+    return ratio(accepted, accepted + rejections)
+
+
+def cost_ratio(draft_seconds: float, draft_steps: int, verify_seconds: float, verify_passes: int) -> float:
+    """c = (time per draft step) / (time per target pass); nan without draft steps or verify time."""
+    if draft_steps <= 0 or verify_passes <= 0 or verify_seconds <= 0:
+        return NAN
+    return (draft_seconds / draft_steps) / (verify_seconds / verify_passes)
+
+
+def per_position_acceptance(proposed_at: list[int], accepted_at: list[int]) -> list[float]:
+    """i: of the proposals with depth > i, the share whose token at depth i + 1 was accepted."""
+    return [ratio(accepted, proposed) for proposed, accepted in zip(proposed_at, accepted_at, strict=True)]
+
+
+def _check_count(value: int, name: str) -> int:
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = None
+    if count is None or count < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return count
+
+
+def _check_seconds(value: float, name: str) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return value
+
+
+@dataclass
+class MetricsRecorder:
+    """Accumulates one request's passes; ``finish`` turns them into ``Metrics``.
+
+    The first recorded pass is the prefill (the loop's contract). c leaves it out, and counts
+    verify time only of passes that verified a proposal and draft time only of passes with draft
+    steps, so a long prompt's prefill does not skew it.
+    """
+
+    target_passes: int = 0
+    proposals: int = 0
+    rejections: int = 0
+    draft_steps: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    c_draft_steps: int = 0  # for c, after the prefill pass: draft steps,
+    c_draft_seconds: float = 0.0  # their time,
+    c_verify_passes: int = 0  # passes that verified a proposal,
+    c_verify_seconds: float = 0.0  # and their time
+    proposed_at: list[int] = field(default_factory=list)  # proposals with depth > i
+    accepted_at: list[int] = field(default_factory=list)  # of those, accepted at depth i + 1
+
+    def record_pass(
+        self,
+        proposed_depth: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        draft_steps: int | None = None,
+        proposed_tokens: int | None = None,
+    ) -> None:
+        """One target pass: draft depth verified (0: none), draft tokens accepted, times.
+
+        ``draft_steps`` defaults to ``proposed_depth`` (a chain drafter's steps); ``proposed_tokens``
+        defaults to ``proposed_depth`` (a tree drafter passes its node count).
+        """
+        proposed_depth = _check_count(proposed_depth, "proposed_depth")
+        accepted = _check_count(accepted, "accepted")
+        if accepted > proposed_depth:
+            raise ValueError(f"accepted ({accepted}) cannot exceed proposed_depth ({proposed_depth})")
+        draft_steps = _check_count(proposed_depth if draft_steps is None else draft_steps, "draft_steps")
+        proposed_tokens = proposed_depth if proposed_tokens is None else proposed_tokens
+        proposed_tokens = _check_count(proposed_tokens, "proposed_tokens")
+        if proposed_tokens < proposed_depth:
+            raise ValueError(f"proposed_tokens ({proposed_tokens}) cannot be below proposed_depth ({proposed_depth})")
+        draft_seconds = _check_seconds(draft_seconds, "draft_seconds")
+        verify_seconds = _check_seconds(verify_seconds, "verify_seconds")
+
+        if self.target_passes > 0:
+            self._count_cost(proposed_depth, draft_steps, draft_seconds, verify_seconds)
+        self.target_passes += 1
+        self.draft_steps += draft_steps
+        self.proposed_tokens += proposed_tokens
+        self.accepted_tokens += accepted
+        self.draft_seconds += draft_seconds
+        self.verify_seconds += verify_seconds
+        if proposed_depth:
+            self.proposals += 1
+            self.rejections += int(accepted < proposed_depth)
+            self._count_positions(proposed_depth, accepted)
+
+    def _count_cost(self, proposed_depth: int, draft_steps: int, draft_seconds: float, verify_seconds: float) -> None:
+        if draft_steps:
+            self.c_draft_steps += draft_steps
+            self.c_draft_seconds += draft_seconds
+        if proposed_depth:
+            self.c_verify_passes += 1
+            self.c_verify_seconds += verify_seconds
+
+    def _count_positions(self, proposed_depth: int, accepted: int) -> None:
+        missing = proposed_depth - len(self.proposed_at)
+        if missing > 0:
+            self.proposed_at.extend([0] * missing)
+            self.accepted_at.extend([0] * missing)
+        for i in range(proposed_depth):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += int(i < accepted)
+
+    def running_c(self) -> float | None:
+        """c so far, for draft-length policies; None while it cannot be measured yet."""
+        c = self._c()
+        return None if math.isnan(c) else c
+
+    def _c(self) -> float:
+        return cost_ratio(self.c_draft_seconds, self.c_draft_steps, self.c_verify_seconds, self.c_verify_passes)
+
+    def finish(self, new_tokens: int, total_seconds: float, lossy: bool = False) -> Metrics:
+        """The request's Metrics; other_seconds = total - draft - verify (floored at 0)."""
+        new_tokens = _check_count(new_tokens, "new_tokens")
+        total_seconds = _check_seconds(total_seconds, "total_seconds")
+        return Metrics(
+            new_tokens=new_tokens,
+            target_passes=self.target_passes,
+            draft_steps=self.draft_steps,
+            proposed_tokens=self.proposed_tokens,
+            accepted_tokens=self.accepted_tokens,
+            acceptance_rate=estimate_alpha(self.accepted_tokens, self.rejections),
+            draft_acceptance=ratio(self.accepted_tokens, self.proposed_tokens),
+            mean_accepted_length=ratio(new_tokens, self.target_passes),
+            per_position_acceptance=per_position_acceptance(self.proposed_at, self.accepted_at),
+            draft_seconds=self.draft_seconds,
+            verify_seconds=self.verify_seconds,
+            other_seconds=max(0.0, total_seconds - self.draft_seconds - self.verify_seconds),
+            total_seconds=total_seconds,
+            c=self._c(),
+            lossy=bool(lossy),
+        )

@@ -1,0 +1,94 @@
+"""Leviathan et al. (2022) formulas for speculative decoding, as pure functions on floats.
+
+alpha = probability that one draft token is accepted (assumed i.i.d. per position), gamma = draft
+length, c = cost of one draft step relative to one target pass, verify_cost = cost of the target
+pass over gamma + 1 tokens relative to a pass over one token, t(gamma + 1) / t(1) (the paper
+assumes 1; on a CPU it is not).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+
+import torch
+
+VerifyCost = float | Callable[[int], float] | None  # t(gamma + 1) / t(1): fixed, per gamma, or 1
+
+
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not 0.0 <= alpha <= 1.0:  # also rejects nan
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    return alpha
+
+
+def _check_gamma(gamma: int, name: str = "gamma", minimum: int = 0) -> int:
+    if isinstance(gamma, bool):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {gamma!r}")
+    try:
+        gamma = operator.index(gamma)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {gamma!r}") from None
+    if gamma < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {gamma!r}")
+    return gamma
+
+
+def _check_c(c: float) -> float:
+    c = float(c)
+    if not (math.isfinite(c) and c >= 0.0):
+        raise ValueError(f"c must be a finite number >= 0, got {c!r}")
+    return c
+
+
+def _verify_cost_at(verify_cost: VerifyCost, gamma: int) -> float:
+    """t(gamma + 1) / t(1) for this gamma: 1 when None, the float, or the callable's value."""
+    cost = 1.0 if verify_cost is None else verify_cost(gamma) if callable(verify_cost) else verify_cost
+    cost = float(cost)
+    if not (math.isfinite(cost) and cost > 0.0):
+        raise ValueError(f"verify_cost must be a finite number > 0, got {cost!r} at gamma={gamma}")
+    return cost
+
+
+def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
+    """E[tokens per target pass] = (1 - alpha^(gamma + 1)) / (1 - alpha); gamma + 1 when alpha = 1."""
+    alpha, gamma = _check_alpha(alpha), _check_gamma(gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, gamma: int, c: float, verify_cost: VerifyCost = None) -> float:
+    """Expected wall-time improvement over plain decoding: tokens per pass / (gamma * c + verify_cost).
+
+    ``verify_cost`` is a float, a callable ``gamma -> t(gamma + 1) / t(1)`` (a measured cost curve),
+    or None for the paper's assumption of 1.
+    """
+    tokens = expected_tokens_per_pass(alpha, gamma)
+    c, gamma = _check_c(c), _check_gamma(gamma)
+    return tokens / (gamma * c + _verify_cost_at(verify_cost, gamma))
+
+
+def optimal_gamma(alpha: float, c: float, verify_cost: VerifyCost = None, max_gamma: int = 32) -> int:
+    """The integer gamma in [1, max_gamma] that maximises ``expected_speedup`` (the smallest on ties).
+
+    Always returns a gamma >= 1, even when no gamma gives a speedup above 1 (a poor drafter or a
+    costly one); compare ``expected_speedup`` at the result with 1 to decide whether to draft at all.
+    """
+    alpha, c = _check_alpha(alpha), _check_c(c)
+    max_gamma = _check_gamma(max_gamma, "max_gamma", minimum=1)
+    speedups = [expected_speedup(alpha, gamma, c, verify_cost) for gamma in range(1, max_gamma + 1)]
+    return 1 + max(range(max_gamma), key=speedups.__getitem__)
+
+
+def acceptance_rate(p: torch.Tensor | Sequence[float], q: torch.Tensor | Sequence[float]) -> float:
+    """Expected acceptance at one position: sum_x min(p(x), q(x)) = 1 - total variation distance."""
+    p64 = torch.as_tensor(p, dtype=torch.float64)
+    q64 = torch.as_tensor(q, dtype=torch.float64)
+    if p64.shape != q64.shape:
+        raise ValueError(f"p and q must have the same shape, got {tuple(p64.shape)} and {tuple(q64.shape)}")
+    if bool((p64 < 0).any()) or bool((q64 < 0).any()):
+        raise ValueError("p and q must be non-negative")
+    return float(torch.minimum(p64, q64).sum())
