@@ -1,1 +1,29 @@
-"""Conformance suite and test-only drafters for drafter authors."""
+"""Conformance suite and test-only drafters for drafter authors.
+
+``assert_lossless(factory)`` and ``assert_greedy_equivalent(factory)`` take
+``factory(target) -> Drafter`` and build their own tiny random targets. Names load lazily so the
+pytest plugin costs nothing at start-up.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "SAMPLING_MATRIX": "conformance",
+    "assert_greedy_equivalent": "conformance",
+    "assert_lossless": "conformance",
+    "check_fit": "conformance",
+    "draft_model_for": "conformance",
+    "exact_distribution": "conformance",
+    "OracleDrafter": "drafters",
+    "RandomTreeDrafter": "drafters",
+    "WrongDrafter": "drafters",
+    "tiny_model": "tiny",
+    "tiny_target": "tiny",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specfamily.testing' has no attribute {name!r}")
+    return getattr(import_module(f"specfamily.testing.{_EXPORTS[name]}"), name)

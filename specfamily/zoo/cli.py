@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from specfamily.zoo.prompts import build_prompt_sets
 
-        build_prompt_sets(Path(args.workdir), Path(args.out))
+        manifest = build_prompt_sets(Path(args.workdir), Path(args.out))
+        print(", ".join(f"{name}: {count} prompts" for name, count in manifest["counts"].items()) + f" in {args.out}")
 
 
 if __name__ == "__main__":

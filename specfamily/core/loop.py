@@ -1,0 +1,124 @@
+"""The decode loop: propose -> verify (one target pass) -> commit -> observe.
+
+``drafter=None`` is plain autoregressive decoding through the very same target calls, so that
+timings compare fairly.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specfamily.core.drafter import Drafter
+from specfamily.core.metrics import MetricsRecorder
+from specfamily.core.sampling import warp
+from specfamily.core.target import Target
+from specfamily.core.types import DecodeContext, Draft, GenerationResult, SamplingConfig, VerifyOutcome
+from specfamily.core.verify import greedy_tree, verify_tree
+
+
+def verify_draft(
+    draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Warp the target's logits (n+1, V) into p and accept a path of ``draft``."""
+    if sampling.greedy:
+        return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
+    p = warp(logits, sampling)
+    q = None if draft.q is None else draft.q.to(p.device)
+    return verify_tree(draft.tokens.to(p.device), draft.parents, q, p, generator)
+
+
+def truncate(tokens: list[int], budget: int, eos_token_id: int | None) -> tuple[list[int], bool]:
+    """Cut committed tokens at the budget and just after the first EOS: (kept, finished)."""
+    kept = tokens[:budget]
+    if eos_token_id is not None and eos_token_id in kept:
+        return kept[: kept.index(eos_token_id) + 1], True
+    return kept, len(kept) == budget
+
+
+def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: SamplingConfig) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a specfamily.SamplingConfig, got {type(sampling).__name__}")
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter must implement begin/propose/observe, got {type(drafter).__name__}")
+
+
+def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int) -> Draft:
+    """The drafter's proposal, with gamma capped so no pass drafts past the token budget."""
+    if drafter is None:
+        return Draft.empty()
+    gamma = min(drafter.policy.next_gamma(), remaining - 1)
+    return drafter.propose(ctx, gamma) if gamma > 0 else Draft.empty()
+
+
+def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int):
+    rows = None
+    if features is not None:
+        index = torch.cat([torch.arange(pending), pending + torch.tensor(accepted, dtype=torch.long)])
+        rows = features.index_select(0, index.to(features.device))
+    return VerifyOutcome(committed, accepted, len(draft), rows, start)
+
+
+def generate(
+    target: Target,
+    drafter: Drafter | None,
+    prompt_ids,
+    max_new_tokens: int = 64,
+    sampling: SamplingConfig | None = None,
+    seed: int = 0,
+) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` after ``prompt_ids``, stopping after EOS."""
+    sampling = SamplingConfig() if sampling is None else sampling
+    _check_request(drafter, max_new_tokens, sampling)
+    ids = target.check_ids(prompt_ids)
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    ctx = DecodeContext(target, ids, sampling, generator, tokens=ids.tolist())
+    needs_features = drafter is not None and drafter.needs_features
+    recorder, new_tokens = MetricsRecorder(), []
+    started = time.perf_counter()
+    if drafter is not None:
+        drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
+    target.reset()
+    pending = ids.to(target.device)
+    try:
+        while len(new_tokens) < max_new_tokens:
+            remaining = max_new_tokens - len(new_tokens)
+            t0 = time.perf_counter()
+            draft = _propose(drafter, ctx, remaining)
+            t1 = time.perf_counter()
+            start = target.cached_length
+            out = target.forward(pending, draft, features=needs_features)
+            accepted, next_token = verify_draft(draft, out.logits, sampling, generator)
+            target.commit(accepted)
+            depth = _depth(draft)
+            recorder.record_pass(
+                depth, len(accepted), t1 - t0, time.perf_counter() - t1, proposed_tokens=len(draft)
+            )
+            committed = draft.tokens[accepted].tolist() + [next_token]
+            kept, finished = truncate(committed, remaining, target.eos_token_id)
+            new_tokens += kept
+            ctx.tokens += kept
+            if finished:
+                break
+            if drafter is not None:
+                drafter.policy.update(depth, len(accepted), recorder.running_c())
+                drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
+            pending = torch.tensor([next_token], dtype=torch.long, device=target.device)
+    finally:
+        if drafter is not None and hasattr(drafter, "end"):
+            drafter.end()
+    lossy = bool(drafter is not None and drafter.lossy)
+    metrics = recorder.finish(len(new_tokens), time.perf_counter() - started, lossy=lossy)
+    return GenerationResult(new_tokens, metrics, lossy)
+
+
+def _depth(draft: Draft) -> int:
+    """Proposed depth of a draft: its length for a chain, its deepest level for a tree."""
+    if len(draft) == 0:
+        return 0
+    return len(draft) if draft.is_chain else int(draft.depths().max())

@@ -1,0 +1,326 @@
+"""The target model wrapper: one forward over the pending tokens plus a draft chain or tree, and KV rollback.
+
+The cache holds every committed token except the last one (the root). ``forward`` feeds the pending tokens (the
+root last) and the draft nodes in one model call; ``commit`` keeps the pending tokens and the accepted path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
+from specfamily.core.types import Draft
+
+__all__ = ["Target", "TargetOutput", "load_target"]
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+_LAYOUT_CACHE_SIZE = 64
+_LAYOUT_CACHE_MAX_TOKENS = 256  # pending + nodes; larger local masks (long prompts) are built and not kept
+
+
+@dataclass
+class TargetOutput:
+    """What one target pass returns (inference-mode tensors: clone them before using them in autograd)."""
+
+    logits: torch.Tensor  # (n + 1, V): row 0 at the root (last pending token), row i + 1 after draft node i
+    features: torch.Tensor | None = None  # (m + n, H): last hidden state after the final norm, every fed position
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """The shape of the last forward, needed by ``commit``."""
+
+    start: int  # cached length before the pass
+    m: int
+    parents: tuple[int, ...]
+
+
+class Target:
+    """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer=None) -> None:
+        check_supported(model)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        text_config = model.config.get_text_config(decoder=True)
+        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        self.hidden_size: int = int(text_config.hidden_size)
+        self.num_layers: int = int(text_config.num_hidden_layers)
+        self.eos_token_ids: tuple[int, ...] = _eos_ids(model, tokenizer, self.vocab_size)
+        self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_logits = "logits_to_keep" in params
+        self._layouts: OrderedDict[tuple[int, tuple[int, ...]], TreeLayout] = OrderedDict()
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def reset(self) -> None:
+        """Start a new request: an empty cache."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached_length = 0
+        self._last: _Pass | None = None
+
+    def check_ids(self, ids) -> torch.Tensor:
+        """A validated (L,) long tensor of token ids on the model's device; (1, L) is accepted too."""
+        if not isinstance(ids, torch.Tensor):
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+                raise TypeError(f"token ids must be a 1-D sequence of ints or a tensor, got {type(ids).__name__}")
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise TypeError("token ids must be integers")
+            ids = torch.tensor(list(ids), dtype=torch.long)
+        elif ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1:
+            raise ValueError(f"token ids must be 1-D (batch size 1), got shape {tuple(ids.shape)}")
+        if ids.numel() == 0:
+            raise ValueError("prompt is empty")
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.numel():
+            raise ValueError(f"token id {int(bad[0])} is outside the vocabulary [0, {self.vocab_size})")
+        return ids.to(device=self.device, dtype=torch.long)
+
+    @torch.inference_mode()
+    def forward(self, pending: torch.Tensor, draft: Draft | None = None, features: bool = False) -> TargetOutput:
+        """Score the pending tokens (the root last) and a draft tree over them in one model call."""
+        if self._last is not None:
+            raise RuntimeError("commit() the previous forward before the next one")
+        if pending.dim() != 1 or pending.numel() == 0:
+            raise ValueError(f"pending must be a non-empty 1-D tensor of token ids, got shape {tuple(pending.shape)}")
+        if pending.dtype != torch.long:
+            raise TypeError(f"pending must be a long tensor, got {pending.dtype}")
+        m, start = pending.numel(), self.cached_length
+        parents: tuple[int, ...] = tuple(draft.parents.tolist()) if draft is not None else ()  # host tensor
+        n = len(parents)
+        ids = pending.to(self.device)
+        if n:
+            ids = torch.cat((ids, draft.tokens.to(self.device, non_blocking=True)))  # (m + n,)
+        if n or start:
+            layout = self._layout(m, parents)
+            mask = attention_mask(start, layout.local)  # (1, 1, m + n, start + m + n)
+            positions = layout.offsets + start  # (m + n,)
+        else:  # prefill without a draft: plain causal, which transformers may hand to sdpa as is_causal
+            mask = None
+            positions = torch.arange(m, device=self.device)
+        extra = {"logits_to_keep": n + 1} if self._keep_logits else {}
+        try:
+            out = self.model(
+                input_ids=ids[None],
+                attention_mask=mask,
+                position_ids=positions[None],
+                use_cache=True,
+                output_hidden_states=features,
+                **{self._cache_kw: self.cache},
+                **extra,
+            )
+        except BaseException:
+            _truncate(self.cache, start)  # a failed pass (bad id, out of memory) leaves the cache as it was
+            raise
+        self._last = _Pass(start, m, parents)
+        feats = out.hidden_states[-1][0] if features else None  # (m + n, H), after the final norm
+        return TargetOutput(out.logits[0, -(n + 1) :], feats)
+
+    @torch.inference_mode()
+    def commit(self, accepted_nodes: Sequence[int]) -> None:
+        """Keep in the cache the pending tokens of the last forward and the accepted nodes (root down)."""
+        last = self._last
+        if last is None:
+            raise RuntimeError("commit() needs a forward() first")
+        accepted = list(accepted_nodes)
+        _check_path(accepted, last.parents)
+        base, k = last.start + last.m, len(accepted)
+        if accepted != list(range(k)):
+            src = torch.tensor(accepted, dtype=torch.long).to(self.device, non_blocking=True) + base  # (k,)
+            _gather_tail(self.cache, base, src)
+        _truncate(self.cache, base + k)
+        self.cached_length = base + k
+        self._last = None
+
+    def _layout(self, m: int, parents: tuple[int, ...]) -> TreeLayout:
+        """The mask block and position offsets for this shape, kept for small shapes."""
+        key = (m, parents)
+        layout = self._layouts.get(key)
+        if layout is not None:
+            self._layouts.move_to_end(key)
+            return layout
+        layout = tree_layout(m, parents, self.dtype, self.device)
+        if m + len(parents) <= _LAYOUT_CACHE_MAX_TOKENS:
+            self._layouts[key] = layout
+            if len(self._layouts) > _LAYOUT_CACHE_SIZE:
+                self._layouts.popitem(last=False)
+        return layout
+
+    def __repr__(self) -> str:
+        return (
+            f"Target({type(self.model).__name__}, vocab_size={self.vocab_size}, layers={self.num_layers}, "
+            f"device={self.device}, dtype={self.dtype}, cached_length={self.cached_length})"
+        )
+
+
+def _check_path(accepted: list[int], parents: tuple[int, ...]) -> None:
+    """``accepted`` must be a path from the root down the last draft."""
+    previous = -1
+    for node in accepted:
+        if not 0 <= node < len(parents) or parents[node] != previous:
+            raise ValueError(f"accepted nodes {accepted} are not a path from the root of the draft {list(parents)}")
+        previous = node
+
+
+def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
+    """Move the cache entries at ``src`` (k,) to ``base .. base + k - 1`` in every layer."""
+    k = src.numel()
+    for layer in cache.layers:
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        layer.keys[:, :, base : base + k] = layer.keys.index_select(2, src)
+        layer.values[:, :, base : base + k] = layer.values.index_select(2, src)
+
+
+def _truncate(cache: DynamicCache, length: int) -> None:
+    """Drop every cache entry at or after ``length`` in every layer."""
+    for layer in cache.layers:
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        layer.keys = layer.keys[:, :, :length]
+        layer.values = layer.values[:, :, :length]
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer, vocab_size: int) -> tuple[int, ...]:
+    """End-of-sequence ids inside the vocabulary: generation config, then model config, then tokenizer."""
+    generation_config = getattr(model, "generation_config", None)
+    for source in (generation_config, model.config.get_text_config(decoder=True), tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is None:
+            continue
+        ids = [eos] if isinstance(eos, int) else list(eos)
+        ids = [i for i in ids if isinstance(i, int) and 0 <= i < vocab_size]
+        if ids:
+            return tuple(dict.fromkeys(ids))
+    return ()
+
+
+def check_supported(model: object) -> None:
+    """Refuse models this wrapper cannot drive exactly, with the reason."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"the target must be a transformers PreTrainedModel, got {type(model).__name__}")
+    name = type(model).__name__
+    config = model.config
+    text_config = config.get_text_config(decoder=True)
+    if (
+        config.is_encoder_decoder
+        or not getattr(text_config, "is_causal", True)
+        or model.get_output_embeddings() is None
+    ):
+        raise ValueError(f"{name} is not a causal language model (load it with AutoModelForCausalLM)")
+    params = inspect.signature(model.forward).parameters
+    if "position_ids" not in params or not ({"cache", "past_key_values"} & params.keys()):
+        raise ValueError(f"{name}.forward takes no position_ids or cache, which tree verification needs")
+    attn = config._attn_implementation
+    if attn not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"attention implementation {attn!r} is not supported (use one of {SUPPORTED_ATTENTION}); "
+            'load the model with attn_implementation="sdpa"'
+        )
+    for key in ("sliding_window", "attention_chunk_size"):
+        if getattr(text_config, key, None) is not None:
+            raise ValueError(
+                f"{name} uses {key}={getattr(text_config, key)}; sliding-window and chunked attention are not supported"
+            )
+    _check_cache_layers(model)
+
+
+def _check_cache_layers(model: PreTrainedModel) -> None:
+    """Only a DynamicCache of plain full-attention layers can be cropped and rewritten exactly."""
+    name = type(model).__name__
+    if getattr(model, "_is_stateful", False):
+        raise ValueError(f"{name} keeps recurrent state; only full-attention KV caches are supported")
+    layer_types = getattr(model.config.get_text_config(decoder=True), "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        kinds = sorted(set(layer_types) - {"full_attention"})
+        raise ValueError(f"{name} has {kinds} layers (hybrid, sliding or linear); only full attention is supported")
+    layers = DynamicCache(config=model.config).layers
+    odd = sorted({type(layer).__name__ for layer in layers if type(layer).__name__ != "DynamicLayer"})
+    if odd:
+        raise ValueError(f"{name} needs cache layers {odd}; only a DynamicCache of full-attention layers is supported")
+
+
+def load_target(
+    name_or_model: str | Path | PreTrainedModel,
+    tokenizer=None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Target:
+    """A Target from a built model, a ``zoo:`` name, a local folder or a hub name."""
+    if isinstance(name_or_model, PreTrainedModel):
+        model = name_or_model
+        if device is not None:
+            model = model.to(device)
+        if dtype is not None:
+            model = model.to(dtype)
+        return Target(model, tokenizer)
+    if not isinstance(name_or_model, (str, Path)):
+        raise TypeError(f"load_target takes a model name, a path or a PreTrainedModel, got {type(name_or_model)}")
+    source = _resolve(name_or_model)
+    device = torch.device(device) if device is not None else _default_device()
+    model = _load_model(source, device, dtype)
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(source)
+    return Target(model, tokenizer)
+
+
+def _resolve(name: str | Path) -> str:
+    """A ``zoo:`` name becomes its shipped folder; other names and paths pass through."""
+    if isinstance(name, str) and name.startswith("zoo:"):
+        from specfamily.zoo import zoo_path
+
+        return str(zoo_path(name))
+    return str(name)
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _load_model(source: str, device: torch.device, dtype: torch.dtype | None) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM
+
+    if dtype is None:
+        dtype = torch.float32 if device.type == "cpu" else "auto"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
+    except ValueError as err:
+        if "Unrecognized configuration class" in str(err):
+            raise ValueError(f"{source!r} is not a causal language model: {err}") from err
+        raise
+    return model.to(device)
+
+
+def _load_tokenizer(source: str):
+    """The tokenizer saved with the model, or None when there is none."""
+    from transformers import AutoTokenizer
+
+    folder = Path(source)
+    if folder.is_dir() and not any(
+        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    ):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, KeyError):
+        return None

@@ -1,0 +1,107 @@
+"""Token-tree attention helpers: depths, ancestor sets and additive masks for a draft tree.
+
+Pure functions on ``parents`` (n,) with -1 for children of the root and ``parents[i] < i``. They are shared by
+the target wrapper and by drafters that run their own layers over a tree (self-speculation, EAGLE).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "TreeLayout",
+    "additive",
+    "attention_mask",
+    "is_chain",
+    "local_mask",
+    "tree_ancestors",
+    "tree_layout",
+    "tree_mask",
+    "tree_positions",
+]
+
+
+def _as_parents(parents: torch.Tensor | Sequence[int], device: torch.device | str | None = None) -> torch.Tensor:
+    return torch.as_tensor(parents, dtype=torch.long, device=device).reshape(-1)
+
+
+def tree_ancestors(parents: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """(n, n) bool: ``[i, j]`` is True when node j is node i or one of its ancestors (the root excluded)."""
+    parents = _as_parents(parents)
+    n = parents.numel()
+    eye = torch.eye(n, dtype=torch.bool, device=parents.device)
+    if n == 0:
+        return eye
+    has_parent = parents >= 0
+    step = torch.zeros(n, n, dtype=torch.bool, device=parents.device)  # [i, parent(i)]
+    step[has_parent, parents.clamp(min=0)[has_parent]] = True
+    reach = (eye | step).to(torch.float32)
+    for _ in range(max(1, math.ceil(math.log2(n)))):  # closure by squaring: paths of length <= 2^k
+        reach = (reach @ reach).clamp_(max=1.0)
+    return reach.bool()
+
+
+def tree_positions(parents: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """(n,) long depth of each node; children of the root have depth 1 (the position offset from the root)."""
+    return tree_ancestors(parents).sum(dim=-1)
+
+
+def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility matrix as an additive mask: 0 where visible, ``finfo(dtype).min`` where hidden."""
+    zero = torch.zeros((), dtype=dtype, device=visible.device)
+    return torch.where(visible, zero, torch.finfo(dtype).min)
+
+
+def tree_mask(parents: torch.Tensor | Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(n, n) additive mask among draft nodes: a node sees its ancestors and itself."""
+    return additive(tree_ancestors(parents), dtype)
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    """True when ``parents`` is [-1, 0, 1, ...]."""
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def local_mask(m: int, parents: torch.Tensor | Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """(m + n, m + n) additive mask over the m pending tokens then the n nodes (the cached prefix not included).
+
+    Pending tokens are causal among themselves; a node sees every pending token, its ancestors and itself.
+    """
+    ancestors = tree_ancestors(parents)
+    n = ancestors.shape[0]
+    visible = torch.zeros(m + n, m + n, dtype=torch.bool, device=ancestors.device)
+    visible[:m, :m] = torch.ones(m, m, dtype=torch.bool, device=ancestors.device).tril_()
+    visible[m:, :m] = True
+    visible[m:, m:] = ancestors
+    return additive(visible, dtype)
+
+
+def attention_mask(prefix_len: int, local: torch.Tensor) -> torch.Tensor:
+    """(1, 1, q, prefix_len + q) additive mask: every cached position visible, then ``local`` (q, q)."""
+    q = local.shape[0]
+    mask = torch.zeros(1, 1, q, prefix_len + q, dtype=local.dtype, device=local.device)
+    mask[0, 0, :, prefix_len:] = local
+    return mask
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """Per-shape tensors of one pass over m pending tokens and a tree, built once and reused."""
+
+    local: torch.Tensor  # (m + n, m + n) additive mask, model dtype, on the model's device
+    offsets: torch.Tensor  # (m + n,) long: position of each fed token minus the first pending position
+    chain: bool
+
+
+def tree_layout(
+    m: int, parents: Sequence[int], dtype: torch.dtype, device: torch.device | str | None = None
+) -> TreeLayout:
+    """The mask block and position offsets for m pending tokens followed by the tree ``parents``."""
+    tree = _as_parents(parents)
+    local = local_mask(m, tree, dtype)
+    offsets = torch.cat((torch.arange(m), m - 1 + tree_positions(tree)))
+    return TreeLayout(local.to(device), offsets.to(device), is_chain(parents))

@@ -1,0 +1,14 @@
+"""Options of the small-model drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class SmallModelConfig:
+    model: Any = None  # a PreTrainedModel, a folder, a hub name or a zoo: name; None = zoo:code-draft
+    gamma: int | None = None  # draft length (default 4)
+    policy: str = "constant"  # constant | heuristic | optimal
+    dtype: Any = None  # torch dtype for a model loaded by name (default: the target's)

@@ -1,0 +1,48 @@
+"""Tiny random targets for tests: small vocabularies so exact distributions can be enumerated."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+FAMILIES = ("llama", "gpt2")
+
+
+def tiny_model(
+    family: str = "llama",
+    vocab_size: int = 8,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    attn: str = "sdpa",
+    hidden: int = 32,
+    layers: int = 2,
+    spread: float = 4.0,
+) -> PreTrainedModel:
+    """A random causal LM whose next-token distributions are far from uniform (``spread`` scales the head)."""
+    torch.manual_seed(seed)
+    if family == "llama":
+        config = LlamaConfig(
+            vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+            tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+        )
+        model = LlamaForCausalLM(config)
+    elif family == "gpt2":
+        config = GPT2Config(
+            vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=2, n_positions=256,
+            tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
+        )
+        model = GPT2LMHeadModel(config)
+    else:
+        raise ValueError(f"unknown tiny family {family!r}; known: {FAMILIES}")
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(spread)
+    model.config._attn_implementation = attn
+    return model.to(dtype).eval()
+
+
+def tiny_target(family: str = "llama", vocab_size: int = 8, seed: int = 0, dtype: torch.dtype = torch.float64, **kw):
+    """A specfamily Target over :func:`tiny_model`."""
+    from specfamily.core.target import load_target
+
+    return load_target(tiny_model(family, vocab_size, seed, dtype, **kw))

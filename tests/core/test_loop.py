@@ -1,0 +1,115 @@
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.core.loop import truncate
+from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
+
+
+def _hf_greedy(target, prompt, n):
+    ids = torch.tensor([prompt])
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                min_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_plain_decoding_equals_transformers_greedy(family, attn):
+    target = tiny_target(family, vocab_size=64, spread=1.0, dtype=torch.float32, attn=attn)
+    prompt = [5, 9, 2, 33, 7]
+    result = sf.generate(target, None, prompt, max_new_tokens=20)
+    assert result.tokens == _hf_greedy(target, prompt, 20)
+    assert result.metrics.target_passes == 20
+    assert result.metrics.mean_accepted_length == 1.0
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_random_tree_drafter_equals_greedy_on_many_prompts(family):
+    """>= 20 prompts x 64 tokens, fp32, against transformers' generate."""
+    target = tiny_target(family, vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafter = RandomTreeDrafter(target, gamma=3, nodes=8)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(20):
+        prompt = torch.randint(0, 64, (2 + i,), generator=gen).tolist()
+        assert sf.generate(target, drafter, prompt, max_new_tokens=64).tokens == _hf_greedy(target, prompt, 64)
+
+
+def test_oracle_accepts_everything_and_stops_exactly_at_budget():
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    result = sf.generate(target, OracleDrafter(target, gamma=4), [1, 2, 3], max_new_tokens=13)
+    assert len(result.tokens) == 13
+    assert result.metrics.acceptance_rate == 1.0
+    # passes: gamma 4 accepts 5 tokens per pass; the last pass drafts only what the budget allows
+    assert result.metrics.target_passes == 3
+    assert result.tokens == _hf_greedy(target, [1, 2, 3], 13)
+
+
+def test_truncate_stops_after_eos_inside_an_accepted_block():
+    assert truncate([4, 0, 5, 6], budget=10, eos_token_id=0) == ([4, 0], True)
+    assert truncate([4, 5, 6], budget=2, eos_token_id=0) == ([4, 5], True)
+    assert truncate([4, 5], budget=3, eos_token_id=None) == ([4, 5], False)
+
+
+def test_generation_stops_at_eos_even_when_drafted_past_it():
+    model = tiny_model("llama", vocab_size=16, spread=1.0, dtype=torch.float32)
+    target = sf.load_target(model)
+    plain = sf.generate(target, None, [1, 2], max_new_tokens=30).tokens
+    eos = plain[5]
+    model.generation_config.eos_token_id = eos
+    target = sf.load_target(model)
+    ours = sf.generate(target, OracleDrafter(target, gamma=8), [1, 2], max_new_tokens=30).tokens
+    assert ours == plain[: plain.index(eos) + 1]
+    assert ours[-1] == eos
+
+
+def test_same_seed_same_tokens_under_sampling():
+    target = tiny_target("llama", vocab_size=16)
+    drafter = RandomTreeDrafter(target, sampled=True)
+    sampling = sf.SamplingConfig(temperature=0.8, top_k=6)
+    a = sf.generate(target, drafter, [1, 2], 12, sampling, seed=3).tokens
+    b = sf.generate(target, drafter, [1, 2], 12, sampling, seed=3).tokens
+    assert a == b
+
+
+def test_features_reach_observe_aligned_with_positions():
+    target = tiny_target("llama", vocab_size=32, spread=1.0)
+    seen = []
+
+    class Recorder(OracleDrafter):
+        needs_features = True
+
+        def observe(self, outcome):
+            seen.append(outcome)
+
+    sf.generate(target, Recorder(target, gamma=3), [1, 2, 3, 4], max_new_tokens=9)
+    first, second = seen[0], seen[1]
+    assert first.feature_start == 0 and first.features.shape[0] == 4 + 3  # prompt + 3 accepted nodes
+    assert second.feature_start == first.features.shape[0]
+    lm_head = target.model.get_output_embeddings()
+    predicted = lm_head(first.features).argmax(-1).tolist()
+    assert predicted[3:] == first.tokens  # the feature at position t predicts the token at t + 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"prompt_ids": []}, ValueError, "prompt is empty"),
+        ({"max_new_tokens": -1}, ValueError, "max_new_tokens must be >= 0, got -1"),
+        ({"max_new_tokens": 2.5}, TypeError, "max_new_tokens must be an int, got float"),
+        ({"sampling": {"temperature": 1}}, TypeError, "sampling must be a specfamily.SamplingConfig, got dict"),
+        ({"drafter": object()}, TypeError, "drafter must implement begin/propose/observe, got object"),
+    ],
+)
+def test_bad_requests(kwargs, error, message):
+    target = tiny_target("llama", vocab_size=16)
+    args = {"drafter": None, "prompt_ids": [1, 2], "max_new_tokens": 4} | kwargs
+    with pytest.raises(error) as info:
+        sf.generate(target, **args)
+    assert message in str(info.value)
+
+
+def test_token_outside_vocabulary():
+    target = tiny_target("llama", vocab_size=16)
+    with pytest.raises(ValueError, match="16"):
+        sf.generate(target, None, [1, 99], max_new_tokens=2)

@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.drafters.small_model.drafter import SmallModelDrafter
+from specfamily.testing import SAMPLING_MATRIX, assert_lossless, draft_model_for, tiny_model, tiny_target
+
+
+def _hf_greedy(model, prompt, n):
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                         min_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_greedy_equals_transformers_at_gamma_1_3_8(family):
+    """20 prompts x 64 tokens per gamma, fp32, against generate(do_sample=False)."""
+    target = tiny_target(family, vocab_size=64, spread=1.0, dtype=torch.float32)
+    draft = tiny_model(family, 64, seed=7, dtype=torch.float32, spread=1.0, layers=1)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 64, (3 + i,), generator=gen).tolist() for i in range(20)]
+    references = [_hf_greedy(target.model, p, 64) for p in prompts]
+    for gamma in (1, 3, 8):
+        drafter = sf.create_drafter("small_model", target, model=draft, gamma=gamma)
+        for prompt, reference in zip(prompts, references):
+            assert sf.generate(target, drafter, prompt, max_new_tokens=64).tokens == reference
+
+
+def test_same_model_as_draft_accepts_everything():
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    drafter = SmallModelDrafter(target, model=target.model, gamma=4)
+    result = sf.generate(target, drafter, [1, 2, 3], max_new_tokens=30)
+    assert result.metrics.acceptance_rate == 1.0
+    assert result.metrics.mean_accepted_length == 5.0
+
+
+def test_lossless_chain_sampling():
+    assert_lossless(lambda t: SmallModelDrafter(t, model=draft_model_for(t), gamma=2), configs=SAMPLING_MATRIX[:1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_lossless_full_matrix(family):
+    assert_lossless(lambda t: SmallModelDrafter(t, model=draft_model_for(t), gamma=2), family=family)
+
+
+def test_vocabulary_mismatch_is_refused():
+    target = tiny_target("llama", vocab_size=16)
+    with pytest.raises(ValueError, match=r"draft vocabulary \(32\) differs from the target's \(16\)"):
+        SmallModelDrafter(target, model=tiny_model("llama", 32))
+
+
+def test_unknown_option_names_the_key():
+    target = tiny_target("llama", vocab_size=16)
+    with pytest.raises(TypeError, match="unknown option 'gama'; did you mean 'gamma'"):
+        sf.create_drafter("small_model", target, gama=3)
+
+
+def test_negative_gamma_is_refused():
+    target = tiny_target("llama", vocab_size=16)
+    with pytest.raises(ValueError, match="gamma"):
+        SmallModelDrafter(target, model=tiny_model("llama", 16), gamma=-1)

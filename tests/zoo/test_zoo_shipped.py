@@ -1,0 +1,45 @@
+"""The shipped zoo: weights under specfamily/zoo/weights/ and prompt sets under specfamily/zoo/data/prompts/.
+
+These fail until the trained models are exported into the package (see ZOO.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from specfamily.zoo import PROMPT_SETS, zoo_path
+from specfamily.zoo.prompts import load_prompt_set
+
+SHIPPED = ("zoo:code-target", "zoo:code-draft")
+CODE = 'def add(a, b):\n    """Return a + b."""\n    return a + b\n'
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_model_loads_in_fp32_with_finite_logits(name):
+    folder = zoo_path(name)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    assert next(model.parameters()).dtype == torch.float32
+    assert model.config.vocab_size == len(tokenizer) == 4096
+    assert model.config.tie_word_embeddings and model.config.max_position_embeddings == 1024
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == model.config.eos_token_id == 0
+    ids = tokenizer(CODE, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == CODE
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), 4096) and torch.isfinite(logits).all()
+
+
+def test_shipped_models_share_one_tokenizer():
+    files = [(zoo_path(name) / "tokenizer.json").read_bytes() for name in SHIPPED]
+    assert all(f == files[0] for f in files)
+
+
+@pytest.mark.parametrize("name", PROMPT_SETS)
+def test_shipped_prompt_sets_load_with_datasets(name):
+    data = load_prompt_set(name)
+    assert len(data) >= 200
+    assert {"id", "prompt", "reference", "source", "n_prompt_tokens"} <= set(data.column_names)
+    assert len(set(data["id"])) == len(data)
