@@ -26,9 +26,22 @@ def test_exact_distribution_sums_to_one_and_matches_chain_rule():
 def test_chi_square_pools_small_cells():
     probs = torch.tensor([0.5, 0.3, 0.199, 0.001], dtype=torch.float64)
     _, p_value, cells = chi_square(torch.tensor([500.0, 300.0, 199.0, 1.0]), probs)
-    assert cells == 4 and p_value > 0.9
+    assert cells == 3 and p_value > 0.9  # the 0.001 cell joins the next smallest
     _, p_value, _ = chi_square(torch.tensor([700.0, 200.0, 99.0, 1.0]), probs)
     assert p_value < 1e-6
+
+
+def test_too_few_samples_is_an_error_not_a_pass():
+    with pytest.raises(ValueError, match="3 samples are too few for a chi-square test"):
+        chi_square(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64))
+
+
+def test_small_cells_are_pooled_into_several_buckets():
+    probs = torch.full((100,), 0.01, dtype=torch.float64)
+    _, _, cells = chi_square(torch.full((100,), 10.0), probs)
+    assert cells == 100
+    _, _, cells = chi_square(torch.full((100,), 2.0), probs)  # expected 2 per cell: buckets of 3 cells
+    assert cells == 33
 
 
 def test_suite_rejects_the_wrong_drafter():
