@@ -1,0 +1,1 @@
+"""Shipped Hydra configs (package data): config.yaml; groups model, drafter, dataset, sampling, experiment."""

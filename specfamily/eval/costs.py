@@ -1,0 +1,72 @@
+"""The target's verification cost curve: t(g + 1) / t(1), one pass over the root plus g draft tokens.
+
+The paper assumes it is 1; on a CPU it is not, so a run measures it with the very Target calls
+the decode loop makes and the report predicts speedups with it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from specfamily.core.target import Target
+from specfamily.core.types import Draft
+
+
+def measure_verify_cost(
+    target: Target, context: Sequence[int], sizes: Sequence[int], repeats: int = 5
+) -> dict[int, float]:
+    """Median time of a pass over 1 + g tokens divided by the median one-token pass, for each g in ``sizes``.
+
+    The context is prefilled once; passes of every size are interleaved round by round so that
+    slow drift (other load, the growing cache) spreads evenly over the sizes.
+    """
+    sizes = sorted({0, *(int(g) for g in sizes)})
+    if any(g < 0 for g in sizes):
+        raise ValueError(f"verify cost sizes must be >= 0, got {sizes}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    ids = target.check_ids(list(context))
+    limit = _max_positions(target)
+    if limit is not None and len(ids) + (repeats + 1) * len(sizes) + max(sizes) + 1 > limit:
+        raise ValueError(f"a {len(ids)}-token context leaves no room to time passes of up to {max(sizes) + 1} tokens")
+    target.reset()
+    target.forward(ids[:-1] if len(ids) > 1 else ids)
+    target.commit([])
+    root = ids[-1:].to(target.device)
+    drafts = {g: Draft.chain(torch.zeros(g, dtype=torch.long)) for g in sizes}
+    times: dict[int, list[float]] = {g: [] for g in sizes}
+    for round_ in range(repeats + 1):  # round 0 warms every shape up
+        for g in sizes:
+            start = time.perf_counter()
+            target.forward(root, drafts[g])
+            target.commit([])
+            if round_:
+                times[g].append(time.perf_counter() - start)
+    target.reset()
+    base = statistics.median(times[0])
+    return {g: statistics.median(times[g]) / base for g in sizes}
+
+
+def _max_positions(target: Target) -> int | None:
+    config = target.model.config.get_text_config(decoder=True)
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def verify_cost_at(curve: dict[int, float], g: float) -> float:
+    """t(g + 1) / t(1) at any g >= 0, linear between the measured sizes, extended linearly past the last."""
+    if not curve:
+        return 1.0
+    points = sorted((int(k), float(v)) for k, v in curve.items())
+    if g <= points[0][0]:
+        return points[0][1]
+    for (g0, v0), (g1, v1) in zip(points, points[1:], strict=False):
+        if g <= g1:
+            return v0 + (v1 - v0) * (g - g0) / (g1 - g0)
+    if len(points) == 1:
+        return points[0][1]
+    (g0, v0), (g1, v1) = points[-2], points[-1]
+    return max(v1 + (v1 - v0) * (g - g1) / (g1 - g0), v1)

@@ -1,0 +1,122 @@
+"""Report plots (matplotlib, Agg canvas; no global backend or pyplot state is touched).
+
+- ``speedup_vs_gamma.png``: measured speedup per drafter against gamma, with the theory curve
+  from the measured alpha, c and verify cost.
+- ``per_position_acceptance.png``: acceptance at each draft depth.
+- ``tau_by_dataset.png``: tau per drafter per dataset.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from specfamily.core import theory
+from specfamily.eval.config import PLAIN
+from specfamily.eval.summary import SummaryRow
+
+PLOTS = ("speedup_vs_gamma.png", "per_position_acceptance.png", "tau_by_dataset.png")
+
+
+def _figure(width: float = 6.4, height: float = 4.2):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure, path: Path) -> Path:
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+    figure.tight_layout()
+    figure.savefig(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _finite(x: float) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _drafters(rows: list[SummaryRow]) -> list[str]:
+    return list(dict.fromkeys(r.drafter for r in rows if r.drafter != PLAIN and r.prompts))
+
+
+def theory_curve(alpha: float, c: float, verify_cost: Callable[[int], float], gammas: list[int]) -> list[float]:
+    """Predicted speedup at each gamma (c relative to a verification pass, as measured)."""
+    return [theory.expected_speedup(alpha, g, c * verify_cost(g), verify_cost(g)) for g in gammas]
+
+
+def plot_speedup_vs_gamma(rows: list[SummaryRow], verify_cost: Callable[[int], float], path: Path) -> Path:
+    figure = _figure()
+    ax = figure.add_subplot()
+    measured = [r for r in rows if r.drafter != PLAIN and r.gamma and _finite(r.speedup)]
+    top = max([8, *(r.gamma for r in measured)])
+    gammas = list(range(1, top + 1))
+    for i, name in enumerate(_drafters(rows)):
+        color = f"C{i % 10}"
+        mine = sorted((r for r in measured if r.drafter == name), key=lambda r: r.gamma)
+        if mine:
+            ax.plot([r.gamma for r in mine], [r.speedup for r in mine], "o-", color=color, label=f"{name} (measured)")
+        fit = [r for r in rows if r.drafter == name and _finite(r.alpha) and _finite(r.c)]
+        if fit:
+            alpha = min(max(statistics.fmean(r.alpha for r in fit), 0.0), 1.0)
+            c = statistics.fmean(r.c for r in fit)
+            ax.plot(gammas, theory_curve(alpha, c, verify_cost, gammas), "--", color=color, alpha=0.7,
+                    label=f"{name} theory (alpha={alpha:.2f}, c={c:.2f})")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("gamma (draft length / tree depth)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title("Speedup against gamma")
+    ax.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def plot_per_position(rows: list[SummaryRow], path: Path) -> Path:
+    figure = _figure()
+    ax = figure.add_subplot()
+    for row in rows:
+        if row.drafter == PLAIN or not row.per_position:
+            continue
+        label = row.drafter + (f" (gamma={row.gamma})" if row.gamma else "")
+        label += "" if row.run == "." else f" [{row.run}]"
+        ax.plot(range(1, len(row.per_position) + 1), row.per_position, "o-", label=label)
+    ax.set_xlabel("draft position (depth)")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Per-position acceptance")
+    if ax.lines:
+        ax.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def plot_tau(rows: list[SummaryRow], path: Path) -> Path:
+    figure = _figure()
+    ax = figure.add_subplot()
+    datasets = list(dict.fromkeys(r.dataset for r in rows))
+    drafters = list(dict.fromkeys(r.drafter for r in rows if r.prompts))
+    width = 0.8 / max(len(drafters), 1)
+    for i, name in enumerate(drafters):
+        taus = []
+        for dataset in datasets:
+            mine = [r.tau for r in rows if r.drafter == name and r.dataset == dataset and _finite(r.tau)]
+            taus.append(statistics.fmean(mine) if mine else 0.0)
+        ax.bar([d + i * width for d in range(len(datasets))], taus, width, label=name, color=f"C{i % 10}")
+    ax.set_xticks([d + 0.4 - width / 2 for d in range(len(datasets))], datasets)
+    ax.set_ylabel("tau (new tokens per target pass)")
+    ax.set_title("tau per drafter and dataset")
+    ax.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def plot_all(rows: list[SummaryRow], verify_cost: Callable[[int], float], folder: Path) -> list[Path]:
+    """Write the three plots into ``folder``."""
+    return [
+        plot_speedup_vs_gamma(rows, verify_cost, folder / PLOTS[0]),
+        plot_per_position(rows, folder / PLOTS[1]),
+        plot_tau(rows, folder / PLOTS[2]),
+    ]

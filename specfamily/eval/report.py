@@ -1,0 +1,170 @@
+"""Reports from saved results: ``summary.csv``, ``report.md`` and plots, for one run or a whole sweep.
+
+``specfamily-report DIR`` rebuilds them from the ``run.json`` and ``results.jsonl`` files under
+DIR (DIR itself for one run; every run folder below it for a sweep, in one combined report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from specfamily.eval.costs import verify_cost_at
+from specfamily.eval.plots import plot_all
+from specfamily.eval.results import RUN_INFO, FailureRecord, RunInfo, read_run, write_atomic
+from specfamily.eval.summary import SummaryRow, summarize_run
+
+SUMMARY = "summary.csv"
+REPORT = "report.md"
+COLUMNS = ("drafter", "gamma", "status", "prompts", "tau", "alpha", "speedup", "predicted_speedup", "c",
+           "verify_cost", "lossy")
+RUN_COLUMNS = ("run", "dataset", "sampling")
+
+
+@dataclass
+class Report:
+    """What ``write_report`` wrote: the Markdown table and the files."""
+
+    table: str
+    rows: list[SummaryRow]
+    files: list[Path]
+
+
+def find_runs(folder: Path) -> list[Path]:
+    """``folder`` if it is a run folder, else every run folder below it (sorted)."""
+    if (folder / RUN_INFO).is_file():
+        return [folder]
+    runs = sorted({path.parent for path in folder.rglob(RUN_INFO)}, key=lambda p: [_natural(x) for x in p.parts])
+    if not runs:
+        raise FileNotFoundError(f"no {RUN_INFO} under {folder}: not a specfamily run or sweep folder")
+    return runs
+
+
+def _natural(part: str) -> tuple[int, str]:
+    return (int(part), "") if part.isdigit() else (sys.maxsize, part)
+
+
+def collect(folder: Path) -> tuple[list[SummaryRow], list[RunInfo], list[FailureRecord]]:
+    """Summary rows, run infos and failures of every run under ``folder``."""
+    rows, infos, failures = [], [], []
+    for run in find_runs(folder):
+        info = RunInfo.load(run)
+        records = read_run(run)
+        name = run.relative_to(folder).as_posix() if run != folder else "."
+        rows += summarize_run(records, info, name)
+        infos.append(info)
+        failures += [r for r in records if isinstance(r, FailureRecord)]
+    return rows, infos, failures
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "-" if not math.isfinite(value) else f"{value:.2f}"
+    return str(value)
+
+
+def markdown_table(rows: list[SummaryRow]) -> str:
+    """The comparison table; run, dataset and sampling columns appear when they vary."""
+    extra = [col for col in RUN_COLUMNS if len({getattr(r, col) for r in rows}) > 1]
+    columns = [*extra, *COLUMNS]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
+    lines += ["| " + " | ".join(_cell(getattr(row, col)) for col in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def summary_csv(rows: list[SummaryRow]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=[f.name for f in fields(SummaryRow)], lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        record = asdict(row)
+        record["per_position"] = json.dumps([None if not math.isfinite(x) else round(x, 4) for x in row.per_position])
+        writer.writerow(record)
+    return buffer.getvalue()
+
+
+def _verify_cost_fn(infos: list[RunInfo]) -> Callable[[int], float]:
+    """t(g + 1) / t(1) for the plots: the median over the runs' measured curves."""
+    curves = [{int(g): v for g, v in info.verify_cost.items()} for info in infos if info.verify_cost]
+    return lambda g: statistics.median(verify_cost_at(curve, g) for curve in curves) if curves else 1.0
+
+
+def _header(infos: list[RunInfo]) -> list[str]:
+    first = infos[0]
+    model = first.config.get("model", {})
+    git = first.git or {}
+    versions = ", ".join(f"{k} {first.versions.get(k)}" for k in ("specfamily", "torch", "transformers"))
+    curve = ", ".join(f"{g}: {v:.2f}" for g, v in list(first.verify_cost.items())[:10]) or "not measured (taken as 1)"
+    datasets, samplings = ", ".join(sorted({i.dataset for i in infos})), ", ".join(sorted({i.sampling for i in infos}))
+    lines = [
+        f"- target: `{model.get('target')}`; runs: {len(infos)}; datasets: {datasets}; sampling: {samplings}",
+        f"- prompts per run: {first.prompts}, up to {first.max_new_tokens} new tokens, seed {first.seed}",
+        f"- device {first.device}, {first.threads} thread(s) per rank, {first.world_size} rank(s); {versions}",
+        f"- git: {git.get('commit', 'unknown')}{' (with local changes)' if git.get('dirty') else ''}",
+        f"- verify cost t(g+1)/t(1) by draft tokens g: {curve}",
+    ]
+    return lines
+
+
+NOTES = """\
+tau = new tokens / target passes (prefill included; plain decoding = 1). alpha = mean per-prompt
+acceptance rate. speedup = tokens per second relative to plain decoding over the same prompts in
+the same run. predicted = `sf.theory.expected_speedup(alpha, gamma, c * V, verify_cost=V)` with the
+measured alpha and c (one draft step / one verification pass) and V = verify_cost, the target's
+measured t(n + 1) / t(1) at the mean draft tokens n fed per pass (for tree drafters the chain
+formula is an approximation). lossy = results of a lossy mode (e.g. Medusa typical acceptance).
+"""
+
+
+def render(rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureRecord], plots: list[Path]) -> str:
+    """The text of ``report.md``."""
+    parts = ["# specfamily comparison\n", "\n".join(_header(infos)) + "\n", markdown_table(rows), NOTES]
+    failed = [r for r in rows if r.status == "failed"]
+    if failed:
+        parts.append("## Failures\n")
+        parts += [f"- `{r.drafter}`" + (f" [{r.run}]" if r.run != "." else "") + f": {r.error}" for r in failed]
+        parts.append("")
+    parts += [f"![{path.stem}]({path.name})\n" for path in plots]
+    return "\n".join(parts)
+
+
+def write_report(folder: Path | str, plots: bool = True) -> Report:
+    """Rebuild ``summary.csv``, ``report.md`` and the plots in ``folder`` from its saved results."""
+    folder = Path(folder)
+    rows, infos, failures = collect(folder)
+    written = plot_all(rows, _verify_cost_fn(infos), folder) if plots else []
+    write_atomic(folder / SUMMARY, summary_csv(rows))
+    write_atomic(folder / REPORT, render(rows, infos, failures, written))
+    return Report(markdown_table(rows), rows, [folder / SUMMARY, folder / REPORT, *written])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``specfamily-report DIR``: rebuild the report of a run or a sweep and print its table."""
+    parser = argparse.ArgumentParser(prog="specfamily-report", description=main.__doc__)
+    parser.add_argument("folder", type=Path, help="a run folder (with run.json) or a sweep folder above run folders")
+    parser.add_argument("--no-plots", action="store_true", help="skip the plots")
+    args = parser.parse_args(argv)
+    try:
+        report = write_report(args.folder, plots=not args.no_plots)
+    except FileNotFoundError as err:
+        print(f"specfamily-report: {err}", file=sys.stderr)
+        return 2
+    print(report.table, end="")
+    print("\n".join(f"wrote {path}" for path in report.files))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Results on disk: one JSON line per finished prompt (or failure), appended and flushed as it happens.
+
+A run folder holds ``run.json`` (the resolved config, seed, package versions, git commit, the
+measured verify cost) and ``results.jsonl``. Under torchrun every rank appends to its own
+``results.rank<r>.jsonl``; :func:`consolidate` merges them (and any earlier results) into one
+``results.jsonl`` in a fixed order. Nothing is half-written: whole files are written to a
+temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULTS = "results.jsonl"
+RUN_INFO = "run.json"
+RANK_GLOB = "results.rank*.jsonl"
+PACKAGES = ("specfamily", "torch", "transformers", "hydra-core", "omegaconf", "datasets", "accelerate", "numpy")
+
+
+@dataclass
+class PromptRecord:
+    """One drafter (or plain decoding) on one prompt."""
+
+    drafter: str  # label: "plain" or the drafter's name
+    dataset: str
+    sampling: str
+    prompt_id: str
+    index: int  # the prompt's index in the dataset split
+    seed: int
+    gamma: int | None  # the drafter's (starting) draft length; None for plain decoding
+    prompt_tokens: int
+    tokens: list[int]  # the new tokens
+    wall_seconds: float  # sf.generate's wall time, drafter.begin included
+    lossy: bool
+    metrics: dict[str, Any]  # Metrics.as_dict()
+    rank: int = 0
+    kind: str = "prompt"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.drafter, self.prompt_id)
+
+
+@dataclass
+class FailureRecord:
+    """A drafter that raised: while being built, warming up or generating (then ``prompt_id`` is set)."""
+
+    drafter: str
+    stage: str  # create | warmup | generate
+    error: str  # "ExceptionType: message"
+    traceback: str = ""
+    prompt_id: str | None = None
+    index: int | None = None
+    rank: int = 0
+    kind: str = "failure"
+
+
+Record = PromptRecord | FailureRecord
+
+
+def record_from_dict(data: dict[str, Any]) -> Record:
+    """The record a JSON line holds."""
+    kind = data.get("kind")
+    if kind == "prompt":
+        return PromptRecord(**data)
+    if kind == "failure":
+        return FailureRecord(**data)
+    raise ValueError(f"unknown result record kind {kind!r}")
+
+
+def read_records(path: Path) -> list[Record]:
+    """Records of one jsonl file; a torn last line (a run killed mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(record_from_dict(json.loads(line)))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number} is not valid JSON") from None
+    return records
+
+
+def read_run(folder: Path) -> list[Record]:
+    """Every record of a run folder: the merged file and any per-rank files."""
+    records = read_records(folder / RESULTS)
+    for path in sorted(folder.glob(RANK_GLOB)):
+        records += read_records(path)
+    return records
+
+
+@dataclass
+class ResultWriter:
+    """Appends records to a jsonl file, one flushed line each."""
+
+    path: Path
+    _handle: Any = field(default=None, repr=False)
+
+    def write(self, record: Record) -> None:
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_torn_tail(self.path)
+            self._handle = self.path.open("a", encoding="utf-8")
+        self._handle.write(json.dumps(asdict(record)) + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a run killed mid-write) so appends start on a fresh line."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as handle:
+        data = handle.read()
+        if data.endswith(b"\n"):
+            return
+        handle.truncate(data.rfind(b"\n") + 1)
+
+
+def results_path(folder: Path, rank: int, world_size: int) -> Path:
+    """Where a rank appends: ``results.jsonl`` alone, ``results.rank<r>.jsonl`` under torchrun."""
+    return folder / (RESULTS if world_size == 1 else f"results.rank{rank}.jsonl")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def consolidate(folder: Path, order: list[str]) -> list[Record]:
+    """Merge every record of the folder into ``results.jsonl`` (by prompt index, then drafter order)."""
+    rank = {label: i for i, label in enumerate(order)}
+    records, seen = [], set()
+    for record in read_run(folder):
+        if isinstance(record, PromptRecord):
+            if record.key in seen:
+                continue
+            seen.add(record.key)
+        records.append(record)
+    records.sort(key=lambda r: (-1 if r.index is None else r.index, rank.get(r.drafter, len(rank))))
+    write_atomic(folder / RESULTS, "".join(json.dumps(asdict(r)) + "\n" for r in records))
+    for path in folder.glob(RANK_GLOB):
+        path.unlink()
+    return records
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_commit(folder: Path | None = None) -> dict[str, Any] | None:
+    """The specfamily checkout's commit and whether it has local changes; None outside a git checkout."""
+    folder = folder or Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status.strip())}
+
+
+@dataclass
+class RunInfo:
+    """``run.json``: what a run was (config, environment) and what it measured about the target."""
+
+    config: dict[str, Any]
+    seed: int
+    dataset: str
+    sampling: str
+    drafters: list[str]
+    prompts: int
+    max_new_tokens: int
+    world_size: int
+    device: str
+    threads: int
+    versions: dict[str, str | None]
+    git: dict[str, Any] | None
+    verify_cost: dict[str, float]  # draft tokens g -> t(g + 1) / t(1) of the target; {} if not measured
+    started: str
+
+    def save(self, folder: Path) -> None:
+        write_atomic(folder / RUN_INFO, json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, folder: Path) -> RunInfo:
+        return cls(**json.loads((folder / RUN_INFO).read_text(encoding="utf-8")))

@@ -1,0 +1,209 @@
+"""The comparison runner: every drafter and plain decoding on every prompt, measured in one run.
+
+Prompts go in order and, for each prompt, every arm (plain decoding first, then each drafter)
+runs it, so slow drift of the machine hits all arms alike and speedup is a ratio within one run.
+Each finished prompt is appended to the results file at once; a drafter that raises is recorded
+as failed and dropped while the others go on; run again in the same folder, a run skips every
+(drafter, prompt) it already finished. Under torchrun each rank takes a shard of the prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specfamily.core.types import SamplingConfig
+from specfamily.eval import distributed
+from specfamily.eval.config import DrafterSpec, drafter_specs, sampling_config, sampling_label, validate_specs
+from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompts
+from specfamily.eval.models import load_model_target, pick_device
+from specfamily.eval.results import FailureRecord, PromptRecord, Record, ResultWriter, consolidate, read_run
+from specfamily.eval.results import results_path as rank_results_path
+from specfamily.eval.start import RunPlan, is_finished, start_run
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Arm:
+    """One drafter (or plain decoding) during a run."""
+
+    spec: DrafterSpec
+    drafter: Any = None  # None: plain decoding, or not built yet
+    gamma: int | None = None
+    failed: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+
+@dataclass
+class RunOutcome:
+    """What a run leaves: its folder and, on rank 0, every record of the folder."""
+
+    out_dir: Path
+    rank: int
+    records: list[Record] = field(default_factory=list)
+    table: str = ""  # the report's Markdown table (rank 0)
+
+
+def _failure(arm: Arm, stage: str, err: BaseException, rank: int, prompt: Prompt | None = None) -> FailureRecord:
+    log.warning("drafter %s failed while %s: %s: %s", arm.label, stage, type(err).__name__, err)
+    return FailureRecord(
+        drafter=arm.label,
+        stage=stage,
+        error=f"{type(err).__name__}: {err}",
+        traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
+        prompt_id=None if prompt is None else prompt.id,
+        index=None if prompt is None else prompt.index,
+        rank=rank,
+    )
+
+
+def _build(arm: Arm, target, writer: ResultWriter, rank: int) -> None:
+    """Create the arm's drafter; a drafter that cannot be built is recorded as failed."""
+    if arm.spec.plain:
+        return
+    from specfamily.core.plugins import create_drafter
+
+    try:
+        arm.drafter = create_drafter(arm.spec.name, target, **arm.spec.options)
+        arm.gamma = getattr(getattr(arm.drafter, "policy", None), "gamma", arm.spec.options.get("gamma"))
+    except Exception as err:  # a drafter's failure is a result; the others go on
+        writer.write(_failure(arm, "create", err, rank))
+        arm.failed = True
+
+
+def _generate(plan: RunPlan, arm: Arm, prompt: Prompt, max_new_tokens: int, seed: int):
+    import specfamily as sf
+
+    return sf.generate(plan.target, arm.drafter, prompt.ids, max_new_tokens, plan.sampling, seed=seed)
+
+
+def _warm_up(plan: RunPlan, arm: Arm, prompt: Prompt, writer: ResultWriter) -> None:
+    for _ in range(plan.warmup):
+        try:
+            _generate(plan, arm, prompt, plan.warmup_tokens, plan.seed + prompt.index)
+        except Exception as err:
+            writer.write(_failure(arm, "warmup", err, plan.info.rank, prompt))
+            _drop(arm, plan)
+            return
+
+
+def _drop(arm: Arm, plan: RunPlan) -> None:
+    """Give up on a drafter that raised; the target may be mid-pass, so reset it for the others."""
+    arm.failed, arm.drafter = True, None
+    plan.target.reset()
+
+
+def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt) -> PromptRecord:
+    """One arm on one prompt, timed."""
+    seed = plan.seed + prompt.index
+    start = time.perf_counter()
+    result = _generate(plan, arm, prompt, plan.dataset.max_new_tokens, seed)
+    wall = time.perf_counter() - start
+    return PromptRecord(
+        drafter=arm.label,
+        dataset=plan.dataset.name,
+        sampling=sampling_label(plan.sampling),
+        prompt_id=prompt.id,
+        index=prompt.index,
+        seed=seed,
+        gamma=arm.gamma,
+        prompt_tokens=len(prompt.ids),
+        tokens=list(result.tokens),
+        wall_seconds=wall,
+        lossy=bool(result.lossy),
+        metrics=result.metrics.as_dict(),
+        rank=plan.info.rank,
+    )
+
+
+def _progress(plan: RunPlan, total: int):
+    from tqdm.auto import tqdm
+
+    show = plan.progress and plan.info.is_main
+    return tqdm(total=total, desc="prompts x drafters to run", disable=not show)
+
+
+def run_arms(plan: RunPlan, arms: list[Arm], prompts: list[Prompt], writer: ResultWriter) -> None:
+    """Build, warm up and run every arm that has work left on ``prompts`` (this rank's shard)."""
+    done = {r.key for r in read_run(plan.out_dir) if isinstance(r, PromptRecord)}
+    todo = {arm.label: [p for p in prompts if (arm.label, p.id) not in done] for arm in arms}
+    busy = [arm for arm in arms if todo[arm.label]]
+    for arm in busy:
+        _build(arm, plan.target, writer, plan.info.rank)
+        if not arm.failed:
+            _warm_up(plan, arm, todo[arm.label][0], writer)
+    live = [arm for arm in busy if not arm.failed]
+    total = sum(len(todo[arm.label]) for arm in live)
+    with _progress(plan, total) as bar:
+        for prompt in prompts:
+            for arm in live:
+                if arm.failed or (arm.label, prompt.id) in done:
+                    continue
+                try:
+                    writer.write(run_prompt(plan, arm, prompt))
+                except Exception as err:
+                    writer.write(_failure(arm, "generate", err, plan.info.rank, prompt))
+                    _drop(arm, plan)
+                    bar.total -= sum(1 for p in todo[arm.label] if p.index > prompt.index)
+                bar.update(1)
+
+
+def _set_threads(threads: int | None, info: distributed.DistInfo, device: torch.device) -> None:
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    elif info.distributed and device.type == "cpu":
+        torch.set_num_threads(1)  # one thread per rank: the ranks share the cores
+
+
+def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
+    """Run the comparison ``cfg`` describes into ``out_dir`` (rank 0's folder under torchrun)."""
+    specs = drafter_specs(cfg)
+    validate_specs(specs)
+    dataset = DatasetSpec.from_config(cfg.dataset)
+    sampling: SamplingConfig = sampling_config(cfg.sampling)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    device = pick_device(cfg.model.get("device"), distributed.env_world()[2])
+    info = distributed.setup(device.type == "cuda")
+    try:
+        _set_threads(cfg.get("threads"), info, device)
+        out_dir = Path(distributed.broadcast(info, str(out_dir)))
+        labels, plots = [spec.label for spec in specs], bool(cfg.get("plots", True))
+        if distributed.broadcast(info, info.is_main and is_finished(out_dir, specs, resolved)):
+            log.info("%s holds this run, finished: nothing to run", out_dir)
+            return _finish(out_dir, info.rank, labels, plots)
+        target = load_model_target(cfg.model, device)
+        prompts = load_prompts(dataset, target.tokenizer)
+        plan = start_run(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info)
+        writer = ResultWriter(rank_results_path(out_dir, info.rank, info.world_size))
+        try:
+            run_arms(plan, [Arm(spec) for spec in specs], distributed.shard(prompts, info), writer)
+        finally:
+            writer.close()
+        distributed.barrier(info)
+        return _finish(out_dir, info.rank, labels, plots)
+    finally:
+        distributed.teardown(info)
+
+
+def _finish(out_dir: Path, rank: int, labels: list[str], plots: bool) -> RunOutcome:
+    """Rank 0 merges the results into one file and writes the report."""
+    if rank != 0:
+        return RunOutcome(out_dir, rank)
+    from specfamily.eval.report import write_report
+
+    records = consolidate(out_dir, labels)
+    report = write_report(out_dir, plots=plots)
+    log.info("results in %s (%s)", out_dir, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return RunOutcome(out_dir, rank, records, report.table)

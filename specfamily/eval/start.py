@@ -1,0 +1,137 @@
+"""Starting (or resuming) a run in a folder: the resume check, the verify-cost measurement, ``run.json``."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from specfamily.core.target import Target
+from specfamily.core.types import SamplingConfig
+from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
+from specfamily.eval.costs import measure_verify_cost
+from specfamily.eval.datasets import DatasetSpec, Prompt
+from specfamily.eval.distributed import DistInfo, broadcast
+from specfamily.eval.results import RUN_INFO, PromptRecord, RunInfo, git_commit, package_versions, read_run
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunPlan:
+    """Everything the runner needs once the target, the prompts and the folder are ready."""
+
+    target: Target
+    dataset: DatasetSpec
+    sampling: SamplingConfig
+    out_dir: Path
+    info: DistInfo
+    run_info: RunInfo
+    seed: int = 0
+    warmup: int = 1
+    warmup_tokens: int = 16
+    progress: bool = True
+    plots: bool = True
+
+
+def _resume_error(folder: Path, resolved: dict[str, Any]) -> str | None:
+    """Why ``folder`` cannot be resumed with this config (None when it can, or holds no run)."""
+    if not (folder / RUN_INFO).is_file():
+        return None
+    old = resume_fingerprint(RunInfo.load(folder).config)
+    new = resume_fingerprint(resolved)
+    changed = [key for key in new if old.get(key) != new[key]]
+    if not changed:
+        return None
+    return (
+        f"{folder} holds a run with a different {', '.join(changed)} config; resume it with the same config "
+        "or write to a new folder (hydra.run.dir=...)"
+    )
+
+
+def is_finished(folder: Path, specs: list[DrafterSpec], resolved: dict[str, Any]) -> bool:
+    """Whether ``folder`` holds this very run with every arm finished on every prompt."""
+    if not (folder / RUN_INFO).is_file() or _resume_error(folder, resolved) is not None:
+        return False
+    prompts = RunInfo.load(folder).prompts
+    counts = Counter(r.drafter for r in read_run(folder) if isinstance(r, PromptRecord))
+    return prompts > 0 and all(counts[spec.label] >= prompts for spec in specs)
+
+
+def _verify_cost(cfg: DictConfig, target: Target, prompts: list[Prompt]) -> dict[str, float]:
+    node = cfg.get("verify_cost")
+    if node is None or not node.get("measure", True) or not prompts:
+        return {}
+    context = prompts[0].ids[-int(node.get("context", 256)) :]
+    try:
+        sizes, repeats = list(node.get("sizes", [0, 1, 2, 4, 8])), int(node.get("repeats", 5))
+        curve = measure_verify_cost(target, context, sizes, repeats)
+    except ValueError as err:
+        log.warning("verify cost not measured: %s", err)
+        return {}
+    return {str(g): cost for g, cost in curve.items()}
+
+
+def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info) -> RunInfo:
+    old = RunInfo.load(out_dir) if (out_dir / RUN_INFO).is_file() else None
+    return RunInfo(
+        config=resolved,
+        seed=int(cfg.get("seed", 0)),
+        dataset=dataset.name,
+        sampling=sampling_label(sampling),
+        drafters=[spec.label for spec in specs],
+        prompts=len(prompts),
+        max_new_tokens=dataset.max_new_tokens,
+        world_size=info.world_size,
+        device=str(target.device),
+        threads=torch.get_num_threads(),
+        versions=package_versions(),
+        git=git_commit(),
+        verify_cost=old.verify_cost if old and old.verify_cost else _verify_cost(cfg, target, prompts),
+        started=old.started if old else datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def start_run(
+    cfg: DictConfig,
+    resolved: dict[str, Any],
+    specs: list[DrafterSpec],
+    dataset: DatasetSpec,
+    sampling: SamplingConfig,
+    target: Target,
+    prompts: list[Prompt],
+    out_dir: Path,
+    info: DistInfo,
+) -> RunPlan:
+    """Rank 0 checks the folder, measures the verify cost once and writes ``run.json``; every rank gets it."""
+    payload: tuple[RunInfo | None, str | None] = (None, None)
+    if info.is_main:
+        error = _resume_error(out_dir, resolved)
+        if error is None:
+            run_info = _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info)
+            run_info.save(out_dir)
+            payload = (run_info, None)
+        else:
+            payload = (None, error)
+    run_info, error = broadcast(info, payload)
+    if error is not None:
+        raise ValueError(error)
+    return RunPlan(
+        target=target,
+        dataset=dataset,
+        sampling=sampling,
+        out_dir=out_dir,
+        info=info,
+        run_info=run_info,
+        seed=int(cfg.get("seed", 0)),
+        warmup=int(cfg.get("warmup", 1)),
+        warmup_tokens=int(cfg.get("warmup_tokens", 16)),
+        progress=bool(cfg.get("progress", True)),
+        plots=bool(cfg.get("plots", True)),
+    )

@@ -1,0 +1,153 @@
+"""From per-prompt records to one row per drafter and run: tau, alpha, speedup, predicted speedup.
+
+Speedup is throughput (new tokens per second of ``sf.generate`` wall time) relative to plain
+decoding over the prompts both finished in the same run. The prediction is
+``sf.theory.expected_speedup(alpha, gamma, c1, V)`` with the measured alpha, the draft length
+gamma, V = t(n + 1) / t(1) of the target measured in the run at n = the mean draft tokens fed
+per verification pass, and c1 = c * V: the per-prompt measured c is relative to a verification
+pass, the formula's c to a one-token pass.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from specfamily.core import theory
+from specfamily.eval.config import PLAIN
+from specfamily.eval.costs import verify_cost_at
+from specfamily.eval.results import FailureRecord, PromptRecord, Record, RunInfo
+
+NAN = float("nan")
+
+
+@dataclass
+class SummaryRow:
+    """One drafter (or plain decoding) in one run."""
+
+    run: str  # the run folder relative to the report folder ("." for the folder itself)
+    dataset: str
+    sampling: str
+    drafter: str
+    gamma: int | None
+    status: str  # ok | partial (not every prompt finished yet) | failed
+    prompts: int
+    new_tokens: int
+    tau: float  # new tokens / target passes
+    alpha: float  # mean per-prompt acceptance rate
+    draft_acceptance: float  # accepted / proposed draft tokens
+    c: float  # median per-prompt c: one draft step / one verification pass
+    draft_tokens_per_pass: float
+    seconds: float
+    tokens_per_second: float
+    speedup: float
+    verify_cost: float  # t(n + 1) / t(1) at n = draft_tokens_per_pass
+    predicted_speedup: float
+    lossy: bool
+    per_position: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def _finite(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _mean(values: Iterable[float | None]) -> float:
+    values = _finite(values)
+    return statistics.fmean(values) if values else NAN
+
+
+def _median(values: Iterable[float | None]) -> float:
+    values = _finite(values)
+    return statistics.median(values) if values else NAN
+
+
+def _throughput(records: list[PromptRecord]) -> float:
+    seconds = sum(r.wall_seconds for r in records)
+    return sum(r.metrics["new_tokens"] for r in records) / seconds if seconds > 0 else NAN
+
+
+def speedup(records: list[PromptRecord], plain: list[PromptRecord]) -> float:
+    """Throughput ratio to plain decoding over the prompts both finished."""
+    shared = {r.prompt_id for r in records} & {r.prompt_id for r in plain}
+    if not shared:
+        return NAN
+    mine = _throughput([r for r in records if r.prompt_id in shared])
+    base = _throughput([r for r in plain if r.prompt_id in shared])
+    return mine / base if base > 0 else NAN
+
+
+def per_position(records: list[PromptRecord]) -> list[float]:
+    """Mean acceptance at each draft depth over the prompts that drafted that deep."""
+    rows = [r.metrics.get("per_position_acceptance") or [] for r in records]
+    depth = max((len(row) for row in rows), default=0)
+    return [_mean(row[i] for row in rows if i < len(row)) for i in range(depth)]
+
+
+def predicted_speedup(alpha: float, gamma: int | None, c: float, verify_cost: float) -> float:
+    """``theory.expected_speedup`` with c rescaled to a one-token pass; nan without the inputs."""
+    if gamma is None or gamma < 1 or not all(math.isfinite(x) for x in (alpha, c, verify_cost)):
+        return NAN
+    alpha = min(max(alpha, 0.0), 1.0)
+    return theory.expected_speedup(alpha, int(gamma), c * verify_cost, verify_cost=verify_cost)
+
+
+def _fed_per_pass(records: list[PromptRecord]) -> float:
+    passes = sum(max(r.metrics["target_passes"] - 1, 0) for r in records)
+    return sum(r.metrics["proposed_tokens"] for r in records) / passes if passes else NAN
+
+
+def _prediction(
+    records: list[PromptRecord], info: RunInfo, alpha: float, gamma: int | None, c: float
+) -> tuple[float, float, float]:
+    """(draft tokens fed per pass, verify cost there, predicted speedup) of a drafter's records."""
+    curve = {int(g): v for g, v in info.verify_cost.items()}
+    fed = _fed_per_pass(records)
+    if not curve or not math.isfinite(fed):
+        return fed, NAN, NAN
+    verify = verify_cost_at(curve, fed)
+    return fed, verify, predicted_speedup(alpha, gamma if gamma is not None else round(fed), c, verify)
+
+
+def _status(n_done: int, n_prompts: int, failure: FailureRecord | None) -> str:
+    if n_done >= n_prompts and n_done > 0:
+        return "ok"
+    return "failed" if failure is not None else "partial"
+
+
+def summarize(
+    label: str, records: list[PromptRecord], plain: list[PromptRecord], info: RunInfo, run: str,
+    failure: FailureRecord | None = None,
+) -> SummaryRow:
+    """The row of one drafter in one run."""
+    gamma = next((r.gamma for r in records if r.gamma is not None), None)
+    alpha, c = _mean(r.metrics["acceptance_rate"] for r in records), _median(r.metrics["c"] for r in records)
+    fed, verify, predicted = (NAN, 1.0, 1.0) if label == PLAIN else _prediction(records, info, alpha, gamma, c)
+    new_tokens = sum(r.metrics["new_tokens"] for r in records)
+    passes = sum(r.metrics["target_passes"] for r in records)
+    status = _status(len(records), info.prompts, failure)
+    return SummaryRow(
+        run=run, dataset=info.dataset, sampling=info.sampling, drafter=label, gamma=gamma, status=status,
+        prompts=len(records), new_tokens=new_tokens, tau=new_tokens / passes if passes else NAN, alpha=alpha,
+        draft_acceptance=_mean(r.metrics["draft_acceptance"] for r in records), c=c, draft_tokens_per_pass=fed,
+        seconds=sum(r.wall_seconds for r in records), tokens_per_second=_throughput(records),
+        speedup=speedup(records, plain) if records else NAN, verify_cost=verify, predicted_speedup=predicted,
+        lossy=any(r.lossy for r in records), per_position=per_position(records),
+        error="" if failure is None or status == "ok" else f"{failure.stage}: {failure.error}",
+    )
+
+
+def summarize_run(records: list[Record], info: RunInfo, run: str = ".") -> list[SummaryRow]:
+    """One row per arm of a run, in the run's drafter order (plain decoding first)."""
+    prompts: dict[str, list[PromptRecord]] = {}
+    failures: dict[str, FailureRecord] = {}
+    for record in records:
+        if isinstance(record, PromptRecord):
+            prompts.setdefault(record.drafter, []).append(record)
+        else:
+            failures[record.drafter] = record
+    labels = list(dict.fromkeys([*info.drafters, *prompts, *failures]))
+    plain = prompts.get(PLAIN, [])
+    return [summarize(label, prompts.get(label, []), plain, info, run, failures.get(label)) for label in labels]

@@ -1,0 +1,52 @@
+"""Helpers of the eval tests: a tiny tokenizer, tiny Llama models and the overrides that point a config at them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "for item in items:\n    print(item)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+    "import os\nimport sys\n\nprint(sys.argv)\n",
+    "while True:\n    break\n",
+]
+VOCAB = 320
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(TEXTS * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def tiny_llama(seed: int, layers: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.2,
+        eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).eval()
+
+
+def tiny_overrides(pair: dict[str, Path], *extra: str) -> list[str]:
+    """Overrides that point the default config at the tiny pair and keep the run to seconds."""
+    return [
+        f"model.target={pair['target']}", f"model.draft={pair['draft']}", "model.medusa=null", "model.eagle=null",
+        "model.device=cpu", "dataset=jsonl", f"dataset.data_files={pair['prompts']}", "dataset.field=text",
+        "dataset.id_field=id", "dataset.num_examples=3", "dataset.max_new_tokens=10", "drafter.names=[small_model]",
+        "verify_cost.sizes=[0,1,2]", "verify_cost.repeats=1", "verify_cost.context=8", "warmup_tokens=2",
+        "progress=false", "plots=false", "threads=1", *extra,
+    ]

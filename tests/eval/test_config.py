@@ -1,0 +1,154 @@
+"""Config composition (Hydra's compose API over the shipped configs) and drafter option validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import specfamily as sf
+from specfamily.core.plugins import get_registry
+from specfamily.eval.config import (
+    PLAIN,
+    configs_dir,
+    drafter_specs,
+    sampling_config,
+    sampling_label,
+    validate_specs,
+)
+from specfamily.eval.datasets import DatasetSpec
+
+
+def _options(specs, label):
+    return next(spec.options for spec in specs if spec.label == label)
+
+
+def test_default_config_is_the_default_comparison(compose_config):
+    cfg = compose_config([])
+    specs = drafter_specs(cfg)
+    assert [spec.label for spec in specs] == [PLAIN, *sf.list_drafters()]
+    assert specs[0].name is None and specs[0].options == {}
+    assert cfg.model.target == "zoo:code-target"
+    small_model = {"model": "zoo:code-draft", "gamma": 4, "policy": "constant", "dtype": None}
+    assert _options(specs, "small_model") == small_model
+    assert sampling_config(cfg.sampling) == sf.SamplingConfig(0.0, 0, 1.0)
+    dataset = DatasetSpec.from_config(cfg.dataset)
+    assert (dataset.path, dataset.num_examples, dataset.max_new_tokens) == ("zoo:complete", 24, 64)
+    validate_specs(specs)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "label", "expected"),
+    [
+        (["drafter=small_model", "drafter.gamma=6"], "small_model", {"gamma": 6, "model": "zoo:code-draft"}),
+        (["drafter=small_model", "model.draft=/models/d"], "small_model", {"model": "/models/d"}),
+        (["drafter.gamma=3", "drafter.policy=heuristic"], "small_model", {"gamma": 3, "policy": "heuristic"}),
+        (["drafter=prompt_lookup", "drafter.max_ngram=5"], "prompt_lookup", {"max_ngram": 5, "policy": "constant"}),
+        (["drafter=eagle", "drafter.gamma=6", "model.eagle=random"], "eagle", {"gamma": 6, "weights": "random"}),
+        (["drafter=medusa", "drafter.typical=true"], "medusa", {"typical": True, "weights": "zoo:code-medusa"}),
+    ],
+)
+def test_drafter_overrides(compose_config, overrides, label, expected):
+    specs = drafter_specs(compose_config(overrides))
+    options = _options(specs, label)
+    assert {key: options[key] for key in expected} == expected
+    assert specs[0].label == PLAIN
+    if label in get_registry():
+        validate_specs(specs)
+
+
+def test_all_applies_shared_options_to_every_drafter(compose_config):
+    specs = drafter_specs(compose_config(["drafter.gamma=3", "drafter.names=[small_model,prompt_lookup]"]))
+    assert [spec.label for spec in specs] == [PLAIN, "small_model", "prompt_lookup"]
+    assert all(spec.options["gamma"] == 3 for spec in specs[1:])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "label"),
+    [
+        ([], "greedy"),
+        (["sampling=t07"], "t0.7"),
+        (["sampling=t1", "sampling.top_k=5"], "t1-k5"),
+        (["sampling.temperature=0.7", "sampling.top_p=0.9"], "t0.7-p0.9"),
+    ],
+)
+def test_sampling_overrides(compose_config, overrides, label):
+    assert sampling_label(sampling_config(compose_config(overrides).sampling)) == label
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["dataset=continue"], {"path": "zoo:continue", "ids_field": "prompt_ids", "num_examples": 24}),
+        (["dataset=jsonl", "dataset.data_files=p.jsonl"], {"path": "json", "data_files": "p.jsonl", "field": "prompt"}),
+        (["experiment=quick"], {"num_examples": 4, "max_new_tokens": 32}),
+        (["experiment=quick", "dataset.num_examples=2"], {"num_examples": 2}),
+        (["dataset=humaneval"], {"path": "openai_humaneval", "split": "test", "id_field": "task_id"}),
+    ],
+)
+def test_dataset_overrides(compose_config, overrides, expected):
+    spec = DatasetSpec.from_config(compose_config(overrides).dataset)
+    assert {key: getattr(spec, key) for key in expected} == expected
+
+
+def test_sweep_gamma_experiment_is_a_multirun(compose_config):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(configs_dir()), version_base=None):
+        cfg = compose("config", overrides=["experiment=sweep_gamma"], return_hydra_config=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweeper.params["drafter.gamma"] == "1,2,3,4,6,8"
+
+
+def test_misspelt_option_gets_the_registrys_error(compose_config):
+    specs = drafter_specs(compose_config(["drafter=small_model", "+drafter.gama=3"]))
+    with pytest.raises(TypeError, match=r"drafter 'small_model' got unknown option 'gama'; did you mean 'gamma'\?"):
+        validate_specs(specs)
+
+
+def test_misspelt_option_without_plus_is_refused_by_hydra(compose_config):
+    with pytest.raises(ConfigCompositionException, match="gama"):
+        compose_config(["drafter=small_model", "drafter.gama=3"])
+
+
+def test_misspelt_option_in_a_shipped_or_user_file_is_the_registrys_error(compose_config):
+    cfg = compose_config(["drafter=small_model"])
+    cfg.drafter = OmegaConf.create({"name": "small_model", "gamma": 2, "polcy": "constant"})
+    with pytest.raises(TypeError, match=r"unknown option 'polcy'; did you mean 'policy'\?"):
+        validate_specs(drafter_specs(cfg))
+
+
+def test_bad_option_value_is_the_schemas_error(compose_config):
+    specs = drafter_specs(compose_config(["drafter=prompt_lookup", "drafter.min_ngram=0"]))
+    with pytest.raises(ValueError, match="min_ngram must be an integer >= 1, got 0"):
+        validate_specs(specs)
+
+
+def test_unknown_drafter_name_suggests_the_nearest(compose_config):
+    specs = drafter_specs(compose_config(["drafter.names=[small_modl]"]))
+    with pytest.raises(ValueError, match=r"unknown drafter 'small_modl'; did you mean 'small_model'\?"):
+        validate_specs(specs)
+
+
+def test_all_refuses_keys_it_cannot_apply(compose_config):
+    with pytest.raises(TypeError, match=r"drafter=all got unknown option\(s\) \['max_ngram'\]"):
+        drafter_specs(compose_config(["+drafter.max_ngram=4"]))
+
+
+@pytest.mark.parametrize("name", sorted(get_registry().names()))
+def test_shipped_drafter_file_lists_the_registered_schema(name):
+    """Each registered drafter ships drafter/<name>.yaml holding exactly its schema's options (so no key needs +)."""
+    path = configs_dir() / "drafter" / f"{name}.yaml"
+    assert path.is_file(), f"no shipped config for drafter {name!r}"
+    keys = set(OmegaConf.load(path)) - {"name"}
+    schema = {f.name for f in dataclasses.fields(get_registry().config_class(name)) if f.init}
+    assert keys == schema
+
+
+def test_configs_are_package_data():
+    root = configs_dir()
+    assert (root / "config.yaml").is_file()
+    for group in ("model", "drafter", "dataset", "sampling", "experiment"):
+        assert any((root / group).glob("*.yaml")), group

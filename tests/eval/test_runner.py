@@ -1,0 +1,120 @@
+"""The comparison runner end to end on tiny saved models: results, failures, resumption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eval_helpers import tiny_overrides
+
+import specfamily.eval.runner as runner
+from specfamily.core.drafter import BaseDrafter
+from specfamily.core.plugins import get_registry, reset_plugins
+from specfamily.eval.results import FailureRecord, PromptRecord, RunInfo, read_records
+from specfamily.eval.runner import run_experiment
+
+
+def _prompts(records, label):
+    return [r for r in records if isinstance(r, PromptRecord) and r.drafter == label]
+
+
+def test_local_jsonl_end_to_end(tiny_pair, compose_config, tmp_path):
+    cfg = compose_config(tiny_overrides(tiny_pair, f"model.draft={tiny_pair['target']}"))
+    outcome = run_experiment(cfg, tmp_path)
+    records = read_records(tmp_path / "results.jsonl")
+    plain, small = _prompts(records, "plain"), _prompts(records, "small_model")
+    assert [r.prompt_id for r in plain] == [r.prompt_id for r in small] == ["p0", "p1", "p2"]
+    assert [r.drafter for r in records] == ["plain", "small_model"] * 3  # prompt-major, plain first
+    assert [r.tokens for r in small] == [r.tokens for r in plain]  # greedy: identical text
+    assert all(len(r.tokens) == 10 and r.wall_seconds > 0 and not r.lossy for r in records)
+    assert [r.seed for r in plain] == [0, 1, 2]
+    # the draft model is the target itself: every draft token is accepted
+    assert all(r.metrics["acceptance_rate"] == 1.0 and r.metrics["mean_accepted_length"] > 1 for r in small)
+    assert all(r.metrics["mean_accepted_length"] == 1.0 for r in plain)
+    info = RunInfo.load(tmp_path)
+    assert info.config["dataset"]["max_new_tokens"] == 10 and info.seed == 0
+    assert info.versions["torch"] and info.versions["transformers"] and "git" in json.loads(
+        (tmp_path / "run.json").read_text())
+    assert set(info.verify_cost) == {"0", "1", "2"} and info.verify_cost["0"] == 1.0
+    assert (tmp_path / "summary.csv").is_file() and (tmp_path / "report.md").is_file()
+    assert "| small_model | 4 | ok | 3 |" in outcome.table
+
+
+class BrokenDrafter(BaseDrafter):
+    """Cannot even be built."""
+
+    def __init__(self, target, **options):
+        raise FileNotFoundError("zoo model 'zoo:code-broken' is not shipped")
+
+
+class LateFailingDrafter(BaseDrafter):
+    """Drafts nothing useful and raises on its third request (warm-up, prompt 0, then prompt 1)."""
+
+    def __init__(self, target, **options):
+        super().__init__(gamma=2)
+        self.requests = 0
+
+    def begin(self, ctx):
+        super().begin(ctx)
+        self.requests += 1
+        if self.requests == 3:
+            raise RuntimeError("boom on the second prompt")
+
+    def propose(self, ctx, gamma):
+        from specfamily.core.types import Draft
+
+        return Draft.chain([0] * gamma)
+
+
+@pytest.fixture
+def failing_drafters():
+    registry = get_registry()
+    registry.register("broken", BrokenDrafter)
+    registry.register("late_failure", LateFailingDrafter)
+    yield
+    reset_plugins()
+
+
+def test_raising_drafters_are_recorded_and_the_others_finish(tiny_pair, compose_config, tmp_path, failing_drafters):
+    overrides = tiny_overrides(tiny_pair, "drafter.names=[broken,late_failure,small_model]")
+    outcome = run_experiment(compose_config(overrides), tmp_path)
+    records = read_records(tmp_path / "results.jsonl")
+    failures = {r.drafter: r for r in records if isinstance(r, FailureRecord)}
+    assert failures["broken"].stage == "create" and failures["broken"].prompt_id is None
+    assert failures["broken"].error == "FileNotFoundError: zoo model 'zoo:code-broken' is not shipped"
+    assert failures["late_failure"].stage == "generate" and failures["late_failure"].prompt_id == "p1"
+    assert "boom on the second prompt" in failures["late_failure"].traceback
+    assert [r.prompt_id for r in _prompts(records, "late_failure")] == ["p0"]
+    assert len(_prompts(records, "small_model")) == len(_prompts(records, "plain")) == 3
+    assert "| broken | - | failed | 0 |" in outcome.table
+    report = (tmp_path / "report.md").read_text()
+    assert "- `late_failure`: generate: RuntimeError: boom on the second prompt" in report
+
+
+def test_killed_run_resumes_without_redoing_finished_work(tiny_pair, compose_config, tmp_path, monkeypatch):
+    cfg = compose_config(tiny_overrides(tiny_pair))
+    run_experiment(cfg, tmp_path)
+    full = read_records(tmp_path / "results.jsonl")
+    lines = (tmp_path / "results.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "results.jsonl").write_text("".join(lines[:3]) + lines[3][:40])  # killed while writing line 4
+    ran = []
+
+    def counting(plan, arm, prompt):
+        ran.append((arm.label, prompt.id))
+        return real(plan, arm, prompt)
+
+    real = runner.run_prompt
+    monkeypatch.setattr(runner, "run_prompt", counting)
+    run_experiment(cfg, tmp_path)
+    assert ran == [(r.drafter, r.prompt_id) for r in full[3:]]
+    resumed = read_records(tmp_path / "results.jsonl")
+    assert [(r.drafter, r.prompt_id, r.tokens) for r in resumed] == [(r.drafter, r.prompt_id, r.tokens) for r in full]
+    monkeypatch.setattr(runner, "load_model_target", None)  # finished: not even the target is loaded again
+    assert [r.tokens for r in run_experiment(cfg, tmp_path).records] == [r.tokens for r in full]
+
+
+def test_resume_with_a_different_config_is_refused(tiny_pair, compose_config, tmp_path):
+    run_experiment(compose_config(tiny_overrides(tiny_pair, "dataset.num_examples=1")), tmp_path)
+    changed = compose_config(tiny_overrides(tiny_pair, "dataset.num_examples=1", "sampling=t07"))
+    with pytest.raises(ValueError, match="holds a run with a different sampling config"):
+        run_experiment(changed, tmp_path)
