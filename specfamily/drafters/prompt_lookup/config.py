@@ -1,0 +1,40 @@
+"""Options of the prompt-lookup drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check_int(value: object, name: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class PromptLookupConfig:
+    """n-gram lookup in prompt + generated text (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
+
+    ``gamma`` (default 8): tokens copied per branch, the tree depth when ``branches`` > 1. A copied
+    run is either right for many tokens or wrong at the first, and on CPU a target pass over 9
+    tokens costs little more than over 1 for small models (measure t(n)/t(1) for yours), so the
+    default is long; transformers uses 10. ``min_ngram``/``max_ngram``: the n-gram sizes matched,
+    longest first (transformers matches up to 2). ``branches``: distinct earlier matches proposed
+    at once as a token tree (1 = a chain); the tree has up to branches * gamma nodes.
+    """
+
+    gamma: int | None = None  # draft length / tree depth (default 8)
+    policy: str = "constant"  # constant | heuristic | optimal
+    min_ngram: int = 1
+    max_ngram: int = 3
+    branches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.gamma is not None:
+            _check_int(self.gamma, "gamma", 1)
+        _check_int(self.min_ngram, "min_ngram", 1)
+        _check_int(self.max_ngram, "max_ngram", 1)
+        if self.max_ngram < self.min_ngram:
+            raise ValueError(f"max_ngram ({self.max_ngram}) must be >= min_ngram ({self.min_ngram})")
+        _check_int(self.branches, "branches", 1)
+        if not isinstance(self.policy, str):
+            raise ValueError(f"policy must be a string, got {self.policy!r}")

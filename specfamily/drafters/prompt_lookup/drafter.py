@@ -1,0 +1,69 @@
+"""Prompt lookup decoding: propose the tokens that followed an earlier occurrence of the context's last n-gram.
+
+Deterministic proposals (q = None). The context is prompt + committed tokens, so the very first
+pass drafts too. An incremental :class:`NgramIndex` is built once per request and extended with
+each pass's committed tokens, so a proposal costs O(max_ngram + gamma * branches), not a rescan.
+With ``branches`` > 1, distinct earlier matches are merged into a token tree (best match first).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfamily.core.drafter import BaseDrafter
+from specfamily.core.target import Target
+from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+from specfamily.drafters.prompt_lookup.config import PromptLookupConfig
+from specfamily.drafters.prompt_lookup.index import NgramIndex, build_trie
+
+
+class PromptLookupDrafter(BaseDrafter):
+    """Copies up to gamma tokens from the most recent earlier match of the last max_ngram..min_ngram tokens."""
+
+    default_gamma = 8
+
+    def __init__(
+        self,
+        target: Target | None = None,
+        gamma: int | None = None,
+        policy: str = "constant",
+        min_ngram: int = 1,
+        max_ngram: int = 3,
+        branches: int = 1,
+    ) -> None:
+        self.config = PromptLookupConfig(gamma, policy, min_ngram, max_ngram, branches)
+        super().__init__(gamma, policy)
+        self.stop: frozenset[int] = frozenset(target.eos_token_ids) if target is not None else frozenset()
+        self.index = NgramIndex(min_ngram, max_ngram)
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        self.stop = frozenset(ctx.target.eos_token_ids)
+        self.index = NgramIndex(self.config.min_ngram, self.config.max_ngram, ctx.tokens)
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        self.index.extend(outcome.tokens)
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        self._sync(ctx.tokens)
+        paths = self.index.propose(gamma, self.config.branches, self.stop)
+        if not paths:
+            return Draft.empty()
+        if len(paths) == 1:
+            return Draft.chain(torch.tensor(paths[0], dtype=torch.long))
+        tokens, parents = build_trie(paths)
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+    def _sync(self, tokens: list[int]) -> None:
+        """Catch up with committed tokens ``observe`` did not see; rebuild if the context is not an extension.
+
+        Within a request (``begin`` first) the index is in sync when the lengths agree; only the last
+        token is compared then, so the check stays O(1) per proposal.
+        """
+        index = self.index
+        if len(index) == len(tokens) and (not tokens or index.tokens[-1] == tokens[-1]):
+            return
+        if len(index) < len(tokens) and index.tokens == tokens[: len(index)]:
+            index.extend(tokens[len(index) :])
+        else:
+            self.index = NgramIndex(self.config.min_ngram, self.config.max_ngram, tokens)
