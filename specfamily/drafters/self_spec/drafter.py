@@ -1,0 +1,189 @@
+"""Self-speculative drafting: the target itself with a set of sub-layers skipped (Draft & Verify; SWIFT).
+
+The draft pass shares the target's KV cache: kept attention layers read the committed entries of
+``ctx.target.cache`` and append their own for the pending tokens (the root; the whole prompt on the first pass)
+and the draft tokens; skipped layers get none. Before the draft is returned every layer gets back its committed
+tensors (``draft_entries_discarded``), so the target's forward finds the cache exactly as committed and feeds
+the pending tokens again. No weight and no second cache is kept.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specfamily.core.drafter import BaseDrafter
+from specfamily.core.sampling import warp
+from specfamily.core.target import Target
+from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+from specfamily.drafters.self_spec.config import (
+    SelfSpecConfig,
+    check_record_fits,
+    load_skip_set,
+    model_key,
+    shipped_skip_sets,
+)
+from specfamily.drafters.self_spec.layers import (
+    LayerRunner,
+    SubLayer,
+    causal_mask,
+    draft_entries_discarded,
+    parse_skip,
+)
+
+SEARCH_COMMAND = "python -m specfamily.drafters.self_spec.search --model PATH_OR_ZOO --out FILE.json"
+_LIST_STRING = re.compile(r"^\s*(attn|mlp|layer):\d+\s*(,\s*(attn|mlp|layer):\d+\s*)*$")
+
+
+@dataclass
+class ExitThreshold:
+    """Draft & Verify's adaptive draft exit: stop when the draft's top-1 probability is below ``threshold``.
+
+    After each verification of a draft that was cut by the threshold, the smoothed acceptance
+    ``AR <- beta1 AR + (1 - beta1) accepted / drafted`` steers it: ``threshold + step`` if AR <= target
+    else ``threshold - step``, smoothed by ``beta2``. Drafts that ran to full length leave it unchanged.
+    """
+
+    initial: float
+    target: float
+    step: float
+    beta1: float
+    beta2: float
+    threshold: float = 0.0
+    acceptance: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.threshold, self.acceptance = self.initial, 0.0
+
+    def update(self, drafted: int, accepted: int, cut: bool) -> None:
+        if drafted <= 0:
+            return
+        self.acceptance = self.beta1 * self.acceptance + (1.0 - self.beta1) * accepted / drafted
+        if not cut:
+            return
+        moved = self.threshold + (self.step if self.acceptance <= self.target else -self.step)
+        self.threshold = self.beta2 * self.threshold + (1.0 - self.beta2) * moved
+
+
+def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str]:
+    """A skip option -> (skipped sub-layers, where they came from)."""
+    num_layers = target.num_layers
+    if isinstance(skip, (list, tuple)):
+        return parse_skip(skip, num_layers), "explicit list"
+    if isinstance(skip, str) and _LIST_STRING.match(skip):
+        return parse_skip(skip.split(","), num_layers), "explicit list"
+    if skip is not None and not isinstance(skip, (str, Path)):
+        kind = type(skip).__name__
+        raise TypeError(f"skip must be a skip-set file, a zoo: name or a list like ['attn:3'], got {kind}")
+    key = model_key(target.model, name="target")
+    shipped = shipped_skip_sets()
+    if skip is None:
+        path = _default_skip_file(key, shipped)
+    elif isinstance(skip, str) and skip.startswith("zoo:"):
+        name = skip[len("zoo:") :]
+        if name not in shipped:
+            known = ", ".join("zoo:" + n for n in shipped) or "none"
+            raise ValueError(f"no shipped skip set {skip!r}; shipped: {known}")
+        path = shipped[name]
+    else:
+        path = Path(skip)
+    record = load_skip_set(path)
+    if not check_record_fits(record, key, str(path)):
+        warnings.warn(
+            f"skip set {str(path)!r} was searched on other weights of this architecture ({record.model.name!r}); "
+            "it is valid but may accept less",
+            stacklevel=3,
+        )
+    return parse_skip(record.skip, num_layers), str(path)
+
+
+def _default_skip_file(key, shipped: dict[str, Path]) -> Path:
+    """The shipped skip set searched for this model's weights, else the one for its architecture."""
+    fitting = []
+    for path in shipped.values():
+        try:
+            record = load_skip_set(path)
+            same_weights = check_record_fits(record, key, str(path))
+        except ValueError:
+            continue
+        if same_weights:
+            return path
+        fitting.append(path)
+    if len(fitting) == 1:
+        return fitting[0]
+    raise ValueError(
+        "no shipped self_spec skip set fits this target; pass skip=[...] (e.g. ['mlp:1']), a skip-set file, "
+        f"or search one with `{SEARCH_COMMAND}`"
+    )
+
+
+class SelfSpecDrafter(BaseDrafter):
+    """Drafts a chain with the target's own layers minus a skip set; samples from its warped q (argmax at t=0)."""
+
+    default_gamma = 4
+
+    def __init__(self, target: Target, skip: Any = None, gamma: int | None = None, policy: str = "constant",
+                 **options: Any) -> None:
+        config = SelfSpecConfig(skip=skip, gamma=gamma, policy=policy, **options)
+        super().__init__(gamma, policy)
+        self.runner = LayerRunner(target.model)
+        self.skipped, self.skip_source = resolve_skip(skip, target)
+        self.plan = self.runner.plan(self.skipped)
+        self.exit = (
+            ExitThreshold(config.exit_threshold, config.exit_target, config.exit_step, config.exit_beta1,
+                          config.exit_beta2)
+            if config.adaptive_exit else None
+        )
+        self._drafted, self._cut = 0, False
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        if self.exit is not None:
+            self.exit.reset()
+
+    @torch.inference_mode()
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        target = ctx.target
+        device, start = target.device, target.cached_length
+        pending = torch.tensor(ctx.tokens[start:], dtype=torch.long, device=device)  # (m,), the root last
+        m = pending.numel()
+        ids, positions = pending.view(1, -1), torch.arange(start, start + m + gamma - 1, device=device).view(1, -1)
+        mask = causal_mask(start, m, self.runner.dtype, device) if m > 1 else None
+        step_positions = positions[:, :m]
+        tokens, qs, cut = [], [], False
+        with draft_entries_discarded(target.cache, start) as cache:
+            for step in range(gamma):
+                hidden = self.runner.hidden(ids, step_positions, mask, cache, self.plan)
+                token, q, confidence = self._draw(self.runner.logits(hidden[:, -1])[0], ctx)  # from (V,) logits
+                tokens.append(token)
+                if q is not None:
+                    qs.append(q)
+                if confidence is not None and step < gamma - 1 and float(confidence) < self.exit.threshold:
+                    cut = True
+                    break
+                ids, mask = token.view(1, 1), None
+                step_positions = positions[:, m + step : m + step + 1]
+        self._drafted, self._cut = len(tokens), cut
+        return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
+
+    def _draw(self, logits: torch.Tensor, ctx: DecodeContext):
+        """(token (1,), q (V,) or None, top-1 probability or None without adaptive exit)."""
+        if ctx.sampling.greedy:
+            token = logits.argmax().view(1)
+            confidence = torch.softmax(logits.float(), dim=-1).max() if self.exit is not None else None
+            return token, None, confidence
+        q = warp(logits, ctx.sampling)
+        token = torch.multinomial(q, 1, generator=ctx.generator)
+        return token, q, (q.max() if self.exit is not None else None)
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        if self.exit is not None:
+            self.exit.update(self._drafted, len(outcome.accepted_nodes), self._cut)
