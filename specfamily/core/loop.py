@@ -48,12 +48,12 @@ def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: Sampl
         raise TypeError(f"drafter must implement begin/propose/observe, got {type(drafter).__name__}")
 
 
-def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int) -> Draft:
-    """The drafter's proposal, with gamma capped so no pass drafts past the token budget."""
+def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft) -> Draft:
+    """The drafter's proposal, with gamma capped so no pass drafts past the token budget (``empty`` otherwise)."""
     if drafter is None:
-        return Draft.empty()
+        return empty
     gamma = min(drafter.policy.next_gamma(), remaining - 1)
-    return drafter.propose(ctx, gamma) if gamma > 0 else Draft.empty()
+    return drafter.propose(ctx, gamma) if gamma > 0 else empty
 
 
 def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int):
@@ -79,17 +79,17 @@ def generate(
     generator = torch.Generator(device=target.device).manual_seed(seed)
     ctx = DecodeContext(target, ids, sampling, generator, tokens=ids.tolist())
     needs_features = drafter is not None and drafter.needs_features
-    recorder, new_tokens = MetricsRecorder(), []
+    recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     started = time.perf_counter()
     if drafter is not None:
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
     target.reset()
-    pending = ids.to(target.device)
+    pending = ids.to(device)
     try:
         while len(new_tokens) < max_new_tokens:
             remaining = max_new_tokens - len(new_tokens)
             t0 = time.perf_counter()
-            draft = _propose(drafter, ctx, remaining)
+            draft = _propose(drafter, ctx, remaining, empty)
             t1 = time.perf_counter()
             start = target.cached_length
             out = target.forward(pending, draft, features=needs_features)
@@ -99,7 +99,7 @@ def generate(
             recorder.record_pass(
                 depth, len(accepted), t1 - t0, time.perf_counter() - t1, proposed_tokens=len(draft)
             )
-            committed = draft.tokens[accepted].tolist() + [next_token]
+            committed = [*_tokens_at(draft, accepted), next_token]
             kept, finished = truncate(committed, remaining, target.eos_token_id)
             new_tokens += kept
             ctx.tokens += kept
@@ -108,13 +108,21 @@ def generate(
             if drafter is not None:
                 drafter.policy.update(depth, len(accepted), recorder.running_c())
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
-            pending = torch.tensor([next_token], dtype=torch.long, device=target.device)
+            pending = torch.tensor([next_token], dtype=torch.long, device=device)
     finally:
         if drafter is not None and hasattr(drafter, "end"):
             drafter.end()
     lossy = bool(drafter is not None and drafter.lossy)
     metrics = recorder.finish(len(new_tokens), time.perf_counter() - started, lossy=lossy)
     return GenerationResult(new_tokens, metrics, lossy)
+
+
+def _tokens_at(draft: Draft, nodes: list[int]) -> list[int]:
+    """The draft's tokens at ``nodes``, as ints."""
+    if not nodes:
+        return []
+    tokens = draft.tokens.tolist()
+    return [tokens[i] for i in nodes]
 
 
 def _depth(draft: Draft) -> int:

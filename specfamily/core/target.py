@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specfamily.core.fast import BufferedLayer, LeanLlama, lean_unsupported
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
 
@@ -45,7 +46,8 @@ class _Pass:
 class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer=None) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True) -> None:
+        """``fast``: use the lean forward (``specfamily.core.fast``) where it reproduces the model exactly."""
         check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -59,6 +61,7 @@ class Target:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_logits = "logits_to_keep" in params
         self._layouts: OrderedDict[tuple[int, tuple[int, ...]], TreeLayout] = OrderedDict()
+        self.lean: LeanLlama | None = LeanLlama(model) if fast and lean_unsupported(model) is None else None
         self.reset()
 
     @property
@@ -70,9 +73,11 @@ class Target:
         return self.model.dtype
 
     def reset(self) -> None:
-        """Start a new request: an empty cache."""
+        """Start a new request: an empty cache (a DynamicCache whose layers append in place)."""
         self.cache = DynamicCache(config=self.model.config)
+        self.cache.layers = [BufferedLayer() for _ in self.cache.layers]
         self.cached_length = 0
+        self._device = self.model.device  # read once per request: the property walks the parameters
         self._last: _Pass | None = None
 
     def check_ids(self, ids) -> torch.Tensor:
@@ -108,33 +113,41 @@ class Target:
         m, start = pending.numel(), self.cached_length
         parents: tuple[int, ...] = tuple(draft.parents.tolist()) if draft is not None else ()  # host tensor
         n = len(parents)
-        ids = pending.to(self.device)
+        ids = pending.to(self._device)
         if n:
-            ids = torch.cat((ids, draft.tokens.to(self.device, non_blocking=True)))  # (m + n,)
+            ids = torch.cat((ids, draft.tokens.to(self._device, non_blocking=True)))  # (m + n,)
         if n or start:
             layout = self._layout(m, parents)
-            mask = attention_mask(start, layout.local)  # (1, 1, m + n, start + m + n)
+            # one fed token sees every cached position and itself: no mask, as transformers decodes
+            mask = attention_mask(start, layout.local) if m + n > 1 else None  # (1, 1, m + n, start + m + n)
             positions = layout.offsets + start  # (m + n,)
         else:  # prefill without a draft: plain causal, which transformers may hand to sdpa as is_causal
             mask = None
             positions = torch.arange(m, device=self.device)
-        extra = {"logits_to_keep": n + 1} if self._keep_logits else {}
         try:
-            out = self.model(
-                input_ids=ids[None],
-                attention_mask=mask,
-                position_ids=positions[None],
-                use_cache=True,
-                output_hidden_states=features,
-                **{self._cache_kw: self.cache},
-                **extra,
-            )
+            logits, hidden = self._model_call(ids[None], positions[None], mask, n + 1, features)
         except BaseException:
             _truncate(self.cache, start)  # a failed pass (bad id, out of memory) leaves the cache as it was
             raise
         self._last = _Pass(start, m, parents)
-        feats = out.hidden_states[-1][0] if features else None  # (m + n, H), after the final norm
-        return TargetOutput(out.logits[0, -(n + 1) :], feats)
+        feats = hidden[0] if features else None  # (m + n, H), after the final norm
+        return TargetOutput(logits[0, -(n + 1) :], feats)
+
+    def _model_call(self, ids, positions, mask, keep: int, features: bool):
+        """(logits (1, >= keep, V), last hidden state after the final norm (1, q, H) or None): lean or the model."""
+        if self.lean is not None and self.lean.ready():
+            return self.lean(ids, positions, mask, self.cache, keep, features)
+        extra = {"logits_to_keep": keep} if self._keep_logits else {}
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            output_hidden_states=features,
+            **{self._cache_kw: self.cache},
+            **extra,
+        )
+        return out.logits, (out.hidden_states[-1] if features else None)
 
     @torch.inference_mode()
     def commit(self, accepted_nodes: Sequence[int]) -> None:
@@ -146,9 +159,10 @@ class Target:
         _check_path(accepted, last.parents)
         base, k = last.start + last.m, len(accepted)
         if accepted != list(range(k)):
-            src = torch.tensor(accepted, dtype=torch.long).to(self.device, non_blocking=True) + base  # (k,)
+            src = torch.tensor(accepted, dtype=torch.long).to(self._device, non_blocking=True) + base  # (k,)
             _gather_tail(self.cache, base, src)
-        _truncate(self.cache, base + k)
+        if k < len(last.parents):  # otherwise the cache holds exactly the pending tokens and the whole draft
+            _truncate(self.cache, base + k)
         self.cached_length = base + k
         self._last = None
 

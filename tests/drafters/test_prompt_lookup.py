@@ -156,7 +156,7 @@ def test_registered_with_its_config():
     assert isinstance(drafter, PromptLookupDrafter)
     assert drafter.policy.next_gamma() == 5
     assert (drafter.config.min_ngram, drafter.config.max_ngram, drafter.config.branches) == (1, 4, 2)
-    assert sf.create_drafter("prompt_lookup", target).policy.next_gamma() == 8
+    assert sf.create_drafter("prompt_lookup", target).policy.next_gamma() == 10
 
 
 @pytest.mark.parametrize(
@@ -189,7 +189,7 @@ def test_first_pass_drafts_from_the_prompt():
     cls, factory = _recording()
     result = sf.generate(target, factory(target), list(REPEAT_PROMPT), max_new_tokens=20)
     assert result.tokens == plain.tokens
-    assert cls.sizes[0] == 8  # the prompt's last "2 3 1" was followed by "2 3 1 ..."
+    assert cls.sizes[0] == 10  # the prompt's last "2 3 1" was followed by "2 3 1 ..."
     assert cls.drafts > 1 and result.metrics.mean_accepted_length > 2
 
 

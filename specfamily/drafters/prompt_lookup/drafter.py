@@ -20,7 +20,7 @@ from specfamily.drafters.prompt_lookup.index import NgramIndex, build_trie
 class PromptLookupDrafter(BaseDrafter):
     """Copies up to gamma tokens from the most recent earlier match of the last max_ngram..min_ngram tokens."""
 
-    default_gamma = 8
+    default_gamma = 10
 
     def __init__(
         self,

@@ -1,0 +1,431 @@
+"""Shared helpers of the benchmark scripts: loading, prompts, paired timing, identity checks, tables.
+
+Every comparison is a pair: ``ours(prompt) -> Output`` and ``theirs(prompt) -> tokens``, timed in one
+process with a fixed thread count, warm-up first, then alternating repeats (ours, theirs, ours, ...;
+the order flips every repeat), one prompt at a time. A pair's ratio is theirs' time / ours' time
+per repeat (> 1: ours is faster); the table shows its median and range. Outputs are compared token
+for token on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+CLOCKS = ("wall", "cpu")
+
+
+@dataclass
+class Output:
+    """What one of our runs returned: new tokens and target passes (for tau)."""
+
+    tokens: list[int]
+    passes: int
+
+
+OursFn = Callable[[list[int]], Output]
+TheirsFn = Callable[[list[int]], list[int]]
+
+
+@dataclass
+class Method:
+    """One row to measure: our callable against theirs."""
+
+    name: str
+    ours: OursFn
+    theirs: TheirsFn
+    theirs_label: str
+    note: str = ""
+
+
+@dataclass
+class Skipped:
+    """A method that could not be measured, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass
+class Mismatch:
+    """The first differing position between two outputs for one prompt."""
+
+    prompt: int
+    position: int
+    ours: int | None  # None: ours ended there
+    other: int | None
+    against: str  # "theirs" or "reference" (plain greedy transformers)
+
+
+@dataclass
+class PairResult:
+    """One measured row; times are ms per new token, one entry per repeat."""
+
+    name: str
+    theirs_label: str
+    ours_ms: list[float]
+    theirs_ms: list[float]
+    tau: float
+    new_tokens: int  # per repeat, ours
+    mismatches: list[Mismatch] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ratios(self) -> list[float]:
+        return [t / o for o, t in zip(self.ours_ms, self.theirs_ms, strict=True)]
+
+    @property
+    def identical(self) -> bool:
+        return not self.mismatches
+
+    def summary(self) -> dict:
+        """JSON-friendly: the raw lists plus medians and ranges."""
+        data = asdict(self)
+        data.update(
+            ours_ms_median=statistics.median(self.ours_ms),
+            theirs_ms_median=statistics.median(self.theirs_ms),
+            ratio_median=statistics.median(self.ratios),
+            ratio_min=min(self.ratios),
+            ratio_max=max(self.ratios),
+            identical=self.identical,
+        )
+        return data
+
+
+def make_clock(kind: str) -> Callable[[], float]:
+    """``wall``: perf_counter; ``cpu``: this process's CPU time (steadier on a shared core with one thread)."""
+    if kind == "wall":
+        return time.perf_counter
+    if kind == "cpu":
+        return time.process_time
+    raise ValueError(f"clock must be one of {CLOCKS}, got {kind!r}")
+
+
+def set_threads(threads: int) -> None:
+    """Fix torch's intra-op thread count (and one inter-op thread when still settable)."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already set once in this process
+
+
+def quiet_transformers() -> None:
+    """Keep transformers' per-call generation warnings out of the report."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def load_pair(target_name: str, draft_name: str | None, device: str = "cpu"):
+    """(Target, draft PreTrainedModel or None), both float32 on CPU; names may be folders or zoo: names."""
+    import specfamily as sf
+
+    dtype = torch.float32 if device == "cpu" else None
+    target = sf.load_target(target_name, device=device, dtype=dtype)
+    draft = None
+    if draft_name is not None:
+        draft = sf.load_target(draft_name, device=device, dtype=dtype).model
+    return target, draft
+
+
+def load_prompts(path: str | Path, count: int, tokenizer=None, max_prompt_tokens: int | None = None) -> list[list[int]]:
+    """The first ``count`` prompts of a jsonl file (``prompt_ids``, else ``prompt``/``text`` tokenized)."""
+    path = Path(path)
+    if count < 1:
+        raise ValueError(f"prompt count must be >= 1, got {count}")
+    if not path.is_file():
+        raise ValueError(f"prompt file {str(path)!r} does not exist")
+    prompts: list[list[int]] = []
+    with path.open() as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            prompts.append(_prompt_ids(json.loads(line), tokenizer, f"{path}:{number}"))
+            if len(prompts) == count:
+                break
+    if not prompts:
+        raise ValueError(f"prompt file {str(path)!r} holds no prompts")
+    if max_prompt_tokens is not None:
+        prompts = [ids[-max_prompt_tokens:] for ids in prompts]
+    return prompts
+
+
+def _prompt_ids(row: dict, tokenizer, where: str) -> list[int]:
+    if "prompt_ids" in row:
+        return [int(i) for i in row["prompt_ids"]]
+    text = row.get("prompt", row.get("text"))
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: a prompt row needs 'prompt_ids', 'prompt' or 'text'")
+    if tokenizer is None:
+        raise ValueError(f"{where}: text prompts need a target with a tokenizer")
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def hf_generate(model, prompt: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+    """transformers ``generate`` at temperature 0 (batch 1, explicit all-ones mask): the new tokens."""
+    ids = torch.tensor([prompt], device=model.device)
+    pad = model.generation_config.pad_token_id
+    if pad is None:
+        eos = model.generation_config.eos_token_id
+        pad = 0 if eos is None else (eos if isinstance(eos, int) else eos[0])
+    with torch.inference_mode():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+            pad_token_id=pad, **kwargs,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def ours_fn(target, drafter, max_new_tokens: int) -> OursFn:
+    """Our ``sf.generate`` at temperature 0 as a benchmark callable."""
+    import specfamily as sf
+
+    def run(prompt: list[int]) -> Output:
+        result = sf.generate(target, drafter, prompt, max_new_tokens=max_new_tokens)
+        return Output(result.tokens, result.metrics.target_passes)
+
+    return run
+
+
+def as_ours(fn: TheirsFn) -> OursFn:
+    """A plain decoder (one pass per token) as an ``ours`` callable."""
+    return lambda prompt: (lambda tokens: Output(tokens, len(tokens)))(fn(prompt))
+
+
+def first_mismatch(ours: Sequence[int], other: Sequence[int]) -> tuple[int, int | None, int | None] | None:
+    """(position, ours' token, other's token) at the first difference, None when equal."""
+    for position, (a, b) in enumerate(zip(ours, other, strict=False)):
+        if a != b:
+            return position, a, b
+    if len(ours) == len(other):
+        return None
+    position = min(len(ours), len(other))
+    pick = lambda seq: seq[position] if position < len(seq) else None  # noqa: E731
+    return position, pick(ours), pick(other)
+
+
+def _record(mismatches: list[Mismatch], prompt: int, ours: list[int], other: list[int], against: str) -> None:
+    found = first_mismatch(ours, other)
+    if found is None:
+        return
+    if any(m.prompt == prompt and m.against == against for m in mismatches):
+        return  # one entry per prompt and comparison is enough
+    mismatches.append(Mismatch(prompt, found[0], found[1], found[2], against))
+
+
+def measure_pair(
+    method: Method,
+    prompts: list[list[int]],
+    repeats: int,
+    clock: Callable[[], float],
+    reference: list[list[int]] | None = None,
+    warmup: int = 1,
+) -> PairResult:
+    """Warm up both sides, then ``repeats`` alternating timed passes over every prompt."""
+    for prompt in prompts[:warmup]:
+        method.ours(prompt)
+        method.theirs(prompt)
+    ours_ms, theirs_ms, mismatches = [], [], []
+    tokens = passes = 0
+    for repeat in range(repeats):
+        ours_s = theirs_s = 0.0
+        tokens = passes = theirs_tokens = 0
+        for i, prompt in enumerate(prompts):
+            ours_first = (repeat + i) % 2 == 0
+            for side in ("ours", "theirs") if ours_first else ("theirs", "ours"):
+                start = clock()
+                out = method.ours(prompt) if side == "ours" else method.theirs(prompt)
+                elapsed = clock() - start
+                if side == "ours":
+                    ours_s, tokens, passes = ours_s + elapsed, tokens + len(out.tokens), passes + out.passes
+                    ours_out = out.tokens
+                else:
+                    theirs_s, theirs_tokens, theirs_out = theirs_s + elapsed, theirs_tokens + len(out), out
+            _record(mismatches, i, ours_out, theirs_out, "theirs")
+            if reference is not None:
+                _record(mismatches, i, ours_out, reference[i], "reference")
+        ours_ms.append(1000 * ours_s / max(tokens, 1))
+        theirs_ms.append(1000 * theirs_s / max(theirs_tokens, 1))
+    tau = tokens / passes if passes else float("nan")
+    return PairResult(method.name, method.theirs_label, ours_ms, theirs_ms, tau, tokens, mismatches, method.note)
+
+
+def median_time(fn: Callable[[], object], repeats: int, clock: Callable[[], float]) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def _cell(values: list[float], digits: int = 2) -> str:
+    return f"{statistics.median(values):.{digits}f}"
+
+
+def markdown_table(results: list[PairResult], skipped: Sequence[Skipped] = ()) -> str:
+    """The report table: method, ours and theirs ms/token, ratio (median [min-max]), tau, identical."""
+    lines = [
+        "| method | vs | ours ms/token | theirs ms/token | ratio (theirs/ours) | tau | identical? |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in results:
+        ratio = f"{statistics.median(r.ratios):.2f} [{min(r.ratios):.2f}-{max(r.ratios):.2f}]"
+        same = "yes" if r.identical else f"NO ({len(r.mismatches)} prompt(s))"
+        cells = [r.name, r.theirs_label, _cell(r.ours_ms), _cell(r.theirs_ms), ratio, f"{r.tau:.2f}", same]
+        lines.append("| " + " | ".join(cells) + " |")
+    for s in skipped:
+        lines.append(f"| {s.name} | skipped | - | - | - | - | {s.reason} |")
+    return "\n".join(lines)
+
+
+def describe_mismatches(results: list[PairResult]) -> list[str]:
+    """One line per mismatch, for the console."""
+    lines = []
+    for r in results:
+        for m in r.mismatches:
+            lines.append(
+                f"MISMATCH {r.name} vs {m.against}: prompt {m.prompt}, position {m.position}: "
+                f"ours {m.ours} != {m.other}"
+            )
+    return lines
+
+
+def environment(threads: int, clock: str) -> dict:
+    """Machine and versions, for the report."""
+    import transformers
+
+    import specfamily
+
+    return {
+        "machine": platform.machine(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specfamily": specfamily.__version__,
+        "threads": threads,
+        "clock": clock,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """Write ``data`` as JSON atomically (nan becomes null)."""
+    return write_text(path, json.dumps(_finite(data), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` atomically (a temporary file renamed over ``path``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _finite(value):
+    """nan and inf become None (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+@dataclass
+class PassCosts:
+    """Median seconds of our target's verification passes with the prompt in the cache (forward + commit)."""
+
+    prompt_length: int
+    prefill: float  # one pass over the whole prompt from an empty cache
+    t: dict[int, float]  # n -> one pass over the root and n - 1 draft tokens
+
+    def ratio(self, n: int) -> float:
+        """t(n) / t(1)."""
+        return self.t[n] / self.t[1]
+
+
+def pass_costs(target, prompt: list[int], sizes: Sequence[int], repeats: int, clock: Callable[[], float]) -> PassCosts:
+    """Time ``Target.forward`` + ``commit``: the prefill, then chains of n - 1 nodes (sizes interleaved)."""
+    from specfamily.core.types import Draft
+
+    sizes = sorted(set(sizes) | {1})
+    ids = torch.tensor(prompt, dtype=torch.long, device=target.device)
+    if ids.numel() < 2:  # the prefill caches all but the root
+        ids = ids.repeat(2)
+
+    def prefill() -> None:
+        target.reset()
+        target.forward(ids[:-1])
+        target.commit([])
+
+    prefill_s = median_time(prefill, max(1, min(repeats, 5)), clock)
+    root, times = ids[-1:], {n: [] for n in sizes}
+    for _ in range(repeats + 1):  # the first round warms up
+        for n in sizes:
+            draft = Draft.chain(ids[: n - 1].cpu())
+            start = clock()
+            target.forward(root, draft)
+            target.commit([])
+            times[n].append(clock() - start)
+    target.reset()
+    return PassCosts(len(prompt), prefill_s, {n: statistics.median(v[1:]) for n, v in times.items()})
+
+
+def raw_greedy(model, max_new_tokens: int) -> TheirsFn:
+    """The floor for plain decoding: a bare greedy loop over the model (no generate, no wrapper)."""
+    from transformers import DynamicCache
+
+    eos = model.generation_config.eos_token_id
+    stop = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
+
+    @torch.inference_mode()
+    def run(prompt: list[int]) -> list[int]:
+        cache = DynamicCache(config=model.config)
+        ids = torch.tensor([prompt], device=model.device)
+        out: list[int] = []
+        while len(out) < max_new_tokens:
+            logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+            ids = logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
+            out.append(int(ids))
+            if out[-1] in stop:
+                break
+        return out
+
+    return run

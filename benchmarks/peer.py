@@ -1,0 +1,360 @@
+"""The performance gauge: specfamily against transformers on the same target, draft and prompts.
+
+Batch 1, greedy, a fixed thread count. Each row pairs our decoding with the closest transformers
+feature (plain ``generate``, ``assistant_model=``, ``prompt_lookup_num_tokens=``,
+``assistant_early_exit=``; plain ``generate`` for drafters transformers does not have), checks the
+outputs are identical token for token, and reports ms per new token, the ratio (theirs / ours;
+> 1 means ours is faster) and tau. The oracle drafter (replays the target's own greedy output)
+shows the loop's ceiling next to the ceiling from the target's own pass costs t(n).
+
+    python benchmarks/peer.py                                   # the zoo pair, held-out prompts
+    python benchmarks/peer.py --target DIR --draft DIR --threads 1 --clock cpu --out peer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import common
+from common import Method, PairResult, Skipped
+
+SMALL_GAMMAS = (1, 2, 3, 4, 6, 8)
+LOOKUP_GAMMAS = (2, 4, 6, 8, 10)
+ORDER = ("small_model", "prompt_lookup", "self_spec", "medusa", "eagle")  # table order; other drafters follow
+
+
+@dataclass
+class Setup:
+    """Everything the rows share."""
+
+    target: object
+    draft: object
+    prompts: list[list[int]]
+    reference: list[list[int]]  # transformers' plain greedy output per prompt
+    max_new_tokens: int
+    clock: object
+    args: argparse.Namespace
+
+    def hf(self, **kwargs):
+        """transformers generate on the target with ``kwargs`` as a benchmark callable."""
+        model, n = self.target.model, self.max_new_tokens
+        return lambda prompt: common.hf_generate(model, prompt, n, **kwargs)
+
+    def ours(self, drafter):
+        return common.ours_fn(self.target, drafter, self.max_new_tokens)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="zoo:code-target")
+    parser.add_argument("--draft", default="zoo:code-draft", help="draft model, or 'none'")
+    parser.add_argument("--prompts", default=None, help="jsonl prompt set (default: the zoo's held-out 'continue')")
+    parser.add_argument("--count", type=int, default=8, help="prompts used")
+    parser.add_argument("--tokens", type=int, default=64, help="max new tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=3, help="timed alternating repeats per pair")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clock", choices=common.CLOCKS, default="wall")
+    parser.add_argument("--gamma", type=int, default=None, help="small_model gamma (default: fastest of a sweep)")
+    parser.add_argument("--lookup-gamma", type=int, default=None, help="prompt_lookup gamma (default: sweep)")
+    parser.add_argument("--oracle-gamma", type=int, default=4)
+    parser.add_argument("--early-exit", type=int, default=None, help="layers of transformers' early-exit assistant")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                        help="extra option for our drafter NAME (value parsed as JSON when it can be)")
+    parser.add_argument("--only", default=None, help="comma-separated rows to run (plain,small_model,...,oracle)")
+    parser.add_argument("--out", default=None, help="write the JSON report here")
+    parser.add_argument("--markdown", default=None, help="write the Markdown report here")
+    return parser.parse_args(argv)
+
+
+def drafter_options(specs: list[str]) -> dict[str, dict]:
+    """``["medusa.weights=random", "eagle.gamma=5"]`` -> {"medusa": {"weights": "random"}, "eagle": {"gamma": 5}}."""
+    options: dict[str, dict] = {}
+    for spec in specs:
+        name, sep, rest = spec.partition(".")
+        key, eq, value = rest.partition("=")
+        if not (sep and eq and name and key):
+            raise ValueError(f"--option takes NAME.KEY=VALUE, got {spec!r}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        options.setdefault(name, {})[key] = parsed
+    return options
+
+
+def calibrate(setup: Setup, make, gammas) -> tuple[int, dict[int, float]]:
+    """The gamma with the least ms/token of ours on the first two prompts (one warm-up, one timed run each)."""
+    prompts, timings = setup.prompts[:2], {}
+    for gamma in gammas:
+        if gamma >= setup.max_new_tokens:
+            continue
+        run = setup.ours(make(gamma))
+        run(prompts[0])
+        start, tokens = setup.clock(), 0
+        for prompt in prompts:
+            tokens += len(run(prompt).tokens)
+        timings[gamma] = 1000 * (setup.clock() - start) / max(tokens, 1)
+    return min(timings, key=timings.get), timings
+
+
+def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
+    import specfamily as sf
+
+    target, draft = setup.target, setup.draft
+    make = lambda g: sf.create_drafter("small_model", target, model=draft, **{**options, "gamma": g})  # noqa: E731
+    gamma = setup.args.gamma or options.get("gamma")
+    if gamma is None:
+        gamma, timings = calibrate(setup, make, SMALL_GAMMAS)
+        report["calibration"]["small_model"] = timings
+    ours = setup.ours(make(gamma))
+    default_config = copy.deepcopy(draft.generation_config)
+    constant = copy.deepcopy(draft.generation_config)
+    constant.num_assistant_tokens, constant.num_assistant_tokens_schedule = gamma, "constant"
+    constant.assistant_confidence_threshold = 0.0  # a truly constant draft length, as ours
+
+    def assisted(config):
+        def run(prompt):
+            draft.generation_config = config
+            return common.hf_generate(target.model, prompt, setup.max_new_tokens, assistant_model=draft)
+
+        return run
+
+    return [
+        Method(f"small_model gamma={gamma}", ours, assisted(default_config), "assisted, default schedule"),
+        Method(f"small_model gamma={gamma}", ours, assisted(constant), f"assisted, constant {gamma}"),
+    ]
+
+
+def prompt_lookup_row(setup: Setup, options: dict, report: dict) -> Method:
+    import specfamily as sf
+
+    make = lambda g: sf.create_drafter("prompt_lookup", setup.target, **{**options, "gamma": g})  # noqa: E731
+    gamma = setup.args.lookup_gamma or options.get("gamma")
+    if gamma is None:
+        gamma, timings = calibrate(setup, make, LOOKUP_GAMMAS)
+        report["calibration"]["prompt_lookup"] = timings
+    drafter = make(gamma)
+    ngram = getattr(getattr(drafter, "config", None), "max_ngram", 2)
+    theirs = setup.hf(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=ngram)
+    return Method(f"prompt_lookup gamma={gamma}", setup.ours(drafter), theirs, f"prompt lookup {gamma}, ngram {ngram}")
+
+
+def self_spec_row(setup: Setup, options: dict) -> Method:
+    import specfamily as sf
+
+    drafter = sf.create_drafter("self_spec", setup.target, **options)
+    layers, gamma = setup.target.num_layers, drafter.policy.next_gamma()
+    exit_at = setup.args.early_exit or _kept_layers(drafter, layers)
+    note = "skips " + ",".join(f"{kind}:{index}" for kind, index in sorted(getattr(drafter, "skipped", ())))
+    model, n = setup.target.model, setup.max_new_tokens
+
+    def theirs(prompt):
+        """Early exit drafts with the target's own generation config: make it a constant gamma like ours."""
+        saved = model.generation_config
+        config = copy.deepcopy(saved)
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
+        config.assistant_confidence_threshold = 0.0
+        model.generation_config = config
+        try:
+            return common.hf_generate(model, prompt, n, assistant_early_exit=exit_at)
+        finally:
+            model.generation_config = saved
+
+    return Method(f"self_spec gamma={gamma}", setup.ours(drafter), theirs,
+                  f"early exit at {exit_at}/{layers}, constant {gamma}", note)
+
+
+def _kept_layers(drafter, layers: int) -> int:
+    """Layers transformers' early exit should run to match the drafter's work (sub-layers count one half)."""
+    skipped = getattr(drafter, "skipped", None)
+    if skipped is None:
+        return max(1, layers // 2)
+    return max(1, min(layers, round(layers - len(skipped) / 2)))
+
+
+def plain_vs_ours(setup: Setup, name: str, options: dict) -> Method:
+    import specfamily as sf
+
+    drafter = sf.create_drafter(name, setup.target, **options)
+    return Method(name, setup.ours(drafter), setup.hf(), "plain generate")
+
+
+def oracle_row(setup: Setup) -> Method:
+    from specfamily.testing import OracleDrafter
+
+    class PrimedOracle(OracleDrafter):
+        """OracleDrafter whose continuation is the reference computed before timing (begin costs nothing)."""
+
+        def begin(self, ctx) -> None:
+            super(OracleDrafter, self).begin(ctx)
+            self.continuation = table[tuple(ctx.prompt_ids.tolist())]
+
+    table = {tuple(p): p + r for p, r in zip(setup.prompts, setup.reference, strict=False)}
+    drafter = PrimedOracle(gamma=setup.args.oracle_gamma)
+    return Method(f"oracle gamma={setup.args.oracle_gamma}", setup.ours(drafter), setup.hf(), "plain generate",
+                  "alpha = 1: the loop's ceiling")
+
+
+def build_rows(setup: Setup, report: dict) -> tuple[list, list[Skipped]]:
+    """(rows as (name, builder) pairs in table order, drafters skipped before measuring)."""
+    import specfamily as sf
+
+    options = drafter_options(setup.args.option)
+    rows = [("plain", lambda: [Method("plain", setup.ours(None), setup.hf(), "plain generate")])]
+    builders = {
+        "small_model": lambda: small_model_rows(setup, options.get("small_model", {}), report),
+        "prompt_lookup": lambda: [prompt_lookup_row(setup, options.get("prompt_lookup", {}), report)],
+        "self_spec": lambda: [self_spec_row(setup, options.get("self_spec", {}))],
+    }
+    skipped = []
+    names = sf.list_drafters()
+    for name in [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]:
+        if name == "small_model" and setup.draft is None:
+            skipped.append(Skipped(name, "no --draft model"))
+            print(f"skip {name}: no --draft model", flush=True)
+            continue
+        build = builders.get(name) or (lambda n=name: [plain_vs_ours(setup, n, options.get(n, {}))])
+        rows.append((name, build))
+    rows.append(("oracle", lambda: [oracle_row(setup)]))
+    if setup.args.only:
+        wanted = set(setup.args.only.split(","))
+        rows = [row for row in rows if row[0] in wanted]
+    return rows, skipped
+
+
+def measure_rows(setup: Setup, rows, skipped: list[Skipped]) -> list[PairResult]:
+    """Build and measure each row; a row that fails to build or run is skipped with the reason printed."""
+    results = []
+    for name, build in rows:
+        try:
+            methods = build()
+        except Exception as err:  # noqa: BLE001 - any failure to create is reported, never silent
+            skipped.append(Skipped(name, f"could not be created: {type(err).__name__}: {err}"))
+            print(f"skip {name}: {skipped[-1].reason}", flush=True)
+            continue
+        for method in methods:
+            try:
+                result = common.measure_pair(method, setup.prompts, setup.args.repeats, setup.clock, setup.reference)
+            except Exception as err:  # noqa: BLE001
+                skipped.append(Skipped(method.name, f"failed while running: {type(err).__name__}: {err}"))
+                print(f"skip {method.name}: {skipped[-1].reason}", flush=True)
+                continue
+            results.append(result)
+            print(common.markdown_table([result]).splitlines()[-1], flush=True)
+    return results
+
+
+def oracle_ceiling(setup: Setup, results: list[PairResult]) -> dict | None:
+    """The oracle's measured speedup over our plain decoding against the ceilings from our target's pass costs."""
+    by_name = {r.name: r for r in results}
+    gamma = setup.args.oracle_gamma
+    oracle, plain = by_name.get(f"oracle gamma={gamma}"), by_name.get("plain")
+    if oracle is None or plain is None:
+        return None
+    prompt = setup.prompts[0]
+    costs = common.pass_costs(setup.target, prompt, [gamma + 1], 10, setup.clock)
+    n = setup.max_new_tokens
+    steady = (gamma + 1) * costs.t[1] / costs.t[gamma + 1]
+    plain_raw = costs.prefill + (n - 1) * costs.t[1]
+    oracle_raw = costs.prefill + (math.ceil(n / (gamma + 1)) - 1) * costs.t[gamma + 1]
+    measured = statistics.median(plain.ours_ms) / statistics.median(oracle.ours_ms)
+    end_to_end = plain_raw / oracle_raw
+    return {
+        "gamma": gamma, "t1_ms": 1000 * costs.t[1], f"t{gamma + 1}_ms": 1000 * costs.t[gamma + 1],
+        "prefill_ms": 1000 * costs.prefill, "prompt_length": costs.prompt_length,
+        "measured_speedup": measured, "ceiling_steady_state": steady, "ceiling_with_prefill": end_to_end,
+        "efficiency": measured / end_to_end, "efficiency_steady_state": measured / steady,
+        "plain_floor_ms": 1000 * plain_raw / n,
+        "plain_overhead": statistics.median(plain.ours_ms) * n / 1000 / plain_raw,
+    }
+
+
+def oracle_lines(ceiling: dict | None) -> list[str]:
+    if ceiling is None:
+        return []
+    g = ceiling["gamma"]
+    return [
+        f"Oracle (alpha = 1, gamma = {g}): our loop is {ceiling['measured_speedup']:.2f}x faster than our plain "
+        "decoding; the target's pass costs allow (gamma + 1) t(1) / t(gamma + 1) = "
+        f"{ceiling['ceiling_steady_state']:.2f}x "
+        f"in steady state and {ceiling['ceiling_with_prefill']:.2f}x with this prompt's prefill "
+        f"(t(1) = {ceiling['t1_ms']:.2f} ms, t({g + 1}) = {ceiling[f't{g + 1}_ms']:.2f} ms, "
+        f"prefill of {ceiling['prompt_length']} tokens = {ceiling['prefill_ms']:.1f} ms).",
+        f"Loop efficiency: {100 * ceiling['efficiency']:.0f}% of the ceiling with prefill "
+        f"({100 * ceiling['efficiency_steady_state']:.0f}% of the steady-state ceiling). Plain decoding: "
+        f"{ceiling['plain_overhead']:.3f}x the time of its target passes ({ceiling['plain_floor_ms']:.2f} ms/token).",
+    ]
+
+
+def prepare(args: argparse.Namespace) -> Setup:
+    """Fix the threads, load the pair and the prompts, compute the reference."""
+    from specfamily.zoo import prompt_set_path
+
+    common.set_threads(args.threads)
+    common.quiet_transformers()
+    target, draft = common.load_pair(args.target, None if args.draft.lower() == "none" else args.draft)
+    prompts = common.load_prompts(args.prompts or prompt_set_path("continue"), args.count, target.tokenizer)
+    return make_setup(target, draft, prompts, args)
+
+
+def make_setup(target, draft, prompts: list[list[int]], args: argparse.Namespace) -> Setup:
+    """A Setup over built models; the reference is transformers' plain greedy output."""
+    reference = [common.hf_generate(target.model, p, args.tokens) for p in prompts]
+    return Setup(target, draft, prompts, reference, args.tokens, common.make_clock(args.clock), args)
+
+
+def measure(setup: Setup) -> dict:
+    """Measure every row; returns the JSON report, its Markdown included."""
+    started = time.perf_counter()
+    args = setup.args
+    report = {"environment": common.environment(args.threads, args.clock), "calibration": {}, "config": vars(args)}
+    rows, skipped = build_rows(setup, report)
+    results = measure_rows(setup, rows, skipped)
+    ceiling = oracle_ceiling(setup, results)
+    report.update(rows=[r.summary() for r in results], skipped=[asdict(s) for s in skipped], oracle=ceiling,
+                  seconds=time.perf_counter() - started)
+    report["markdown"] = render(report, results, skipped, ceiling)
+    return report
+
+
+def render(report: dict, results: list[PairResult], skipped: list[Skipped], ceiling: dict | None) -> str:
+    env = report["environment"]
+    lines = [
+        f"`{env['command']}` — {env['cpu']}, {env['threads']} thread(s), {env['clock']} clock; "
+        f"torch {env['torch']}, transformers {env['transformers']}, python {env['python']}",
+        "",
+        common.markdown_table(results, skipped),
+        "",
+        *oracle_lines(ceiling),
+        *common.describe_mismatches(results),
+    ]
+    if report["calibration"]:
+        for name, timings in report["calibration"].items():
+            cells = ", ".join(f"{g}: {ms:.2f}" for g, ms in timings.items())
+            lines.append(f"Calibration {name} (gamma: ours ms/token): {cells}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    report = measure(prepare(args))
+    print()
+    print(report["markdown"])
+    print(f"\n{time.perf_counter() - started:.0f} s in all")
+    if args.out:
+        common.write_json(args.out, report)
+    if args.markdown:
+        common.write_text(args.markdown, report["markdown"] + "\n")
+    return 0 if all(r["identical"] for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
