@@ -13,7 +13,9 @@ class Drafter(Protocol):
     """begin once per request, propose per step, observe what was committed, optional end.
 
     Class attributes the loop reads: ``needs_features`` (hand target features to ``observe``),
-    ``lossy`` (results are marked lossy), ``policy`` (a draft-length Policy).
+    ``lossy`` (results are marked lossy), ``policy`` (a draft-length Policy). A lossy drafter may
+    define ``accept(draft, logits, sampling, generator) -> (accepted nodes, next token)``: the loop
+    then uses it in place of the exact verifier (Medusa's typical acceptance).
     """
 
     needs_features: bool

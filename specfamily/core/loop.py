@@ -48,6 +48,12 @@ def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: Sampl
         raise TypeError(f"drafter must implement begin/propose/observe, got {type(drafter).__name__}")
 
 
+def _acceptance(drafter: Drafter | None):
+    """The acceptance rule: the exact verifier, or a lossy drafter's own ``accept`` (same signature)."""
+    own = getattr(drafter, "accept", None) if drafter is not None and drafter.lossy else None
+    return own if callable(own) else verify_draft
+
+
 def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft) -> Draft:
     """The drafter's proposal, with gamma capped so no pass drafts past the token budget (``empty`` otherwise)."""
     if drafter is None:
@@ -79,6 +85,7 @@ def generate(
     generator = torch.Generator(device=target.device).manual_seed(seed)
     ctx = DecodeContext(target, ids, sampling, generator, tokens=ids.tolist())
     needs_features = drafter is not None and drafter.needs_features
+    accept = _acceptance(drafter)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     started = time.perf_counter()
     if drafter is not None:
@@ -93,7 +100,7 @@ def generate(
             t1 = time.perf_counter()
             start = target.cached_length
             out = target.forward(pending, draft, features=needs_features)
-            accepted, next_token = verify_draft(draft, out.logits, sampling, generator)
+            accepted, next_token = accept(draft, out.logits, sampling, generator)
             target.commit(accepted)
             depth = _depth(draft)
             recorder.record_pass(

@@ -23,7 +23,7 @@ def test_greedy_equals_transformers_at_gamma_1_3_8(family):
     references = [_hf_greedy(target.model, p, 64) for p in prompts]
     for gamma in (1, 3, 8):
         drafter = sf.create_drafter("small_model", target, model=draft, gamma=gamma)
-        for prompt, reference in zip(prompts, references):
+        for prompt, reference in zip(prompts, references, strict=True):
             assert sf.generate(target, drafter, prompt, max_new_tokens=64).tokens == reference
 
 

@@ -90,7 +90,8 @@ class NgramIndex:
         """Up to ``branches`` continuations of up to ``gamma`` tokens, best first, each adding a new trie path.
 
         Longer matching n-grams come first; for the same n, more recent occurrences first. A
-        continuation that is a prefix of (or equal to) one already chosen is skipped. No match: [].
+        continuation that is a prefix of (or equal to) one already chosen is skipped; at most
+        ``WALK_PER_BRANCH * branches`` occurrences are examined per n. No match: [].
         """
         if gamma < 1 or branches < 1:
             return []
