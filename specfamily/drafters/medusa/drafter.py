@@ -1,0 +1,130 @@
+"""Medusa-1 drafter (Cai et al. 2024): K heads on the frozen target's last feature propose a token tree.
+
+Alignment. The target's cache holds every committed token but the root (the last committed token, at position R,
+not fed yet). The last feature row handed to ``observe`` is that of the last position the target processed on
+the committed path (the previous root or the deepest accepted node), at position R - 1: its LM-head output is
+the root token itself (the bonus token). Head k on that feature predicts the token at (R - 1) + 2 + k = R + 1 + k,
+so head 0 proposes the root's children (depth 1) and head d - 1 the nodes at depth d, exactly as the heads are
+trained (head k at position t predicts t + 2 + k). On the first pass there is no feature yet: an empty draft
+(the plain prefill pass).
+
+Candidates. The node at rank path (r1, ..., rd) carries the rank-rd token of head d - 1 (Medusa-1 heads see only
+the feature, not the path). Siblings come from one head's top-k, so they are distinct, and the proposal is a
+deterministic function of the context (q = None): the shared tree verifier is exact under sampling too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfamily.core.drafter import BaseDrafter
+from specfamily.core.types import DecodeContext, Draft, SamplingConfig, VerifyOutcome
+from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint
+from specfamily.drafters.medusa.config import MedusaConfig
+from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
+from specfamily.drafters.medusa.tree import MedusaTree, build_tree, chain_paths, greedy_paths, nominal_accuracies
+from specfamily.drafters.medusa.typical import typical_accept
+
+DEFAULT_WEIGHTS = "zoo:code-medusa"
+RANDOM_TREE_NODES = 16  # default tree size for uncalibrated heads (a CPU-sized tree)
+
+
+def load_heads(target, cfg: MedusaConfig) -> tuple[MedusaHeads, MedusaCheckpoint | None]:
+    """Heads from ``cfg.weights``: fresh ones for "random", else a checkpoint checked against the target."""
+    weights = DEFAULT_WEIGHTS if cfg.weights is None else cfg.weights
+    if isinstance(weights, str) and weights == "random":
+        return build_heads(target, shape_for(target, cfg.num_heads, cfg.layers, cfg.share_lm_head)).eval(), None
+    heads, meta = load_checkpoint(weights, target)
+    defaults, shape = MedusaConfig(), heads.shape
+    for name in ("num_heads", "layers", "share_lm_head"):
+        value, saved = getattr(cfg, name), getattr(shape, name)
+        if value != getattr(defaults, name) and value != saved:
+            raise ValueError(f"{name}={value!r} conflicts with the checkpoint's {name}={saved!r} "
+                             "(shape options apply to weights='random')")
+    return heads, meta
+
+
+def default_paths(num_heads: int, vocab_size: int, meta: MedusaCheckpoint | None) -> list[tuple[int, ...]]:
+    """The calibrated tree of a checkpoint, or a nominal CPU-sized tree for heads without calibration."""
+    if meta is not None and meta.tree:
+        return [tuple(p) for p in meta.tree]
+    return greedy_paths(nominal_accuracies(num_heads, min(8, vocab_size)), RANDOM_TREE_NODES)
+
+
+def resolve_tree(tree, num_heads: int, vocab_size: int, meta: MedusaCheckpoint | None, gamma: int | None) -> MedusaTree:
+    """The tree option as buffers: None = default, "chain" = top-1 chain, else rank paths; checked against K, V."""
+    if tree is None:
+        paths = default_paths(num_heads, vocab_size, meta)
+    elif isinstance(tree, str) and tree == "chain":
+        paths = chain_paths(num_heads if gamma is None else min(gamma, num_heads))
+    else:
+        paths = tree
+    built = build_tree(paths)
+    if built.depth > num_heads:
+        raise ValueError(f"tree depth {built.depth} exceeds the number of Medusa heads ({num_heads})")
+    if built.top_k > vocab_size:
+        raise ValueError(f"tree uses rank {built.top_k - 1}, outside the vocabulary of {vocab_size} tokens")
+    return built
+
+
+class MedusaDrafter(BaseDrafter):
+    """Proposes a token tree from K Medusa heads over the target's last feature; q = None (deterministic)."""
+
+    needs_features = True
+    default_gamma = 4
+
+    def __init__(self, target, weights=None, gamma: int | None = None, policy: str = "constant", tree=None,
+                 num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, typical: bool = False,
+                 epsilon: float = 0.09, delta: float | None = None) -> None:
+        cfg = MedusaConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, typical, epsilon, delta)
+        heads, checkpoint = load_heads(target, cfg)
+        self._setup(target, heads, checkpoint, cfg)
+
+    @classmethod
+    def from_heads(cls, target, heads: MedusaHeads, tree=None, **options) -> MedusaDrafter:
+        """A drafter over heads already in memory (training, calibration); ``options`` as for the constructor."""
+        cfg = MedusaConfig(weights="random", tree=tree, **options)
+        drafter = cls.__new__(cls)
+        drafter._setup(target, heads, None, cfg)
+        return drafter
+
+    def _setup(self, target, heads: MedusaHeads, checkpoint: MedusaCheckpoint | None, cfg: MedusaConfig) -> None:
+        self.heads, self.checkpoint = heads, checkpoint
+        k = heads.shape.num_heads
+        if cfg.gamma is not None and cfg.gamma > k:
+            raise ValueError(f"gamma (tree depth) {cfg.gamma} exceeds the number of Medusa heads ({k})")
+        self.tree = resolve_tree(cfg.tree, k, target.vocab_size, checkpoint, cfg.gamma)
+        super().__init__(self.tree.depth if cfg.gamma is None else cfg.gamma, cfg.policy)
+        self.lossy = cfg.typical  # typical acceptance does not preserve the target distribution
+        self.epsilon, self.delta = cfg.epsilon, cfg.delta
+        self._gather = self.tree.gather.to(target.device)  # (n,)
+        self._feature: torch.Tensor | None = None  # (H,) feature that produced the current root
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        self._feature = None
+
+    @torch.inference_mode()
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        if self._feature is None:  # first pass: nothing processed yet, plain prefill
+            return Draft.empty()
+        depth = min(gamma, self.tree.depth)
+        n = self.tree.prefix[depth]
+        logits = self.heads(self._feature, depth)  # (depth, V)
+        top = logits.topk(self.tree.top_k, dim=-1).indices  # (depth, top_k)
+        tokens = top.reshape(-1).index_select(0, self._gather[:n])  # (n,)
+        return Draft(tokens, self.tree.parents[:n])
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        """Keep the feature of the last processed position on the committed path: it produced the new root."""
+        if outcome.features is None or outcome.features.shape[0] == 0:
+            raise RuntimeError("the Medusa drafter needs the target's features in observe (needs_features=True)")
+        self._feature = outcome.features[-1]
+
+    def accept(self, draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[list[int], int]:
+        """Typical acceptance (lossy) over ``draft`` given the target's logits (n + 1, V).
+
+        The shared loop calls this in place of the exact verifier when the drafter is lossy (``typical=True``).
+        """
+        return typical_accept(draft.tokens, draft.parents, logits, sampling, generator, self.epsilon, self.delta)
