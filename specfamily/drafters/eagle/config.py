@@ -1,0 +1,36 @@
+"""Options of the EAGLE drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODES = ("tree", "chain")
+
+
+@dataclass
+class EagleConfig:
+    weights: Any = None  # a folder, a zoo: name, "random" or an EagleModel built for the target; None = zoo:code-eagle
+    gamma: int | None = None  # tree depth (tree mode) or draft length (chain mode); default per mode
+    policy: str = "constant"  # constant | heuristic | optimal
+    mode: str = "tree"  # tree: EAGLE-2 dynamic tree; chain: EAGLE-1 style single chain
+    top_k: int | None = None  # tree mode: children per expanded node and nodes expanded per depth
+    total_tokens: int | None = None  # tree mode: nodes kept after reranking
+    seed: int = 0  # initialisation of weights="random"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"eagle mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("gamma", "top_k", "total_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"eagle {name} must be an integer >= 1, got {value!r}")
+        if self.weights is not None and not isinstance(self.weights, (str, Path)):
+            from specfamily.drafters.eagle.model import EagleModel
+
+            if not isinstance(self.weights, EagleModel):
+                raise TypeError(
+                    "eagle weights must be a folder, a zoo: name, 'random' or an EagleModel, "
+                    f"got {type(self.weights).__name__}"
+                )

@@ -1,0 +1,266 @@
+"""Train an EAGLE drafter for a frozen target: ``python -m specfamily.drafters.eagle.train --target T --out DIR``.
+
+Features come from the target on the fly (nothing dumped to disk); data is a token array (``--tokens``, e.g. the
+zoo corpus ``work/zoo/train.npy``) or any HF dataset (``--dataset json --data-files a.jsonl``). Every
+``--eval-every`` steps: top-1 agreement with the target on held-out windows and greedy tau through the shared
+verifier on held-out prompts; the drafter with the best tau is exported to ``--out`` (safetensors + config.json).
+Training state (weights, optimiser, data RNG, best weights) goes to ``--ckpt`` and a rerun resumes from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specfamily.core.target import Target, load_target
+from specfamily.drafters.eagle.checkpoint import check_target, save_eagle, target_fingerprint
+from specfamily.drafters.eagle.data import (
+    TokenData,
+    dataset_tokens,
+    fixed_windows,
+    load_token_array,
+    random_windows,
+    split_heldout,
+)
+from specfamily.drafters.eagle.model import EagleModel, build_model
+from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
+
+
+@dataclass
+class TrainConfig:
+    target: str  # a folder, a hub name or a zoo: name
+    out: str  # the exported drafter folder (best tau)
+    ckpt: str = ""  # resumable training state; default <out>.train.pt
+    tokens: str = ""  # a .npy token array (read only)
+    heldout: str = ""  # a .npy held-out token array; default: the last heldout_fraction of the training data
+    dataset: str = ""  # a datasets name or builder (json, text, parquet) or a local folder
+    data_files: str = ""  # comma-separated files for the dataset builder
+    split: str = "train"
+    text_field: str = "text"
+    max_documents: int = 0  # 0 = all
+    heldout_fraction: float = 0.02
+    steps: int = 100000
+    minutes: float = 10.0  # wall-clock budget (evaluations included); 0 = steps only
+    batch: int = 4
+    seq_len: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 30
+    weight_decay: float = 0.0
+    clip: float = 0.5
+    noise: float = 0.2  # width of the uniform noise added to input features
+    w_reg: float = 1.0
+    w_cls: float = 0.1
+    eval_every: int = 60
+    eval_windows: int = 16
+    tau_prompts: int = 4
+    tau_prompt_len: int = 128
+    tau_tokens: int = 48
+    ckpt_every: int = 60
+    seed: int = 0
+    save_dtype: str = "float16"  # dtype of the exported weights
+    threads: int = 0  # torch threads; 0 = leave as is
+
+    def __post_init__(self) -> None:
+        if bool(self.tokens) == bool(self.dataset):
+            raise ValueError("give exactly one data source: --tokens FILE.npy or --dataset NAME")
+        if self.save_dtype not in ("float16", "float32", "bfloat16"):
+            raise ValueError(f"save_dtype must be float16, float32 or bfloat16, got {self.save_dtype!r}")
+        if self.steps < 1 or self.batch < 1 or self.seq_len < 2:
+            raise ValueError("steps and batch must be >= 1 and seq_len >= 2")
+
+    @property
+    def ckpt_path(self) -> Path:
+        return Path(self.ckpt) if self.ckpt else Path(f"{self.out.rstrip('/')}.train.pt")
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    seconds: float = 0.0
+    tokens_seen: int = 0
+    best_tau: float = float("-inf")
+    best_step: int = -1
+    last_agreement: float = float("nan")
+    last_tau: float = float("nan")
+
+
+def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` as progress goes 0 -> 1."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def progress_of(cfg: TrainConfig, state: TrainState) -> float:
+    """The larger of the step fraction and the time fraction (budget 0 = steps only)."""
+    by_time = state.seconds / (cfg.minutes * 60) if cfg.minutes > 0 else 0.0
+    return max(state.step / cfg.steps, by_time)
+
+
+def load_data(cfg: TrainConfig, target: Target) -> TokenData:
+    """The training and held-out token streams of the configured source."""
+    if cfg.tokens:
+        train = load_token_array(cfg.tokens)
+    else:
+        files = [f for f in cfg.data_files.split(",") if f] or None
+        train = dataset_tokens(cfg.dataset, target.tokenizer, files, cfg.split, cfg.text_field,
+                               cfg.max_documents, target.eos_token_id)
+    if int(train.max()) >= target.vocab_size:
+        raise ValueError(f"training data has token id {int(train.max())} outside the target's vocabulary")
+    if cfg.heldout:
+        return TokenData(train, load_token_array(cfg.heldout))
+    return split_heldout(train, cfg.heldout_fraction)
+
+
+@dataclass
+class Run:
+    """Everything one training run holds."""
+
+    cfg: TrainConfig
+    target: Target
+    model: EagleModel
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    state: TrainState
+    best: dict[str, torch.Tensor] | None = None
+
+
+def start_run(cfg: TrainConfig) -> Run:
+    """Load the target, build or resume the drafter and optimiser."""
+    target = load_target(cfg.target, dtype=torch.float32)
+    target.model.requires_grad_(False)
+    model = build_model(target.model, seed=cfg.seed).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    run = Run(cfg, target, model, optimizer, torch.Generator().manual_seed(cfg.seed), TrainState())
+    if cfg.ckpt_path.is_file():
+        resume(run)
+    return run
+
+
+def resume(run: Run) -> None:
+    """Continue from the saved training state; refuse a state trained for another target."""
+    saved = torch.load(run.cfg.ckpt_path, map_location="cpu", weights_only=False)
+    check_target({"target": saved["target"]}, run.target.model, str(run.cfg.ckpt_path))
+    run.model.load_state_dict(saved["model"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.generator.set_state(saved["generator"])
+    run.state = TrainState(**saved["state"])
+    run.best = saved["best"]
+    tqdm.write(f"resumed from {run.cfg.ckpt_path} at step {run.state.step}")
+
+
+def save_state(run: Run) -> None:
+    """Write the resumable training state (temporary file, then rename)."""
+    path = run.cfg.ckpt_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "config": asdict(run.cfg), "state": asdict(run.state), "target": target_fingerprint(run.target.model),
+        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        "generator": run.generator.get_state(), "best": run.best,
+    }
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def export(run: Run, weights: dict[str, torch.Tensor]) -> None:
+    """Write ``weights`` as the drafter in ``--out``."""
+    current = {k: v.clone() for k, v in run.model.state_dict().items()}
+    run.model.load_state_dict(weights)
+    info = {"step": run.state.best_step, "tau": run.state.best_tau, "agreement": run.state.last_agreement,
+            "tokens_seen": run.state.tokens_seen, "seconds": round(run.state.seconds, 1), "config": asdict(run.cfg)}
+    save_eagle(run.cfg.out, run.model, run.target.model, info, dtype=getattr(torch, run.cfg.save_dtype))
+    run.model.load_state_dict(current)
+
+
+def evaluate(run: Run, heldout_windows: torch.Tensor, prompts: list[torch.Tensor]) -> None:
+    """Top-1 agreement and greedy tau; a better tau becomes the exported drafter."""
+    run.model.eval()
+    state = run.state
+    state.last_agreement = top1_agreement(run.model, run.target.model, heldout_windows)
+    state.last_tau = measure_tau(run.target, run.model, prompts, run.cfg.tau_tokens) if prompts else float("nan")
+    score = state.last_tau if prompts else state.last_agreement
+    if score > state.best_tau:
+        state.best_tau, state.best_step = score, state.step
+        run.best = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+        export(run, run.best)
+    tqdm.write(f"step {state.step}: top-1 agreement {state.last_agreement:.3f}, tau {state.last_tau:.3f} "
+               f"(best {state.best_tau:.3f} at step {state.best_step})")
+    run.model.train()
+
+
+def train_step(run: Run, data: TokenData) -> tuple[float, float, float]:
+    """One optimiser step on a random batch: (regression loss, cross-entropy, learning rate)."""
+    cfg, state = run.cfg, run.state
+    lr = learning_rate(cfg, state.step, progress_of(cfg, state))
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    windows = random_windows(data.train, cfg.batch, cfg.seq_len, run.generator)
+    parts = eagle_loss(run.model, run.target.model, windows, run.generator, cfg.noise, cfg.w_reg, cfg.w_cls)
+    run.optimizer.zero_grad(set_to_none=True)
+    parts.loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip)
+    run.optimizer.step()
+    state.step += 1
+    state.tokens_seen += windows.numel()
+    return parts.regression, parts.classification, lr
+
+
+def train(cfg: TrainConfig) -> TrainState:
+    """Run (or resume) training until the step or time budget is spent; return the final state."""
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    run = start_run(cfg)
+    data = load_data(cfg, run.target)
+    heldout_windows = fixed_windows(data.heldout, cfg.eval_windows, cfg.seq_len)
+    prompts = list(fixed_windows(data.heldout, cfg.tau_prompts, cfg.tau_prompt_len)) if cfg.tau_prompts else []
+    state = run.state
+    bar = tqdm(total=cfg.steps, initial=state.step, desc="eagle", unit="step")
+    while progress_of(cfg, state) < 1.0:
+        started = time.perf_counter()
+        regression, classification, lr = train_step(run, data)
+        if cfg.eval_every and state.step % cfg.eval_every == 0:
+            evaluate(run, heldout_windows, prompts)
+        if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+            save_state(run)
+        state.seconds += time.perf_counter() - started
+        bar.update(1)
+        bar.set_postfix(reg=f"{regression:.3f}", ce=f"{classification:.3f}", lr=f"{lr:.1e}")
+    bar.close()
+    if not cfg.eval_every or state.step % cfg.eval_every:
+        evaluate(run, heldout_windows, prompts)
+    save_state(run)
+    return state
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Command-line flags from the TrainConfig fields (``--seq-len 256``)."""
+    parser = argparse.ArgumentParser(prog="python -m specfamily.drafters.eagle.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.default is dataclasses.MISSING:
+            parser.add_argument(flag, dest=f.name, required=True)
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default,
+                                help=f"default: {f.default!r}")
+    return TrainConfig(**vars(parser.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    state = train(parse_args(argv))
+    print(f"done: {state.step} steps, best tau {state.best_tau:.3f} at step {state.best_step}")
+
+
+if __name__ == "__main__":
+    main()

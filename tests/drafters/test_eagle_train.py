@@ -1,0 +1,143 @@
+"""EAGLE training: the objective aligns features, checkpoints round-trip and refuse other targets, runs resume."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import specfamily as sf
+import specfamily.drafters.eagle.train as eagle_train
+from specfamily.drafters.eagle.checkpoint import load_eagle, save_eagle
+from specfamily.drafters.eagle.data import dataset_tokens
+from specfamily.drafters.eagle.drafter import EagleDrafter
+from specfamily.drafters.eagle.model import build_model
+from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
+from specfamily.drafters.eagle.train import TrainConfig, train
+from specfamily.testing import tiny_model, tiny_target
+
+
+def test_brief_training_learns_feature_t_plus_token_to_feature_t_plus_1():
+    """Trained on (f[t], x[t + 1]) -> f[t + 1], the drafter agrees with the target and is accepted in the loop."""
+    target = tiny_target("llama", vocab_size=64, spread=2.0, dtype=torch.float32)
+    target.model.requires_grad_(False)
+    model = build_model(target.model).train()
+    gen = torch.Generator().manual_seed(0)
+    heldout = torch.randint(0, 64, (8, 32), generator=gen)
+    prompts = [torch.randint(0, 64, (8,), generator=gen) for _ in range(4)]
+    before = top1_agreement(model, target.model, heldout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(200):
+        parts = eagle_loss(model, target.model, torch.randint(0, 64, (16, 32), generator=gen), gen, noise=0.0)
+        optimizer.zero_grad()
+        parts.loss.backward()
+        optimizer.step()
+    model.eval()
+    after = top1_agreement(model, target.model, heldout)
+    assert before < 0.1 and after > 0.4, (before, after)
+    assert measure_tau(target, model, prompts, 32) > 1.8
+    assert measure_tau(target, model, prompts, 32, mode="chain") > 1.8
+    drafter = EagleDrafter(target, weights=model)
+    for prompt in prompts:  # greedy output is the target's own
+        assert sf.generate(target, drafter, prompt, 32).tokens == sf.generate(target, None, prompt, 32).tokens
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float16])
+def test_checkpoint_round_trip(tmp_path, dtype):
+    target = tiny_target("gpt2", vocab_size=32, spread=1.0)
+    model = build_model(target.model, seed=5)
+    save_eagle(tmp_path / "eagle", model, target.model, info={"note": "test"}, dtype=dtype)
+    loaded, config = load_eagle(tmp_path / "eagle", target.model)
+    assert config["info"] == {"note": "test"} and config["family"] == "gpt2"
+    for key, value in model.state_dict().items():
+        expected = value if dtype is None else value.to(dtype).to(value.dtype)
+        assert torch.equal(loaded.state_dict()[key], expected), key
+    if dtype is None:
+        by_path = sf.create_drafter("eagle", target, weights=str(tmp_path / "eagle"), gamma=3)
+        in_memory = EagleDrafter(target, weights=model, gamma=3)
+        sampling = sf.SamplingConfig(temperature=1.0)
+        a = sf.generate(target, by_path, [1, 2, 3], 20, sampling=sampling, seed=4)
+        b = sf.generate(target, in_memory, [1, 2, 3], 20, sampling=sampling, seed=4)
+        assert a.tokens == b.tokens and a.metrics.accepted_tokens == b.metrics.accepted_tokens
+
+
+def test_weights_for_another_target_are_refused(tmp_path):
+    target = tiny_target("llama", vocab_size=32)
+    save_eagle(tmp_path / "eagle", build_model(target.model), target.model)
+    other = tiny_target("llama", vocab_size=32, seed=1)
+    with pytest.raises(ValueError, match=r"eagle weights '.*eagle' were trained for another target \(saved vs this "
+                                         r"target: weights_digest '[0-9a-f]{16}' != '[0-9a-f]{16}'\)"):
+        sf.create_drafter("eagle", other, weights=str(tmp_path / "eagle"))
+    wider = tiny_target("llama", vocab_size=32, hidden=48)
+    with pytest.raises(ValueError, match="hidden_size 32 != 48"):
+        load_eagle(tmp_path / "eagle", wider.model)
+
+
+def test_missing_or_foreign_checkpoints_are_refused(tmp_path):
+    target = tiny_target("llama", vocab_size=32)
+    with pytest.raises(FileNotFoundError, match="no eagle checkpoint at"):
+        load_eagle(tmp_path / "nothing", target.model)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="is not an eagle checkpoint"):
+        load_eagle(folder, target.model)
+
+
+def _tiny_run(tmp_path):
+    tiny_model("llama", 32, dtype=torch.float32, spread=2.0).save_pretrained(tmp_path / "target")
+    np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 32, 5000).astype(np.uint16))
+    return dict(target=str(tmp_path / "target"), tokens=str(tmp_path / "tokens.npy"), steps=6, minutes=0.0,
+                batch=2, seq_len=16, warmup=2, eval_every=3, ckpt_every=3, eval_windows=2, tau_prompts=2,
+                tau_prompt_len=8, tau_tokens=8, save_dtype="float32")
+
+
+def test_training_resumes_exactly_and_exports_the_best_tau(tmp_path, monkeypatch):
+    options = _tiny_run(tmp_path)
+    straight = train(TrainConfig(out=str(tmp_path / "a"), **options))
+    assert straight.step == 6
+    exported = json.loads((tmp_path / "a" / "config.json").read_text())["info"]
+    assert exported["tau"] == straight.best_tau and exported["step"] == straight.best_step
+
+    real_step = eagle_train.train_step
+
+    def crash_at_4(run, data):
+        if run.state.step == 4:
+            raise KeyboardInterrupt
+        return real_step(run, data)
+
+    monkeypatch.setattr(eagle_train, "train_step", crash_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(out=str(tmp_path / "b"), **options))
+    monkeypatch.setattr(eagle_train, "train_step", real_step)
+    resumed = train(TrainConfig(out=str(tmp_path / "b"), **options))  # picks up the step-3 state
+    assert resumed.step == 6
+    a = torch.load(tmp_path / "a.train.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "b.train.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    target = sf.load_target(str(tmp_path / "target"))
+    sf.create_drafter("eagle", target, weights=str(tmp_path / "b"))  # the export loads for its target
+
+
+def test_training_config_needs_one_data_source():
+    with pytest.raises(ValueError, match="give exactly one data source"):
+        TrainConfig(target="t", out="o")
+    with pytest.raises(ValueError, match="give exactly one data source"):
+        TrainConfig(target="t", out="o", tokens="a.npy", dataset="json")
+
+
+class CharTokenizer:
+    """A stand-in tokenizer: one id per character (ord % 32)."""
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[ord(c) % 32 for c in text] for text in texts]}
+
+
+def test_dataset_source_joins_documents_with_eos(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"body": text}) for text in ["ab", "c", "de"]) + "\n")
+    tokens = dataset_tokens("json", CharTokenizer(), [str(path)], text_field="body", eos_token_id=0)
+    assert tokens.tolist() == [1, 2, 0, 3, 0, 4, 5, 0]
+    with pytest.raises(ValueError, match="dataset 'json' has no field 'text' \\(fields: body\\)"):
+        dataset_tokens("json", CharTokenizer(), [str(path)])
