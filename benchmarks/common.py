@@ -15,7 +15,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -344,17 +343,9 @@ def write_json(path: str | Path, data: dict) -> Path:
 
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` atomically (a temporary file renamed over ``path``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    from specfamily.files import write_text_atomically
+
+    return write_text_atomically(path, text)
 
 
 def _finite(value):

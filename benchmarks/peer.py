@@ -186,6 +186,17 @@ def plain_vs_ours(setup: Setup, name: str, options: dict) -> Method:
     return Method(name, setup.ours(drafter), setup.hf(), "plain generate")
 
 
+def modes_vs_plain(setup: Setup, name: str, options: dict, modes: dict[str, dict]) -> list[Method]:
+    """One row per drafter mode (e.g. Medusa's calibrated tree and its top-1 chain), each against plain generate."""
+    import specfamily as sf
+
+    rows = []
+    for label, mode in modes.items():
+        drafter = sf.create_drafter(name, setup.target, **{**mode, **options})
+        rows.append(Method(f"{name} {label}", setup.ours(drafter), setup.hf(), "plain generate"))
+    return rows
+
+
 def oracle_row(setup: Setup) -> Method:
     from specfamily.testing import OracleDrafter
 
@@ -212,6 +223,10 @@ def build_rows(setup: Setup, report: dict) -> tuple[list, list[Skipped]]:
         "small_model": lambda: small_model_rows(setup, options.get("small_model", {}), report),
         "prompt_lookup": lambda: [prompt_lookup_row(setup, options.get("prompt_lookup", {}), report)],
         "self_spec": lambda: [self_spec_row(setup, options.get("self_spec", {}))],
+        "medusa": lambda: modes_vs_plain(setup, "medusa", options.get("medusa", {}),
+                                         {"tree": {}, "chain": {"tree": "chain"}}),
+        "eagle": lambda: modes_vs_plain(setup, "eagle", options.get("eagle", {}),
+                                        {"tree": {"mode": "tree"}, "chain": {"mode": "chain"}}),
     }
     skipped = []
     names = sf.list_drafters()

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from specfamily.core import theory
 from specfamily.eval.config import PLAIN
 from specfamily.eval.summary import SummaryRow
+from specfamily.files import write_atomically
 
 PLOTS = ("speedup_vs_gamma.png", "per_position_acceptance.png", "tau_by_dataset.png")
 
@@ -31,11 +31,8 @@ def _figure(width: float = 6.4, height: float = 4.2):
 
 
 def _save(figure, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
     figure.tight_layout()
-    figure.savefig(tmp)
-    os.replace(tmp, path)
-    return path
+    return write_atomically(path, figure.savefig)
 
 
 def _finite(x: float) -> bool:

@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from specfamily.files import write_text_atomically
+
 RESULTS = "results.jsonl"
 RUN_INFO = "run.json"
 RANK_GLOB = "results.rank*.jsonl"
@@ -142,10 +144,7 @@ def results_path(folder: Path, rank: int, world_size: int) -> Path:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomically(path, text)
 
 
 def consolidate(folder: Path, order: list[str]) -> list[Record]:

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedTokenizerFast
 
-from specfamily.zoo.data import fixed_windows
+from specfamily.files import write_text_atomically
+from specfamily.tokens import fixed_windows
 
 
 @dataclass
@@ -292,9 +293,7 @@ def markdown(result: CardResult) -> str:
 
 
 def write_json(result: CardResult, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(asdict(result), indent=1) + "\n")
-    tmp.replace(path)
+    write_text_atomically(path, json.dumps(asdict(result), indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> CardResult:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
+from specfamily.files import write_text_atomically
 from specfamily.zoo.corpus import Document
 
 
@@ -199,11 +199,7 @@ def build_continue(docs: Sequence[Document], tokenizer, cfg: PromptSetConfig) ->
 
 def write_jsonl(rows: Sequence[dict], path: Path) -> None:
     """Write rows as jsonl atomically (a temp file renamed into place)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def _sha256(path: Path) -> str:
@@ -232,9 +228,7 @@ def build_prompt_sets(workdir: Path, out: Path, cfg: PromptSetConfig | None = No
         "heldout_files": [d.path for d in docs],
         "command": "specfamily-zoo prompts --workdir work/zoo --out specfamily/zoo/data/prompts",
     }
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / "manifest.json")
+    write_text_atomically(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specfamily.zoo.data import fixed_windows, random_windows
+from specfamily.files import write_atomically, write_folder_atomically
+from specfamily.tokens import fixed_windows, random_windows
 from specfamily.zoo.models import llama_config
 
 
@@ -103,10 +104,9 @@ def _build_model(cfg: TrainConfig, vocab_size: int) -> LlamaForCausalLM:
 
 
 def _save_checkpoint(path: Path, model, optimizer, state: TrainState, cfg: TrainConfig) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "state": asdict(state), "config": asdict(cfg)}, tmp)
-    tmp.replace(path)
+    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+               "state": asdict(state), "config": asdict(cfg)}
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
 def _load_checkpoint(path: Path, model, optimizer, cfg: TrainConfig) -> TrainState:
@@ -120,22 +120,15 @@ def _load_checkpoint(path: Path, model, optimizer, cfg: TrainConfig) -> TrainSta
 
 def export(model, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict) -> None:
     """Write an fp16 HF folder atomically (a temp folder renamed into place)."""
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     half = LlamaForCausalLM(model.config)
     half.load_state_dict(model.state_dict())
-    half.half().save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
-    (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
-    if out.exists():
-        import shutil
 
-        shutil.rmtree(out)
-    tmp.replace(out)
+    def fill(tmp: Path) -> None:
+        half.half().save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    write_folder_atomically(out, fill)
 
 
 def train(cfg: TrainConfig) -> TrainState:

@@ -61,6 +61,16 @@ def test_peer_rows_are_identical(bench, pair, tmp_path):
     assert json.loads(out.read_text())["rows"][0]["name"] == "plain"
 
 
+def test_medusa_and_eagle_rows_cover_tree_and_chain_modes(bench, pair):
+    target, _ = pair
+    args = bench.peer.parse_args(["--tokens", "8", "--repeats", "1", "--threads", "1", "--only", "medusa,eagle",
+                                  "--option", "medusa.weights=random", "--option", "eagle.weights=random"])
+    report = bench.peer.measure(bench.peer.make_setup(target, None, _prompts(), args))
+    assert [row["name"] for row in report["rows"]] == ["medusa tree", "medusa chain", "eagle tree", "eagle chain"]
+    assert all(row["identical"] for row in report["rows"]), report["markdown"]
+    assert report["skipped"] == [{"name": "small_model", "reason": "no --draft model"}]
+
+
 def test_every_registered_drafter_gets_a_row_or_a_skip_reason(bench, pair):
     import specfamily as sf
 

@@ -9,10 +9,10 @@ from specfamily.drafters.medusa.checkpoint import (
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
-    target_identity,
 )
 from specfamily.drafters.medusa.drafter import MedusaDrafter
 from specfamily.drafters.medusa.heads import build_heads, shape_for
+from specfamily.identity import target_identity
 from specfamily.testing import tiny_target
 
 
@@ -26,7 +26,7 @@ def _heads(target, **shape):
 
 
 def _save(folder, target, heads, tree=None, dtype=None):
-    meta = MedusaCheckpoint(heads.shape, target_identity(target), tree, {"tau": 1.5}, {"step": 3})
+    meta = MedusaCheckpoint(heads.shape, target_identity(target.model), tree, {"tau": 1.5}, {"step": 3})
     return save_checkpoint(folder, heads, meta, dtype=dtype)
 
 
@@ -73,7 +73,8 @@ def test_heads_for_another_target_of_the_same_architecture_are_refused(tmp_path)
     trained_for = tiny_target("llama", vocab_size=32, seed=0)
     other = tiny_target("llama", vocab_size=32, seed=1)
     folder = _save(tmp_path / "heads", trained_for, _heads(trained_for))
-    with pytest.raises(ValueError, match=r"were trained for another target: same architecture .* different LM head"):
+    with pytest.raises(ValueError, match=r"Medusa heads at .* were trained for another target "
+                                         r"\(saved vs this target: weights differ\); train heads"):
         sf.create_drafter("medusa", other, weights=str(folder))
 
 
@@ -81,8 +82,9 @@ def test_heads_for_another_architecture_are_refused(tmp_path):
     trained_for = tiny_target("llama", vocab_size=32)
     other = tiny_target("llama", vocab_size=32, layers=3)
     folder = _save(tmp_path / "heads", trained_for, _heads(trained_for))
-    with pytest.raises(ValueError, match=r"were trained for another target: its config hash is [0-9a-f]{12}, "
-                                         r"this target's is [0-9a-f]{12} \(model_type 'llama' vs 'llama'\)"):
+    with pytest.raises(ValueError, match=r"were trained for another target \(saved vs this target: "
+                                         r"num_hidden_layers 2 != 3; config sha256 [0-9a-f]{12} != [0-9a-f]{12}; "
+                                         r"weights differ\)"):
         MedusaDrafter(other, weights=folder)
 
 

@@ -1,4 +1,3 @@
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -8,7 +7,7 @@ import torch
 import specfamily as sf
 from specfamily.drafters.medusa.calibrate import target_features
 from specfamily.drafters.medusa.checkpoint import read_checkpoint
-from specfamily.drafters.medusa.data import dataset_tokens, greedy_windows
+from specfamily.drafters.medusa.data import greedy_windows
 from specfamily.drafters.medusa.train import (
     TrainConfig,
     argmax_labels,
@@ -94,23 +93,6 @@ def test_argmax_labels_are_the_targets_next_token_choices(zoo_dir, target):
             assert labels[b, t] == target.model(input_ids=ids[b : b + 1, :t]).logits[0, -1].argmax()
     assert train(_config(zoo_dir, labels="argmax", steps=2, eval_every=2, out=str(zoo_dir / "am")),
                  target=target).step == 2
-
-
-def test_text_datasets_from_local_jsonl(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[eos]": 0, **{w: i + 1 for i, w in enumerate("def return x y if else".split())}}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="[eos]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw)
-    rows = [{"text": "def x return y"}, {"text": ""}, {"text": "if x else y"}, {"text": "return x"}]
-    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data = dataset_tokens(str(tmp_path / "d.jsonl"), tokenizer, eos_token_id=0, heldout_fraction=0.34)
-    assert data.train.tolist() == [1, 3, 2, 4, 0, 5, 3, 6, 4, 0]
-    assert data.heldout.tolist() == [2, 3, 0]
-    with pytest.raises(ValueError, match=r"has no field 'code'; its fields: \['text'\]"):
-        dataset_tokens(str(tmp_path / "d.jsonl"), tokenizer, 0, text_field="code")
 
 
 def test_missing_zoo_arrays_name_the_command(tmp_path, target):

@@ -1,15 +1,13 @@
 """EAGLE drafter weights on disk: ``model.safetensors`` (fc + decoder layer) and ``config.json``.
 
-``config.json`` records the format, the fingerprint of the target the drafter was trained for (architecture
-numbers and a digest of the LM head, the final norm and the embedding) and free-form training information.
-Loading for a different target is refused. Files are written to temporary names and renamed, config last.
+``config.json`` records the format, the identity of the target the drafter was trained for
+(``specfamily.identity``) and free-form training information. Loading for a different target is refused. The
+folder is written under a temporary name and swapped in whole.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,58 +16,13 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from specfamily.drafters.eagle.model import EagleModel, build_model
+from specfamily.files import write_folder_atomically
+from specfamily.identity import check_identity, target_identity
 
 FORMAT = "specfamily-eagle"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-_DIGEST_ROWS = 1024  # rows of each matrix hashed (evenly strided), so fingerprints stay cheap for big vocabularies
-
-
-def _digest(tensors: list[torch.Tensor]) -> str:
-    """sha256 (first 16 hex digits) of tensors rounded to float16, matrices sampled by rows."""
-    sha = hashlib.sha256()
-    for tensor in tensors:
-        t = tensor.detach()
-        if t.dim() == 2 and t.shape[0] > _DIGEST_ROWS:
-            t = t[:: t.shape[0] // _DIGEST_ROWS]
-        sha.update(str(tuple(t.shape)).encode())
-        sha.update(t.to("cpu", torch.float16).contiguous().view(torch.int16).numpy().tobytes())
-    return sha.hexdigest()[:16]
-
-
-def _final_norm_weights(model: PreTrainedModel) -> list[torch.Tensor]:
-    decoder = model.get_decoder()
-    norm = getattr(decoder, "norm", None) or getattr(decoder, "ln_f", None)
-    return [p for p in norm.parameters()] if norm is not None else []
-
-
-def target_fingerprint(model: PreTrainedModel) -> dict[str, Any]:
-    """What identifies the target a drafter was trained for."""
-    config = model.config.get_text_config(decoder=True)
-    head = model.get_output_embeddings().weight
-    embed = model.get_input_embeddings().weight
-    weights = [head, *_final_norm_weights(model)] + ([] if embed is head else [embed])
-    return {
-        "model_type": config.model_type,
-        "hidden_size": int(config.hidden_size),
-        "num_hidden_layers": int(config.num_hidden_layers),
-        "vocab_size": int(head.shape[0]),
-        "weights_digest": _digest(weights),
-    }
-
-
-def _replace_atomically(path: Path, write) -> None:
-    """``write(tmp)`` then rename over ``path``, readable as a regular file (0o666 less the umask)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def save_eagle(
@@ -86,14 +39,17 @@ def save_eagle(
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "target": target_fingerprint(target_model),
+        "target": target_identity(target_model),
         "family": model.family,
         "hidden_size": model.hidden_size,
         "info": info or {},
     }
-    _replace_atomically(folder / WEIGHTS_FILE, lambda p: save_file(tensors, str(p), metadata={"format": FORMAT}))
-    _replace_atomically(folder / CONFIG_FILE, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
-    return folder
+
+    def fill(tmp: Path) -> None:
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+    return write_folder_atomically(folder, fill)
 
 
 def resolve_weights(source: str | Path) -> Path:
@@ -122,15 +78,8 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 def check_target(config: dict[str, Any], target_model: PreTrainedModel, where: str) -> None:
     """Refuse weights trained for another target, naming what differs."""
-    saved, current = config.get("target", {}), target_fingerprint(target_model)
-    differences = [f"{key} {saved.get(key)!r} != {value!r}" for key, value in current.items()
-                   if saved.get(key) != value]
-    if differences:
-        raise ValueError(
-            f"eagle weights {where!r} were trained for another target (saved vs this target: "
-            f"{'; '.join(differences)}); train a drafter for this target with "
-            "`python -m specfamily.drafters.eagle.train`"
-        )
+    check_identity(config.get("target", {}), target_model, f"eagle weights {where!r}",
+                   "train a drafter for this target with `python -m specfamily.drafters.eagle.train`")
 
 
 def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[EagleModel, dict[str, Any]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,17 +20,12 @@ import torch
 from tqdm import tqdm
 
 from specfamily.core.target import Target, load_target
-from specfamily.drafters.eagle.checkpoint import check_target, save_eagle, target_fingerprint
-from specfamily.drafters.eagle.data import (
-    TokenData,
-    dataset_tokens,
-    fixed_windows,
-    load_token_array,
-    random_windows,
-    split_heldout,
-)
+from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
+from specfamily.files import write_atomically
+from specfamily.identity import target_identity
+from specfamily.tokens import TokenData, dataset_tokens, fixed_windows, random_windows, split_heldout, token_array
 
 
 @dataclass
@@ -110,16 +104,16 @@ def progress_of(cfg: TrainConfig, state: TrainState) -> float:
 def load_data(cfg: TrainConfig, target: Target) -> TokenData:
     """The training and held-out token streams of the configured source."""
     if cfg.tokens:
-        train = load_token_array(cfg.tokens)
+        train = token_array(cfg.tokens)
     else:
         files = [f for f in cfg.data_files.split(",") if f] or None
-        train = dataset_tokens(cfg.dataset, target.tokenizer, files, cfg.split, cfg.text_field,
-                               cfg.max_documents, target.eos_token_id)
+        train = dataset_tokens(cfg.dataset, target.tokenizer, target.eos_token_id, cfg.text_field, cfg.split,
+                               files, cfg.max_documents)
     if int(train.max()) >= target.vocab_size:
         raise ValueError(f"training data has token id {int(train.max())} outside the target's vocabulary")
     if cfg.heldout:
-        return TokenData(train, load_token_array(cfg.heldout))
-    return split_heldout(train, cfg.heldout_fraction)
+        return TokenData(train, token_array(cfg.heldout), cfg.tokens)
+    return split_heldout(train, cfg.heldout_fraction, cfg.tokens or cfg.dataset)
 
 
 @dataclass
@@ -164,13 +158,11 @@ def save_state(run: Run) -> None:
     path = run.cfg.ckpt_path
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "config": asdict(run.cfg), "state": asdict(run.state), "target": target_fingerprint(run.target.model),
+        "config": asdict(run.cfg), "state": asdict(run.state), "target": target_identity(run.target.model),
         "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
         "generator": run.generator.get_state(), "best": run.best,
     }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
 def export(run: Run, weights: dict[str, torch.Tensor]) -> None:
@@ -205,7 +197,7 @@ def train_step(run: Run, data: TokenData) -> tuple[float, float, float]:
     lr = learning_rate(cfg, state.step, progress_of(cfg, state))
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    windows = random_windows(data.train, cfg.batch, cfg.seq_len, run.generator)
+    windows = random_windows(data.train, cfg.batch, cfg.seq_len - 1, run.generator)  # (batch, seq_len)
     parts = eagle_loss(run.model, run.target.model, windows, run.generator, cfg.noise, cfg.w_reg, cfg.w_cls)
     run.optimizer.zero_grad(set_to_none=True)
     parts.loss.backward()
@@ -222,8 +214,8 @@ def train(cfg: TrainConfig) -> TrainState:
         torch.set_num_threads(cfg.threads)
     run = start_run(cfg)
     data = load_data(cfg, run.target)
-    heldout_windows = fixed_windows(data.heldout, cfg.eval_windows, cfg.seq_len)
-    prompts = list(fixed_windows(data.heldout, cfg.tau_prompts, cfg.tau_prompt_len)) if cfg.tau_prompts else []
+    heldout_windows = fixed_windows(data.heldout, cfg.eval_windows, cfg.seq_len - 1)
+    prompts = list(fixed_windows(data.heldout, cfg.tau_prompts, cfg.tau_prompt_len - 1)) if cfg.tau_prompts else []
     state = run.state
     bar = tqdm(total=cfg.steps, initial=state.step, desc="eagle", unit="step")
     while progress_of(cfg, state) < 1.0:

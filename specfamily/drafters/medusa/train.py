@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -39,12 +38,13 @@ from specfamily.drafters.medusa.checkpoint import (
     load_checkpoint,
     resolve,
     save_checkpoint,
-    target_identity,
 )
-from specfamily.drafters.medusa.data import TokenData, dataset_tokens, greedy_windows, zoo_tokens
+from specfamily.drafters.medusa.data import greedy_windows
 from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import CostCurve
-from specfamily.zoo.data import fixed_windows, random_windows
+from specfamily.files import write_atomically
+from specfamily.identity import target_identity
+from specfamily.tokens import TokenData, dataset_tokens, fixed_windows, random_windows, split_heldout, zoo_tokens
 
 
 @dataclass
@@ -145,7 +145,7 @@ def load_data(cfg: TrainConfig, target) -> TokenData:
     if cfg.data == "zoo":
         return zoo_tokens(cfg.zoo_dir)
     eos = target.eos_token_id if target.eos_token_id is not None else 0
-    return dataset_tokens(cfg.data, target.tokenizer, eos, cfg.text_field)
+    return split_heldout(dataset_tokens(cfg.data, target.tokenizer, eos, cfg.text_field), 0.05, cfg.data)
 
 
 def eval_prompts(heldout: np.ndarray, count: int, length: int) -> list[list[int]]:
@@ -208,7 +208,7 @@ def export(session: Session, heads: MedusaHeads, cal: Calibration, tau: float, s
     cfg = session.cfg
     folder = Path(cfg.export or Path(cfg.out) / "heads")
     meta = MedusaCheckpoint(
-        heads.shape, target_identity(session.target), cal.tree, {**cal.as_dict(), "tau": tau},
+        heads.shape, target_identity(session.target.model), cal.tree, {**cal.as_dict(), "tau": tau},
         {"step": state.step, "data": session.data.source, "config": asdict(cfg)},
     )
     return save_checkpoint(folder, heads, meta, dtype=getattr(torch, cfg.save_dtype))
@@ -216,10 +216,9 @@ def export(session: Session, heads: MedusaHeads, cal: Calibration, tau: float, s
 
 def save_state(path: Path, heads: MedusaHeads, optimizer, state: TrainState, gen: torch.Generator,
                cfg: TrainConfig) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"heads": heads.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
-                "generator": gen.get_state(), "config": asdict(cfg)}, tmp)
-    os.replace(tmp, path)
+    payload = {"heads": heads.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
+               "generator": gen.get_state(), "config": asdict(cfg)}
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
 def load_state(path: Path, heads: MedusaHeads, optimizer, gen: torch.Generator, cfg: TrainConfig) -> TrainState:

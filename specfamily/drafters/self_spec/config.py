@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -19,6 +17,8 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel
+
+from specfamily.files import write_text_atomically
 
 SKIP_SET_FORMAT = "specfamily.self_spec.skip_set/1"
 _CONFIG_KEYS = (
@@ -97,16 +97,7 @@ def save_skip_set(path: str | Path, record: SkipSetRecord) -> Path:
     """Write ``record`` as JSON to ``path`` atomically (a temporary file renamed over it)."""
     path = Path(path)
     text = json.dumps(_json_safe(asdict(record)), indent=2, sort_keys=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomically(path, text)
 
 
 def load_skip_set(path: str | Path) -> SkipSetRecord:
