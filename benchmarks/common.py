@@ -373,13 +373,10 @@ class PassCosts:
 
 
 def pass_costs(target, prompt: list[int], sizes: Sequence[int], repeats: int, clock: Callable[[], float]) -> PassCosts:
-    """Time ``Target.forward`` + ``commit``: the prefill, then chains of n - 1 nodes (sizes interleaved)."""
-    from specfamily.core.types import Draft
+    """Time ``Target.forward`` + ``commit``: the prefill, then passes over n fed tokens (sizes interleaved)."""
+    from specfamily.core.costs import measure_pass_seconds
 
-    sizes = sorted(set(sizes) | {1})
-    ids = torch.tensor(prompt, dtype=torch.long, device=target.device)
-    if ids.numel() < 2:  # the prefill caches all but the root
-        ids = ids.repeat(2)
+    ids = torch.tensor(prompt if len(prompt) >= 2 else prompt * 2, dtype=torch.long, device=target.device)
 
     def prefill() -> None:
         target.reset()
@@ -387,16 +384,8 @@ def pass_costs(target, prompt: list[int], sizes: Sequence[int], repeats: int, cl
         target.commit([])
 
     prefill_s = median_time(prefill, max(1, min(repeats, 5)), clock)
-    root, times = ids[-1:], {n: [] for n in sizes}
-    for _ in range(repeats + 1):  # the first round warms up
-        for n in sizes:
-            draft = Draft.chain(ids[: n - 1].cpu())
-            start = clock()
-            target.forward(root, draft)
-            target.commit([])
-            times[n].append(clock() - start)
-    target.reset()
-    return PassCosts(len(prompt), prefill_s, {n: statistics.median(v[1:]) for n, v in times.items()})
+    seconds = measure_pass_seconds(target, ids.tolist(), [n - 1 for n in sizes], repeats, clock)
+    return PassCosts(len(prompt), prefill_s, {g + 1: t for g, t in seconds.items()})
 
 
 def raw_greedy(model, max_new_tokens: int) -> TheirsFn:

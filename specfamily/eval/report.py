@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from specfamily.eval.costs import verify_cost_at
+from specfamily.core.costs import verify_cost_at
 from specfamily.eval.plots import plot_all
 from specfamily.eval.results import RUN_INFO, FailureRecord, RunInfo, read_run, write_atomic
 from specfamily.eval.summary import SummaryRow, summarize_run

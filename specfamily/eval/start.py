@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from specfamily.core.costs import measure_verify_cost
 from specfamily.core.target import Target
 from specfamily.core.types import SamplingConfig
 from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
-from specfamily.eval.costs import measure_verify_cost
 from specfamily.eval.datasets import DatasetSpec, Prompt
 from specfamily.eval.distributed import DistInfo, broadcast
 from specfamily.eval.results import RUN_INFO, PromptRecord, RunInfo, git_commit, package_versions, read_run

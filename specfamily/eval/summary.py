@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from specfamily.core import theory
+from specfamily.core.costs import verify_cost_at
 from specfamily.eval.config import PLAIN
-from specfamily.eval.costs import verify_cost_at
 from specfamily.eval.results import FailureRecord, PromptRecord, Record, RunInfo
 
 NAN = float("nan")

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from specfamily.zoo import PROMPT_SETS, zoo_path
 from specfamily.zoo.prompts import load_prompt_set
 
-SHIPPED = ("zoo:code-target", "zoo:code-draft")
+SHIPPED = ("zoo:code-target", "zoo:code-draft")  # HF model folders; the Medusa heads and EAGLE layer below
 CODE = 'def add(a, b):\n    """Return a + b."""\n    return a + b\n'
 
 
@@ -43,3 +43,23 @@ def test_shipped_prompt_sets_load_with_datasets(name):
     assert len(data) >= 200
     assert {"id", "prompt", "reference", "source", "n_prompt_tokens"} <= set(data.column_names)
     assert len(set(data["id"])) == len(data)
+
+
+def test_shipped_drafters_load_for_the_shipped_target():
+    import specfamily as sf
+
+    target = sf.load_target("zoo:code-target", device="cpu")
+    medusa = sf.create_drafter("medusa", target)  # refuses heads trained for another target
+    eagle = sf.create_drafter("eagle", target)
+    assert medusa.heads.shape.num_heads == 4 and medusa.checkpoint.tree  # a calibrated default tree
+    assert eagle.model.hidden_size == target.hidden_size
+
+
+def test_the_whole_zoo_fits_its_size_budget():
+    def size(name: str) -> int:
+        return sum(f.stat().st_size for f in zoo_path(name).rglob("*") if f.is_file())
+
+    pair = size("zoo:code-target") + size("zoo:code-draft")
+    assert pair <= 30e6, f"target + draft take {pair / 1e6:.1f} MB (budget 30 MB)"
+    total = pair + size("zoo:code-medusa") + size("zoo:code-eagle")
+    assert total <= 50e6, f"the zoo takes {total / 1e6:.1f} MB (budget 50 MB)"

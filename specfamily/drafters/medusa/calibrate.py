@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import inspect
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from specfamily.core.types import Draft
+from specfamily.core.costs import max_positions, measure_pass_seconds, process_clock
 from specfamily.drafters.medusa.heads import MedusaHeads
 from specfamily.drafters.medusa.tree import CostCurve, JointRanks, choose_tree, expected_accepted
 
@@ -90,20 +89,6 @@ def batched_features(model, windows: torch.Tensor, batch: int = 8) -> torch.Tens
                       range(0, windows.shape[0], batch)])
 
 
-def clock_for(device: torch.device):
-    """A timer for one process's work: CPU time on a single-threaded CPU run (immune to busy neighbours),
-    otherwise wall time (after a CUDA synchronise)."""
-    if device.type == "cpu" and torch.get_num_threads() == 1:
-        return time.process_time
-    if device.type == "cuda":
-        def synced() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-
-        return synced
-    return time.perf_counter
-
-
 def _timed(fn, clock) -> float:
     started = clock()
     fn()
@@ -114,43 +99,19 @@ def _median_seconds(fn, repeats: int, clock) -> float:
     return statistics.median(_timed(fn, clock) for _ in range(repeats))
 
 
-def _max_positions(model) -> int:
-    config = model.config.get_text_config(decoder=True)
-    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1 << 20)
-
-
 def measure_verify_cost(target, max_size: int = 65, context: int = 256, repeats: int = 7,
                         seed: int = 0) -> tuple[CostCurve, float]:
-    """The cost curve t(n) / t(1) of one target pass over n fed tokens (n <= max_size) after about ``context``
-    cached tokens, and t(1) in seconds.
-
-    Sizes are measured round-robin (so that a noisy neighbour hits all of them alike); the ratios are made
-    non-decreasing in n.
-    """
+    """The cost curve t(n) / t(1) of one target pass over n fed tokens (n <= max_size) after ``context`` cached
+    random tokens, made non-decreasing in n, and t(1) in seconds (``specfamily.core.costs``)."""
     sizes = tuple(n for n in COST_SIZES if n < max_size) + (max_size,)
-    gen = torch.Generator().manual_seed(seed)
-    vocab = target.vocab_size
-    context = max(1, min(context, _max_positions(target.model) - max_size - (repeats + 1) * len(sizes) - 1))
-    target.reset()
-    target.forward(torch.randint(0, vocab, (context,), generator=gen).to(target.device))
-    target.commit([])
-    root = torch.randint(0, vocab, (1,), generator=gen).to(target.device)
-    drafts = {n: Draft.chain(torch.randint(0, vocab, (n - 1,), generator=gen)) for n in sizes}
-
-    def one_pass(n: int) -> None:
-        target.forward(root, drafts[n], features=True)
-        target.commit([])
-
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
-    clock = clock_for(target.device)
-    for _ in range(repeats + 1):  # the first round warms up
-        for n in sizes:
-            samples[n].append(_timed(lambda n=n: one_pass(n), clock))
-    target.reset()
-    seconds = [statistics.median(samples[n][1:]) for n in sizes]
+    limit = max_positions(target) or 1 << 20
+    context = max(2, min(context, limit - max_size - (repeats + 1) * len(sizes) - 1))
+    ids = torch.randint(0, target.vocab_size, (context,), generator=torch.Generator().manual_seed(seed)).tolist()
+    seconds = measure_pass_seconds(target, ids, [n - 1 for n in sizes], repeats, process_clock(target.device),
+                                   features=True)
     ratios, running = [], 0.0
-    for s in seconds:
-        running = max(running, s / seconds[0])
+    for n in sizes:
+        running = max(running, seconds[n - 1] / seconds[0])
         ratios.append(running)
     return CostCurve(tuple(sizes), tuple(ratios)), seconds[0]
 
@@ -161,7 +122,7 @@ def measure_heads_cost(heads: MedusaHeads, top_k: int, seconds_per_pass: float, 
     feature = torch.zeros(heads.shape.hidden_size, device=next(heads.parameters()).device)
     feature = feature.to(next(heads.parameters()).dtype)
     heads(feature)  # warm-up
-    clock = clock_for(feature.device)
+    clock = process_clock(feature.device)
     return _median_seconds(lambda: heads(feature).topk(top_k, dim=-1), repeats, clock) / seconds_per_pass
 
 

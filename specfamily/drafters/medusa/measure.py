@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specfamily.drafters.medusa.calibrate import clock_for
+from specfamily.core.costs import process_clock
 
 
 @dataclass
@@ -43,7 +43,7 @@ def run(target, drafter, prompts: list[list[int]], max_new_tokens: int) -> tuple
     """(outputs, tau over all prompts, seconds)."""
     from specfamily.core.loop import generate
 
-    clock = clock_for(target.device)
+    clock = process_clock(target.device)
     outputs, tokens, passes, seconds = [], 0, 0, 0.0
     for prompt in prompts:
         started = clock()

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specfamily.core.costs import verify_cost_at
+
 Path = tuple[int, ...]
 
 
@@ -210,10 +212,8 @@ class CostCurve:
             raise ValueError(f"cost ratios must be finite and > 0, got {self.ratios}")
 
     def __call__(self, n: int) -> float:
-        sizes, ratios = self.sizes, self.ratios
-        i = next((j for j in range(1, len(sizes)) if n <= sizes[j]), len(sizes) - 1)
-        x0, x1, y0, y1 = sizes[i - 1], sizes[i], ratios[i - 1], ratios[i]
-        return max(1e-6, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+        """t(n) / t(1) for n fed tokens (the root and n - 1 draft tokens)."""
+        return max(1e-6, verify_cost_at({size - 1: r for size, r in zip(self.sizes, self.ratios, strict=True)}, n - 1))
 
 
 def tree_speedups(model: PathModel | Sequence[Sequence[float]], cost: Callable[[int], float], c: float,

@@ -1,7 +1,7 @@
 """The target's verification cost curve: t(g + 1) / t(1), one pass over the root plus g draft tokens.
 
-The paper assumes it is 1; on a CPU it is not, so a run measures it with the very Target calls
-the decode loop makes and the report predicts speedups with it.
+The paper assumes it is 1; on a CPU it is not, so runs, calibrations and searches measure it with the
+very Target calls the decode loop makes and predict speedups with it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,38 @@ from specfamily.core.target import Target
 from specfamily.core.types import Draft
 
 
+def process_clock(device: torch.device):
+    """A timer for one process's work: CPU time on a single-threaded CPU run (immune to busy neighbours),
+    otherwise wall time (after a CUDA synchronise)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.process_time
+    if device.type == "cuda":
+        def synced() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return synced
+    return time.perf_counter
+
+
 def measure_verify_cost(
-    target: Target, context: Sequence[int], sizes: Sequence[int], repeats: int = 5
+    target: Target, context: Sequence[int], sizes: Sequence[int], repeats: int = 5, clock=time.perf_counter,
+    features: bool = False,
 ) -> dict[int, float]:
-    """Median time of a pass over 1 + g tokens divided by the median one-token pass, for each g in ``sizes``.
+    """Median time of a pass over 1 + g tokens divided by the median one-token pass, for each g in ``sizes``."""
+    seconds = measure_pass_seconds(target, context, sizes, repeats, clock, features)
+    return {g: seconds[g] / seconds[0] for g in seconds}
+
+
+def measure_pass_seconds(
+    target: Target, context: Sequence[int], sizes: Sequence[int], repeats: int = 5, clock=time.perf_counter,
+    features: bool = False,
+) -> dict[int, float]:
+    """Median seconds of one target pass over the root plus g draft tokens, for g = 0 and each g in ``sizes``.
 
     The context is prefilled once; passes of every size are interleaved round by round so that
-    slow drift (other load, the growing cache) spreads evenly over the sizes.
+    slow drift (other load, the growing cache) spreads evenly over the sizes. ``features``: passes also
+    return the last hidden states, as they do for drafters that need them.
     """
     sizes = sorted({0, *(int(g) for g in sizes)})
     if any(g < 0 for g in sizes):
@@ -30,28 +55,28 @@ def measure_verify_cost(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     ids = target.check_ids(list(context))
-    limit = _max_positions(target)
+    limit = max_positions(target)
     if limit is not None and len(ids) + (repeats + 1) * len(sizes) + max(sizes) + 1 > limit:
         raise ValueError(f"a {len(ids)}-token context leaves no room to time passes of up to {max(sizes) + 1} tokens")
     target.reset()
     target.forward(ids[:-1] if len(ids) > 1 else ids)
     target.commit([])
     root = ids[-1:].to(target.device)
-    drafts = {g: Draft.chain(torch.zeros(g, dtype=torch.long)) for g in sizes}
+    gen = torch.Generator().manual_seed(0)
+    drafts = {g: Draft.chain(torch.randint(0, target.vocab_size, (g,), generator=gen)) for g in sizes}
     times: dict[int, list[float]] = {g: [] for g in sizes}
     for round_ in range(repeats + 1):  # round 0 warms every shape up
         for g in sizes:
-            start = time.perf_counter()
-            target.forward(root, drafts[g])
+            start = clock()
+            target.forward(root, drafts[g], features=features)
             target.commit([])
             if round_:
-                times[g].append(time.perf_counter() - start)
+                times[g].append(clock() - start)
     target.reset()
-    base = statistics.median(times[0])
-    return {g: statistics.median(times[g]) / base for g in sizes}
+    return {g: statistics.median(times[g]) for g in sizes}
 
 
-def _max_positions(target: Target) -> int | None:
+def max_positions(target: Target) -> int | None:
     config = target.model.config.get_text_config(decoder=True)
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 

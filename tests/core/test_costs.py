@@ -1,0 +1,27 @@
+import pytest
+
+from specfamily.core.costs import measure_pass_seconds, measure_verify_cost, verify_cost_at
+from specfamily.testing import tiny_target
+
+
+def test_interpolation_is_linear_between_points_and_extends_past_the_last():
+    curve = {0: 1.0, 4: 2.0, 8: 2.4}
+    assert verify_cost_at(curve, 0) == 1.0 and verify_cost_at(curve, 2) == pytest.approx(1.5)
+    assert verify_cost_at(curve, 6) == pytest.approx(2.2) and verify_cost_at(curve, 12) == pytest.approx(2.8)
+    assert verify_cost_at({}, 5) == 1.0
+    assert verify_cost_at({0: 1.0, 4: 0.9}, 100) == 0.9  # never extrapolated below the last measurement
+
+
+def test_measured_curve_has_every_size_and_ratio_one_at_zero():
+    target = tiny_target("llama", vocab_size=16)
+    curve = measure_verify_cost(target, list(range(10)), [1, 3], repeats=2)
+    assert sorted(curve) == [0, 1, 3] and curve[0] == 1.0 and all(v > 0 for v in curve.values())
+    seconds = measure_pass_seconds(target, list(range(10)), [2], repeats=1, features=True)
+    assert sorted(seconds) == [0, 2] and all(v > 0 for v in seconds.values())
+    assert target.cached_length == 0  # left reset
+
+
+def test_a_context_too_long_for_the_positions_is_refused():
+    target = tiny_target("gpt2", vocab_size=16)  # 256 positions
+    with pytest.raises(ValueError, match="leaves no room to time passes of up to 9 tokens"):
+        measure_verify_cost(target, [i % 16 for i in range(250)], [8], repeats=2)

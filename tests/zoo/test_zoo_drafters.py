@@ -1,0 +1,82 @@
+"""Every shipped drafter on the shipped zoo target: greedy output identical to plain decoding, token for token,
+on the zoo's held-out prompts (a spread of them here; every prompt of both sets under ``-m slow``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.zoo.prompts import load_prompt_set
+
+DRAFTERS = {
+    "small_model": {"model": "zoo:code-draft"},
+    "prompt_lookup": {},
+    "prompt_lookup tree": {"branches": 3},
+    "self_spec": {},
+    "medusa": {},
+    "medusa chain": {"tree": "chain"},
+    "eagle": {},
+    "eagle chain": {"mode": "chain"},
+}
+PROMPT_TOKENS = 256  # the end of each prompt: keeps the test quick, still far past any draft length
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return sf.load_target("zoo:code-target", device="cpu")
+
+
+def _prompts(target, name: str, count: int | None) -> list[list[int]]:
+    data = load_prompt_set(name)
+    rows = range(len(data)) if count is None else np.linspace(0, len(data) - 1, count).round().astype(int)
+    if "prompt_ids" in data.column_names:
+        ids = [list(data[int(i)]["prompt_ids"]) for i in rows]
+    else:
+        ids = [target.tokenizer(data[int(i)]["prompt"], add_special_tokens=False)["input_ids"] for i in rows]
+    return [p[-PROMPT_TOKENS:] for p in ids]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(target):
+    """Plain greedy decoding of each prompt, computed once per (prompts, length) for every drafter."""
+    cache: dict[tuple, list[int]] = {}
+
+    def outputs(prompt: list[int], max_new_tokens: int) -> list[int]:
+        key = (tuple(prompt), max_new_tokens)
+        if key not in cache:
+            cache[key] = sf.generate(target, None, prompt, max_new_tokens=max_new_tokens).tokens
+        return cache[key]
+
+    return outputs
+
+
+def _check(target, plain_outputs, label: str, prompts: list[list[int]], max_new_tokens: int) -> None:
+    name = label.split()[0]
+    drafter = sf.create_drafter(name, target, **DRAFTERS[label])
+    for i, prompt in enumerate(prompts):
+        ours = sf.generate(target, drafter, prompt, max_new_tokens=max_new_tokens)
+        assert ours.tokens == plain_outputs(prompt, max_new_tokens), (
+            f"{label}, prompt {i}: greedy output differs from plain decoding")
+        assert not ours.lossy
+
+
+def test_plain_decoding_equals_transformers_on_held_out_prompts(target):
+    for prompt in _prompts(target, "complete", 3):
+        ids = torch.tensor([prompt])
+        reference = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                          max_new_tokens=32, pad_token_id=0)[0, len(prompt):].tolist()
+        assert sf.generate(target, None, prompt, max_new_tokens=32).tokens == reference
+
+
+@pytest.mark.parametrize("label", DRAFTERS)
+def test_greedy_output_equals_plain_decoding(target, plain_outputs, label):
+    _check(target, plain_outputs, label, _prompts(target, "continue", 3) + _prompts(target, "complete", 3), 40)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", DRAFTERS)
+def test_greedy_output_equals_plain_decoding_on_every_held_out_prompt(target, plain_outputs, label):
+    _check(target, plain_outputs, label, _prompts(target, "continue", None) + _prompts(target, "complete", None), 64)
