@@ -240,3 +240,20 @@ def load_prompt_set(name: str, path: Path | None = None):
 
     file = Path(path) if path is not None else prompt_set_path(name)
     return load_dataset("json", data_files=str(file), split="train")
+
+
+def prompt_ids(name: str, count: int | None, tokenizer=None, last: int | None = None) -> list[list[int]]:
+    """Token ids of ``count`` prompts spread evenly over a shipped prompt set (all of them for None), each cut
+    to its ``last`` tokens when given; rows without ``prompt_ids`` are tokenised with ``tokenizer``."""
+    data = load_prompt_set(name)
+    rows = range(len(data)) if count is None or count >= len(data) else evenly(range(len(data)), count)
+    ids = []
+    for i in rows:
+        row = data[int(i)]
+        if row.get("prompt_ids") is not None:
+            ids.append(list(row["prompt_ids"]))
+        elif tokenizer is None:
+            raise ValueError(f"prompt set {name!r} has no prompt_ids; pass the target's tokenizer")
+        else:
+            ids.append(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"])
+    return [p[-last:] for p in ids] if last else ids

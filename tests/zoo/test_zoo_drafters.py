@@ -3,12 +3,11 @@ on the zoo's held-out prompts (a spread of them here; every prompt of both sets 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import specfamily as sf
-from specfamily.zoo.prompts import load_prompt_set
+from specfamily.zoo.prompts import prompt_ids
 
 DRAFTERS = {
     "small_model": {"model": "zoo:code-draft"},
@@ -30,13 +29,7 @@ def target():
 
 
 def _prompts(target, name: str, count: int | None) -> list[list[int]]:
-    data = load_prompt_set(name)
-    rows = range(len(data)) if count is None else np.linspace(0, len(data) - 1, count).round().astype(int)
-    if "prompt_ids" in data.column_names:
-        ids = [list(data[int(i)]["prompt_ids"]) for i in rows]
-    else:
-        ids = [target.tokenizer(data[int(i)]["prompt"], add_special_tokens=False)["input_ids"] for i in rows]
-    return [p[-PROMPT_TOKENS:] for p in ids]
+    return prompt_ids(name, count, target.tokenizer, last=PROMPT_TOKENS)
 
 
 @pytest.fixture(scope="module")

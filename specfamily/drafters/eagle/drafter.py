@@ -27,9 +27,9 @@ from specfamily.drafters.eagle.model import EagleModel, build_model
 DEFAULT_WEIGHTS = "zoo:code-eagle"
 DEFAULT_GAMMA = {"tree": 5, "chain": 4}
 DEFAULT_TOP_K = 4
-# Nodes kept per tree on CPU. A verify pass over n tokens costs t(n)/t(1) of a plain pass; on the zoo target with
-# one thread that is ~1.1 at n = 8, ~1.25 at 12 and ~1.5 at 24 (benchmarks/ in the report of issue 6), so the
-# expected speedup peaks far below EAGLE-2's GPU default of 60.
+# Nodes kept per tree when the checkpoint carries no calibration (``python -m specfamily.drafters.eagle.calibrate``
+# measures the fastest shape on the machine and stores it). On CPU a verify pass over n tokens grows quickly with
+# n, so the best tree is far below EAGLE-2's GPU default of 60.
 DEFAULT_TOTAL_TOKENS = 12
 
 
@@ -72,12 +72,13 @@ class EagleDrafter(BaseDrafter):
         seed: int = 0,
     ) -> None:
         config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed)
-        self.default_gamma = DEFAULT_GAMMA[mode]
+        self.model, calibration = _load(target, config)
+        tree = mode == "tree"  # a checkpoint's calibrated tree shape is the tree mode's default
+        self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if tree else DEFAULT_GAMMA[mode]
         super().__init__(gamma, policy)
         self.mode = mode
         self.top_k = DEFAULT_TOP_K if top_k is None else top_k
-        self.total_tokens = DEFAULT_TOTAL_TOKENS if total_tokens is None else total_tokens
-        self.model: EagleModel = _load(target, config)
+        self.total_tokens = total_tokens or calibration.get("total_tokens", DEFAULT_TOTAL_TOKENS)
         self.state = DraftState()
 
     def begin(self, ctx: DecodeContext) -> None:
@@ -185,12 +186,14 @@ class TreeFeeder:
         return torch.log_softmax(self.model.logits(hidden).float() / self.temperature, dim=-1)
 
 
-def _load(target: Target, config: EagleConfig) -> EagleModel:
-    """Fresh modules for weights="random", a built model as is, else the checkpoint (default zoo:code-eagle)."""
+def _load(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
+    """The model and its calibration: fresh modules for weights="random", a built model as is, else the
+    checkpoint (default zoo:code-eagle) with the tree shape calibrated for it, if any."""
     if isinstance(config.weights, EagleModel):
         if config.weights.parts.lm_head is not target.model.get_output_embeddings():
             raise ValueError("this EagleModel was built for another target (it reads another model's LM head)")
-        return config.weights
+        return config.weights, {}
     if config.weights == "random":
-        return build_model(target.model, seed=config.seed)
-    return load_eagle(DEFAULT_WEIGHTS if config.weights is None else config.weights, target.model)[0]
+        return build_model(target.model, seed=config.seed), {}
+    model, saved = load_eagle(DEFAULT_WEIGHTS if config.weights is None else config.weights, target.model)
+    return model, saved.get("calibration") or {}

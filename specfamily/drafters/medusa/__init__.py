@@ -4,8 +4,8 @@
     drafter = sf.create_drafter("medusa", target, weights="random")  # fresh heads (tests, start of training)
     drafter = sf.create_drafter("medusa", target, weights="path/to/heads", tree="chain")
 
-Train: ``python -m specfamily.drafters.medusa.train --help``; compare with plain decoding:
-``python -m specfamily.drafters.medusa.measure --help``. ``typical=True`` asks for Medusa's typical acceptance,
+Train: ``python -m specfamily.drafters.medusa.train --help``; compare with plain decoding and transformers:
+``python benchmarks/peer.py --only plain,medusa``. ``typical=True`` asks for Medusa's typical acceptance,
 which is lossy: the drafter is marked lossy and so is every result, and the loop accepts with its rule
 (``MedusaDrafter.accept``) in place of the exact verifier. At temperature 0 the rule is greedy matching.
 """
