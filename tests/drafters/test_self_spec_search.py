@@ -4,17 +4,16 @@ import pytest
 import torch
 
 import specfamily as sf
+from specfamily.drafters.self_spec.calibration import CostModel, calibrate
 from specfamily.drafters.self_spec.config import load_skip_set, model_key
 from specfamily.drafters.self_spec.drafter import SelfSpecDrafter
 from specfamily.drafters.self_spec.layers import LayerRunner, all_sublayers, draft_entries_discarded, parse_skip
 from specfamily.drafters.self_spec.search import (
     Candidate,
-    CostModel,
     SearchOptions,
     acceptance_by_depth,
     band_logits,
     beam_search,
-    calibrate,
     greedy_tau,
     main,
     search_skip_set,

@@ -25,7 +25,6 @@ Command: ``python -m specfamily.drafters.self_spec.search --model PATH_OR_ZOO --
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -34,11 +33,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specfamily.core.costs import process_clock
 from specfamily.core.loop import generate
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.theory import expected_speedup
-from specfamily.core.types import Draft, SamplingConfig
+from specfamily.core.types import SamplingConfig
+from specfamily.drafters.self_spec.calibration import Calibration, CostModel, calibrate, measure_costs, sync_for
 from specfamily.drafters.self_spec.config import SkipSetRecord, model_key, save_skip_set
 from specfamily.drafters.self_spec.layers import (
     LayerRunner,
@@ -48,6 +49,7 @@ from specfamily.drafters.self_spec.layers import (
     draft_entries_discarded,
     format_skip,
 )
+from specfamily.zoo.prompts import prompt_ids
 
 NAN = float("nan")
 
@@ -81,38 +83,6 @@ class SearchOptions:
         return SamplingConfig(temperature=self.temperature)
 
 
-@dataclass
-class Calibration:
-    """One prompt: ids = prompt + the target's continuation; the target's cache and p along it."""
-
-    ids: torch.Tensor  # (T,)
-    prompt_len: int  # P; roots are the positions P - 1 .. T - 2
-    cache: object  # the target's DynamicCache over ids[:T - 1]
-    p: torch.Tensor  # (n, V) warped target distributions at positions P - 1 .. T - 2
-    top: torch.Tensor  # (n,) the target's argmax there
-
-
-@dataclass
-class CostModel:
-    """Seconds of one target pass over 1 token, the verify-cost curve and the draft step's costs.
-
-    Sub-layers of one kind have the same shape in every layer, so a draft step costs
-    ``fixed + kept attention sub-layers * attn + kept MLPs * mlp``.
-    """
-
-    t1: float
-    verify_cost: list[float]  # [g] = t(g + 1) / t(1), g = 0 .. depth
-    fixed: float  # draft step with every sub-layer skipped (embedding, final norm, head, argmax)
-    attn: float  # seconds one kept attention sub-layer adds
-    mlp: float  # seconds one kept MLP adds
-    num_layers: int
-
-    def c(self, skipped: frozenset[SubLayer]) -> float:
-        kept_attn = self.num_layers - sum(kind == "attn" for kind, _ in skipped)
-        kept_mlp = self.num_layers - sum(kind == "mlp" for kind, _ in skipped)
-        return (self.fixed + kept_attn * self.attn + kept_mlp * self.mlp) / self.t1
-
-
 @dataclass(frozen=True)
 class Candidate:
     skipped: frozenset[SubLayer]
@@ -122,104 +92,6 @@ class Candidate:
     c: float
     verify_cost: float
     tau: float = NAN  # exact constant-gamma tau on the calibration text (greedy only)
-
-
-# ---------------------------------------------------------------- calibration and costs
-
-
-def load_prompts(target: Target, options: SearchOptions) -> list[list[int]]:
-    """``options.prompts`` evenly spaced prompts of the zoo prompt set, tokenized and cut to the last tokens."""
-    from specfamily.zoo import prompt_set_path
-
-    rows = [json.loads(line) for line in prompt_set_path(options.prompt_set).read_text().splitlines() if line]
-    rows = [rows[i * len(rows) // options.prompts] for i in range(min(options.prompts, len(rows)))]
-    prompts = []
-    for row in rows:
-        if "prompt_ids" in row:
-            ids = list(row["prompt_ids"])
-        elif target.tokenizer is not None:
-            ids = target.tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        else:
-            raise ValueError(f"prompt set {options.prompt_set!r} needs a tokenizer and the target has none")
-        prompts.append(ids[-options.max_prompt_tokens :])
-    return prompts
-
-
-@torch.inference_mode()
-def calibrate(target: Target, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-              sampling: SamplingConfig) -> list[Calibration]:
-    """Greedy continuations, then one target pass over each (prompt + continuation) keeping its cache and p."""
-    calibrations = []
-    for prompt in prompts:
-        continuation = generate(target, None, list(prompt), max_new_tokens=max_new_tokens).tokens
-        if len(continuation) < 2:
-            continue
-        prompt_ids = target.check_ids(list(prompt))
-        target.reset()
-        out = target.forward(prompt_ids, Draft.chain(continuation[:-1]))
-        target.commit(list(range(len(continuation) - 1)))
-        cache = target.cache
-        target.reset()
-        ids = torch.cat((prompt_ids, torch.tensor(continuation, device=prompt_ids.device)))
-        calibrations.append(Calibration(ids, len(prompt), cache, warp(out.logits, sampling), out.logits.argmax(-1)))
-    if not calibrations:
-        raise ValueError("no calibration prompt gave a continuation of 2 tokens or more")
-    return calibrations
-
-
-def _timer(device: torch.device) -> tuple[Callable[[], float], Callable[[], None]]:
-    """(clock, sync): the process's CPU time on a CPU with one torch thread (other processes sharing the core do
-    not inflate it), else wall time; sync waits for CUDA work."""
-    cpu_time = device.type == "cpu" and torch.get_num_threads() == 1
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    return (time.process_time if cpu_time else time.perf_counter), sync
-
-
-def _clock(fns: Sequence[Callable[[], object]], repeats: int, device: torch.device) -> list[float]:
-    """Median seconds of each ``fn()`` over ``repeats`` interleaved rounds, after one warm-up round."""
-    clock, sync = _timer(device)
-    times: list[list[float]] = [[] for _ in fns]
-    for round_ in range(repeats + 1):
-        for fn, samples in zip(fns, times, strict=True):
-            sync()
-            start = clock()
-            fn()
-            sync()
-            if round_:
-                samples.append(clock() - start)
-    return [statistics.median(samples) for samples in times]
-
-
-@torch.inference_mode()
-def measure_costs(target: Target, runner: LayerRunner, context: torch.Tensor, depth: int,
-                  repeats: int) -> CostModel:
-    """Time target passes over 1 .. depth + 1 tokens and draft steps with all, no attention, no MLP, nothing kept."""
-    device = target.device
-    target.reset()
-    target.forward(context[:-1])
-    target.commit([])
-    root = context[-1:]
-    position = torch.tensor([[target.cached_length]], device=device)
-
-    def verify(g: int) -> Callable[[], object]:
-        draft = Draft.chain(context[:g].cpu()) if g else None
-        return lambda: (target.forward(root, draft), target.commit([]))
-
-    def step(plan: tuple[Step, ...]) -> Callable[[], object]:
-        def run():  # at the committed length, which the timed verify passes grow
-            with draft_entries_discarded(target.cache, target.cached_length) as cache:
-                return runner.logits(runner.hidden(root.view(1, 1), position, None, cache, plan)[:, -1]).argmax()
-
-        return run
-
-    full = runner.plan(frozenset())
-    plans = (full, tuple(s for s in full if not s.is_attn), tuple(s for s in full if s.is_attn), ())
-    times = _clock([verify(g) for g in range(depth + 1)] + [step(plan) for plan in plans], repeats, device)
-    t, (t_full, t_mlps, t_attns, t_fixed) = times[: depth + 1], times[depth + 1 :]
-    target.reset()
-    layers = runner.num_layers
-    attn, mlp = max(t_full - t_mlps, 0.0) / layers, max(t_full - t_attns, 0.0) / layers
-    return CostModel(t[0], [x / t[0] for x in t], t_fixed, attn, mlp, layers)
 
 
 # ---------------------------------------------------------------- alpha by depth
@@ -342,6 +214,11 @@ def beam_search(score: Callable[[frozenset[SubLayer]], Candidate], sublayers: Se
     return best, list(scored.values())
 
 
+def _prompts(target: Target, options: SearchOptions) -> list[list[int]]:
+    """``options.prompts`` prompts spread over the zoo prompt set, cut to their last ``max_prompt_tokens``."""
+    return prompt_ids(options.prompt_set, options.prompts, target.tokenizer, last=options.max_prompt_tokens)
+
+
 def search_skip_set(
     target: Target,
     options: SearchOptions | None = None,
@@ -353,7 +230,7 @@ def search_skip_set(
     options = options or SearchOptions()
     log = log or (lambda message: None)
     runner = LayerRunner(target.model)
-    prompts = load_prompts(target, options) if prompts is None else prompts
+    prompts = _prompts(target, options) if prompts is None else prompts
     sampling = options.sampling
     calibrations = calibrate(target, prompts, options.max_new_tokens, sampling)
     log(f"calibrated on {len(calibrations)} prompts")
@@ -382,12 +259,12 @@ def search_skip_set(
 def run_drafted(target: Target, skipped, prompts, gamma: int, max_new_tokens: int, sampling: SamplingConfig):
     """(speedup over plain decoding, tau, alpha, c, outputs identical) on ``prompts``, plain and drafted interleaved.
 
-    Times are taken with ``_timer``'s clock (CPU time on a one-thread CPU), after one warm-up generation each.
+    Times are taken with ``process_clock`` (CPU time on a one-thread CPU), after one warm-up generation each.
     """
     from specfamily.drafters.self_spec.drafter import SelfSpecDrafter
 
     drafter = SelfSpecDrafter(target, skip=format_skip(skipped), gamma=gamma)
-    clock, sync = _timer(target.device)
+    clock, sync = process_clock(target.device), sync_for(target.device)
     seconds = {None: 0.0, drafter: 0.0}
     spec, identical = [], True
     for d in seconds:
@@ -456,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     options = SearchOptions(**{key: getattr(args, key) for key in SearchOptions.__dataclass_fields__})
     target = load_target(args.model, device=args.device)
-    prompts = load_prompts(target, options)
+    prompts = _prompts(target, options)
     started = time.perf_counter()
     best, history, _ = search_skip_set(target, options, prompts, log=lambda message: print(message, flush=True))
     print(f"searched {len(history)} skip sets in {time.perf_counter() - started:.0f} s")
