@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specfamily.files import write_atomically, write_folder_atomically
+from specfamily.schedule import budget_progress, warmup_cosine
 from specfamily.tokens import fixed_windows, random_windows
 from specfamily.zoo.models import llama_config
 
@@ -51,17 +51,11 @@ class TrainState:
 
 
 def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
-    """Linear warm-up, then cosine decay to min_lr_ratio * lr as progress goes 0 -> 1."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return warmup_cosine(cfg.lr, step, cfg.warmup, progress, cfg.min_lr_ratio)
 
 
 def progress_of(cfg: TrainConfig, state: TrainState) -> float:
-    by_steps = state.step / cfg.steps
-    by_time = state.seconds / (cfg.max_minutes * 60) if cfg.max_minutes > 0 else 0.0
-    return max(by_steps, by_time)
+    return budget_progress(state.step, cfg.steps, state.seconds, cfg.max_minutes)
 
 
 def _loss(model, batch: torch.Tensor, teacher) -> torch.Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
 from specfamily.files import write_atomically
 from specfamily.identity import target_identity
+from specfamily.schedule import budget_progress, warmup_cosine
 from specfamily.tokens import TokenData, dataset_tokens, fixed_windows, random_windows, split_heldout, token_array
 
 
@@ -88,17 +88,12 @@ class TrainState:
 
 
 def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` as progress goes 0 -> 1."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return warmup_cosine(cfg.lr, step, cfg.warmup, progress, cfg.min_lr_ratio)
 
 
 def progress_of(cfg: TrainConfig, state: TrainState) -> float:
     """The larger of the step fraction and the time fraction (budget 0 = steps only)."""
-    by_time = state.seconds / (cfg.minutes * 60) if cfg.minutes > 0 else 0.0
-    return max(state.step / cfg.steps, by_time)
+    return budget_progress(state.step, cfg.steps, state.seconds, cfg.minutes)
 
 
 def load_data(cfg: TrainConfig, target: Target) -> TokenData:

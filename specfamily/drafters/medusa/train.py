@@ -44,6 +44,7 @@ from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import CostCurve
 from specfamily.files import write_atomically
 from specfamily.identity import target_identity
+from specfamily.schedule import budget_progress, warmup_cosine
 from specfamily.tokens import TokenData, dataset_tokens, fixed_windows, random_windows, split_heldout, zoo_tokens
 
 
@@ -133,12 +134,8 @@ def argmax_labels(lm_head: torch.nn.Module, features: torch.Tensor, ids: torch.T
 def learning_rate(cfg: TrainConfig, step: int, minutes: float = 0.0) -> float:
     """Linear warm-up, then cosine decay to a tenth of ``lr`` at the last step or at ``max_minutes``, whichever
     comes first."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    if cfg.max_minutes > 0:
-        progress = max(progress, minutes / cfg.max_minutes)
-    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    progress = budget_progress(step, cfg.steps, 60 * minutes, cfg.max_minutes, cfg.warmup)
+    return warmup_cosine(cfg.lr, step, cfg.warmup, progress)
 
 
 def load_data(cfg: TrainConfig, target) -> TokenData:
