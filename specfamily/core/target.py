@@ -166,6 +166,15 @@ class Target:
         self.cached_length = base + k
         self._last = None
 
+    def rollback(self, length: int) -> None:
+        """Forget every cached token at or after ``length`` (a drafter's own model undoing rejected tokens)."""
+        if self._last is not None:
+            raise RuntimeError("commit() the last forward before rolling back")
+        if not 0 <= length <= self.cached_length:
+            raise ValueError(f"cannot roll back to {length} tokens: {self.cached_length} are cached")
+        _truncate(self.cache, length)
+        self.cached_length = length
+
     def _layout(self, m: int, parents: tuple[int, ...]) -> TreeLayout:
         """The mask block and position offsets for this shape, kept for small shapes."""
         key = (m, parents)

@@ -280,3 +280,26 @@ def test_load_target_from_model_and_folder(tiny_model, tmp_path):
 def test_eos_inside_vocabulary(tiny_model):
     assert Target(tiny_model("gpt2")).eos_token_id is None  # GPT-2's 50256 is outside the tiny vocabulary
     assert Target(tiny_model("llama", eos_token_id=2)).eos_token_id == 2
+
+
+def test_rollback_forgets_tokens_as_if_never_fed():
+    from specfamily.testing import tiny_target
+
+    target = tiny_target("llama", vocab_size=16)
+    ids = torch.tensor([1, 2, 3, 4, 5])
+    target.forward(ids)
+    target.commit([])
+    target.forward(torch.tensor([6]))
+    target.commit([])
+    target.rollback(3)
+    assert target.cached_length == 3
+    again = target.forward(torch.tensor([9, 7])).logits
+    target.commit([])
+    fresh = tiny_target("llama", vocab_size=16)
+    expected = fresh.forward(torch.tensor([1, 2, 3, 9, 7])).logits
+    torch.testing.assert_close(again, expected)
+    with pytest.raises(ValueError, match="cannot roll back to 9 tokens: 5 are cached"):
+        target.rollback(9)
+    target.forward(torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="commit\\(\\) the last forward before rolling back"):
+        target.rollback(1)

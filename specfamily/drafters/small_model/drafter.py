@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
@@ -18,36 +17,38 @@ def _vocab_size(model) -> int:
 
 
 class SmallModelDrafter(BaseDrafter):
-    """Samples gamma tokens from its own warped q (argmax at temperature 0) over its own KV cache."""
+    """Samples gamma tokens from its own warped q (argmax at temperature 0) over its own KV cache.
+
+    The draft model runs through a :class:`Target` of its own: the same lean forward and in-place KV buffer as
+    the target, one token per call, rolled back to the accepted tokens after each verification.
+    """
 
     default_gamma = 4
 
     def __init__(self, target: Target, model=None, gamma: int | None = None, policy: str = "constant", dtype=None):
         super().__init__(gamma, policy)
         source = DEFAULT_DRAFT if model is None else model
-        self.draft = load_target(source, device=target.device, dtype=dtype or target.dtype).model
+        self.runner = load_target(source, device=target.device, dtype=dtype or target.dtype)
+        self.draft = self.runner.model
         if _vocab_size(self.draft) != target.vocab_size:
             raise ValueError(
                 f"draft vocabulary ({_vocab_size(self.draft)}) differs from the target's ({target.vocab_size})"
             )
-        self.cache = DynamicCache()
-        self.cached = 0  # committed tokens whose keys/values are in self.cache
         self._base = 0  # committed length when the last draft was made
         self._gamma = 0
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
-        self.cache = DynamicCache()
-        self.cached = 0
+        self.runner.reset()
 
     @torch.inference_mode()
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
-        device = self.draft.device
-        feed = torch.tensor(ctx.tokens[self.cached :], dtype=torch.long, device=device)
+        runner = self.runner
+        feed = torch.tensor(ctx.tokens[runner.cached_length :], dtype=torch.long, device=runner.device)
         tokens, qs = [], []
         for _ in range(gamma):
-            logits = self.draft(input_ids=feed.view(1, -1), cache=self.cache, use_cache=True, logits_to_keep=1)
-            logits = logits.logits[0, -1]
+            logits = runner.forward(feed).logits[-1]
+            runner.commit([])
             if ctx.sampling.greedy:
                 token = logits.argmax().view(1)
             else:
@@ -57,13 +58,8 @@ class SmallModelDrafter(BaseDrafter):
             tokens.append(token)
             feed = token
         self._base, self._gamma = len(ctx.tokens), gamma
-        self.cached = self._base + gamma - 1
         return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Keep the cache up to the last accepted draft token it holds; drop the rest."""
-        keep = self._base + min(len(outcome.accepted_nodes), self._gamma - 1)
-        drop = self.cache.get_seq_length() - keep
-        if drop > 0:
-            self.cache.crop(-drop)
-        self.cached = keep
+        self.runner.rollback(self._base + min(len(outcome.accepted_nodes), self._gamma - 1))
