@@ -112,6 +112,19 @@ def _load_checkpoint(path: Path, model, optimizer, cfg: TrainConfig) -> TrainSta
     return TrainState(**saved["state"])
 
 
+def training_info(cfg: TrainConfig, state: TrainState, parameters: int) -> dict:
+    """``training.json``: this run's config and final state, the runs it warm-started from (``init_from``'s own
+    ``training.json``, earliest first) and the tokens seen over all of them."""
+    earlier: list[dict] = []
+    previous = Path(cfg.init_from) / "training.json" if cfg.init_from else None
+    if previous is not None and previous.is_file():
+        saved = json.loads(previous.read_text())
+        earlier = saved.get("earlier_runs", []) + [{"config": saved["config"], "state": saved["state"]}]
+    total = state.tokens_seen + sum(run["state"]["tokens_seen"] for run in earlier)
+    return {"config": asdict(cfg), "state": asdict(state), "parameters": parameters, "earlier_runs": earlier,
+            "tokens_seen_total": total}
+
+
 def export(model, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict) -> None:
     """Write an fp16 HF folder atomically (a temp folder renamed into place)."""
     half = LlamaForCausalLM(model.config)
@@ -162,6 +175,6 @@ def train(cfg: TrainConfig) -> TrainState:
     bar.close()
     state.heldout_loss = heldout_loss(model, windows)
     _save_checkpoint(ckpt, model, optimizer, state, cfg)
-    info = {"config": asdict(cfg), "state": asdict(state), "parameters": sum(p.numel() for p in model.parameters())}
+    info = training_info(cfg, state, sum(p.numel() for p in model.parameters()))
     export(model, tokenizer, Path(cfg.out), info)
     return state

@@ -42,3 +42,14 @@ def test_train_resumes_from_checkpoint_and_distils(prepared, tmp_path):
           "--teacher", str(out), *TRAIN])
     state = json.loads((draft / "training.json").read_text())["state"]
     assert state["step"] == 2 and np.isfinite(state["heldout_loss"])
+
+
+def test_a_warm_restart_records_the_runs_before_it(prepared, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    main(["train", "--kind", "tiny", "--workdir", str(prepared), "--out", str(first), "--steps", "2", *TRAIN])
+    main(["train", "--kind", "tiny", "--workdir", str(prepared), "--out", str(second), "--steps", "3",
+          "--init-from", str(first), *TRAIN])
+    info = json.loads((second / "training.json").read_text())
+    assert [run["state"]["step"] for run in info["earlier_runs"]] == [2]
+    assert info["tokens_seen_total"] == info["state"]["tokens_seen"] + info["earlier_runs"][0]["state"]["tokens_seen"]
+    assert info["tokens_seen_total"] == (2 + 3) * 2 * 32  # steps x batch x seq_len
