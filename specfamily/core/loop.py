@@ -7,6 +7,7 @@ timings compare fairly.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -29,11 +30,13 @@ def verify_draft(
     return verify_tree(draft.tokens.to(p.device), draft.parents, q, p, generator)
 
 
-def truncate(tokens: list[int], budget: int, eos_token_id: int | None) -> tuple[list[int], bool]:
+def truncate(tokens: list[int], budget: int, eos_token_ids: int | Sequence[int] | None) -> tuple[list[int], bool]:
     """Cut committed tokens at the budget and just after the first EOS: (kept, finished)."""
     kept = tokens[:budget]
-    if eos_token_id is not None and eos_token_id in kept:
-        return kept[: kept.index(eos_token_id) + 1], True
+    stops = () if eos_token_ids is None else (eos_token_ids,) if isinstance(eos_token_ids, int) else eos_token_ids
+    ends = [i for i, token in enumerate(kept) if token in stops]
+    if ends:
+        return kept[: ends[0] + 1], True
     return kept, len(kept) == budget
 
 
@@ -107,7 +110,7 @@ def generate(
                 depth, len(accepted), t1 - t0, time.perf_counter() - t1, proposed_tokens=len(draft)
             )
             committed = [*_tokens_at(draft, accepted), next_token]
-            kept, finished = truncate(committed, remaining, target.eos_token_id)
+            kept, finished = truncate(committed, remaining, target.eos_token_ids)
             new_tokens += kept
             ctx.tokens += kept
             if finished:

@@ -46,9 +46,10 @@ def test_oracle_accepts_everything_and_stops_exactly_at_budget():
 
 
 def test_truncate_stops_after_eos_inside_an_accepted_block():
-    assert truncate([4, 0, 5, 6], budget=10, eos_token_id=0) == ([4, 0], True)
-    assert truncate([4, 5, 6], budget=2, eos_token_id=0) == ([4, 5], True)
-    assert truncate([4, 5], budget=3, eos_token_id=None) == ([4, 5], False)
+    assert truncate([4, 0, 5, 6], budget=10, eos_token_ids=0) == ([4, 0], True)
+    assert truncate([4, 5, 6], budget=2, eos_token_ids=0) == ([4, 5], True)
+    assert truncate([4, 5], budget=3, eos_token_ids=None) == ([4, 5], False)
+    assert truncate([4, 7, 5, 3], budget=10, eos_token_ids=(3, 5)) == ([4, 7, 5], True)  # any end id stops
 
 
 def test_generation_stops_at_eos_even_when_drafted_past_it():

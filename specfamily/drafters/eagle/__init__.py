@@ -11,7 +11,8 @@ Train one for any target (frozen; features computed on the fly)::
         --tokens work/zoo/train.npy --heldout work/zoo/heldout.npy --minutes 10 --threads 1
 
 Modules: ``model`` (the network), ``drafter`` (propose/observe, KV rollback), ``dynamic_tree`` (EAGLE-2 tree
-growth and reranking, pure), ``objective`` and ``train`` (training), ``data``, ``checkpoint``, ``config``.
+growth and reranking, pure), ``objective`` and ``train`` (training), ``calibrate`` (the tree shape for this
+machine), ``checkpoint``, ``config``.
 """
 
 from __future__ import annotations

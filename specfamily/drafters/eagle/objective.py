@@ -30,7 +30,7 @@ class LossParts:
 @torch.no_grad()
 def target_features(target_model: PreTrainedModel, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T, H) features after the final norm and (B, T, V) logits of the frozen target."""
-    out = target_model(input_ids=windows, output_hidden_states=True, use_cache=False)
+    out = target_model(input_ids=windows.to(target_model.device), output_hidden_states=True, use_cache=False)
     return out.hidden_states[-1], out.logits
 
 
@@ -45,9 +45,10 @@ def causal_mask(model: EagleModel, length: int, dtype: torch.dtype, device) -> t
 def drafter_pass(model: EagleModel, windows: torch.Tensor, features: torch.Tensor, noise: torch.Tensor | None):
     """(B, T - 1, H) predictions of f[t + 1] from (f[t] (+ noise), x[t + 1]) for t = 0 .. T - 2."""
     b, length = windows.shape
+    windows = windows.to(features.device)
     inputs = features[:, :-1] if noise is None else features[:, :-1] + noise
-    positions = torch.arange(length - 1, device=windows.device).expand(b, -1)
-    mask = causal_mask(model, length - 1, features.dtype, windows.device)
+    positions = torch.arange(length - 1, device=features.device).expand(b, -1)
+    mask = causal_mask(model, length - 1, features.dtype, features.device)
     return model(windows[:, 1:], inputs, positions, mask, None)
 
 
@@ -59,7 +60,8 @@ def eagle_loss(
     features, logits = target_features(target_model, windows)
     jitter = None
     if noise > 0:
-        jitter = (torch.rand(features[:, :-1].shape, generator=generator, device=features.device) - 0.5) * noise
+        # drawn with the (CPU) data generator, then moved: the run stays reproducible on any device
+        jitter = ((torch.rand(features[:, :-1].shape, generator=generator) - 0.5) * noise).to(features.device)
     predicted = drafter_pass(model, windows, features, jitter.to(features.dtype) if jitter is not None else None)
     regression = F.smooth_l1_loss(predicted, features[:, 1:])
     log_q = F.log_softmax(model.logits(predicted).float(), dim=-1)  # (B, T - 1, V)
@@ -76,7 +78,7 @@ def top1_agreement(model: EagleModel, target_model: PreTrainedModel, windows: to
     for chunk in windows.split(batch):
         features, logits = target_features(target_model, chunk)
         predicted = drafter_pass(model, chunk, features, None)
-        hits += int((model.logits(predicted).argmax(-1) == logits[:, 1:].argmax(-1)).sum())
+        hits += int((model.logits(predicted).argmax(-1) == logits[:, 1:].argmax(-1)).sum().item())
         total += predicted.shape[0] * predicted.shape[1]
     return hits / max(total, 1)
 

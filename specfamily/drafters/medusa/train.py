@@ -287,7 +287,7 @@ def train(cfg: TrainConfig, target=None) -> TrainState:
         bar.set_postfix(loss=f"{loss.item():.3f}", head0=f"{per_head[0]:.3f}")
         out_of_time = cfg.max_minutes > 0 and state.seconds > 60 * cfg.max_minutes
         done = state.step >= cfg.steps or out_of_time
-        if done or state.step % cfg.eval_every == 0:
+        if done or (cfg.eval_every > 0 and state.step % cfg.eval_every == 0):
             _evaluate_and_keep(session, heads, state, per_head)
             save_state(state_path, heads, optimizer, state, gen, cfg)
     bar.close()
