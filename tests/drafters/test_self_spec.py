@@ -272,6 +272,11 @@ def test_shipped_zoo_skip_set_fits_the_shipped_zoo_target():
         warnings.simplefilter("error")  # searched on exactly these weights
         drafter = sf.create_drafter("self_spec", target)
     assert drafter.skip_source == str(shipped_skip_sets()["code-target"])
+    from specfamily.drafters.self_spec.config import load_skip_set
+
+    searched = load_skip_set(shipped_skip_sets()["code-target"]).gamma
+    assert drafter.policy.next_gamma() == searched  # the gamma the set was searched at, unless given
+    assert sf.create_drafter("self_spec", target, gamma=searched + 2).policy.next_gamma() == searched + 2
 
 
 def test_skip_file_writes_are_atomic(tmp_path):

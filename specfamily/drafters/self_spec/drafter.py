@@ -73,13 +73,13 @@ class ExitThreshold:
         self.threshold = self.beta2 * self.threshold + (1.0 - self.beta2) * moved
 
 
-def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str]:
-    """A skip option -> (skipped sub-layers, where they came from)."""
+def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str, int | None]:
+    """A skip option -> (skipped sub-layers, where they came from, the gamma a searched set was chosen at)."""
     num_layers = target.num_layers
     if isinstance(skip, (list, tuple)):
-        return parse_skip(skip, num_layers), "explicit list"
+        return parse_skip(skip, num_layers), "explicit list", None
     if isinstance(skip, str) and _LIST_STRING.match(skip):
-        return parse_skip(skip.split(","), num_layers), "explicit list"
+        return parse_skip(skip.split(","), num_layers), "explicit list", None
     if skip is not None and not isinstance(skip, (str, Path)):
         kind = type(skip).__name__
         raise TypeError(f"skip must be a skip-set file, a zoo: name or a list like ['attn:3'], got {kind}")
@@ -102,7 +102,7 @@ def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str]:
             "it is valid but may accept less",
             stacklevel=3,
         )
-    return parse_skip(record.skip, num_layers), str(path)
+    return parse_skip(record.skip, num_layers), str(path), record.gamma
 
 
 def _default_skip_file(key, shipped: dict[str, Path]) -> Path:
@@ -133,9 +133,9 @@ class SelfSpecDrafter(BaseDrafter):
     def __init__(self, target: Target, skip: Any = None, gamma: int | None = None, policy: str = "constant",
                  **options: Any) -> None:
         config = SelfSpecConfig(skip=skip, gamma=gamma, policy=policy, **options)
-        super().__init__(gamma, policy)
+        self.skipped, self.skip_source, searched_gamma = resolve_skip(skip, target)
+        super().__init__(gamma if gamma is not None else searched_gamma, policy)  # a searched set's gamma by default
         self.runner = LayerRunner(target.model)
-        self.skipped, self.skip_source = resolve_skip(skip, target)
         self.plan = self.runner.plan(self.skipped)
         self.exit = (
             ExitThreshold(config.exit_threshold, config.exit_target, config.exit_step, config.exit_beta1,
