@@ -72,4 +72,4 @@ def test_greedy_output_equals_plain_decoding(target, plain_outputs, label):
 @pytest.mark.slow
 @pytest.mark.parametrize("label", DRAFTERS)
 def test_greedy_output_equals_plain_decoding_on_every_held_out_prompt(target, plain_outputs, label):
-    _check(target, plain_outputs, label, _prompts(target, "continue", None) + _prompts(target, "complete", None), 64)
+    _check(target, plain_outputs, label, _prompts(target, "continue", None) + _prompts(target, "complete", None), 32)
