@@ -10,17 +10,14 @@ for token on every run.
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from bench_report import describe_mismatches, environment, markdown_table, write_json, write_text  # noqa: F401
 
 CLOCKS = ("wall", "cpu")
 
@@ -271,92 +268,6 @@ def median_time(fn: Callable[[], object], repeats: int, clock: Callable[[], floa
         fn()
         times.append(clock() - start)
     return statistics.median(times)
-
-
-def _cell(values: list[float], digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f}"
-
-
-def markdown_table(results: list[PairResult], skipped: Sequence[Skipped] = ()) -> str:
-    """The report table: method, ours and theirs ms/token, ratio (median [min-max]), tau, identical."""
-    lines = [
-        "| method | vs | ours ms/token | theirs ms/token | ratio (theirs/ours) | tau | identical? |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in results:
-        ratio = f"{statistics.median(r.ratios):.2f} [{min(r.ratios):.2f}-{max(r.ratios):.2f}]"
-        same = "yes" if r.identical else f"NO ({len(r.mismatches)} prompt(s))"
-        cells = [r.name, r.theirs_label, _cell(r.ours_ms), _cell(r.theirs_ms), ratio, f"{r.tau:.2f}", same]
-        lines.append("| " + " | ".join(cells) + " |")
-    for s in skipped:
-        lines.append(f"| {s.name} | skipped | - | - | - | - | {s.reason} |")
-    return "\n".join(lines)
-
-
-def describe_mismatches(results: list[PairResult]) -> list[str]:
-    """One line per mismatch, for the console."""
-    lines = []
-    for r in results:
-        for m in r.mismatches:
-            lines.append(
-                f"MISMATCH {r.name} vs {m.against}: prompt {m.prompt}, position {m.position}: "
-                f"ours {m.ours} != {m.other}"
-            )
-    return lines
-
-
-def environment(threads: int, clock: str) -> dict:
-    """Machine and versions, for the report."""
-    import transformers
-
-    import specfamily
-
-    return {
-        "machine": platform.machine(),
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "specfamily": specfamily.__version__,
-        "threads": threads,
-        "clock": clock,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-    }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def write_json(path: str | Path, data: dict) -> Path:
-    """Write ``data`` as JSON atomically (nan becomes null)."""
-    return write_text(path, json.dumps(_finite(data), indent=2, default=str, allow_nan=False) + "\n")
-
-
-def write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` atomically (a temporary file renamed over ``path``)."""
-    from specfamily.files import write_text_atomically
-
-    return write_text_atomically(path, text)
-
-
-def _finite(value):
-    """nan and inf become None (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 @dataclass
