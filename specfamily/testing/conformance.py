@@ -17,7 +17,7 @@ from scipy import stats
 from specfamily.core.loop import generate
 from specfamily.core.sampling import warp
 from specfamily.core.types import SamplingConfig
-from specfamily.testing.tiny import tiny_model, tiny_target
+from specfamily.testing.tiny import FAMILIES, tiny_model, tiny_target
 
 SAMPLING_MATRIX = (
     SamplingConfig(temperature=1.0),
@@ -122,7 +122,8 @@ def assert_lossless(factory: Callable, *, configs: Sequence[SamplingConfig] = SA
 
 def draft_model_for(target, seed: int = 1):
     """A second tiny model with the target's family and vocabulary, for small-model drafters in tests."""
-    family = "gpt2" if target.model.config.model_type == "gpt2" else "llama"
+    model_type = target.model.config.model_type
+    family = model_type if model_type in FAMILIES else "llama"
     return tiny_model(family, target.vocab_size, seed=seed, dtype=target.dtype)
 
 

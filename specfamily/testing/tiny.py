@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
-FAMILIES = ("llama", "gpt2")
+FAMILIES = ("llama", "gpt2", "qwen2", "mistral")
+LLAMA_LIKE = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+              "mistral": (MistralConfig, MistralForCausalLM)}  # same keyword arguments, rotary positions
+FAMILY_OVERRIDES = {"mistral": {"sliding_window": None}}  # full attention (Mistral v0.2+), which Target requires
 
 
 def tiny_model(
@@ -17,16 +30,20 @@ def tiny_model(
     hidden: int = 32,
     layers: int = 2,
     spread: float = 4.0,
+    kv_heads: int = 2,
 ) -> PreTrainedModel:
-    """A random causal LM whose next-token distributions are far from uniform (``spread`` scales the head)."""
+    """A random causal LM whose next-token distributions are far from uniform (``spread`` scales the head);
+    ``kv_heads=1`` gives the rotary families grouped-query attention (2 query heads share one KV head)."""
     torch.manual_seed(seed)
-    if family == "llama":
-        config = LlamaConfig(
+    if family in LLAMA_LIKE:
+        config_class, model_class = LLAMA_LIKE[family]
+        config = config_class(
             vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+            num_attention_heads=2, num_key_value_heads=kv_heads, max_position_embeddings=256,
             tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+            **FAMILY_OVERRIDES.get(family, {}),
         )
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     elif family == "gpt2":
         config = GPT2Config(
             vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=2, n_positions=256,

@@ -13,7 +13,7 @@ from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2", "mistral"])
 def test_model_shapes_and_shared_frozen_parts(family):
     target = tiny_target(family, vocab_size=40, dtype=torch.float32)
     model = build_model(target.model)
@@ -28,20 +28,27 @@ def test_model_shapes_and_shared_frozen_parts(family):
     assert model.fc.in_features == 64 and model.fc.out_features == 32
     owned = {id(p) for p in model.parameters()}
     assert id(target.model.get_output_embeddings().weight) not in owned
-    assert type(model.layer) is type(target.model.get_decoder().layers[0] if family == "llama"
-                                     else target.model.get_decoder().h[0])
+    assert type(model.layer) is type(target.model.get_decoder().h[0] if family == "gpt2"
+                                     else target.model.get_decoder().layers[0])
 
 
 def test_other_families_are_refused():
     config = GPTNeoXConfig(vocab_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                            intermediate_size=64)
-    with pytest.raises(ValueError, match=r"'gpt_neox' is not supported \(supported: llama, gpt2\)"):
+    with pytest.raises(ValueError, match=r"'gpt_neox' is not supported \(supported: llama, qwen2, mistral, gpt2\)"):
         EagleModel(GPTNeoXForCausalLM(config))
 
 
 @pytest.mark.parametrize("mode", ["tree", "chain"])
 def test_greedy_equals_transformers_generate(mode):
     assert_greedy_equivalent(lambda t: EagleDrafter(t, weights="random", mode=mode, seed=3))
+
+
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_greedy_equals_transformers_generate_on_qwen2_and_mistral(mode):
+    """Qwen2 (bias on q/k/v) and Mistral targets get a decoder layer of their own class."""
+    assert_greedy_equivalent(lambda t: EagleDrafter(t, weights="random", mode=mode, seed=3),
+                             families=("qwen2", "mistral"))
 
 
 def test_lossless_tree():

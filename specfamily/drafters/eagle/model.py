@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-ROPE_FAMILIES = ("llama",)  # decoder layer (config, layer_idx) + rotary embeddings handed in by the model
+# decoder layer (config, layer_idx) + rotary embeddings handed in by the model; Mistral without a sliding window
+ROPE_FAMILIES = ("llama", "qwen2", "mistral")
 ABSOLUTE_FAMILIES = ("gpt2",)  # GPT2Block; learned absolute positions added to the input
 SUPPORTED_FAMILIES = ROPE_FAMILIES + ABSOLUTE_FAMILIES
 
