@@ -24,8 +24,11 @@ PROMPT_TOKENS = 256  # the end of each prompt: keeps the test quick, still far p
 
 @pytest.fixture(scope="module")
 def target():
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    return sf.load_target("zoo:code-target", device="cpu")
+    """The zoo target, with torch capped at 2 threads while this module runs (restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, threads))
+    yield sf.load_target("zoo:code-target", device="cpu")
+    torch.set_num_threads(threads)
 
 
 def _prompts(target, name: str, count: int | None) -> list[list[int]]:
