@@ -1,8 +1,10 @@
-"""Token streams for training and evaluation: the zoo corpus arrays, any ``datasets`` text source, and
-fixed-length windows cut from them (used by the zoo trainer and by every drafter that trains)."""
+"""Token streams for training and evaluation: the zoo corpus arrays, any ``datasets`` text source,
+fixed-length windows cut from them and windows continued by a model's greedy decoding (used by the zoo trainer
+and by every drafter that trains)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,3 +103,23 @@ def fixed_windows(tokens: np.ndarray, count: int, length: int) -> torch.Tensor:
     picks = np.linspace(0, available - 1, num=min(count, available)).astype(int)
     rows = [torch.from_numpy(np.asarray(tokens[i * stride : (i + 1) * stride]).astype(np.int64)) for i in picks]
     return torch.stack(rows)
+
+
+def greedy_windows(model, windows: torch.Tensor, prompt_len: int, pad_token_id: int = 0) -> torch.Tensor:
+    """Self-distillation data: keep each window's first ``prompt_len`` tokens and replace the rest by the model's
+    greedy continuation. windows (B, T) -> (B, T). End-of-text is neither forbidden nor a stop: the model's own
+    policy, decoded on past it, so the tail is what the model would produce (no forced-length bias)."""
+    b, t = windows.shape
+    if not 0 < prompt_len < t:
+        raise ValueError(f"distillation prompt length must be in (0, {t}), got {prompt_len}")
+    prefix = windows[:, :prompt_len].to(model.device)
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.eos_token_id = None  # decode exactly t - prompt_len tokens
+    try:
+        with torch.no_grad():
+            out = model.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=False,
+                                 max_new_tokens=t - prompt_len, pad_token_id=pad_token_id)
+    finally:
+        model.generation_config = saved
+    return out[:, :t].to(windows.device)

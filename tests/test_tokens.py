@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from specfamily.tokens import dataset_tokens, fixed_windows, random_windows, split_heldout, token_array, zoo_tokens
+from specfamily.testing import tiny_model
+from specfamily.tokens import (
+    dataset_tokens,
+    fixed_windows,
+    greedy_windows,
+    random_windows,
+    split_heldout,
+    token_array,
+    zoo_tokens,
+)
 
 
 def test_text_datasets_from_local_jsonl(tmp_path):
@@ -65,3 +74,21 @@ def test_token_arrays_and_heldout_split(tmp_path):
     assert split.heldout.tolist() == [8, 9]
     with pytest.raises(ValueError, match="too short to hold out"):
         split_heldout(np.arange(1), 0.1)
+
+
+def test_greedy_windows_decode_past_end_of_text_without_forcing_length():
+    """The tail is the model's argmax chain, end-of-text included; the model's generation config is restored."""
+    model = tiny_model("llama", vocab_size=8, dtype=torch.float32)
+    windows = torch.randint(0, 8, (2, 14), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        first = model(input_ids=windows[:1, :4]).logits[0, -1].argmax().item()
+    model.generation_config.eos_token_id = first  # the first generated token of row 0 is end-of-text
+    out = greedy_windows(model, windows, 4)
+    assert out.shape == (2, 14) and torch.equal(out[:, :4], windows[:, :4]) and out[0, 4] == first
+    for row in out:
+        for t in range(4, 14):
+            with torch.no_grad():
+                assert row[t] == model(input_ids=row[None, :t]).logits[0, -1].argmax()
+    assert model.generation_config.eos_token_id == first
+    with pytest.raises(ValueError, match=r"distillation prompt length must be in \(0, 14\), got 14"):
+        greedy_windows(model, windows, 14)

@@ -39,7 +39,7 @@ class DrafterCard:
 def medusa_accuracies(target, heads, windows: torch.Tensor) -> dict[str, list[float]]:
     """Per-head top-1 and top-5 on the windows as written and on the target's greedy continuations."""
     from specfamily.drafters.medusa.calibrate import batched_features, head_accuracies
-    from specfamily.drafters.medusa.data import greedy_windows
+    from specfamily.tokens import greedy_windows
 
     half = windows.shape[1] // 2
     continued = greedy_windows(target.model, windows, half, target.eos_token_id or 0)

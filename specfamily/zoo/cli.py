@@ -8,13 +8,15 @@ from pathlib import Path
 
 import torch
 
+from specfamily.zoo.greedy_data import GreedyDataConfig
 from specfamily.zoo.train import TrainConfig
 
 
-def _add_train_args(parser: argparse.ArgumentParser) -> None:
-    for f in fields(TrainConfig):
+def _add_config_args(parser: argparse.ArgumentParser, config: type, required: tuple[str, ...]) -> None:
+    """One option per field of the ``config`` dataclass; ``required`` fields have no default."""
+    for f in fields(config):
         kind = type(f.default) if f.default is not f.default_factory else str
-        if f.name in ("kind", "workdir", "out"):
+        if f.name in required:
             parser.add_argument(f"--{f.name}", required=True)
         else:
             flag = f"--{f.name.replace('_', '-')}"
@@ -33,7 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     prep.add_argument("--root", default=None, help="a folder of text files instead of the stdlib")
     prep.add_argument("--suffix", default=".py")
     prep.add_argument("--vocab-size", type=int, default=4096)
-    _add_train_args(sub.add_parser("train", help="train (or distil) one model"))
+    _add_config_args(sub.add_parser("train", help="train (or distil) one model"), TrainConfig,
+                     ("kind", "workdir", "out"))
+    _add_config_args(sub.add_parser("greedy-data", help="training windows continued by the target's greedy text"),
+                     GreedyDataConfig, ("workdir", "teacher", "out"))
     prompts = sub.add_parser("prompts", help="build the held-out prompt sets")
     prompts.add_argument("--workdir", required=True)
     prompts.add_argument("--out", required=True)
@@ -51,6 +56,11 @@ def main(argv: list[str] | None = None) -> None:
         values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
         state = train(TrainConfig(**values))
         print(f"done: step {state.step}, tokens {state.tokens_seen}, held-out loss {state.heldout_loss:.4f}")
+    elif args.command == "greedy-data":
+        from specfamily.zoo.greedy_data import make_greedy_data
+
+        record = make_greedy_data(GreedyDataConfig(**{f.name: getattr(args, f.name) for f in fields(GreedyDataConfig)}))
+        print(f"{record['windows']} windows of {record['length']} tokens in {record['seconds']:.0f} s -> {args.out}")
     else:
         from specfamily.zoo.prompts import build_prompt_sets
 

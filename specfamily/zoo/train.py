@@ -16,6 +16,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from specfamily.files import write_atomically, write_folder_atomically
 from specfamily.schedule import budget_progress, warmup_cosine
 from specfamily.tokens import fixed_windows, random_windows
+from specfamily.zoo.greedy_data import load_greedy_data, sample_rows
 from specfamily.zoo.models import llama_config
 
 
@@ -35,6 +36,8 @@ class TrainConfig:
     max_minutes: float = 0.0  # 0 = no wall-clock budget; else the schedule ends at whichever comes first
     teacher: str = ""  # HF folder: distil from its distributions (KL) instead of the corpus labels
     init_from: str = ""  # HF folder: warm restart from these weights with a fresh optimiser
+    greedy_data: str = ""  # .npy of windows continued by the target's greedy decoding (`specfamily-zoo greedy-data`)
+    greedy_fraction: float = 0.5  # share of each batch's rows drawn from greedy_data when it is given
     eval_every: int = 100
     eval_windows: int = 32
     ckpt_every: int = 100
@@ -48,6 +51,13 @@ class TrainState:
     tokens_seen: int = 0
     seconds: float = 0.0
     heldout_loss: float = float("nan")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    if not 0.0 <= cfg.greedy_fraction <= 1.0:
+        raise ValueError(f"greedy_fraction must be in [0, 1], got {cfg.greedy_fraction}")
+    if cfg.greedy_data and round(cfg.batch * cfg.greedy_fraction) == 0:
+        raise ValueError(f"greedy_fraction {cfg.greedy_fraction} of a batch of {cfg.batch} draws no greedy rows")
 
 
 def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
@@ -67,6 +77,22 @@ def _loss(model, batch: torch.Tensor, teacher) -> torch.Tensor:
         log_p = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
     log_q = F.log_softmax(logits, dim=-1)
     return F.kl_div(log_q.flatten(0, 1), log_p.flatten(0, 1), log_target=True, reduction="batchmean")
+
+
+def batch_loss(loss_fn, model, teacher, batches: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """The loss over several batches of different lengths, each weighted by its predicted positions."""
+    sizes = [b[:, 1:].numel() for b in batches if len(b)]
+    losses = [loss_fn(model, b, teacher) for b in batches if len(b)]
+    total = sum(sizes)
+    return sum(loss * (size / total) for loss, size in zip(losses, sizes, strict=True)), total
+
+
+def training_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | None, step: int) -> list[torch.Tensor]:
+    """One step's rows: corpus windows, plus ``greedy_fraction`` of the batch from the greedy windows if any."""
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    drawn = 0 if greedy is None else round(cfg.batch * cfg.greedy_fraction)
+    corpus = random_windows(tokens, cfg.batch - drawn, cfg.seq_len, generator) if drawn < cfg.batch else None
+    return [b for b in (corpus, sample_rows(greedy, drawn, generator) if drawn else None) if b is not None]
 
 
 @torch.no_grad()
@@ -139,9 +165,11 @@ def export(model, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict) -> 
 
 
 def train(cfg: TrainConfig) -> TrainState:
+    check_config(cfg)
     work = Path(cfg.workdir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer"))
     tokens = np.load(work / "train.npy", mmap_mode="r")
+    greedy = load_greedy_data(cfg.greedy_data, len(tokenizer)) if cfg.greedy_data else None
     windows = fixed_windows(np.load(work / "heldout.npy"), cfg.eval_windows, cfg.seq_len)
     model = _build_model(cfg, len(tokenizer))
     model.train()
@@ -155,15 +183,13 @@ def train(cfg: TrainConfig) -> TrainState:
         started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, state.step, progress_of(cfg, state))
-        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step)
-        batch = random_windows(tokens, cfg.batch, cfg.seq_len, generator)
-        loss = loss_fn(model, batch, teacher)
+        loss, positions = batch_loss(loss_fn, model, teacher, training_batches(cfg, tokens, greedy, state.step))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
         state.step += 1
-        state.tokens_seen += batch[:, 1:].numel()
+        state.tokens_seen += positions
         state.seconds += time.perf_counter() - started
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{state.heldout_loss:.3f}")

@@ -7,7 +7,6 @@ import torch
 import specfamily as sf
 from specfamily.drafters.medusa.calibrate import target_features
 from specfamily.drafters.medusa.checkpoint import read_checkpoint
-from specfamily.drafters.medusa.data import greedy_windows
 from specfamily.drafters.medusa.train import (
     TrainConfig,
     argmax_labels,
@@ -17,6 +16,7 @@ from specfamily.drafters.medusa.train import (
     train,
 )
 from specfamily.testing import tiny_target
+from specfamily.tokens import greedy_windows
 
 
 def _greedy_stream(target, docs: int, length: int, seed: int) -> np.ndarray:

@@ -39,13 +39,20 @@ from specfamily.drafters.medusa.checkpoint import (
     resolve,
     save_checkpoint,
 )
-from specfamily.drafters.medusa.data import greedy_windows
 from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import CostCurve
 from specfamily.files import write_atomically
 from specfamily.identity import target_identity
 from specfamily.schedule import budget_progress, warmup_cosine
-from specfamily.tokens import TokenData, dataset_tokens, fixed_windows, random_windows, split_heldout, zoo_tokens
+from specfamily.tokens import (
+    TokenData,
+    dataset_tokens,
+    fixed_windows,
+    greedy_windows,
+    random_windows,
+    split_heldout,
+    zoo_tokens,
+)
 
 
 @dataclass
