@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specfamily.zoo.card import collapsed, main, markdown, unigram_loss
+from specfamily.zoo.card import collapsed, main, markdown, pooled_rate, unigram_loss
 from specfamily.zoo.models import llama_config
 from specfamily.zoo.prompts import PromptSetConfig, build_prompt_sets
 
@@ -20,6 +20,13 @@ def test_unigram_loss_is_add_one_smoothed():
     counts = np.array([0, 3, 1]) + 1.0
     expected = -(math.log(counts[1] / counts.sum()) + math.log(counts[0] / counts.sum())) / 2
     assert unigram_loss(train, labels, vocab_size=3) == pytest.approx(expected)
+
+
+def test_pooled_rate_and_its_standard_error_over_items():
+    rate, se = pooled_rate([1, 3], [2, 4])  # per item 0.5 and 0.75
+    assert rate == pytest.approx(4 / 6) and se == pytest.approx(0.125)  # stdev 0.1768 / sqrt(2)
+    assert pooled_rate([3], [4]) == (0.75, 0.0)
+    assert pooled_rate([], []) == (0.0, 0.0)
 
 
 def test_collapse_means_one_line_three_times_in_a_row():
@@ -58,6 +65,7 @@ def test_card_end_to_end(prepared, tiny_models, capsys):
     for key in ("target", "draft"):
         assert math.isfinite(saved[key]["heldout_loss"]) and saved[key]["t1_ms"] > 0 and saved[key]["parameters"] > 0
     assert 0 <= saved["agreement_teacher_forced"] <= 1 and 0 <= saved["agreement_greedy"] <= 1
+    assert saved["agreement_greedy_se"] >= 0 and "standard error" in markdown(result)
     assert 0 <= saved["collapse_fraction"] <= 1 and len(saved["samples"]) == 1
     # a random model is about as good as uniform, worse than the unigram fit
     assert result.unigram_loss < result.target.heldout_loss < math.log(300) + 1
