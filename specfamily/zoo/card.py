@@ -42,7 +42,7 @@ class CardConfig:
     repeats: int = 20  # timed forwards per n (median)
     samples: int = 3  # greedy samples shown in the card
     sample_tokens: int = 96
-    collapse_prompts: int = 40
+    collapse_prompts: int = 100
     collapse_tokens: int = 128
 
 
