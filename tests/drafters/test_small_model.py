@@ -45,6 +45,41 @@ def test_lossless_full_matrix(family):
     assert_lossless(lambda t: SmallModelDrafter(t, model=draft_model_for(t), gamma=2), family=family)
 
 
+def test_confidence_ends_drafts_early_and_keeps_greedy_text():
+    """A draft stops after a token its model gives less than `confidence`; the output is still the target's."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    draft = tiny_model("llama", 64, seed=7, dtype=torch.float32, spread=1.0, layers=1)
+    prompt = [1, 2, 3, 4]
+    reference = _hf_greedy(target.model, prompt, 48)
+    full = sf.generate(target, SmallModelDrafter(target, model=draft, gamma=8), prompt, max_new_tokens=48)
+    short = sf.generate(target, SmallModelDrafter(target, model=draft, gamma=8, confidence=0.5), prompt,
+                        max_new_tokens=48)
+    assert full.tokens == reference and short.tokens == reference
+    assert short.metrics.proposed_tokens < full.metrics.proposed_tokens / 2  # most drafts ended early
+    drafter = SmallModelDrafter(target, model=draft, gamma=8, confidence=0.3)
+    for start in range(4):
+        ids = reference[start : start + 6]
+        ctx = sf.DecodeContext(target, torch.tensor(ids), sf.SamplingConfig(temperature=0.0), torch.Generator(), ids)
+        drafter.begin(ctx)
+        tokens = drafter.propose(ctx, 8).tokens.tolist()
+        with torch.no_grad():
+            probs = draft(input_ids=torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1].softmax(-1)
+        sure = [probs[i, t].item() >= 0.3 for i, t in enumerate(tokens)]
+        assert sure[:-1] == [True] * (len(tokens) - 1)  # every token before the last was confident
+        assert len(tokens) == 8 or not sure[-1]  # a draft shorter than gamma ended on a doubtful token
+
+
+def test_lossless_with_confidence():
+    assert_lossless(lambda t: SmallModelDrafter(t, model=draft_model_for(t), gamma=3, confidence=0.3),
+                    configs=SAMPLING_MATRIX[:1])
+
+
+def test_confidence_out_of_range_is_refused():
+    target = tiny_target("llama", vocab_size=16)
+    with pytest.raises(ValueError, match=r"confidence must be in \[0, 1\), got 1.0"):
+        SmallModelDrafter(target, model=tiny_model("llama", 16), confidence=1.0)
+
+
 def test_vocabulary_mismatch_is_refused():
     target = tiny_target("llama", vocab_size=16)
     with pytest.raises(ValueError, match=r"draft vocabulary \(32\) differs from the target's \(16\)"):

@@ -12,3 +12,4 @@ class SmallModelConfig:
     gamma: int | None = None  # draft length (default 4)
     policy: str = "constant"  # constant | heuristic | optimal
     dtype: Any = None  # torch dtype for a model loaded by name (default: the target's)
+    confidence: float = 0.0  # end a draft after a token the draft gives less than this probability; 0 = never
