@@ -109,6 +109,8 @@ def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
     import specfamily as sf
 
     target, draft = setup.target, setup.draft
+    options = dict(options)
+    threshold = options.pop("confidence", HF_CONFIDENCE)  # the constant rows draft gamma tokens every time
     make = lambda g: sf.create_drafter("small_model", target, model=draft, **{**options, "gamma": g})  # noqa: E731
     gamma = setup.args.gamma or options.get("gamma")
     if gamma is None:
@@ -129,7 +131,6 @@ def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
 
     # transformers' default ends each draft early below a draft confidence of 0.4 (adapted as it goes): ours
     # with the same fixed threshold faces it, ours with a constant length faces its constant schedule
-    threshold = options.get("confidence", HF_CONFIDENCE)
     confident = setup.ours(sf.create_drafter("small_model", target, model=draft,
                                              **{**options, "gamma": gamma, "confidence": threshold}))
     return [

@@ -108,7 +108,8 @@ def fixed_windows(tokens: np.ndarray, count: int, length: int) -> torch.Tensor:
 def greedy_windows(model, windows: torch.Tensor, prompt_len: int, pad_token_id: int = 0) -> torch.Tensor:
     """Self-distillation data: keep each window's first ``prompt_len`` tokens and replace the rest by the model's
     greedy continuation. windows (B, T) -> (B, T). End-of-text is neither forbidden nor a stop: the model's own
-    policy, decoded on past it, so the tail is what the model would produce (no forced-length bias)."""
+    policy, decoded on past it, so the tail is what the model would produce (no forced-length bias). The model's
+    generation config is swapped for the call: not re-entrant for one model across threads."""
     b, t = windows.shape
     if not 0 < prompt_len < t:
         raise ValueError(f"distillation prompt length must be in (0, {t}), got {prompt_len}")

@@ -138,11 +138,14 @@ def greedy(model, ids: list[int], new_tokens: int) -> list[int]:
 
 
 def pooled_rate(hits: list[int], counts: list[int]) -> tuple[float, float]:
-    """sum(hits) / sum(counts), and its standard error from the spread of the per-item rates (0 for one item)."""
-    rate = sum(hits) / max(sum(counts), 1)
-    rates = [h / c for h, c in zip(hits, counts, strict=True) if c]
-    se = statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1 else 0.0
-    return rate, se
+    """r = sum(hits) / sum(counts) and its standard error as a ratio estimator over the n items (0 for one item):
+    sqrt(sum((h_i - r c_i)^2) / (n (n - 1))) / mean(c). Equal counts give stdev(h_i / c_i) / sqrt(n)."""
+    n, total = len(counts), sum(counts)
+    rate = sum(hits) / max(total, 1)
+    if n < 2 or total == 0:
+        return rate, 0.0
+    spread = sum((h - rate * c) ** 2 for h, c in zip(hits, counts, strict=True)) / (n * (n - 1))
+    return rate, math.sqrt(spread) / (total / n)
 
 
 @torch.no_grad()

@@ -48,6 +48,8 @@ def make_greedy_data(cfg: GreedyDataConfig) -> dict:
     check_config(cfg)
     tokens = token_array(Path(cfg.workdir) / "train.npy")
     teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval()
+    if teacher.config.vocab_size > np.iinfo(np.uint16).max + 1:
+        raise ValueError(f"a vocabulary of {teacher.config.vocab_size} does not fit the uint16 windows")
     generator = torch.Generator().manual_seed(cfg.seed)
     length = cfg.prompt_len + cfg.new_tokens
     rows: list[torch.Tensor] = []

@@ -37,7 +37,7 @@ def test_brief_training_learns_feature_t_plus_token_to_feature_t_plus_1(family):
     after = top1_agreement(model, target.model, heldout)
     assert before < 0.1 and after > 0.4, (before, after)
     assert measure_tau(target, model, prompts, 32) > 1.8
-    assert measure_tau(target, model, prompts, 32, mode="chain") > 1.5  # untrained: about 1.0
+    assert measure_tau(target, model, prompts, 32, mode="chain") > (1.8 if family == "llama" else 1.5)  # untrained ~1
     drafter = EagleDrafter(target, weights=model)
     for prompt in prompts:  # greedy output is the target's own
         assert sf.generate(target, drafter, prompt, 32).tokens == sf.generate(target, None, prompt, 32).tokens

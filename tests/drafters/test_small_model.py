@@ -70,8 +70,13 @@ def test_confidence_ends_drafts_early_and_keeps_greedy_text():
 
 
 def test_lossless_with_confidence():
-    assert_lossless(lambda t: SmallModelDrafter(t, model=draft_model_for(t), gamma=3, confidence=0.3),
-                    configs=SAMPLING_MATRIX[:1])
+    def factory(target):
+        return SmallModelDrafter(target, model=draft_model_for(target), gamma=3, confidence=0.3)
+
+    target = tiny_target("llama", vocab_size=8)
+    result = sf.generate(target, factory(target), [1, 2, 3], max_new_tokens=40, sampling=SAMPLING_MATRIX[0], seed=0)
+    assert result.metrics.proposed_tokens < 3 * (result.metrics.target_passes - 2)  # the stop fires here
+    assert_lossless(factory, configs=SAMPLING_MATRIX[:1])
 
 
 def test_confidence_out_of_range_is_refused():

@@ -23,8 +23,9 @@ def test_unigram_loss_is_add_one_smoothed():
 
 
 def test_pooled_rate_and_its_standard_error_over_items():
-    rate, se = pooled_rate([1, 3], [2, 4])  # per item 0.5 and 0.75
-    assert rate == pytest.approx(4 / 6) and se == pytest.approx(0.125)  # stdev 0.1768 / sqrt(2)
+    rate, se = pooled_rate([1, 3], [2, 4])  # residuals h - r c: -1/3 and 1/3
+    assert rate == pytest.approx(4 / 6) and se == pytest.approx(math.sqrt((2 / 9) / 2) / 3)
+    assert pooled_rate([2, 3], [4, 4])[1] == pytest.approx(0.125)  # equal counts: stdev(0.5, 0.75) / sqrt(2)
     assert pooled_rate([3], [4]) == (0.75, 0.0)
     assert pooled_rate([], []) == (0.0, 0.0)
 
@@ -65,7 +66,7 @@ def test_card_end_to_end(prepared, tiny_models, capsys):
     for key in ("target", "draft"):
         assert math.isfinite(saved[key]["heldout_loss"]) and saved[key]["t1_ms"] > 0 and saved[key]["parameters"] > 0
     assert 0 <= saved["agreement_teacher_forced"] <= 1 and 0 <= saved["agreement_greedy"] <= 1
-    assert saved["agreement_greedy_se"] >= 0 and "standard error" in markdown(result)
+    assert "standard error" in markdown(result)
     assert 0 <= saved["collapse_fraction"] <= 1 and len(saved["samples"]) == 1
     # a random model is about as good as uniform, worse than the unigram fit
     assert result.unigram_loss < result.target.heldout_loss < math.log(300) + 1

@@ -44,12 +44,13 @@ def test_windows_are_training_text_then_the_teachers_greedy_continuation(prepare
 def test_distillation_mixes_greedy_rows_into_each_batch(prepared, teacher, tmp_path):
     data = tmp_path / "greedy.npy"
     make_greedy_data(GreedyDataConfig(str(prepared), str(teacher), str(data), count=4, prompt_len=8, new_tokens=8))
-    cfg = TrainConfig(kind="tiny", workdir=str(prepared), out=str(tmp_path / "draft"), steps=2, batch=2, seq_len=32,
-                      eval_windows=2, warmup=1, teacher=str(teacher), greedy_data=str(data), greedy_fraction=0.5)
+    cfg = TrainConfig(kind="tiny", workdir=str(prepared), out=str(tmp_path / "greedy-draft"), steps=2, batch=2,
+                      seq_len=32, eval_windows=2, warmup=1, teacher=str(teacher), greedy_data=str(data),
+                      greedy_fraction=0.5)
     state = train(cfg)
     assert state.step == 2 and np.isfinite(state.heldout_loss)
     assert state.tokens_seen == 2 * (32 + 15)  # per step: one corpus row of 32 positions, one greedy row of 15
-    info = json.loads((tmp_path / "draft" / "training.json").read_text())
+    info = json.loads((tmp_path / "greedy-draft" / "training.json").read_text())
     assert info["config"]["greedy_data"] == str(data)
 
 
@@ -70,4 +71,3 @@ def test_bad_greedy_data_and_options_are_refused(prepared, teacher, tmp_path):
         train(cfg)
     with pytest.raises(ValueError, match="out must name a .npy file, got 'x.bin'"):
         make_greedy_data(GreedyDataConfig(str(prepared), str(teacher), "x.bin"))
-    assert not (tmp_path / "d").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -53,3 +54,11 @@ def test_a_warm_restart_records_the_runs_before_it(prepared, tmp_path):
     assert [run["state"]["step"] for run in info["earlier_runs"]] == [2]
     assert info["tokens_seen_total"] == info["state"]["tokens_seen"] + info["earlier_runs"][0]["state"]["tokens_seen"]
     assert info["tokens_seen_total"] == (2 + 3) * 2 * 32  # steps x batch x seq_len
+
+
+def test_a_rerun_with_other_options_does_not_resume_the_old_run(prepared, tmp_path):
+    out = tmp_path / "run"
+    main(["train", "--kind", "tiny", "--workdir", str(prepared), "--out", str(out), "--steps", "2", *TRAIN])
+    with pytest.raises(ValueError, match=r"cannot resume .*ckpt-run.pt: options \['teacher'\] differ"):
+        main(["train", "--kind", "tiny", "--workdir", str(prepared), "--out", str(out), "--steps", "3",
+              "--teacher", str(out), *TRAIN])

@@ -62,7 +62,7 @@ class SmallModelDrafter(BaseDrafter):
                 q = warp(logits, ctx.sampling)
                 token = torch.multinomial(q, 1, generator=ctx.generator)
                 qs.append(q)
-                sure = q[token].item() >= self.confidence
+                sure = self.confidence == 0.0 or q[token].item() >= self.confidence
             tokens.append(token)
             feed = token
             if not sure:  # the draft doubts this token: stop here (the draft length depends on q only: lossless)
