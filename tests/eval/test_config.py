@@ -31,7 +31,7 @@ def test_default_config_is_the_default_comparison(compose_config):
     assert [spec.label for spec in specs] == [PLAIN, *sf.list_drafters()]
     assert specs[0].name is None and specs[0].options == {}
     assert cfg.model.target == "zoo:code-target"
-    small_model = {"model": "zoo:code-draft", "gamma": 4, "policy": "constant", "dtype": None}
+    small_model = {"model": "zoo:code-draft", "gamma": 4, "policy": "constant", "dtype": None, "confidence": 0.0}
     assert _options(specs, "small_model") == small_model
     assert sampling_config(cfg.sampling) == sf.SamplingConfig(0.0, 0, 1.0)
     dataset = DatasetSpec.from_config(cfg.dataset)
