@@ -11,6 +11,7 @@ from specfamily.zoo.prompts import prompt_ids
 
 DRAFTERS = {
     "small_model": {"model": "zoo:code-draft"},
+    "small_model confidence": {"model": "zoo:code-draft", "gamma": 8, "confidence": 0.4},
     "prompt_lookup": {},
     "prompt_lookup tree": {"branches": 3},
     "self_spec": {},
