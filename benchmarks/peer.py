@@ -111,7 +111,11 @@ def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
     target, draft = setup.target, setup.draft
     options = dict(options)
     threshold = options.pop("confidence", HF_CONFIDENCE)  # the constant rows draft gamma tokens every time
-    make = lambda g: sf.create_drafter("small_model", target, model=draft, **{**options, "gamma": g})  # noqa: E731
+
+    def make(g: int, confidence: float = 0.0):
+        options_g = {**options, "gamma": g, "confidence": confidence}
+        return sf.create_drafter("small_model", target, model=draft, **options_g)
+
     gamma = setup.args.gamma or options.get("gamma")
     if gamma is None:
         gamma, timings = calibrate(setup, make, SMALL_GAMMAS)
@@ -131,8 +135,7 @@ def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
 
     # transformers' default ends each draft early below a draft confidence of 0.4 (adapted as it goes): ours
     # with the same fixed threshold faces it, ours with a constant length faces its constant schedule
-    confident = setup.ours(sf.create_drafter("small_model", target, model=draft,
-                                             **{**options, "gamma": gamma, "confidence": threshold}))
+    confident = setup.ours(make(gamma, threshold))
     return [
         Method(f"small_model gamma={gamma} confidence={threshold}", confident, assisted(default_config),
                "assisted, default schedule"),

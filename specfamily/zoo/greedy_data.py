@@ -53,14 +53,15 @@ def make_greedy_data(cfg: GreedyDataConfig) -> dict:
     generator = torch.Generator().manual_seed(cfg.seed)
     length = cfg.prompt_len + cfg.new_tokens
     rows: list[torch.Tensor] = []
-    started = time.perf_counter()
+    made, started = 0, time.perf_counter()
     with tqdm(total=cfg.count, desc="greedy windows", mininterval=10) as bar:
-        while sum(len(r) for r in rows) < cfg.count:
+        while made < cfg.count:
             if cfg.max_minutes and time.perf_counter() - started > 60 * cfg.max_minutes:
                 break
-            size = min(cfg.batch, cfg.count - sum(len(r) for r in rows))
+            size = min(cfg.batch, cfg.count - made)
             windows = random_windows(tokens, size, length - 1, generator)  # (size, length)
             rows.append(greedy_windows(teacher, windows, cfg.prompt_len, pad_token_id=0))
+            made += size
             bar.update(size)
     if not rows:
         raise RuntimeError(f"no window was generated within max_minutes={cfg.max_minutes}")
@@ -86,5 +87,5 @@ def load_greedy_data(path: str | Path, vocab_size: int) -> np.ndarray:
 
 def sample_rows(array: np.ndarray, count: int, generator: torch.Generator) -> torch.Tensor:
     """(count, length) long rows drawn uniformly with replacement."""
-    picks = torch.randint(0, array.shape[0], (count,), generator=generator).tolist()
-    return torch.from_numpy(np.stack([np.asarray(array[i]) for i in picks]).astype(np.int64))
+    picks = torch.randint(0, array.shape[0], (count,), generator=generator).numpy()
+    return torch.from_numpy(np.asarray(array[picks], dtype=np.int64))

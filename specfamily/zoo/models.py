@@ -17,10 +17,7 @@ class ModelShape:
 
 SHAPES = {
     "target": ModelShape(layers=6, hidden=384, heads=6, intermediate=1024),
-    # two layers: one attention layer cannot form an induction head (match the current token earlier in the context,
-    # copy what followed), and the target's greedy code copies identifiers all the time; d 128 keeps the cost of one
-    # draft token about that of the earlier 1-layer d 192 draft (its 4096 x d LM head dominates on CPU)
-    "draft": ModelShape(layers=2, hidden=128, heads=4, intermediate=512),
+    "draft": ModelShape(layers=1, hidden=192, heads=3, intermediate=512),
     "tiny": ModelShape(layers=2, hidden=32, heads=2, intermediate=64),  # tests only
 }
 

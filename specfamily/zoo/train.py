@@ -86,19 +86,18 @@ def _loss(model, batch: torch.Tensor, teacher) -> torch.Tensor:
 
 
 def batch_loss(loss_fn, model, teacher, batches: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """The loss over several batches of different lengths, each weighted by its predicted positions."""
-    sizes = [b[:, 1:].numel() for b in batches if len(b)]
-    losses = [loss_fn(model, b, teacher) for b in batches if len(b)]
+    """The loss over non-empty batches of different lengths, each weighted by its predicted positions."""
+    sizes = [b[:, 1:].numel() for b in batches]
     total = sum(sizes)
-    return sum(loss * (size / total) for loss, size in zip(losses, sizes, strict=True)), total
+    return sum(loss_fn(model, b, teacher) * (size / total) for b, size in zip(batches, sizes, strict=True)), total
 
 
 def training_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | None, step: int) -> list[torch.Tensor]:
     """One step's rows: corpus windows, plus ``greedy_fraction`` of the batch from the greedy windows if any."""
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     drawn = 0 if greedy is None else round(cfg.batch * cfg.greedy_fraction)
-    corpus = random_windows(tokens, cfg.batch - drawn, cfg.seq_len, generator) if drawn < cfg.batch else None
-    return [b for b in (corpus, sample_rows(greedy, drawn, generator) if drawn else None) if b is not None]
+    batches = [random_windows(tokens, cfg.batch - drawn, cfg.seq_len, generator)] if drawn < cfg.batch else []
+    return batches + [sample_rows(greedy, drawn, generator)] if drawn else batches
 
 
 @torch.no_grad()

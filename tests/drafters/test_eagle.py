@@ -56,13 +56,18 @@ def test_lossless_tree():
                     configs=SAMPLING_MATRIX[:1], samples=1000)
 
 
+def test_lossless_tree_on_qwen2():
+    assert_lossless(lambda t: EagleDrafter(t, weights="random", gamma=3, top_k=3, total_tokens=6),
+                    configs=SAMPLING_MATRIX[:1], samples=1000, family="qwen2")
+
+
 def test_lossless_chain():
     assert_lossless(lambda t: EagleDrafter(t, weights="random", mode="chain", gamma=2),
                     configs=SAMPLING_MATRIX[1:2], samples=1000)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2", "mistral"])
 @pytest.mark.parametrize("mode", ["tree", "chain"])
 def test_lossless_full_matrix(family, mode):
     assert_lossless(lambda t: EagleDrafter(t, weights="random", mode=mode, gamma=3, top_k=3, total_tokens=6),

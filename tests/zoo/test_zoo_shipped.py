@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specfamily.zoo import PROMPT_SETS, zoo_path
+from specfamily.zoo.models import llama_config
 from specfamily.zoo.prompts import load_prompt_set
 
 SHIPPED = ("zoo:code-target", "zoo:code-draft")  # HF model folders; the Medusa heads and EAGLE layer below
@@ -30,6 +31,15 @@ def test_shipped_model_loads_in_fp32_with_finite_logits(name):
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits
     assert logits.shape == (1, len(ids), 4096) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("kind", ["target", "draft"])
+def test_the_recipe_builds_the_shapes_that_ship(kind):
+    """`specfamily-zoo train --kind K` from scratch builds the architecture of the shipped zoo:code-K."""
+    shipped = AutoConfig.from_pretrained(str(zoo_path(f"zoo:code-{kind}")))
+    built = llama_config(kind, shipped.vocab_size)
+    names = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "tie_word_embeddings")
+    assert {n: getattr(built, n) for n in names} == {n: getattr(shipped, n) for n in names}
 
 
 def test_shipped_models_share_one_tokenizer():
