@@ -1,9 +1,12 @@
 """Prompt sets for experiments, read with ``datasets.load_dataset``.
 
 A dataset config names a hub dataset, a builder with local files (json/jsonl, csv, parquet), a
-local file directly, or a shipped zoo prompt set (``zoo:complete``, ``zoo:continue``), and says
-how to make a prompt of each row: a text field, a format template over the row's fields, or a
-field of ready token ids; optionally wrapped in the tokenizer's chat template.
+local file directly, a shipped zoo prompt set (``zoo:complete``, ``zoo:continue``) or an evaluation
+set shipped with specfamily (``specfamily:spec_bench``), and says how to make a prompt of each row:
+a text field, a format template over the row's fields, a field of ready token ids, or a field of
+user turns (a chat question: turn 1 is the prompt, later turns are asked after the model's own
+answers, see :mod:`specfamily.eval.chat`); optionally wrapped in the tokenizer's chat template.
+A category field labels each prompt (for per-category results and ``select: per_category``).
 """
 
 from __future__ import annotations
@@ -11,22 +14,37 @@ from __future__ import annotations
 import dataclasses
 import string
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-SELECT_MODES = ("first", "spread")
+from specfamily.eval.chat import chat_prompt_ids
+
+SELECT_MODES = ("first", "spread", "per_category")
+SHIPPED_PREFIX = "specfamily:"
+SHIPPED_SETS = {"spec_bench": ("spec_bench", "question.jsonl")}  # name -> file under specfamily/eval/data
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One example: its index in the split (stable across runs and ranks), its id and token ids."""
+    """One example: its index in the split (stable across runs and ranks), its id and turn 1's token ids.
+
+    ``turns`` holds a chat question's user turns (empty for a single-text prompt); turns after the
+    first are built at run time from the arm's own answers (:func:`turn_prompt_ids`).
+    """
 
     index: int
     id: str
     ids: list[int]
+    category: str | None = None
+    turns: tuple[str, ...] = ()
+
+    @property
+    def n_turns(self) -> int:
+        return max(1, len(self.turns))
 
 
 @dataclass(frozen=True)
@@ -49,18 +67,34 @@ class DatasetSpec:
     max_new_tokens: int = 64
     num_examples: int | None = None
     select: str = "first"
+    turns_field: str | None = None
+    max_turns: int | None = None
+    category_field: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ValueError(f"dataset {self.name!r}: path must be a non-empty string, got {self.path!r}")
         _check_positive(self.max_new_tokens, "max_new_tokens", self.name)
-        for key in ("num_examples", "max_prompt_tokens"):
+        for key in ("num_examples", "max_prompt_tokens", "max_turns"):
             if getattr(self, key) is not None:
                 _check_positive(getattr(self, key), key, self.name)
         if self.select not in SELECT_MODES:
             raise ValueError(f"dataset {self.name!r}: select must be one of {SELECT_MODES}, got {self.select!r}")
-        if self.field is None and self.template is None and self.ids_field is None:
-            raise ValueError(f"dataset {self.name!r}: set field, template or ids_field")
+        if self.select == "per_category" and self.category_field is None:
+            raise ValueError(f"dataset {self.name!r}: select per_category needs category_field")
+        if self.field is None and self.template is None and self.ids_field is None and self.turns_field is None:
+            raise ValueError(f"dataset {self.name!r}: set field, template, ids_field or turns_field")
+        if self.turns_field is not None:
+            self._check_turns()
+
+    def _check_turns(self) -> None:
+        if self.ids_field is not None or self.template is not None:
+            raise ValueError(f"dataset {self.name!r}: turns_field makes the prompts; unset ids_field and template")
+        if not self.chat_template and self.max_turns != 1:
+            raise ValueError(
+                f"dataset {self.name!r}: later turns are asked through the chat template; "
+                "set chat_template: true, or max_turns: 1 to keep first turns only"
+            )
 
     @classmethod
     def from_config(cls, node: DictConfig | dict) -> DatasetSpec:
@@ -89,12 +123,33 @@ def select_indices(n_rows: int, num_examples: int | None, select: str = "first")
     raise ValueError(f"select must be one of {SELECT_MODES}, got {select!r}")
 
 
+def per_category_indices(categories: list[Any], per_category: int | None) -> list[int]:
+    """Row indices of ``per_category`` rows of every category (all: None), evenly spaced within it, in row order."""
+    groups: dict[Any, list[int]] = {}
+    for index, category in enumerate(categories):
+        groups.setdefault(category, []).append(index)
+    picked = [rows[i] for rows in groups.values() for i in select_indices(len(rows), per_category, "spread")]
+    return sorted(picked)
+
+
+def shipped_set_path(name: str) -> Path:
+    """The file of an evaluation set shipped with specfamily (``specfamily:<name>``), e.g. ``spec_bench``."""
+    if name not in SHIPPED_SETS:
+        raise ValueError(f"unknown shipped prompt set {name!r}; shipped: {', '.join(SHIPPED_SETS)}")
+    node = resources.files("specfamily").joinpath("eval", "data", *SHIPPED_SETS[name])
+    if not isinstance(node, Path) or not node.is_file():
+        raise FileNotFoundError(f"shipped prompt set {name!r} is missing from this installation ({node})")
+    return node
+
+
 def _source(spec: DatasetSpec) -> tuple[str, Any]:
-    """(load_dataset path, data_files): zoo sets and bare local files become builder + file."""
+    """(load_dataset path, data_files): zoo sets, shipped sets and bare local files become builder + file."""
     if spec.path.startswith("zoo:"):
         from specfamily.zoo import prompt_set_path
 
         return "json", str(prompt_set_path(spec.path[len("zoo:") :]))
+    if spec.path.startswith(SHIPPED_PREFIX):
+        return "json", str(shipped_set_path(spec.path[len(SHIPPED_PREFIX) :]))
     path = Path(spec.path)
     if spec.data_files is None and path.suffix in _BUILDERS and path.is_file():
         return _BUILDERS[path.suffix], str(path)
@@ -122,32 +177,66 @@ def _template_fields(template: str) -> list[str]:
 def _wanted_fields(spec: DatasetSpec) -> list[str]:
     if spec.ids_field is not None:
         wanted = [spec.ids_field]
+    elif spec.turns_field is not None:
+        wanted = [spec.turns_field]
     elif spec.template is not None:
         wanted = _template_fields(spec.template)
     else:
         wanted = [spec.field]
-    return wanted + ([spec.id_field] if spec.id_field is not None else [])
+    return wanted + [key for key in (spec.id_field, spec.category_field) if key is not None]
 
 
 def _text(spec: DatasetSpec, row: dict[str, Any]) -> str:
     return spec.template.format(**row) if spec.template is not None else str(row[spec.field])
 
 
+def _turns(spec: DatasetSpec, row: dict[str, Any]) -> tuple[str, ...]:
+    """The row's user turns (at most ``max_turns``); () when the dataset has no turns field."""
+    if spec.turns_field is None:
+        return ()
+    turns = row[spec.turns_field]
+    if isinstance(turns, str) or not turns or not all(isinstance(turn, str) for turn in turns):
+        raise ValueError(f"dataset {spec.name!r}: field {spec.turns_field!r} must hold a non-empty list of strings, "
+                         f"got {turns!r:.80}")
+    return tuple(turns[: spec.max_turns])
+
+
 def _encode(spec: DatasetSpec, text: str, tokenizer) -> list[int]:
     if spec.chat_template:
-        messages = [{"role": "system", "content": spec.system_prompt}] if spec.system_prompt else []
-        messages.append({"role": "user", "content": text})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return chat_prompt_ids(tokenizer, [text], (), spec.system_prompt)
     return list(tokenizer(text, add_special_tokens=spec.add_special_tokens)["input_ids"])
 
 
-def _prompt_ids(spec: DatasetSpec, row: dict[str, Any], tokenizer) -> list[int]:
+def _prompt_ids(spec: DatasetSpec, row: dict[str, Any], turns: tuple[str, ...], tokenizer) -> list[int]:
     if spec.ids_field is not None:
         return [int(i) for i in row[spec.ids_field]]
     if tokenizer is None:
         raise ValueError(f"dataset {spec.name!r} has text prompts but the target has no tokenizer; set ids_field")
-    return _encode(spec, _text(spec, row), tokenizer)
+    return _encode(spec, turns[0] if turns else _text(spec, row), tokenizer)
+
+
+def _cut(spec: DatasetSpec, ids: list[int]) -> list[int]:
+    return ids[-spec.max_prompt_tokens :] if spec.max_prompt_tokens is not None else ids
+
+
+def turn_prompt_ids(spec: DatasetSpec, prompt: Prompt, answers: list[str], tokenizer) -> list[int]:
+    """Token ids of turn ``len(answers) + 1`` of ``prompt``: its user turns so far with the model's own answers."""
+    if not answers:
+        return prompt.ids
+    if len(answers) >= prompt.n_turns:
+        raise ValueError(f"prompt {prompt.id!r} has {prompt.n_turns} turn(s); no turn {len(answers) + 1}")
+    turns = prompt.turns[: len(answers) + 1]
+    return _cut(spec, chat_prompt_ids(tokenizer, turns, answers, spec.system_prompt))
+
+
+def _column(rows, name: str) -> list[Any]:
+    return list(rows[name]) if hasattr(rows, "column_names") else [row[name] for row in rows]
+
+
+def _selected(spec: DatasetSpec, rows) -> list[int]:
+    if spec.select == "per_category":
+        return per_category_indices(_column(rows, spec.category_field), spec.num_examples)
+    return select_indices(len(rows), spec.num_examples, spec.select)
 
 
 def prompts_from_rows(spec: DatasetSpec, rows, tokenizer=None) -> list[Prompt]:
@@ -155,18 +244,18 @@ def prompts_from_rows(spec: DatasetSpec, rows, tokenizer=None) -> list[Prompt]:
     columns = list(rows.column_names) if hasattr(rows, "column_names") else list(rows[0]) if len(rows) else []
     _check_fields(spec, columns, _wanted_fields(spec))
     prompts, seen = [], set()
-    for index in select_indices(len(rows), spec.num_examples, spec.select):
+    for index in _selected(spec, rows):
         row = rows[index]
-        ids = _prompt_ids(spec, row, tokenizer)
-        if spec.max_prompt_tokens is not None:
-            ids = ids[-spec.max_prompt_tokens :]
+        turns = _turns(spec, row)
+        ids = _cut(spec, _prompt_ids(spec, row, turns, tokenizer))
         prompt_id = str(row[spec.id_field]) if spec.id_field is not None else str(index)
         if not ids:
             raise ValueError(f"dataset {spec.name!r}: example {prompt_id!r} has an empty prompt")
         if prompt_id in seen:
             raise ValueError(f"dataset {spec.name!r}: id {prompt_id!r} appears twice in field {spec.id_field!r}")
         seen.add(prompt_id)
-        prompts.append(Prompt(index, prompt_id, ids))
+        category = None if spec.category_field is None else str(row[spec.category_field])
+        prompts.append(Prompt(index, prompt_id, ids, category, turns))
     return prompts
 
 

@@ -1,5 +1,9 @@
 """Reports from saved results: ``summary.csv``, ``report.md`` and plots, for one run or a whole sweep.
 
+When the records carry a category (or prompts have several turns), ``report.md`` also breaks tau
+and speedup down by category (and by turn) and ``breakdown.csv`` holds those rows
+(:mod:`specfamily.eval.breakdown`).
+
 ``specfamily-report DIR`` rebuilds them from the ``run.json`` and ``results.jsonl`` files under
 DIR (DIR itself for one run; every run folder below it for a sweep, in one combined report).
 """
@@ -14,10 +18,11 @@ import math
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from specfamily.core.costs import verify_cost_at
+from specfamily.eval.breakdown import BREAKDOWN, GroupRow, breakdown_csv, breakdown_markdown, breakdown_rows
 from specfamily.eval.plots import plot_all
 from specfamily.eval.results import RUN_INFO, FailureRecord, RunInfo, read_run, write_atomic
 from specfamily.eval.summary import SummaryRow, summarize_run
@@ -36,6 +41,7 @@ class Report:
     table: str
     rows: list[SummaryRow]
     files: list[Path]
+    groups: list[GroupRow] = field(default_factory=list)  # the breakdown by category / turn (may be empty)
 
 
 def find_runs(folder: Path) -> list[Path]:
@@ -52,17 +58,28 @@ def _natural(part: str) -> tuple[int, str]:
     return (int(part), "") if part.isdigit() else (sys.maxsize, part)
 
 
-def collect(folder: Path) -> tuple[list[SummaryRow], list[RunInfo], list[FailureRecord]]:
-    """Summary rows, run infos and failures of every run under ``folder``."""
-    rows, infos, failures = [], [], []
+@dataclass
+class Collected:
+    """Everything the report is made of, over every run under a folder."""
+
+    rows: list[SummaryRow] = field(default_factory=list)
+    infos: list[RunInfo] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    groups: list[GroupRow] = field(default_factory=list)
+
+
+def collect(folder: Path) -> Collected:
+    """Summary rows, run infos, failures and the breakdown rows of every run under ``folder``."""
+    found = Collected()
     for run in find_runs(folder):
         info = RunInfo.load(run)
         records = read_run(run)
         name = run.relative_to(folder).as_posix() if run != folder else "."
-        rows += summarize_run(records, info, name)
-        infos.append(info)
-        failures += [r for r in records if isinstance(r, FailureRecord)]
-    return rows, infos, failures
+        found.rows += summarize_run(records, info, name)
+        found.infos.append(info)
+        found.failures += [r for r in records if isinstance(r, FailureRecord)]
+        found.groups += breakdown_rows(records, info, name)
+    return found
 
 
 def _cell(value) -> str:
@@ -128,9 +145,21 @@ formula is an approximation). lossy = results of a lossy mode (e.g. Medusa typic
 """
 
 
-def render(rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureRecord], plots: list[Path]) -> str:
+GROUP_NOTES = """\
+Each group's tau and speedup are over that group's prompts only (speedup against plain decoding on
+the same prompts); a multi-turn prompt counts once per turn, and turn t is asked after each arm's
+own earlier answers.
+"""
+
+
+def render(
+    rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureRecord], plots: list[Path],
+    groups: list[GroupRow] | None = None,
+) -> str:
     """The text of ``report.md``."""
     parts = ["# specfamily comparison\n", "\n".join(_header(infos)) + "\n", markdown_table(rows), NOTES]
+    if groups:
+        parts += [breakdown_markdown(groups), GROUP_NOTES]
     failed = [r for r in rows if r.status == "failed"]
     if failed:
         parts.append("## Failures\n")
@@ -143,11 +172,15 @@ def render(rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureR
 def write_report(folder: Path | str, plots: bool = True) -> Report:
     """Rebuild ``summary.csv``, ``report.md`` and the plots in ``folder`` from its saved results."""
     folder = Path(folder)
-    rows, infos, failures = collect(folder)
-    written = plot_all(rows, _verify_cost_fn(infos), folder) if plots else []
-    write_atomic(folder / SUMMARY, summary_csv(rows))
-    write_atomic(folder / REPORT, render(rows, infos, failures, written))
-    return Report(markdown_table(rows), rows, [folder / SUMMARY, folder / REPORT, *written])
+    found = collect(folder)
+    written = plot_all(found.rows, _verify_cost_fn(found.infos), folder) if plots else []
+    write_atomic(folder / SUMMARY, summary_csv(found.rows))
+    write_atomic(folder / REPORT, render(found.rows, found.infos, found.failures, written, found.groups))
+    files = [folder / SUMMARY, folder / REPORT, *written]
+    if found.groups:
+        write_atomic(folder / BREAKDOWN, breakdown_csv(found.groups))
+        files.append(folder / BREAKDOWN)
+    return Report(markdown_table(found.rows), found.rows, files, found.groups)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,8 @@ class PromptRecord:
     metrics: dict[str, Any]  # Metrics.as_dict()
     rank: int = 0
     kind: str = "prompt"
+    category: str | None = None  # the prompt's category when the dataset has a category field
+    turn: int = 1  # the turn of a multi-turn prompt (prompt_id "<id>:turn<t>" after the first)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -148,7 +150,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def consolidate(folder: Path, order: list[str]) -> list[Record]:
-    """Merge every record of the folder into ``results.jsonl`` (by prompt index, then drafter order)."""
+    """Merge every record of the folder into ``results.jsonl`` (by prompt index, turn, then drafter order)."""
     rank = {label: i for i, label in enumerate(order)}
     records, seen = [], set()
     for record in read_run(folder):
@@ -157,7 +159,11 @@ def consolidate(folder: Path, order: list[str]) -> list[Record]:
                 continue
             seen.add(record.key)
         records.append(record)
-    records.sort(key=lambda r: (-1 if r.index is None else r.index, rank.get(r.drafter, len(rank))))
+
+    def sort_key(r: Record) -> tuple[int, int, int]:
+        return (-1 if r.index is None else r.index, getattr(r, "turn", 0), rank.get(r.drafter, len(rank)))
+
+    records.sort(key=sort_key)
     write_atomic(folder / RESULTS, "".join(json.dumps(asdict(r)) + "\n" for r in records))
     for path in folder.glob(RANK_GLOB):
         path.unlink()
@@ -198,7 +204,7 @@ class RunInfo:
     dataset: str
     sampling: str
     drafters: list[str]
-    prompts: int
+    prompts: int  # records each arm makes: one per prompt, or per turn of a multi-turn prompt
     max_new_tokens: int
     world_size: int
     device: str

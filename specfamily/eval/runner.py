@@ -5,6 +5,10 @@ runs it, so slow drift of the machine hits all arms alike and speedup is a ratio
 Each finished prompt is appended to the results file at once; a drafter that raises is recorded
 as failed and dropped while the others go on; run again in the same folder, a run skips every
 (drafter, prompt) it already finished. Under torchrun each rank takes a shard of the prompts.
+
+A multi-turn (chat) prompt is one record per turn (ids ``81``, ``81:turn2``, ...): each arm asks
+turn t after its own decoded answers to the earlier turns (a resumed run reads them back from the
+records), so every arm's turn t is a prompt of the same kind and per-turn metrics compare.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from specfamily.core.types import SamplingConfig
 from specfamily.eval import distributed
+from specfamily.eval.chat import answer_text, turn_id
 from specfamily.eval.config import DrafterSpec, drafter_specs, sampling_config, sampling_label, validate_specs
-from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompts
+from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompts, turn_prompt_ids
 from specfamily.eval.models import load_model_target, pick_device
 from specfamily.eval.results import FailureRecord, PromptRecord, Record, ResultWriter, consolidate, read_run
 from specfamily.eval.results import results_path as rank_results_path
@@ -56,14 +61,16 @@ class RunOutcome:
     table: str = ""  # the report's Markdown table (rank 0)
 
 
-def _failure(arm: Arm, stage: str, err: BaseException, rank: int, prompt: Prompt | None = None) -> FailureRecord:
+def _failure(
+    arm: Arm, stage: str, err: BaseException, rank: int, prompt: Prompt | None = None, turn: int = 1
+) -> FailureRecord:
     log.warning("drafter %s failed while %s: %s: %s", arm.label, stage, type(err).__name__, err)
     return FailureRecord(
         drafter=arm.label,
         stage=stage,
         error=f"{type(err).__name__}: {err}",
         traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
-        prompt_id=None if prompt is None else prompt.id,
+        prompt_id=None if prompt is None else turn_id(prompt.id, turn),
         index=None if prompt is None else prompt.index,
         rank=rank,
     )
@@ -83,16 +90,16 @@ def _build(arm: Arm, target, writer: ResultWriter, rank: int) -> None:
         arm.failed = True
 
 
-def _generate(plan: RunPlan, arm: Arm, prompt: Prompt, max_new_tokens: int, seed: int):
+def _generate(plan: RunPlan, arm: Arm, ids: list[int], max_new_tokens: int, seed: int):
     import specfamily as sf
 
-    return sf.generate(plan.target, arm.drafter, prompt.ids, max_new_tokens, plan.sampling, seed=seed)
+    return sf.generate(plan.target, arm.drafter, ids, max_new_tokens, plan.sampling, seed=seed)
 
 
 def _warm_up(plan: RunPlan, arm: Arm, prompt: Prompt, writer: ResultWriter) -> None:
     for _ in range(plan.warmup):
         try:
-            _generate(plan, arm, prompt, plan.warmup_tokens, plan.seed + prompt.index)
+            _generate(plan, arm, prompt.ids, plan.warmup_tokens, plan.seed + prompt.index)
         except Exception as err:
             writer.write(_failure(arm, "warmup", err, plan.info.rank, prompt))
             _drop(arm, plan)
@@ -105,26 +112,32 @@ def _drop(arm: Arm, plan: RunPlan) -> None:
     plan.target.reset()
 
 
-def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt) -> PromptRecord:
-    """One arm on one prompt, timed."""
+def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt, turn: int = 1, ids: list[int] | None = None) -> PromptRecord:
+    """One arm on one turn of a prompt (``ids``: that turn's prompt, turn 1's by default), timed.
+
+    Every turn of a prompt uses the prompt's seed (``seed + index``).
+    """
+    ids = prompt.ids if ids is None else ids
     seed = plan.seed + prompt.index
     start = time.perf_counter()
-    result = _generate(plan, arm, prompt, plan.dataset.max_new_tokens, seed)
+    result = _generate(plan, arm, ids, plan.dataset.max_new_tokens, seed)
     wall = time.perf_counter() - start
     return PromptRecord(
         drafter=arm.label,
         dataset=plan.dataset.name,
         sampling=sampling_label(plan.sampling),
-        prompt_id=prompt.id,
+        prompt_id=turn_id(prompt.id, turn),
         index=prompt.index,
         seed=seed,
         gamma=arm.gamma,
-        prompt_tokens=len(prompt.ids),
+        prompt_tokens=len(ids),
         tokens=list(result.tokens),
         wall_seconds=wall,
         lossy=bool(result.lossy),
         metrics=result.metrics.as_dict(),
         rank=plan.info.rank,
+        category=prompt.category,
+        turn=turn,
     )
 
 
@@ -135,29 +148,60 @@ def _progress(plan: RunPlan, total: int):
     return tqdm(total=total, desc="prompts x drafters to run", disable=not show)
 
 
+def _turns_left(label: str, prompt: Prompt, done: dict[tuple[str, str], PromptRecord]) -> int:
+    return sum((label, turn_id(prompt.id, t)) not in done for t in range(1, prompt.n_turns + 1))
+
+
+@dataclass
+class _Work:
+    """The state of ``run_arms``: finished records (by key), turns left per arm, the writer and the progress bar."""
+
+    plan: RunPlan
+    done: dict[tuple[str, str], PromptRecord]
+    left: dict[str, int]
+    writer: ResultWriter
+    bar: Any = None
+
+
+def _run_turns(work: _Work, arm: Arm, prompt: Prompt) -> None:
+    """Every turn of ``prompt`` the arm has not finished; turn t is asked after the arm's own answers."""
+    plan, answers = work.plan, []
+    for turn in range(1, prompt.n_turns + 1):
+        record = work.done.get((arm.label, turn_id(prompt.id, turn)))
+        if record is None:
+            work.left[arm.label] -= 1
+            try:
+                ids = turn_prompt_ids(plan.dataset, prompt, answers, plan.target.tokenizer)
+                record = run_prompt(plan, arm, prompt, turn, ids)
+                work.writer.write(record)
+            except Exception as err:
+                work.writer.write(_failure(arm, "generate", err, plan.info.rank, prompt, turn))
+                _drop(arm, plan)
+                work.bar.total -= work.left[arm.label]
+                work.bar.update(1)
+                return
+            work.bar.update(1)
+        if turn < prompt.n_turns:
+            answers.append(answer_text(plan.target.tokenizer, record.tokens))
+
+
 def run_arms(plan: RunPlan, arms: list[Arm], prompts: list[Prompt], writer: ResultWriter) -> None:
     """Build, warm up and run every arm that has work left on ``prompts`` (this rank's shard)."""
-    done = {r.key for r in read_run(plan.out_dir) if isinstance(r, PromptRecord)}
-    todo = {arm.label: [p for p in prompts if (arm.label, p.id) not in done] for arm in arms}
+    done = {r.key: r for r in read_run(plan.out_dir) if isinstance(r, PromptRecord)}
+    todo = {arm.label: [p for p in prompts if _turns_left(arm.label, p, done)] for arm in arms}
     busy = [arm for arm in arms if todo[arm.label]]
     for arm in busy:
         _build(arm, plan.target, writer, plan.info.rank)
         if not arm.failed:
             _warm_up(plan, arm, todo[arm.label][0], writer)
     live = [arm for arm in busy if not arm.failed]
-    total = sum(len(todo[arm.label]) for arm in live)
-    with _progress(plan, total) as bar:
+    left = {arm.label: sum(_turns_left(arm.label, p, done) for p in todo[arm.label]) for arm in live}
+    with _progress(plan, sum(left.values())) as bar:
+        work = _Work(plan, done, left, writer, bar)
         for prompt in prompts:
             for arm in live:
-                if arm.failed or (arm.label, prompt.id) in done:
-                    continue
-                try:
-                    writer.write(run_prompt(plan, arm, prompt))
-                except Exception as err:
-                    writer.write(_failure(arm, "generate", err, plan.info.rank, prompt))
-                    _drop(arm, plan)
-                    bar.total -= sum(1 for p in todo[arm.label] if p.index > prompt.index)
-                bar.update(1)
+                if not arm.failed and _turns_left(arm.label, prompt, done):
+                    _run_turns(work, arm, prompt)
 
 
 def _set_threads(threads: int | None, info: distributed.DistInfo, device: torch.device) -> None:

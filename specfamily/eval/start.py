@@ -86,7 +86,7 @@ def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir,
         dataset=dataset.name,
         sampling=sampling_label(sampling),
         drafters=[spec.label for spec in specs],
-        prompts=len(prompts),
+        prompts=sum(prompt.n_turns for prompt in prompts),  # records per arm: one per turn
         max_new_tokens=dataset.max_new_tokens,
         world_size=info.world_size,
         device=str(target.device),

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from eval_helpers import TEXTS, tiny_llama, tiny_tokenizer
+from eval_helpers import QUESTIONS, TEXTS, chat_tokenizer, tiny_llama, tiny_tokenizer
 
 from specfamily.eval.config import configs_dir
 
@@ -22,6 +22,16 @@ def tiny_pair(tmp_path_factory) -> dict[str, Path]:
     rows = [{"id": f"p{i}", "text": text, "lang": "py"} for i, text in enumerate(TEXTS)]
     (root / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return {"target": root / "target", "draft": root / "draft", "prompts": root / "prompts.jsonl"}
+
+
+@pytest.fixture(scope="session")
+def chat_pair(tmp_path_factory) -> dict[str, Path]:
+    """A tiny ``target`` whose tokenizer has a chat template, and ``questions.jsonl`` in Spec-Bench's shape."""
+    root = tmp_path_factory.mktemp("eval_chat")
+    tiny_llama(0, 2).save_pretrained(root / "target")
+    chat_tokenizer().save_pretrained(root / "target")
+    (root / "questions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in QUESTIONS))
+    return {"target": root / "target", "questions": root / "questions.jsonl"}
 
 
 @pytest.fixture

@@ -15,6 +15,11 @@ TEXTS = [
     "while True:\n    break\n",
 ]
 VOCAB = 320
+# A ChatML-like template: every message, then the assistant's header when a generation prompt is asked for.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -30,6 +35,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny tokenizer with :data:`CHAT_TEMPLATE` as its chat template."""
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
 def tiny_llama(seed: int, layers: int) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=2,
@@ -41,12 +53,33 @@ def tiny_llama(seed: int, layers: int) -> LlamaForCausalLM:
         return LlamaForCausalLM(config).eval()
 
 
+def _run_overrides(target: Path, draft: Path) -> list[str]:
+    """Model, drafters and run settings that keep a run on the tiny models to seconds."""
+    return [
+        f"model.target={target}", f"model.draft={draft}", "model.medusa=null", "model.eagle=null",
+        "model.device=cpu", "drafter.names=[small_model]", "verify_cost.sizes=[0,1,2]", "verify_cost.repeats=1",
+        "verify_cost.context=8", "warmup_tokens=2", "progress=false", "plots=false", "threads=1",
+    ]
+
+
 def tiny_overrides(pair: dict[str, Path], *extra: str) -> list[str]:
     """Overrides that point the default config at the tiny pair and keep the run to seconds."""
     return [
-        f"model.target={pair['target']}", f"model.draft={pair['draft']}", "model.medusa=null", "model.eagle=null",
-        "model.device=cpu", "dataset=jsonl", f"dataset.data_files={pair['prompts']}", "dataset.field=text",
-        "dataset.id_field=id", "dataset.num_examples=3", "dataset.max_new_tokens=10", "drafter.names=[small_model]",
-        "verify_cost.sizes=[0,1,2]", "verify_cost.repeats=1", "verify_cost.context=8", "warmup_tokens=2",
-        "progress=false", "plots=false", "threads=1", *extra,
+        *_run_overrides(pair["target"], pair["draft"]), "dataset=jsonl", f"dataset.data_files={pair['prompts']}",
+        "dataset.field=text", "dataset.id_field=id", "dataset.num_examples=3", "dataset.max_new_tokens=10", *extra,
+    ]
+
+
+# Spec-Bench-shaped questions: a two-turn question, then a one-turn one, in two categories.
+QUESTIONS = [
+    {"question_id": 7, "category": "writing", "turns": ["Write a line.", "Now shorter."]},
+    {"question_id": 8, "category": "qa", "turns": ["Why?"], "reference": ["Because."]},
+]
+
+
+def chat_overrides(pair: dict[str, Path], *extra: str) -> list[str]:
+    """``dataset=spec_bench`` on the chat target's local questions; the draft model is the target itself."""
+    return [
+        *_run_overrides(pair["target"], pair["target"]), "dataset=spec_bench", "dataset.path=json",
+        f"dataset.data_files={pair['questions']}", "dataset.num_examples=null", "dataset.max_new_tokens=10", *extra,
     ]

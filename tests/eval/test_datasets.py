@@ -1,14 +1,27 @@
-"""Prompt sets: local files through datasets.load_dataset, fields, templates, ids, selection, errors."""
+"""Prompt sets: local files through datasets.load_dataset, fields, templates, ids, selection, errors; Spec-Bench."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections import Counter
 
 import pytest
-from eval_helpers import TEXTS
+from eval_helpers import TEXTS, chat_tokenizer
+from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from specfamily.eval.datasets import DatasetSpec, load_prompts, select_indices
+from specfamily.eval.chat import chat_prompt_ids
+from specfamily.eval.config import configs_dir
+from specfamily.eval.datasets import (
+    DatasetSpec,
+    load_prompts,
+    load_rows,
+    per_category_indices,
+    select_indices,
+    shipped_set_path,
+    turn_prompt_ids,
+)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +100,12 @@ def test_select_indices():
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
         ({"num_examples": -1}, "num_examples must be an integer >= 1, got -1"),
         ({"select": "random"}, "select must be one of"),
-        ({"field": None}, "set field, template or ids_field"),
+        ({"field": None}, "set field, template, ids_field or turns_field"),
+        ({"select": "per_category"}, "select per_category needs category_field"),
+        ({"turns_field": "turns"}, "later turns are asked through the chat template; set chat_template: true, or "
+                                   "max_turns: 1"),
+        ({"turns_field": "turns", "chat_template": True, "ids_field": "ids"}, "unset ids_field and template"),
+        ({"turns_field": "turns", "chat_template": True, "max_turns": 0}, "max_turns must be an integer >= 1"),
     ],
 )
 def test_bad_values(options, message):
@@ -105,3 +123,86 @@ def test_duplicate_ids_are_refused(tmp_path):
     path.write_text('{"id": "a", "ids": [1]}\n{"id": "a", "ids": [2]}\n')
     with pytest.raises(ValueError, match="id 'a' appears twice in field 'id'"):
         load_prompts(DatasetSpec("dup", str(path), ids_field="ids", id_field="id"))
+
+
+SPEC_BENCH_CATEGORIES = {
+    "writing": 10, "roleplay": 10, "reasoning": 10, "math": 10, "coding": 10, "extraction": 10, "stem": 10,
+    "humanities": 10, "translation": 80, "summarization": 80, "qa": 80, "math_reasoning": 80, "rag": 80,
+}
+
+
+@pytest.fixture(scope="module")
+def chat_tok():
+    return chat_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def spec_bench_spec():
+    return DatasetSpec.from_config(OmegaConf.load(configs_dir() / "dataset" / "spec_bench.yaml"))
+
+
+def test_spec_bench_ships_with_its_license_and_attribution(spec_bench_spec):
+    folder = shipped_set_path("spec_bench").parent
+    assert spec_bench_spec.path == "specfamily:spec_bench" and shipped_set_path("spec_bench").name == "question.jsonl"
+    assert (folder / "LICENSE.txt").read_text().startswith("Apache License")
+    readme = (folder / "README.md").read_text()
+    assert "hemingkx/Spec-Bench" in readme and "fd2c1cd7d2201ef71db4c5f4e455008f017967bf" in readme
+    assert "never train" in readme
+    with pytest.raises(ValueError, match="unknown shipped prompt set 'spec-bench'; shipped: spec_bench"):
+        shipped_set_path("spec-bench")
+
+
+def test_spec_bench_rows(spec_bench_spec):
+    rows = load_rows(spec_bench_spec)
+    assert len(rows) == 480 and {"question_id", "category", "turns", "reference"} <= set(rows.column_names)
+    assert Counter(rows["category"]) == SPEC_BENCH_CATEGORIES
+    two_turns = {row["category"] for row in rows if len(row["turns"]) == 2}
+    assert two_turns == {c for c, n in SPEC_BENCH_CATEGORIES.items() if n == 10}
+    assert sum(len(turns) for turns in rows["turns"]) == 560 and len(set(rows["question_id"])) == 480
+
+
+def test_per_category_indices_spread_within_each_category():
+    categories = ["a"] * 4 + ["b"] * 2 + ["c"] + ["a"] * 2
+    assert per_category_indices(categories, 2) == [0, 3, 4, 5, 6]  # a: rows 0,1,2,3,7,8 -> 0 and 3 (of 6)
+    assert per_category_indices(categories, 1) == [0, 4, 6]
+    assert per_category_indices(categories, None) == list(range(9))
+
+
+def test_spec_bench_default_covers_every_category_with_chat_prompts(spec_bench_spec, chat_tok):
+    prompts = load_prompts(spec_bench_spec, chat_tok)
+    assert [p.category for p in prompts] == list(SPEC_BENCH_CATEGORIES)  # one per category, in file order
+    assert sum(p.n_turns for p in prompts) == 21  # the 8 MT-bench questions have two turns
+    first = prompts[0]
+    assert (first.id, first.index, first.n_turns) == ("81", 0, 2) and first.turns[1].startswith("Rewrite")
+    assert first.ids == chat_prompt_ids(chat_tok, [first.turns[0]])
+    assert chat_tok.decode(first.ids).endswith(f"<|user|>{first.turns[0]}<|end|>\n<|assistant|>")
+
+
+def test_spec_bench_selection_and_first_turns_only(spec_bench_spec, chat_tok):
+    spec = dataclasses.replace(spec_bench_spec, num_examples=2, max_turns=1)
+    prompts = load_prompts(spec, chat_tok)
+    assert Counter(p.category for p in prompts) == {c: 2 for c in SPEC_BENCH_CATEGORIES}
+    assert [p.index for p in prompts if p.category == "translation"] == [80, 120]  # spread over rows 80..159
+    assert all(p.n_turns == 1 and len(p.turns) == 1 for p in prompts)
+
+
+def test_turn_two_prompt_holds_the_answer_and_is_cut_like_turn_one(spec_bench_spec, chat_tok):
+    prompt = load_prompts(dataclasses.replace(spec_bench_spec, num_examples=1), chat_tok)[0]
+    assert turn_prompt_ids(spec_bench_spec, prompt, [], chat_tok) == prompt.ids
+    second = turn_prompt_ids(spec_bench_spec, prompt, ["Aloha."], chat_tok)
+    assert second == chat_prompt_ids(chat_tok, list(prompt.turns), ["Aloha."])
+    assert "<|assistant|>Aloha.<|end|>\n<|user|>Rewrite" in chat_tok.decode(second)
+    cut = dataclasses.replace(spec_bench_spec, max_prompt_tokens=20)
+    assert turn_prompt_ids(cut, prompt, ["Aloha."], chat_tok) == second[-20:]
+    with pytest.raises(ValueError, match="prompt '81' has 2 turn"):
+        turn_prompt_ids(spec_bench_spec, prompt, ["a", "b"], chat_tok)
+
+
+def test_turns_without_chat_template_for_first_turns_only(tmp_path, chat_tok):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"turns": ["one", "two"]}) + "\n" + json.dumps({"turns": "not a list"}) + "\n")
+    spec = DatasetSpec("q", str(path), field=None, turns_field="turns", max_turns=1, num_examples=1)
+    prompt = load_prompts(spec, chat_tok)[0]
+    assert prompt.ids == chat_tok("one", add_special_tokens=True)["input_ids"] and prompt.turns == ("one",)
+    with pytest.raises(ValueError, match="field 'turns' must hold a non-empty list of strings"):
+        load_prompts(dataclasses.replace(spec, num_examples=None), chat_tok)

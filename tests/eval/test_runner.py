@@ -1,15 +1,17 @@
-"""The comparison runner end to end on tiny saved models: results, failures, resumption."""
+"""The comparison runner end to end on tiny saved models: results, failures, resumption, chat turns."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from eval_helpers import tiny_overrides
+from eval_helpers import QUESTIONS, chat_overrides, tiny_overrides
+from transformers import AutoTokenizer
 
 import specfamily.eval.runner as runner
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.plugins import get_registry, reset_plugins
+from specfamily.eval.chat import answer_text, chat_prompt_ids
 from specfamily.eval.results import FailureRecord, PromptRecord, RunInfo, read_records
 from specfamily.eval.runner import run_experiment
 
@@ -99,9 +101,9 @@ def test_killed_run_resumes_without_redoing_finished_work(tiny_pair, compose_con
     (tmp_path / "results.jsonl").write_text("".join(lines[:3]) + lines[3][:40])  # killed while writing line 4
     ran = []
 
-    def counting(plan, arm, prompt):
+    def counting(plan, arm, prompt, turn=1, ids=None):
         ran.append((arm.label, prompt.id))
-        return real(plan, arm, prompt)
+        return real(plan, arm, prompt, turn, ids)
 
     real = runner.run_prompt
     monkeypatch.setattr(runner, "run_prompt", counting)
@@ -118,3 +120,65 @@ def test_resume_with_a_different_config_is_refused(tiny_pair, compose_config, tm
     changed = compose_config(tiny_overrides(tiny_pair, "dataset.num_examples=1", "sampling=t07"))
     with pytest.raises(ValueError, match="holds a run with a different sampling config"):
         run_experiment(changed, tmp_path)
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """Every timed generation's (arm, record id, prompt ids), in order."""
+    calls = []
+    real = runner.run_prompt
+
+    def recording(plan, arm, prompt, turn=1, ids=None):
+        record = real(plan, arm, prompt, turn, ids)
+        calls.append((arm.label, record.prompt_id, list(ids)))
+        return record
+
+    monkeypatch.setattr(runner, "run_prompt", recording)
+    return calls
+
+
+def test_second_turn_is_asked_after_each_arms_own_first_answer(chat_pair, compose_config, tmp_path, asked):
+    run_experiment(compose_config(chat_overrides(chat_pair, "sampling=t1")), tmp_path)
+    records = read_records(tmp_path / "results.jsonl")
+    assert [(r.drafter, r.prompt_id, r.turn, r.category) for r in records] == [
+        ("plain", "7", 1, "writing"), ("small_model", "7", 1, "writing"),
+        ("plain", "7:turn2", 2, "writing"), ("small_model", "7:turn2", 2, "writing"),
+        ("plain", "8", 1, "qa"), ("small_model", "8", 1, "qa"),
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(chat_pair["target"])
+    prompts = {(label, record_id): ids for label, record_id, ids in asked}
+    first = {r.drafter: answer_text(tokenizer, r.tokens) for r in records if r.prompt_id == "7"}
+    assert first["plain"] != first["small_model"]  # sampled: each arm has its own answer to build on
+    for label, answer in first.items():
+        second = prompts[label, "7:turn2"]
+        assert second == chat_prompt_ids(tokenizer, QUESTIONS[0]["turns"], [answer])
+        assert f"<|assistant|>{answer}<|end|>\n<|user|>Now shorter." in tokenizer.decode(second)
+    assert prompts["plain", "7"] == prompts["small_model", "7"] == chat_prompt_ids(tokenizer, ["Write a line."])
+    assert all(r.prompt_tokens == len(prompts[r.drafter, r.prompt_id]) for r in records)
+    assert RunInfo.load(tmp_path).prompts == 3  # records per arm: one per turn
+    report = (tmp_path / "report.md").read_text()
+    assert "## By category" in report and "| writing | 2 |" in report and "| qa | 1 |" in report
+    assert "## By turn" in report and (tmp_path / "breakdown.csv").is_file()
+
+
+def test_resumed_second_turn_builds_on_the_saved_first_answer(chat_pair, compose_config, tmp_path, asked):
+    cfg = compose_config(chat_overrides(chat_pair, "sampling=t1"))
+    run_experiment(cfg, tmp_path)
+    full = read_records(tmp_path / "results.jsonl")
+    first_asked = {(label, record_id): ids for label, record_id, ids in asked}
+    lines = (tmp_path / "results.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "results.jsonl").write_text("".join(lines[:2]))  # killed after both arms answered turn 1
+    asked.clear()
+    run_experiment(cfg, tmp_path)
+    assert sorted((label, record_id) for label, record_id, _ in asked) == sorted(r.key for r in full[2:])
+    for label, record_id, ids in asked:  # the same turn-2 prompts, rebuilt from the saved answers
+        assert ids == first_asked[label, record_id]
+    resumed = read_records(tmp_path / "results.jsonl")
+    assert [(r.prompt_id, r.tokens) for r in resumed] == [(r.prompt_id, r.tokens) for r in full]
+
+
+def test_first_turns_only(chat_pair, compose_config, tmp_path):
+    run_experiment(compose_config(chat_overrides(chat_pair, "dataset.max_turns=1")), tmp_path)
+    records = read_records(tmp_path / "results.jsonl")
+    assert [(r.prompt_id, r.turn) for r in records] == [("7", 1), ("7", 1), ("8", 1), ("8", 1)]
+    assert "## By turn" not in (tmp_path / "report.md").read_text()
