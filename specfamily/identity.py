@@ -35,7 +35,9 @@ def weights_probe(model) -> list[float]:
     values = []
     for _, param in sorted(model.named_parameters()):
         flat = param.detach().reshape(-1)
-        index = torch.linspace(0, flat.numel() - 1, _PROBE_PER_TENSOR).long().to(flat.device)
+        # float32 linspace rounds past the end of tensors over 2**24 entries; clamping keeps every other index
+        index = torch.linspace(0, flat.numel() - 1, _PROBE_PER_TENSOR).long().clamp_(max=flat.numel() - 1)
+        index = index.to(flat.device)
         values += flat.index_select(0, index).float().cpu().tolist()
     return values
 

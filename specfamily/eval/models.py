@@ -27,6 +27,7 @@ def pick_device(name: str | None, local_rank: int = 0) -> torch.device:
 
 
 def _source(name: str) -> str:
+    """A ``zoo:`` name becomes its folder (shipped, or fetched into the user's cache on first use)."""
     if name.startswith("zoo:"):
         from specfamily.zoo import zoo_path
 

