@@ -6,14 +6,19 @@ very Target calls the decode loop makes and predict speedups with it.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
+
+log = logging.getLogger(__name__)
+CURVE_SIZES = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)  # draft tokens g timed for the cost-aware policy
+CURVE_CONTEXT = 128  # prompt tokens in the cache while timing
 
 
 def process_clock(device: torch.device):
@@ -95,3 +100,20 @@ def verify_cost_at(curve: dict[int, float], g: float) -> float:
         return points[0][1]
     (g0, v0), (g1, v1) = points[-2], points[-1]
     return max(v1 + (v1 - v0) * (g - g1) / (g1 - g0), v1)
+
+
+def target_cost_curve(target: Target, context: Sequence[int], repeats: int = 3) -> Callable[[float], float]:
+    """This target's t(g + 1) / t(1) as a function of g, measured on this machine once per Target (the first
+    time a cost-aware policy needs it, on the last ``CURVE_CONTEXT`` tokens of ``context``) and kept in
+    ``target.verify_costs``, which a run may also fill with its own measurement. A context too long for the model
+    to time leaves the paper's assumption, 1."""
+    if target.verify_costs is None:
+        try:
+            clock = process_clock(target.device)
+            target.verify_costs = measure_verify_cost(target, list(context)[-CURVE_CONTEXT:], CURVE_SIZES, repeats,
+                                                      clock)
+        except ValueError as err:
+            log.warning("verify cost not measured (%s); assuming t(g + 1) = t(1)", err)
+            target.verify_costs = {0: 1.0}
+    curve = dict(target.verify_costs)
+    return lambda g: verify_cost_at(curve, g)

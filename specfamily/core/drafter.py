@@ -29,6 +29,13 @@ class Drafter(Protocol):
     def observe(self, outcome: VerifyOutcome) -> None: ...
 
 
+def default_policy(gamma: int | None, policy: str | None) -> str:
+    """The policy a drafter gets: the one named, else "auto" without a gamma and "constant" with one."""
+    if policy is not None:
+        return policy
+    return "auto" if gamma is None else "constant"
+
+
 class BaseDrafter:
     """Defaults for the protocol: no features, lossless, a draft-length policy from options."""
 
@@ -36,8 +43,16 @@ class BaseDrafter:
     lossy: bool = False
     default_gamma: int = 4
 
-    def __init__(self, gamma: int | None = None, policy: str = "constant") -> None:
-        self.policy = make_policy(policy, self.default_gamma if gamma is None else gamma)
+    auto_max_gamma: int | None = 16  # the most "auto" drafts; None: the default gamma (calibrated tree depths)
+
+    def __init__(self, gamma: int | None = None, policy: str | None = None) -> None:
+        """No policy: "auto" (cost-aware, may draft nothing) when gamma is not given, else "constant" gamma."""
+        policy = default_policy(gamma, policy)
+        start = self.default_gamma if gamma is None else gamma
+        options = {}
+        if policy == "auto":
+            options["max_gamma"] = max(start, self.auto_max_gamma or start)
+        self.policy = make_policy(policy, start, **options)
 
     def begin(self, ctx: DecodeContext) -> None:
         self.policy.reset()

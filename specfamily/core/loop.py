@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specfamily.core.costs import target_cost_curve
 from specfamily.core.drafter import Drafter
 from specfamily.core.metrics import MetricsRecorder
 from specfamily.core.sampling import warp
@@ -92,6 +93,7 @@ def generate(
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     started = time.perf_counter()
     if drafter is not None:
+        _bind_costs(drafter, target, ids)
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
     target.reset()
     pending = ids.to(device)
@@ -116,7 +118,7 @@ def generate(
             if finished:
                 break
             if drafter is not None:
-                drafter.policy.update(depth, len(accepted), recorder.running_c())
+                drafter.policy.update(depth, len(accepted), recorder.running_c(), tokens=len(draft))
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
             pending = torch.tensor([next_token], dtype=torch.long, device=device)
     finally:
@@ -125,6 +127,13 @@ def generate(
     lossy = bool(drafter is not None and drafter.lossy)
     metrics = recorder.finish(len(new_tokens), time.perf_counter() - started, lossy=lossy)
     return GenerationResult(new_tokens, metrics, lossy)
+
+
+def _bind_costs(drafter: Drafter, target: Target, ids: torch.Tensor) -> None:
+    """Give a cost-aware policy (one with ``bind`` and no curve yet) the target's measured verify-cost curve."""
+    policy = drafter.policy
+    if callable(getattr(policy, "bind", None)) and getattr(policy, "verify_cost", None) is None:
+        policy.bind(target_cost_curve(target, ids.tolist()))
 
 
 def _tokens_at(draft: Draft, nodes: list[int]) -> list[int]:

@@ -1,9 +1,9 @@
 """Draft-length policies: how many tokens (tree depth for tree drafters) to propose next.
 
 The loop asks ``next_gamma()`` before each proposal and reports each verification with
-``update(proposed, accepted, c)``: the depth of the draft just verified, how many draft tokens
-were accepted, and the running measured cost ratio c (None while unknown). ``reset()`` starts a
-new request.
+``update(proposed, accepted, c, tokens)``: the depth of the draft just verified, how many draft tokens
+were accepted, the running measured cost ratio c (None while unknown) and the draft's size. ``reset()``
+starts a new request. ``auto`` (the default when no gamma is given) may answer 0: draft nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from specfamily.core.theory import VerifyCost, optimal_gamma
+from specfamily.core.theory import VerifyCost, best_draft_length, optimal_gamma
 
 
 @runtime_checkable
@@ -22,10 +22,11 @@ class Policy(Protocol):
         """Start a new request."""
 
     def next_gamma(self) -> int:
-        """Draft length for the next proposal (>= 1; a drafter may propose fewer)."""
+        """Draft length for the next proposal (>= 0: 0 is a plain pass; a drafter may propose fewer)."""
 
-    def update(self, proposed: int, accepted: int, c: float | None = None) -> None:
-        """Report one verification: draft depth, draft tokens accepted, running cost ratio c."""
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
+        """Report one verification: draft depth, draft tokens accepted, running cost ratio c (one draft step's
+        time over one verification pass's), and the draft's token count (more than its depth for a tree)."""
 
 
 def _check_int(value: Any, name: str, minimum: int) -> int:
@@ -63,7 +64,7 @@ class ConstantPolicy:
     def next_gamma(self) -> int:
         return self.gamma
 
-    def update(self, proposed: int, accepted: int, c: float | None = None) -> None:
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
         _check_update(proposed, accepted)
 
 
@@ -92,7 +93,7 @@ class HeuristicPolicy:
     def next_gamma(self) -> int:
         return self.current
 
-    def update(self, proposed: int, accepted: int, c: float | None = None) -> None:
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
         proposed, accepted = _check_update(proposed, accepted)
         if proposed == 0:
             return
@@ -163,7 +164,7 @@ class OptimalPolicy:
             return min(self.gamma, self.max_gamma)
         return optimal_gamma(self.alpha, self.c_estimate, self.verify_cost, self.max_gamma)
 
-    def update(self, proposed: int, accepted: int, c: float | None = None) -> None:
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
         proposed, accepted = _check_update(proposed, accepted)
         self.accepted += accepted
         self.rejections += int(accepted < proposed)
@@ -172,11 +173,105 @@ class OptimalPolicy:
             self.c_estimate = c if previous is None else previous + self.c_smoothing * (c - previous)
 
 
-POLICIES: dict[str, type] = {"constant": ConstantPolicy, "heuristic": HeuristicPolicy, "optimal": OptimalPolicy}
+@dataclass
+class AutoPolicy:
+    """Cost-aware draft length: the gamma (0: draft nothing) with the best expected speedup at the running
+    per-depth acceptance, the running c and the target's measured verify-cost curve (``theory.best_draft_length``).
+
+    Acceptance is counted per depth (a depth-d token is tried when every shallower one was accepted), each depth
+    smoothed towards the one above it (depth 1 towards ``prior_alpha``) with ``prior_weight`` pseudo-observations,
+    so a deeper draft is predicted from what was measured, not from an i.i.d. assumption. ``bind(verify_cost)``
+    gives it t(g + 1) / t(1) (the loop binds the target's measured curve); until c is known it drafts ``gamma``.
+    It drafts only when the predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it
+    still probes once every ``probe_every`` passes, so the estimates can recover. Estimates carry over to the
+    next request (a drafter object serves a run), down-weighted to ``memory`` of their counts.
+    ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
+    """
+
+    gamma: int
+    max_gamma: int = 16
+    verify_cost: VerifyCost = None
+    prior_alpha: float = 0.6
+    prior_weight: float = 2.0
+    min_speedup: float = 1.02
+    probe_every: int = 16
+    memory: float = 0.5
+    c_smoothing: float = 0.3
+    tried: list[float] = field(init=False, repr=False)
+    accepted: list[float] = field(init=False, repr=False)
+    c_estimate: float | None = field(init=False, default=None)
+    width: float = field(init=False, default=1.0)  # draft tokens per depth (1 for chains)
+    idle: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.gamma = _check_int(self.gamma, "gamma", 1)
+        self.max_gamma = _check_int(self.max_gamma, "max_gamma", 1)
+        self.probe_every = _check_int(self.probe_every, "probe_every", 1)
+        for name in ("prior_alpha", "memory", "c_smoothing"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
+            raise ValueError(f"prior_weight must be a finite number > 0, got {self.prior_weight!r}")
+        self.tried, self.accepted = [0.0] * self.max_gamma, [0.0] * self.max_gamma
+
+    def bind(self, verify_cost: VerifyCost) -> None:
+        """Use this verify-cost curve (t(g + 1) / t(1), a callable of the draft token count g)."""
+        self.verify_cost = verify_cost
+
+    def acceptance(self) -> list[float]:
+        """Smoothed conditional acceptance at depths 1 .. max_gamma."""
+        out, prior = [], self.prior_alpha
+        for tried, accepted in zip(self.tried, self.accepted, strict=True):
+            prior = (accepted + prior * self.prior_weight) / (tried + self.prior_weight)
+            out.append(prior)
+        return out
+
+    def _cost(self, gamma: int) -> float:
+        """Verify cost of a draft of depth gamma, at the running width (tokens per depth)."""
+        cost = self.verify_cost
+        return 1.0 if cost is None else float(cost(gamma * self.width) if callable(cost) else cost)
+
+    def reset(self) -> None:
+        self.tried = [n * self.memory for n in self.tried]
+        self.accepted = [n * self.memory for n in self.accepted]
+        self.idle = 0
+
+    def next_gamma(self) -> int:
+        if self.c_estimate is None:
+            return min(self.gamma, self.max_gamma)
+        acceptance = self.acceptance()
+        gamma, _ = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup)
+        if gamma:
+            self.idle = 0
+            return gamma
+        self.idle += 1
+        if self.idle < self.probe_every:
+            return 0
+        self.idle = 0
+        return max(1, best_draft_length(acceptance, self.c_estimate, self._cost, 0.0)[0])
+
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
+        proposed, accepted = _check_update(proposed, accepted)
+        if proposed == 0:
+            return
+        for depth in range(min(proposed, accepted + 1, self.max_gamma)):
+            self.tried[depth] += 1
+            self.accepted[depth] += int(depth < accepted)
+        width = (tokens or proposed) / proposed
+        self.width += self.c_smoothing * (width - self.width)
+        if c is not None and math.isfinite(c) and c >= 0:
+            c = c * self._cost(proposed)  # per verification pass -> per one-token pass, as the theory counts it
+            previous = self.c_estimate
+            self.c_estimate = c if previous is None else previous + self.c_smoothing * (c - previous)
+
+
+POLICIES: dict[str, type] = {
+    "constant": ConstantPolicy, "heuristic": HeuristicPolicy, "optimal": OptimalPolicy, "auto": AutoPolicy,
+}
 
 
 def make_policy(name: str, gamma: int, **options: Any) -> Policy:
-    """Build a policy by name: "constant", "heuristic" or "optimal"; ``gamma`` is the start value."""
+    """Build a policy by name: "constant", "heuristic", "optimal" or "auto"; ``gamma`` is the start value."""
     if name not in POLICIES:
         raise ValueError(f"unknown draft-length policy {name!r}; known: {', '.join(sorted(POLICIES))}")
     gamma = _check_int(gamma, "gamma", 1)

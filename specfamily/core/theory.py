@@ -92,3 +92,34 @@ def acceptance_rate(p: torch.Tensor | Sequence[float], q: torch.Tensor | Sequenc
     if bool((p64 < 0).any()) or bool((q64 < 0).any()):
         raise ValueError("p and q must be non-negative")
     return float(torch.minimum(p64, q64).sum())
+
+
+def expected_tokens_by_depth(acceptance: Sequence[float], gamma: int) -> float:
+    """E[tokens per pass] for a draft of ``gamma`` tokens whose depth-d token is accepted with probability
+    ``acceptance[d - 1]`` given that every shallower one was: 1 + sum over d <= gamma of the product of the first d.
+
+    With every entry equal to alpha this is ``expected_tokens_per_pass(alpha, gamma)``; measured per depth it also
+    fits drafters whose acceptance is far from i.i.d. (prompt lookup: a matched copy tends to go on matching).
+    """
+    gamma = _check_gamma(gamma)
+    if gamma > len(acceptance):
+        raise ValueError(f"gamma {gamma} exceeds the {len(acceptance)} depths given")
+    tokens, reach = 1.0, 1.0
+    for a in acceptance[:gamma]:
+        reach *= _check_alpha(a)
+        tokens += reach
+    return tokens
+
+
+def best_draft_length(
+    acceptance: Sequence[float], c: float, verify_cost: VerifyCost = None, min_speedup: float = 1.0
+) -> tuple[int, float]:
+    """(gamma, expected speedup) maximising tokens per pass / (gamma c + verify_cost(gamma)) over
+    gamma in [0, len(acceptance)]; gamma 0 (plain decoding, speedup 1) unless some gamma beats ``min_speedup``."""
+    c = _check_c(c)
+    best, best_speedup = 0, 1.0
+    for gamma in range(1, len(acceptance) + 1):
+        speedup = expected_tokens_by_depth(acceptance, gamma) / (gamma * c + _verify_cost_at(verify_cost, gamma))
+        if speedup > best_speedup:
+            best, best_speedup = gamma, speedup
+    return (best, best_speedup) if best_speedup > min_speedup else (0, 1.0)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from specfamily.core.costs import measure_verify_cost
+from specfamily.core.costs import measure_verify_cost, process_clock
 from specfamily.core.target import Target
 from specfamily.core.types import SamplingConfig
 from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
@@ -71,11 +71,18 @@ def _verify_cost(cfg: DictConfig, target: Target, prompts: list[Prompt]) -> dict
     context = prompts[0].ids[-int(node.get("context", 256)) :]
     try:
         sizes, repeats = list(node.get("sizes", [0, 1, 2, 4, 8])), int(node.get("repeats", 5))
-        curve = measure_verify_cost(target, context, sizes, repeats)
+        curve = measure_verify_cost(target, context, sizes, repeats, process_clock(target.device))
     except ValueError as err:
         log.warning("verify cost not measured: %s", err)
         return {}
+    target.verify_costs = curve  # the cost-aware drafters size their drafts with this very curve
     return {str(g): cost for g, cost in curve.items()}
+
+
+def _reused_cost(old: RunInfo, target: Target) -> dict[str, float]:
+    """A resumed run's own verify-cost curve, handed to the target for the cost-aware drafters too."""
+    target.verify_costs = {int(g): float(cost) for g, cost in old.verify_cost.items()}
+    return old.verify_cost
 
 
 def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info) -> RunInfo:
@@ -93,7 +100,7 @@ def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir,
         threads=torch.get_num_threads(),
         versions=package_versions(),
         git=git_commit(),
-        verify_cost=old.verify_cost if old and old.verify_cost else _verify_cost(cfg, target, prompts),
+        verify_cost=_reused_cost(old, target) if old and old.verify_cost else _verify_cost(cfg, target, prompts),
         started=old.started if old else datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
 

@@ -3,6 +3,7 @@
 import pytest
 
 from specfamily.core.policy import (
+    AutoPolicy,
     ConstantPolicy,
     HeuristicPolicy,
     OptimalPolicy,
@@ -10,7 +11,7 @@ from specfamily.core.policy import (
     estimate_alpha,
     make_policy,
 )
-from specfamily.core.theory import optimal_gamma
+from specfamily.core.theory import best_draft_length, optimal_gamma
 
 
 def run_schedule(policy: Policy, accepted_pattern: list[int | None]) -> list[int]:
@@ -23,7 +24,7 @@ def run_schedule(policy: Policy, accepted_pattern: list[int | None]) -> list[int
     return gammas
 
 
-@pytest.mark.parametrize("name", ["constant", "heuristic", "optimal"])
+@pytest.mark.parametrize("name", ["constant", "heuristic", "optimal", "auto"])
 def test_make_policy_builds_a_policy_starting_at_gamma(name):
     policy = make_policy(name, 5)
     assert isinstance(policy, Policy)
@@ -31,7 +32,7 @@ def test_make_policy_builds_a_policy_starting_at_gamma(name):
 
 
 def test_make_policy_rejects_unknown_names_and_bad_gamma():
-    with pytest.raises(ValueError, match="constant, heuristic, optimal"):
+    with pytest.raises(ValueError, match="auto, constant, heuristic, optimal"):
         make_policy("greedy", 4)
     for gamma in (-1, 0, 2.5, True, "4"):
         with pytest.raises(ValueError, match="gamma"):
@@ -142,3 +143,74 @@ def test_optimal_rejects_bad_options():
     for options in ({"max_gamma": 0}, {"prior_alpha": 1.5}, {"prior_weight": 0.0}, {"c_smoothing": 0.0}, {"c": -1.0}):
         with pytest.raises(ValueError):
             make_policy("optimal", 4, **options)
+
+
+# ---------------------------------------------------------------- auto (cost-aware)
+
+
+def feed_auto(policy: AutoPolicy, passes: int, accepted_of, c: float) -> list[int]:
+    """Run ``passes`` verifications; ``accepted_of(gamma)`` says how many draft tokens each one accepted."""
+    asked = []
+    for _ in range(passes):
+        gamma = policy.next_gamma()
+        asked.append(gamma)
+        policy.update(gamma, accepted_of(gamma) if gamma else 0, c if gamma else None, tokens=gamma)
+    return asked
+
+
+def test_auto_drafts_its_start_gamma_until_c_is_known():
+    policy = AutoPolicy(5)
+    assert [policy.next_gamma() for _ in range(3)] == [5, 5, 5]
+    policy.update(5, 2, None)
+    assert policy.next_gamma() == 5
+
+
+def test_auto_follows_the_theory_at_its_estimates():
+    """After many all-accepted drafts at c = 0.1 and a flat verify cost it drafts what best_draft_length says."""
+    policy = AutoPolicy(2, max_gamma=8, verify_cost=1.0)
+    feed_auto(policy, 200, lambda g: g, 0.1)
+    acceptance = policy.acceptance()
+    assert acceptance[0] > 0.98
+    assert policy.next_gamma() == best_draft_length(acceptance, policy.c_estimate, 1.0, policy.min_speedup)[0] == 8
+
+
+def test_auto_drafts_nothing_when_speculation_cannot_pay_but_still_probes():
+    """Nothing accepted, c = 0.5: every gamma predicts a slowdown, so it drafts 0 and probes every probe_every."""
+    policy = AutoPolicy(4, probe_every=5)
+    asked = feed_auto(policy, 41, lambda g: 0, 0.5)
+    assert asked[0] == 4
+    tail = asked[1:]
+    assert tail.count(0) == 32 and [i for i, g in enumerate(tail) if g] == [4, 9, 14, 19, 24, 29, 34, 39]
+    assert all(g == 1 for g in tail if g)  # the probe is the best (shortest) draft
+
+
+def test_auto_counts_acceptance_per_depth():
+    """Depth d is tried only when every shallower token was accepted: 3 of 4 at depth 1, then 1 of 3 at depth 2."""
+    policy = AutoPolicy(2, max_gamma=2, prior_weight=1e-9)
+    for accepted in (2, 1, 1, 0):
+        policy.update(2, accepted, 0.1)
+    assert policy.tried == [4, 3] and policy.accepted == [3, 1]
+    assert policy.acceptance() == pytest.approx([0.75, 1 / 3])
+
+
+def test_auto_verify_cost_scales_with_tree_width():
+    """A tree of 3 tokens per depth is costed at verify_cost(3 gamma), not verify_cost(gamma)."""
+    seen = []
+    policy = AutoPolicy(2, max_gamma=4, verify_cost=lambda g: seen.append(g) or 1.0)
+    policy.update(2, 1, 0.1, tokens=6)
+    assert seen[-1] == pytest.approx(2 * (1 + 0.3 * 2))  # width moves 30% (c_smoothing) of the way from 1 to 3
+    policy.next_gamma()
+    assert max(seen[-4:]) == pytest.approx(4 * 1.6)  # gamma 4 is costed at 4 x the width
+
+
+def test_auto_keeps_part_of_its_estimates_across_requests():
+    policy = AutoPolicy(2, memory=0.5, prior_weight=1e-9)
+    policy.update(2, 2, 0.1)
+    policy.reset()
+    assert policy.tried[:2] == [0.5, 0.5] and policy.c_estimate is not None
+
+
+@pytest.mark.parametrize("option", [{"memory": 1.5}, {"prior_weight": 0.0}, {"probe_every": 0}, {"max_gamma": 0}])
+def test_auto_rejects_bad_options(option):
+    with pytest.raises(ValueError):
+        AutoPolicy(2, **option)

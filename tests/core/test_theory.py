@@ -115,3 +115,26 @@ def test_error_messages_name_the_problem():
         theory.expected_speedup(0.5, -3, 0.1)
     with pytest.raises(ValueError, match="c must"):
         theory.expected_speedup(0.5, 4, -0.1)
+
+
+
+def test_tokens_by_depth_equals_the_iid_formula_at_a_constant_rate():
+    for alpha in (0.0, 0.3, 0.9, 1.0):
+        for gamma in range(6):
+            assert theory.expected_tokens_by_depth([alpha] * 6, gamma) == pytest.approx(
+                theory.expected_tokens_per_pass(alpha, gamma))
+
+
+def test_tokens_by_depth_uses_conditional_rates():
+    """Depth 1 accepted half the time, depth 2 always after that: 1 + 0.5 + 0.5."""
+    assert theory.expected_tokens_by_depth([0.5, 1.0], 2) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="exceeds the 2 depths"):
+        theory.expected_tokens_by_depth([0.5, 1.0], 3)
+
+
+def test_best_draft_length_is_zero_when_nothing_pays():
+    assert theory.best_draft_length([0.1] * 8, 0.5) == (0, 1.0)
+    gamma, speedup = theory.best_draft_length([0.8] * 8, 0.05, lambda g: 1 + 0.1 * g)
+    brute = max(range(1, 9), key=lambda g: theory.expected_speedup(0.8, g, 0.05, lambda x: 1 + 0.1 * x))
+    assert gamma == brute and speedup == pytest.approx(theory.expected_speedup(0.8, brute, 0.05, lambda x: 1 + 0.1 * x))
+    assert theory.best_draft_length([0.8] * 8, 0.05, 1.0, min_speedup=100.0) == (0, 1.0)

@@ -208,7 +208,9 @@ def test_options_are_validated():
         sf.create_drafter("eagle", target, weights=3)
 
 
-def test_default_weights_are_the_zoo_drafter(monkeypatch):
+def test_default_weights_are_the_zoo_drafter_made_for_the_target(monkeypatch):
+    import specfamily.zoo as zoo
+
     target = tiny_target("llama", vocab_size=16)
     seen = []
 
@@ -217,6 +219,10 @@ def test_default_weights_are_the_zoo_drafter(monkeypatch):
         return build_model(model), {}
 
     monkeypatch.setattr(eagle_drafter, "load_eagle", fake_load)
+    with pytest.raises(ValueError, match=r"there are no eagle weights for this target in the zoo.*"
+                                         r"`python -m specfamily\.drafters\.eagle\.train --target "):
+        sf.create_drafter("eagle", target)  # a target the zoo's catalogue does not know
+    monkeypatch.setattr(zoo, "identify", lambda model: "zoo:code-target")  # as if it were the zoo target
     sf.create_drafter("eagle", target)
     assert seen == ["zoo:code-eagle"]
 

@@ -177,18 +177,23 @@ def test_bad_options_are_refused(options, error, message):
         MedusaDrafter(target, **{"weights": "random", **options})
 
 
-def test_default_weights_are_the_zoo_heads(monkeypatch):
+def test_default_weights_are_the_zoo_heads_made_for_the_target(monkeypatch):
     import specfamily.zoo as zoo
 
+    target = tiny_target("llama", vocab_size=16)
+    with pytest.raises(ValueError, match=r"there are no medusa weights for this target in the zoo.*"
+                                         r"`python -m specfamily\.drafters\.medusa\.train --target "):
+        MedusaDrafter(target)  # a target the zoo's catalogue does not know
     asked = []
 
     def fake_zoo_path(name):
         asked.append(name)
         raise FileNotFoundError(f"zoo model {name!r} is not shipped")
 
+    monkeypatch.setattr(zoo, "identify", lambda model: "zoo:code-target")  # as if it were the zoo target
     monkeypatch.setattr(zoo, "zoo_path", fake_zoo_path)
     with pytest.raises(FileNotFoundError, match="'zoo:code-medusa' is not shipped"):
-        MedusaDrafter(tiny_target("llama", vocab_size=16))
+        MedusaDrafter(target)
     assert asked == ["zoo:code-medusa"]
 
 

@@ -137,9 +137,11 @@ class _Recording(PromptLookupDrafter):
 
 
 def _recording(**options):
+    """A recording drafter class and its factory; a constant gamma (10) unless given, so every pass drafts."""
     class Recording(_Recording):
         sizes = []
 
+    options.setdefault("gamma", PromptLookupDrafter.default_gamma)
     return Recording, (lambda target: Recording(target, **options))
 
 

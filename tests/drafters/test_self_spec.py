@@ -219,7 +219,8 @@ def test_skip_option_forms():
         SelfSpecDrafter(target, skip="zoo:nope")
     with pytest.raises(ValueError, match="skip-set file '/no/such.json' does not exist"):
         SelfSpecDrafter(target, skip="/no/such.json")
-    with pytest.raises(ValueError, match="no shipped self_spec skip set fits this target; pass skip="):
+    with pytest.raises(ValueError, match=r"there are no skip_set weights for this target in the zoo.*pass skip=.*"
+                                         r"`python -m specfamily\.drafters\.self_spec\.search --model "):
         SelfSpecDrafter(target)
 
 
@@ -242,16 +243,21 @@ def test_skip_file_is_checked_against_the_target(tmp_path):
         SelfSpecDrafter(other, skip=path)
 
 
-def test_default_skip_set_is_the_shipped_one_for_this_target(tmp_path, monkeypatch):
+def test_default_skip_set_is_the_zoo_one_for_this_target(tmp_path, monkeypatch):
     import specfamily.drafters.self_spec.drafter as drafter_module
+    import specfamily.zoo as zoo
 
     target = tiny_target("llama", vocab_size=16)
     other = save_skip_set(tmp_path / "other.json", _record(tiny_target("gpt2", vocab_size=16).model, ["mlp:0"]))
     mine = save_skip_set(tmp_path / "mine.json", _record(target.model, ["attn:1"]))
     monkeypatch.setattr(drafter_module, "shipped_skip_sets", lambda: {"other": other, "mine": mine})
+    asked = []
+    monkeypatch.setattr(zoo, "default_weights", lambda kind, t: asked.append((kind, t)) or "zoo:code-skip")
+    monkeypatch.setattr(zoo, "zoo_path", lambda name: {"zoo:code-skip": mine}[name])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert SelfSpecDrafter(target).skipped == {("attn", 1)}
+        assert SelfSpecDrafter(target).skipped == {("attn", 1)}  # the catalogue's entry for this target
+        assert asked == [("skip_set", target)]
         assert SelfSpecDrafter(target, skip="zoo:mine").skip_source == str(mine)
     with pytest.raises(ValueError, match=r"was searched for 'tiny' \(gpt2, 2 layers"):
         SelfSpecDrafter(target, skip="zoo:other")
@@ -277,6 +283,8 @@ def test_shipped_zoo_skip_set_fits_the_shipped_zoo_target():
     searched = load_skip_set(shipped_skip_sets()["code-target"]).gamma
     assert drafter.policy.next_gamma() == searched  # the gamma the set was searched at, unless given
     assert sf.create_drafter("self_spec", target, gamma=searched + 2).policy.next_gamma() == searched + 2
+    by_catalogue_name = sf.create_drafter("self_spec", target, skip="zoo:code-skip")
+    assert by_catalogue_name.skip_source == str(shipped_skip_sets()["code-target"])
 
 
 def test_skip_file_writes_are_atomic(tmp_path):

@@ -16,6 +16,7 @@ from specfamily.drafters.self_spec.search import (
     beam_search,
     greedy_tau,
     main,
+    ranked_search,
     search_skip_set,
 )
 from specfamily.testing import tiny_model, tiny_target
@@ -101,6 +102,33 @@ def test_beam_search_finds_the_best_set_and_respects_max_skip():
     assert len({c.skipped for c in history}) == len(history)
     best, _ = beam_search(_additive_score(good), sublayers, beam=1, max_skip=1)
     assert best.skipped == {("mlp", 0)}
+
+
+def test_ranked_search_scores_singles_then_nested_sets_of_the_best_ranked():
+    """Six sub-layers: 1 + 6 singles + 3 nested sets (k = 2, 4, 6); the best prefix is the two good ones."""
+    sublayers = all_sublayers(3)
+    good = {("mlp", 0): 0.2, ("attn", 2): 0.1}
+    seen = []
+    score = _additive_score(good)
+    best, history = ranked_search(lambda s: seen.append(s) or score(s), sublayers)
+    assert len(seen) == len(history) == 1 + 6 + 3
+    assert seen[7] == frozenset(good) and best.skipped == frozenset(good)
+    best, _ = ranked_search(score, sublayers, max_skip=1)
+    assert best.skipped == {("mlp", 0)}
+
+
+def test_search_min_skip_picks_the_best_set_that_skips_something():
+    """Skipping anything loses here; min_skip=1 still returns the least bad non-empty set, scored by the search."""
+    model = tiny_model("llama", vocab_size=16, layers=2, dtype=torch.float32)
+    target = sf.load_target(model)
+    prompts = [[1, 2, 3, 4, 5, 6]]
+    costs = CostModel(t1=1.0, verify_cost=[1.0] * 5, fixed=0.5, attn=0.0, mlp=0.0, num_layers=2)
+    options = SearchOptions(prompts=1, max_new_tokens=8, depth=2, strategy="ranked", validate=False, repeats=1)
+    best, history, _ = search_skip_set(target, options, prompts, costs)
+    assert best.skipped == frozenset()  # skipping saves nothing at attn = mlp = 0 and can only lose acceptance
+    best, history, _ = search_skip_set(target, SearchOptions(**{**vars(options), "min_skip": 1}), prompts, costs)
+    assert len(best.skipped) >= 1
+    assert best.speedup == max(c.speedup for c in history if c.skipped)
 
 
 def test_beam_search_stops_after_patience():

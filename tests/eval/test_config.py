@@ -30,24 +30,37 @@ def test_default_config_is_the_default_comparison(compose_config):
     specs = drafter_specs(cfg)
     assert [spec.label for spec in specs] == [PLAIN, *sf.list_drafters()]
     assert specs[0].name is None and specs[0].options == {}
-    assert cfg.model.target == "zoo:code-target"
-    small_model = {"model": "zoo:code-draft", "gamma": 4, "policy": "constant", "dtype": None, "confidence": 0.0}
-    assert _options(specs, "small_model") == small_model
+    assert cfg.model.target == "zoo:smollm2"
+    small_model = {"model": None, "gamma": None, "policy": None, "dtype": None, "confidence": 0.0}
+    assert _options(specs, "small_model") == small_model  # model None: the zoo's draft for the target, if any
     assert sampling_config(cfg.sampling) == sf.SamplingConfig(0.0, 0, 1.0)
     dataset = DatasetSpec.from_config(cfg.dataset)
-    assert (dataset.path, dataset.num_examples, dataset.max_new_tokens) == ("zoo:complete", 24, 64)
+    assert (dataset.path, dataset.select, dataset.num_examples, dataset.max_new_tokens) == (
+        "specfamily:spec_bench", "per_category", 1, 128)
     validate_specs(specs)
+
+
+def test_model_zoo_is_the_code_family(compose_config):
+    cfg = compose_config(["model=zoo", "dataset=complete"])
+    specs = drafter_specs(cfg)
+    assert cfg.model.target == "zoo:code-target"
+    assert _options(specs, "small_model")["model"] == "zoo:code-draft"
+    assert _options(specs, "medusa")["weights"] == "zoo:code-medusa"
+    dataset = DatasetSpec.from_config(cfg.dataset)
+    assert (dataset.path, dataset.num_examples, dataset.max_new_tokens) == ("zoo:complete", 24, 64)
 
 
 @pytest.mark.parametrize(
     ("overrides", "label", "expected"),
     [
-        (["drafter=small_model", "drafter.gamma=6"], "small_model", {"gamma": 6, "model": "zoo:code-draft"}),
+        (["drafter=small_model", "drafter.gamma=6", "model=zoo"], "small_model",
+         {"gamma": 6, "model": "zoo:code-draft"}),
         (["drafter=small_model", "model.draft=/models/d"], "small_model", {"model": "/models/d"}),
         (["drafter.gamma=3", "drafter.policy=heuristic"], "small_model", {"gamma": 3, "policy": "heuristic"}),
-        (["drafter=prompt_lookup", "drafter.max_ngram=5"], "prompt_lookup", {"max_ngram": 5, "policy": "constant"}),
+        (["drafter=prompt_lookup", "drafter.max_ngram=5"], "prompt_lookup", {"max_ngram": 5, "policy": None}),
         (["drafter=eagle", "drafter.gamma=6", "model.eagle=random"], "eagle", {"gamma": 6, "weights": "random"}),
-        (["drafter=medusa", "drafter.typical=true"], "medusa", {"typical": True, "weights": "zoo:code-medusa"}),
+        (["drafter=medusa", "drafter.typical=true", "model=zoo"], "medusa",
+         {"typical": True, "weights": "zoo:code-medusa"}),
     ],
 )
 def test_drafter_overrides(compose_config, overrides, label, expected):
@@ -86,11 +99,20 @@ def test_sampling_overrides(compose_config, overrides, label):
         (["experiment=quick"], {"num_examples": 4, "max_new_tokens": 32}),
         (["experiment=quick", "dataset.num_examples=2"], {"num_examples": 2}),
         (["dataset=humaneval"], {"path": "openai_humaneval", "split": "test", "id_field": "task_id"}),
+        (["dataset=spec_bench"], {"path": "specfamily:spec_bench", "turns_field": "turns", "chat_template": True,
+                                  "category_field": "category", "select": "per_category", "num_examples": 1}),
+        (["dataset=spec_bench", "dataset.max_turns=1"], {"max_turns": 1}),
     ],
 )
 def test_dataset_overrides(compose_config, overrides, expected):
     spec = DatasetSpec.from_config(compose_config(overrides).dataset)
     assert {key: getattr(spec, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("path", sorted((configs_dir() / "dataset").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_dataset_file_lists_every_key(path):
+    """Every dataset file names each DatasetSpec key, so any of them can be overridden without +."""
+    assert set(OmegaConf.load(path)) == {f.name for f in dataclasses.fields(DatasetSpec)}
 
 
 def test_sweep_gamma_experiment_is_a_multirun(compose_config):

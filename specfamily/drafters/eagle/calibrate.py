@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> Trial:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from specfamily.core.target import load_target
-    from specfamily.zoo.prompts import prompt_ids
+    from specfamily.zoo import prompt_ids
 
     target = load_target(args.target, dtype=torch.float32)
     model, _ = load_eagle(args.weights, target.model)

@@ -11,9 +11,9 @@ MODES = ("tree", "chain")
 
 @dataclass
 class EagleConfig:
-    weights: Any = None  # a folder, a zoo: name, "random" or an EagleModel built for the target; None = zoo:code-eagle
+    weights: Any = None  # a folder, a zoo: name, "random" or an EagleModel for the target; None: the zoo's
     gamma: int | None = None  # tree depth (tree mode) or draft length (chain mode); default per mode
-    policy: str = "constant"  # constant | heuristic | optimal
+    policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
     mode: str = "tree"  # tree: EAGLE-2 dynamic tree; chain: EAGLE-1 style single chain
     top_k: int | None = None  # tree mode: children per expanded node and nodes expanded per depth
     total_tokens: int | None = None  # tree mode: nodes kept after reranking

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from specfamily import zoo
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
@@ -24,7 +25,6 @@ from specfamily.drafters.eagle.config import EagleConfig
 from specfamily.drafters.eagle.dynamic_tree import grow_tree
 from specfamily.drafters.eagle.model import EagleModel, build_model
 
-DEFAULT_WEIGHTS = "zoo:code-eagle"
 DEFAULT_GAMMA = {"tree": 5, "chain": 4}
 DEFAULT_TOP_K = 4
 # Nodes kept per tree when the checkpoint carries no calibration (``python -m specfamily.drafters.eagle.calibrate``
@@ -65,7 +65,7 @@ class EagleDrafter(BaseDrafter):
         target: Target,
         weights: str | Path | EagleModel | None = None,
         gamma: int | None = None,
-        policy: str = "constant",
+        policy: str | None = None,
         mode: str = "tree",
         top_k: int | None = None,
         total_tokens: int | None = None,
@@ -75,6 +75,7 @@ class EagleDrafter(BaseDrafter):
         self.model, calibration = _load(target, config)
         tree = mode == "tree"  # a checkpoint's calibrated tree shape is the tree mode's default
         self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if tree else DEFAULT_GAMMA[mode]
+        self.auto_max_gamma = None if tree else BaseDrafter.auto_max_gamma  # a tree stays within its calibrated depth
         super().__init__(gamma, policy)
         self.mode = mode
         self.top_k = DEFAULT_TOP_K if top_k is None else top_k
@@ -188,12 +189,13 @@ class TreeFeeder:
 
 def _load(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
     """The model and its calibration: fresh modules for weights="random", a built model as is, else the
-    checkpoint (default zoo:code-eagle) with the tree shape calibrated for it, if any."""
+    checkpoint (default: the zoo's eagle weights for this target) with the tree shape calibrated for it, if any."""
     if isinstance(config.weights, EagleModel):
         if config.weights.parts.lm_head is not target.model.get_output_embeddings():
             raise ValueError("this EagleModel was built for another target (it reads another model's LM head)")
         return config.weights, {}
     if config.weights == "random":
         return build_model(target.model, seed=config.seed), {}
-    model, saved = load_eagle(DEFAULT_WEIGHTS if config.weights is None else config.weights, target.model)
+    weights = zoo.default_weights("eagle", target) if config.weights is None else config.weights
+    model, saved = load_eagle(weights, target.model)
     return model, saved.get("calibration") or {}

@@ -9,9 +9,9 @@ from typing import Any
 
 @dataclass
 class MedusaConfig:
-    weights: Any = None  # a checkpoint folder, a zoo: name or "random"; None = zoo:code-medusa
+    weights: Any = None  # a checkpoint folder, a zoo: name or "random"; None = the zoo's heads for this target
     gamma: int | None = None  # tree depth cap (default: the tree's depth, at most the number of heads)
-    policy: str = "constant"  # constant | heuristic | optimal
+    policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
     tree: Any = None  # None = the checkpoint's calibrated tree, "chain" = top-1 chain, or a list of rank paths
     num_heads: int = 4  # K, for weights="random"
     layers: int = 1  # residual blocks per head, for weights="random"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from specfamily import zoo
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.types import DecodeContext, Draft, SamplingConfig, VerifyOutcome
 from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint
@@ -25,13 +26,12 @@ from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import MedusaTree, build_tree, chain_paths, greedy_paths, nominal_accuracies
 from specfamily.drafters.medusa.typical import typical_accept
 
-DEFAULT_WEIGHTS = "zoo:code-medusa"
 RANDOM_TREE_NODES = 16  # default tree size for uncalibrated heads (a CPU-sized tree)
 
 
 def load_heads(target, cfg: MedusaConfig) -> tuple[MedusaHeads, MedusaCheckpoint | None]:
     """Heads from ``cfg.weights``: fresh ones for "random", else a checkpoint checked against the target."""
-    weights = DEFAULT_WEIGHTS if cfg.weights is None else cfg.weights
+    weights = zoo.default_weights("medusa", target) if cfg.weights is None else cfg.weights
     if isinstance(weights, str) and weights == "random":
         return build_heads(target, shape_for(target, cfg.num_heads, cfg.layers, cfg.share_lm_head)).eval(), None
     heads, meta = load_checkpoint(weights, target)
@@ -72,8 +72,9 @@ class MedusaDrafter(BaseDrafter):
 
     needs_features = True
     default_gamma = 4
+    auto_max_gamma = None  # cost-aware depths stay within the calibrated tree
 
-    def __init__(self, target, weights=None, gamma: int | None = None, policy: str = "constant", tree=None,
+    def __init__(self, target, weights=None, gamma: int | None = None, policy: str | None = None, tree=None,
                  num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, typical: bool = False,
                  epsilon: float = 0.09, delta: float | None = None) -> None:
         cfg = MedusaConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, typical, epsilon, delta)
@@ -94,7 +95,8 @@ class MedusaDrafter(BaseDrafter):
         if cfg.gamma is not None and cfg.gamma > k:
             raise ValueError(f"gamma (tree depth) {cfg.gamma} exceeds the number of Medusa heads ({k})")
         self.tree = resolve_tree(cfg.tree, k, target.vocab_size, checkpoint, cfg.gamma)
-        super().__init__(self.tree.depth if cfg.gamma is None else cfg.gamma, cfg.policy)
+        self.default_gamma = self.tree.depth
+        super().__init__(cfg.gamma, cfg.policy)
         self.lossy = cfg.typical  # typical acceptance does not preserve the target distribution
         self.epsilon, self.delta = cfg.epsilon, cfg.delta
         self._gather = self.tree.gather.to(target.device)  # (n,)

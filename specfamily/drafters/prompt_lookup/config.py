@@ -25,7 +25,7 @@ class PromptLookupConfig:
     """
 
     gamma: int | None = None  # draft length / tree depth (default 10)
-    policy: str = "constant"  # constant | heuristic | optimal
+    policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
     min_ngram: int = 1
     max_ngram: int = 3
     branches: int = 1
@@ -38,5 +38,5 @@ class PromptLookupConfig:
         if self.max_ngram < self.min_ngram:
             raise ValueError(f"max_ngram ({self.max_ngram}) must be >= min_ngram ({self.min_ngram})")
         _check_int(self.branches, "branches", 1)
-        if not isinstance(self.policy, str):
+        if self.policy is not None and not isinstance(self.policy, str):
             raise ValueError(f"policy must be a string, got {self.policy!r}")

@@ -26,7 +26,7 @@ class PromptLookupDrafter(BaseDrafter):
         self,
         target: Target | None = None,
         gamma: int | None = None,
-        policy: str = "constant",
+        policy: str | None = None,
         min_ngram: int = 1,
         max_ngram: int = 3,
         branches: int = 1,

@@ -31,9 +31,9 @@ _CONFIG_KEYS = (
 class SelfSpecConfig:
     """Options of ``self_spec``; ``exit_*`` are the Draft & Verify adaptive draft-exit parameters."""
 
-    skip: Any = None  # a skip-set file, a zoo: name, or a list like ["attn:3", "mlp:4", "layer:5"]; None = shipped set
+    skip: Any = None  # a skip-set file, a zoo: name, or a list like ["attn:3", "mlp:4"]; None: the zoo's for the target
     gamma: int | None = None  # draft length (default 4); with adaptive_exit the most tokens one draft may have
-    policy: str = "constant"  # constant | heuristic | optimal
+    policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
     adaptive_exit: bool = False  # stop drafting when the draft's top-1 probability falls below the threshold
     exit_threshold: float = 0.5  # initial threshold on the draft's top-1 probability
     exit_target: float = 0.9  # acceptance the threshold is steered to (raised below it, lowered above it)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from specfamily import zoo
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
@@ -36,7 +37,6 @@ from specfamily.drafters.self_spec.layers import (
     parse_skip,
 )
 
-SEARCH_COMMAND = "python -m specfamily.drafters.self_spec.search --model PATH_OR_ZOO --out FILE.json"
 _LIST_STRING = re.compile(r"^\s*(attn|mlp|layer):\d+\s*(,\s*(attn|mlp|layer):\d+\s*)*$")
 
 
@@ -84,15 +84,10 @@ def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str, i
         kind = type(skip).__name__
         raise TypeError(f"skip must be a skip-set file, a zoo: name or a list like ['attn:3'], got {kind}")
     key = model_key(target.model, name="target")
-    shipped = shipped_skip_sets()
     if skip is None:
-        path = _default_skip_file(key, shipped)
+        path = zoo.zoo_path(zoo.default_weights("skip_set", target))  # the zoo's skip set for this target
     elif isinstance(skip, str) and skip.startswith("zoo:"):
-        name = skip[len("zoo:") :]
-        if name not in shipped:
-            known = ", ".join("zoo:" + n for n in shipped) or "none"
-            raise ValueError(f"no shipped skip set {skip!r}; shipped: {known}")
-        path = shipped[name]
+        path = _named_skip_file(skip)
     else:
         path = Path(skip)
     record = load_skip_set(path)
@@ -105,24 +100,20 @@ def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str, i
     return parse_skip(record.skip, num_layers), str(path), record.gamma
 
 
-def _default_skip_file(key, shipped: dict[str, Path]) -> Path:
-    """The shipped skip set searched for this model's weights, else the one for its architecture."""
-    fitting = []
-    for path in shipped.values():
-        try:
-            record = load_skip_set(path)
-            same_weights = check_record_fits(record, key, str(path))
-        except ValueError:
-            continue
-        if same_weights:
-            return path
-        fitting.append(path)
-    if len(fitting) == 1:
-        return fitting[0]
-    raise ValueError(
-        "no shipped self_spec skip set fits this target; pass skip=[...] (e.g. ['mlp:1']), a skip-set file, "
-        f"or search one with `{SEARCH_COMMAND}`"
-    )
+def _named_skip_file(name: str) -> Path:
+    """``zoo:<stem>`` of a shipped skip-set file (``zoo:code-target``), or a skip-set entry of the zoo's catalogue."""
+    shipped = shipped_skip_sets()
+    stem = name[len("zoo:") :]
+    if stem in shipped:
+        return shipped[stem]
+    try:
+        is_skip_set = zoo.entry(name).kind == "skip_set"
+    except ValueError:
+        is_skip_set = False
+    if is_skip_set:
+        return zoo.zoo_path(name)
+    known = ", ".join("zoo:" + n for n in shipped) or "none"
+    raise ValueError(f"no shipped skip set {name!r}; shipped: {known}")
 
 
 class SelfSpecDrafter(BaseDrafter):
@@ -130,11 +121,13 @@ class SelfSpecDrafter(BaseDrafter):
 
     default_gamma = 4
 
-    def __init__(self, target: Target, skip: Any = None, gamma: int | None = None, policy: str = "constant",
+    def __init__(self, target: Target, skip: Any = None, gamma: int | None = None, policy: str | None = None,
                  **options: Any) -> None:
         config = SelfSpecConfig(skip=skip, gamma=gamma, policy=policy, **options)
         self.skipped, self.skip_source, searched_gamma = resolve_skip(skip, target)
-        super().__init__(gamma if gamma is not None else searched_gamma, policy)  # a searched set's gamma by default
+        if searched_gamma is not None:
+            self.default_gamma = searched_gamma  # a searched set's gamma: where auto starts
+        super().__init__(gamma, policy)
         self.runner = LayerRunner(target.model)
         self.plan = self.runner.plan(self.skipped)
         self.exit = (
@@ -185,5 +178,5 @@ class SelfSpecDrafter(BaseDrafter):
         return token, q, (q.max() if self.exit is not None else None)
 
     def observe(self, outcome: VerifyOutcome) -> None:
-        if self.exit is not None:
+        if self.exit is not None and outcome.draft_size:  # a pass without a proposal tells the exit nothing
             self.exit.update(self._drafted, len(outcome.accepted_nodes), self._cut)

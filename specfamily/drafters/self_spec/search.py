@@ -49,9 +49,10 @@ from specfamily.drafters.self_spec.layers import (
     draft_entries_discarded,
     format_skip,
 )
-from specfamily.zoo.prompts import prompt_ids
+from specfamily.zoo import prompt_ids
 
 NAN = float("nan")
+STRATEGIES = ("beam", "ranked")
 
 
 @dataclass
@@ -64,7 +65,9 @@ class SearchOptions:
     beam: int = 2
     patience: int = 1  # rounds without improvement before stopping
     max_skip: int | None = None  # most sub-layers skipped (None: no limit)
+    min_skip: int = 0  # fewest sub-layers the chosen set skips (1: a set even when skipping nothing scores best)
     score: str = "theory"  # theory | measured
+    strategy: str = "beam"  # beam: grow sets one sub-layer a round | ranked: nested sets in single-skip order
     gamma: int = 4  # draft length of score="measured"
     temperature: float = 0.0  # sampling the scores assume (the continuation is greedy either way)
     repeats: int = 15  # timing repetitions (medians)
@@ -77,6 +80,8 @@ class SearchOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.score not in ("theory", "measured"):
             raise ValueError(f"score must be 'theory' or 'measured', got {self.score!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -214,6 +219,23 @@ def beam_search(score: Callable[[frozenset[SubLayer]], Candidate], sublayers: Se
     return best, list(scored.values())
 
 
+def ranked_search(score: Callable[[frozenset[SubLayer]], Candidate], sublayers: Sequence[SubLayer],
+                  max_skip: int | None = None, stride: int = 2) -> tuple[Candidate, list[Candidate]]:
+    """Score every single skip, rank the sub-layers by it, then score nested sets of the ``k`` best-ranked.
+
+    On a deep model one skipped sub-layer saves too little to beat skipping nothing, so a greedy search stalls
+    at the start; the ranked prefixes (k = stride, 2 stride, ...) cost one score each: len + len / stride in all.
+    """
+    empty = score(frozenset())
+    singles = [score(frozenset({k})) for k in sublayers]
+    order = sorted(singles, key=lambda c: (-c.speedup, format_skip(c.skipped)))
+    ranked = [next(iter(c.skipped)) for c in order]
+    limit = len(ranked) if max_skip is None else min(max_skip, len(ranked))
+    nested = [score(frozenset(ranked[:k])) for k in range(stride, limit + 1, stride)]
+    history = [empty, *singles, *nested]
+    return max(history, key=lambda c: (c.speedup, -len(c.skipped))), history
+
+
 def _prompts(target: Target, options: SearchOptions) -> list[list[int]]:
     """``options.prompts`` prompts spread over the zoo prompt set, cut to their last ``max_prompt_tokens``."""
     return prompt_ids(options.prompt_set, options.prompts, target.tokenizer, last=options.max_prompt_tokens)
@@ -252,7 +274,16 @@ def search_skip_set(
             f"alpha {candidate.alpha:.3f} c {candidate.c:.3f}")
         return candidate
 
-    best, history = beam_search(score, sublayers, options.beam, options.patience, options.max_skip)
+    if options.strategy == "ranked":
+        best, history = ranked_search(score, sublayers, options.max_skip)
+    else:
+        best, history = beam_search(score, sublayers, options.beam, options.patience, options.max_skip)
+    if len(best.skipped) < options.min_skip:
+        allowed = [c for c in history if len(c.skipped) >= options.min_skip]
+        if not allowed:
+            raise ValueError(f"no scored skip set skips at least {options.min_skip} sub-layers")
+        best = max(allowed, key=lambda c: (c.speedup, -len(c.skipped)))
+        log(f"skipping nothing scores best; the best set skipping >= {options.min_skip}: {format_skip(best.skipped)}")
     return best, history, costs
 
 
@@ -318,10 +349,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the timings")
     defaults = SearchOptions()
     for key in ("prompts", "max_new_tokens", "max_prompt_tokens", "depth", "beam", "patience", "max_skip",
-                "gamma", "repeats"):
+                "min_skip", "gamma", "repeats"):
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=getattr(defaults, key))
     parser.add_argument("--prompt-set", default=defaults.prompt_set)
     parser.add_argument("--score", choices=("theory", "measured"), default=defaults.score)
+    parser.add_argument("--strategy", choices=STRATEGIES, default=defaults.strategy)
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
     parser.add_argument("--no-validate", dest="validate", action="store_false")
     return parser.parse_args(argv)

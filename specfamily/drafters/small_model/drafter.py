@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from specfamily import zoo
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
-
-DEFAULT_DRAFT = "zoo:code-draft"
 
 
 def _vocab_size(model) -> int:
@@ -27,13 +26,13 @@ class SmallModelDrafter(BaseDrafter):
 
     default_gamma = 4
 
-    def __init__(self, target: Target, model=None, gamma: int | None = None, policy: str = "constant", dtype=None,
+    def __init__(self, target: Target, model=None, gamma: int | None = None, policy: str | None = None, dtype=None,
                  confidence: float = 0.0):
         if not 0.0 <= confidence < 1.0:
             raise ValueError(f"confidence must be in [0, 1), got {confidence}")
         super().__init__(gamma, policy)
         self.confidence = confidence
-        source = DEFAULT_DRAFT if model is None else model
+        source = zoo.default_weights("draft", target) if model is None else model  # the zoo's draft for it
         self.runner = load_target(source, device=target.device, dtype=dtype or target.dtype)
         self.draft = self.runner.model
         if _vocab_size(self.draft) != target.vocab_size:
@@ -71,5 +70,8 @@ class SmallModelDrafter(BaseDrafter):
         return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
 
     def observe(self, outcome: VerifyOutcome) -> None:
-        """Keep the cache up to the last accepted draft token it holds; drop the rest."""
+        """Keep the cache up to the last accepted draft token it holds; drop the rest (nothing after a pass
+        this drafter proposed nothing for: its cache then holds only committed tokens)."""
+        if outcome.draft_size == 0:
+            return
         self.runner.rollback(self._base + min(len(outcome.accepted_nodes), self._gamma - 1))
