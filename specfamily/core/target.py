@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specfamily.core.fast import BufferedLayer, LeanLlama, lean_unsupported
+from specfamily.core.processors import check_generation_config
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
 
@@ -60,7 +61,8 @@ class Target:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_logits = "logits_to_keep" in params
-        self._layouts: OrderedDict[tuple[int, tuple[int, ...]], TreeLayout] = OrderedDict()
+        self.verify_costs: dict[int, float] | None = None  # t(g + 1) / t(1) by g, measured on first need (core.costs)
+        self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()  # by (m, parents, device, dtype)
         self.lean: LeanLlama | None = LeanLlama(model) if fast and lean_unsupported(model) is None else None
         self.reset()
 
@@ -78,6 +80,7 @@ class Target:
         self.cache.layers = [BufferedLayer() for _ in self.cache.layers]
         self.cached_length = 0
         self._device = self.model.device  # read once per request: the property walks the parameters
+        self._dtype = self.model.dtype
         self._last: _Pass | None = None
 
     def check_ids(self, ids) -> torch.Tensor:
@@ -113,6 +116,8 @@ class Target:
         m, start = pending.numel(), self.cached_length
         parents: tuple[int, ...] = tuple(draft.parents.tolist()) if draft is not None else ()  # host tensor
         n = len(parents)
+        if n:
+            _check_draft_tokens(draft.tokens, self.vocab_size)
         ids = pending.to(self._device)
         if n:
             ids = torch.cat((ids, draft.tokens.to(self._device, non_blocking=True)))  # (m + n,)
@@ -176,13 +181,13 @@ class Target:
         self.cached_length = length
 
     def _layout(self, m: int, parents: tuple[int, ...]) -> TreeLayout:
-        """The mask block and position offsets for this shape, kept for small shapes."""
-        key = (m, parents)
+        """The mask block and position offsets for this shape on this device and dtype, kept for small shapes."""
+        key = (m, parents, self._device, self._dtype)  # a model moved or cast between requests gets fresh masks
         layout = self._layouts.get(key)
         if layout is not None:
             self._layouts.move_to_end(key)
             return layout
-        layout = tree_layout(m, parents, self.dtype, self.device)
+        layout = tree_layout(m, parents, self._dtype, self._device)
         if m + len(parents) <= _LAYOUT_CACHE_MAX_TOKENS:
             self._layouts[key] = layout
             if len(self._layouts) > _LAYOUT_CACHE_SIZE:
@@ -205,14 +210,31 @@ def _check_path(accepted: list[int], parents: tuple[int, ...]) -> None:
         previous = node
 
 
+def _check_draft_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
+    """Draft token ids must lie in the target's vocabulary (an embedding lookup would fail, or read garbage)."""
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"draft tokens must be integer ids, got dtype {tokens.dtype}")
+    bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
+    if bad.numel():
+        raise ValueError(f"draft token id {int(bad[0])} is outside the target's vocabulary [0, {vocab_size})")
+
+
 def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
-    """Move the cache entries at ``src`` (k,) to ``base .. base + k - 1`` in every layer."""
+    """Move the cache entries at ``src`` (k,) to ``base .. base + k - 1`` in every layer.
+
+    A cache spread over several devices (``device_map="auto"``) is indexed on each layer's own device.
+    """
     k = src.numel()
+    on_device = {src.device: src}
     for layer in cache.layers:
         if layer.keys is None or layer.keys.numel() == 0:
             continue
-        layer.keys[:, :, base : base + k] = layer.keys.index_select(2, src)
-        layer.values[:, :, base : base + k] = layer.values.index_select(2, src)
+        device = layer.keys.device
+        if device not in on_device:
+            on_device[device] = src.to(device, non_blocking=True)
+        index = on_device[device]
+        layer.keys[:, :, base : base + k] = layer.keys.index_select(2, index)
+        layer.values[:, :, base : base + k] = layer.values.index_select(2, index)
 
 
 def _truncate(cache: DynamicCache, length: int) -> None:
@@ -266,6 +288,7 @@ def check_supported(model: object) -> None:
                 f"{name} uses {key}={getattr(text_config, key)}; sliding-window and chunked attention are not supported"
             )
     _check_cache_layers(model)
+    check_generation_config(model)
 
 
 def _check_cache_layers(model: PreTrainedModel) -> None:
@@ -308,7 +331,8 @@ def load_target(
 
 
 def _resolve(name: str | Path) -> str:
-    """A ``zoo:`` name becomes its shipped folder; other names and paths pass through."""
+    """A ``zoo:`` name becomes its folder (shipped, or fetched into the user's cache on first use); other names and
+    paths pass through."""
     if isinstance(name, str) and name.startswith("zoo:"):
         from specfamily.zoo import zoo_path
 

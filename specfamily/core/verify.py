@@ -13,6 +13,10 @@ from __future__ import annotations
 import torch
 
 
+class DraftProbabilityError(ValueError):
+    """A draft token its reported q gives probability 0: it was not sampled from the q the drafter reports."""
+
+
 def _children(parents: list[int]) -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(parents):
@@ -20,12 +24,19 @@ def _children(parents: list[int]) -> dict[int, list[int]]:
     return children
 
 
-def _normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Renormalise; an all-zero residual (possible only by rounding) falls back to p."""
-    total = residual.sum()
+def _normalise(rejected: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """The residual after a rejection, renormalised; an all-zero one falls back to the current residual."""
+    total = rejected.sum()
     if total <= 0:
-        return fallback / fallback.sum()
-    return residual / total
+        return _all_zero_fallback(current)
+    return rejected / total
+
+
+def _all_zero_fallback(current: torch.Tensor) -> torch.Tensor:
+    """max(r - q, 0) is all zero only when the current residual r is q up to rounding (a rejection then has
+    probability ~0): keep sampling from r, which already excludes every rejected sibling, never from the
+    node's original p (which would bring rejected tokens back)."""
+    return current / current.sum()
 
 
 def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
@@ -48,7 +59,7 @@ def _try_child(
         return False, rejected
     q_x = q_row[token].item()
     if q_x <= 0:
-        raise ValueError(f"draft token {token} has q = 0 under the distribution it was sampled from")
+        raise DraftProbabilityError(f"draft token {token} has q = 0 under the distribution it was sampled from")
     if _uniform(generator, residual.device) < min(1.0, residual[token].item() / q_x):
         return True, residual
     return False, torch.clamp(residual - q_row, min=0.0)
@@ -76,8 +87,7 @@ def verify_tree(
     token_list = tokens.tolist()
     children = _children(parents.tolist())
     path: list[int] = []
-    node, row = -1, p64[0]
-    residual = row
+    node, residual = -1, p64[0]
     while True:
         accepted = None
         for child in children.get(node, []):
@@ -85,12 +95,11 @@ def verify_tree(
             if ok:
                 accepted = child
                 break
-            residual = _normalise(rejected, row)
+            residual = _normalise(rejected, residual)
         if accepted is None:
             return path, _sample(residual, generator)
         path.append(accepted)
-        node, row = accepted, p64[accepted + 1]
-        residual = row
+        node, residual = accepted, p64[accepted + 1]
 
 
 def verify_chain(

@@ -1,19 +1,31 @@
 """Conformance suite and test-only drafters for drafter authors.
 
-``assert_lossless(factory)`` and ``assert_greedy_equivalent(factory)`` take
-``factory(target) -> Drafter`` and build their own tiny random targets. Names load lazily so the
-pytest plugin costs nothing at start-up.
+``assert_lossless(factory)`` and ``assert_greedy_equivalent(factory)`` take ``factory(target) -> Drafter`` and
+build their own tiny random targets. ``specfamily.testing.rogues`` is a gallery of subtly wrong drafters the
+suite rejects: run your own tests against them to see that they have power. Names load lazily so the pytest
+plugin costs nothing at start-up.
 """
 
 from importlib import import_module
 
 _EXPORTS = {
+    "N_TOKENS": "conformance",
+    "PROMPT": "conformance",
     "SAMPLING_MATRIX": "conformance",
-    "assert_greedy_equivalent": "conformance",
+    "ConformanceError": "conformance",
+    "FitResult": "conformance",
     "assert_lossless": "conformance",
     "check_fit": "conformance",
     "draft_model_for": "conformance",
     "exact_distribution": "conformance",
+    "DepthRecorder": "depth",
+    "DepthStats": "depth",
+    "GreedyReport": "greedy",
+    "assert_greedy_equivalent": "greedy",
+    "greedy_report": "greedy",
+    "detection_power": "power",
+    "samples_for_power": "power",
+    "rogue_gallery": "rogues",
     "OracleDrafter": "drafters",
     "RandomTreeDrafter": "drafters",
     "WrongDrafter": "drafters",

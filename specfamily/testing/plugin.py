@@ -19,3 +19,12 @@ def specfamily_conformance():
     from specfamily.testing import conformance
 
     return conformance
+
+
+@pytest.fixture
+def specfamily_rogues():
+    """The rogues' gallery (``specfamily.testing.rogues.rogue_gallery()``): subtly wrong drafters, each with a
+    sampling config under which the conformance suite rejects it. A test of yours that passes one lacks power."""
+    from specfamily.testing.rogues import rogue_gallery
+
+    return rogue_gallery()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from transformers import (
     GPT2Config,
@@ -63,3 +66,14 @@ def tiny_target(family: str = "llama", vocab_size: int = 8, seed: int = 0, dtype
     from specfamily.core.target import load_target
 
     return load_target(tiny_model(family, vocab_size, seed, dtype, **kw))
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run tiny-model work on one thread (intra-op threads only add overhead, many times over on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

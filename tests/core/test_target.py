@@ -191,8 +191,8 @@ def test_commit_misuse(tiny_model):
         target.commit([3])
     target.commit([0, 2])
     assert target.cached_length == 4
-    with pytest.raises(IndexError):
-        target.forward(ids(1), Draft([99], [-1]))  # outside the vocabulary: the cache is left as it was
+    with pytest.raises(ValueError, match="draft token id 99 is outside"):
+        target.forward(ids(1), Draft([99], [-1]))  # outside the vocabulary: refused, the cache is left as it was
     assert target.cache.get_seq_length() == 4
     target.forward(ids(1))
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specfamily.core.verify import greedy_tree, verify_chain, verify_tree
+from specfamily.core.verify import DraftProbabilityError, greedy_tree, verify_chain, verify_tree
 
 P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
 Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
@@ -85,16 +85,46 @@ def test_deterministic_tree_is_exact_under_sampling():
     assert torch.allclose(counts / n, P.float(), atol=0.01)
 
 
-def test_all_zero_residual_falls_back_to_p():
-    # q equals p on a one-hot: a rejection is impossible; with rounding the guard keeps a valid law
-    p = torch.stack([_one_hot(1), _one_hot(1)])
-    q = _one_hot(1).view(1, -1)
-    assert verify_chain(torch.tensor([1]), q, p) == (1, 1)
+def test_all_zero_residual_falls_back_to_the_current_residual(monkeypatch):
+    """After rejecting sibling 0 the residual is one-hot at token 1; sibling 1's q exceeds it by one rounding step, so
+    its rejection leaves max(r - q, 0) all zero. The guard must keep sampling from r (token 1), not from the root's
+    p, which would bring the rejected token 0 back half of the time."""
+    import specfamily.core.verify as verify
+
+    calls = []
+    real_fallback = verify._all_zero_fallback
+
+    def counting_fallback(current):
+        calls.append(current.clone())
+        return real_fallback(current)
+
+    monkeypatch.setattr(verify, "_all_zero_fallback", counting_fallback)
+    p = torch.stack([torch.tensor([0.5, 0.5, 0, 0, 0], dtype=torch.float64), P, P])
+    q = torch.stack([_one_hot(0), _one_hot(1) * (1 + 2**-52)])  # q_1(1) = 1 + 2^-52 > r(1) = 1
+    tokens, parents = torch.tensor([0, 1]), torch.tensor([-1, -1])
+    draws = []
+    for seed in range(40):
+        uniforms = iter([0.9, 1 - 2**-53])  # reject sibling 0 (0.9 >= 0.5), then sibling 1 (ratio 1 - 2^-52)
+        monkeypatch.setattr(verify, "_uniform", lambda generator, device, scripted=uniforms: next(scripted))
+        path, token = verify_tree(tokens, parents, q, p, torch.Generator().manual_seed(seed))
+        assert path == []
+        draws.append(token)
+    assert len(calls) == 40  # the fallback branch ran every time
+    assert torch.equal(calls[0], _one_hot(1))  # with the current residual
+    assert draws == [1] * 40  # token 0 was rejected: never resampled
+
+
+def test_fallback_is_not_taken_for_an_ordinary_rejection(monkeypatch):
+    import specfamily.core.verify as verify
+
+    monkeypatch.setattr(verify, "_all_zero_fallback", lambda current: pytest.fail("fallback taken"))
+    for seed in range(50):
+        verify_chain(torch.tensor([1]), Q.view(1, -1), torch.stack([P, P]), torch.Generator().manual_seed(seed))
 
 
 def test_q_zero_for_the_drafted_token_is_an_error():
     q = _one_hot(0).view(1, -1)
-    with pytest.raises(ValueError, match="draft token 2 has q = 0"):
+    with pytest.raises(DraftProbabilityError, match="draft token 2 has q = 0"):
         verify_chain(torch.tensor([2]), q, torch.stack([P, P]))
 
 

@@ -1,17 +1,25 @@
 import pytest
 import torch
 
-from specfamily.core.types import SamplingConfig
+import specfamily as sf
+from specfamily.core.types import Draft, SamplingConfig
 from specfamily.testing import (
     SAMPLING_MATRIX,
+    ConformanceError,
+    DepthRecorder,
     RandomTreeDrafter,
     WrongDrafter,
     assert_greedy_equivalent,
     assert_lossless,
+    detection_power,
     exact_distribution,
+    samples_for_power,
     tiny_target,
 )
 from specfamily.testing.conformance import chi_square
+from specfamily.testing.depth import path_from_tokens, verified_depth
+from specfamily.testing.power import run_samples
+from specfamily.testing.stats import marginal_law, sequence_index, sequence_tests
 
 
 def test_exact_distribution_sums_to_one_and_matches_chain_rule():
@@ -45,7 +53,7 @@ def test_small_cells_are_pooled_into_several_buckets():
 
 
 def test_suite_rejects_the_wrong_drafter():
-    with pytest.raises(AssertionError, match="not lossless under"):
+    with pytest.raises(ConformanceError, match="not lossless under"):
         assert_lossless(lambda target: WrongDrafter(target), configs=SAMPLING_MATRIX[:1])
 
 
@@ -54,11 +62,15 @@ def test_plain_decoding_is_lossless():
 
 
 def test_deterministic_random_tree_is_lossless():
-    assert_lossless(lambda target: RandomTreeDrafter(target, nodes=6), configs=SAMPLING_MATRIX[2:3])
+    [fit] = assert_lossless(lambda target: RandomTreeDrafter(target, nodes=6), configs=SAMPLING_MATRIX[2:3],
+                            min_depth=2)
+    assert fit.depth.trees > 0
 
 
 def test_sampled_random_tree_is_lossless():
-    assert_lossless(lambda target: RandomTreeDrafter(target, nodes=6, sampled=True), configs=SAMPLING_MATRIX[:1])
+    [fit] = assert_lossless(lambda target: RandomTreeDrafter(target, nodes=6, sampled=True),
+                            configs=SAMPLING_MATRIX[:1], min_depth=2)
+    assert fit.depth.trees > 0
 
 
 def test_random_tree_is_greedy_equivalent():
@@ -70,3 +82,108 @@ def test_random_tree_is_greedy_equivalent():
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_random_tree_full_matrix(sampled, family):
     assert_lossless(lambda target: RandomTreeDrafter(target, sampled=sampled), family=family)
+
+
+# ---------------------------------------------------------------- sample sizes
+
+
+def test_power_calculation_numbers():
+    """The suite's default: a TV deviation of 0.1 at one position caught with power 0.99 at 1e-3 / 10 (V = 8)."""
+    assert run_samples(8, 5) == samples_for_power(0.1, 8, 1e-4, 0.99) == 1339
+    assert detection_power(1339, 0.1, 8, 1e-4) >= 0.99 > detection_power(1338, 0.1, 8, 1e-4)
+    assert samples_for_power(0.05, 8, 1e-4) == 5355  # half the deviation: four times the samples
+    assert detection_power(1000, 0.1, 8, 1e-4) == pytest.approx(0.915, abs=1e-3)
+
+
+def test_power_bound_holds_empirically():
+    """Simulated: a law at TV 0.1 from p, 1339 samples, 8 cells: rejected at 1e-4 in >= 99% of 300 trials."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02], dtype=torch.float64)
+    moved = p.clone()
+    moved[0] -= 0.1
+    moved[6] += 0.1  # total variation 0.1
+    rejected = 0
+    for _ in range(300):
+        counts = torch.bincount(torch.multinomial(moved, 1339, replacement=True, generator=gen), minlength=8)
+        rejected += chi_square(counts.double(), p)[1] < 1e-4
+    assert rejected >= 297
+
+
+def test_bad_power_arguments():
+    with pytest.raises(ValueError, match="need 0 < delta <= 1"):
+        samples_for_power(0.0, 8, 1e-4)
+
+
+# ---------------------------------------------------------------- marginals, pairs, joint
+
+
+def test_marginals_and_pairs_come_from_the_joint():
+    joint = torch.rand(8**3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    joint /= joint.sum()
+    table = joint.view(8, 8, 8)
+    assert torch.allclose(marginal_law(joint, 8, 3, (1,)), table.sum(dim=(0, 2)))
+    assert torch.allclose(marginal_law(joint, 8, 3, (1, 2)), table.sum(dim=0).reshape(-1))
+    assert sequence_index(torch.tensor([[1, 2, 3]]), 8).item() == 1 * 64 + 2 * 8 + 3
+
+
+def test_a_late_position_error_is_seen_by_its_marginal_not_by_the_joint():
+    """Position 3 of 3 drawn from a law at TV 0.05: its marginal rejects, the joint (512 cells) does not."""
+    gen = torch.Generator().manual_seed(1)
+    first = torch.softmax(torch.randn(64, generator=gen, dtype=torch.float64), 0)
+    third = torch.softmax(torch.randn(8, generator=gen, dtype=torch.float64), 0)
+    joint = (first[:, None] * third[None, :]).reshape(-1)
+    moved = third.clone()
+    moved[third.argmax()] -= 0.05
+    moved[third.argmin()] += 0.05
+    heads = torch.multinomial(first, 1339, replacement=True, generator=gen)
+    tails = torch.multinomial(moved, 1339, replacement=True, generator=gen)
+    sequences = torch.stack([heads // 8, heads % 8, tails], dim=1)
+    tests = {test.name: test.p_value for test in sequence_tests(sequences, joint, 8)}
+    assert list(tests) == ["position 1", "position 2", "position 3", "pair 1-2", "pair 2-3", "joint"]
+    assert tests["position 3"] < 1e-20 and tests["joint"] > 1e-3
+
+
+# ---------------------------------------------------------------- depth reached
+
+
+def test_path_from_committed_tokens():
+    draft = Draft([4, 5, 6, 7, 5], [-1, -1, 0, 1, 3])
+    assert path_from_tokens(draft, [5, 7, 5, 2]) == [1, 3, 4]
+    assert path_from_tokens(draft, [4, 1]) == [0]
+    assert path_from_tokens(draft, [3]) == []
+    assert verified_depth(draft, [1, 3, 4]) == 3  # node 4 has no children
+    assert verified_depth(draft, [0]) == 2  # node 0's child 2 was tried
+    assert verified_depth(draft, []) == 1
+
+
+def test_depth_recorder_agrees_with_the_loops_acceptance_counts():
+    target = tiny_target("llama")
+    inner = RandomTreeDrafter(target, nodes=6, sampled=True)
+    recorder = DepthRecorder(inner)
+    accepted = 0
+    for seed in range(30):
+        result = sf.generate(target, recorder, [1, 2, 3], max_new_tokens=8, sampling=SAMPLING_MATRIX[0], seed=seed)
+        accepted += result.metrics.accepted_tokens
+    stats = recorder.stats
+    assert sum(stats.accepted) == accepted  # the last, unobserved pass of each request counted too
+    assert stats.deepest_verified <= stats.deepest_drafted <= 3 and stats.passes > 30
+    assert recorder.policy is inner.policy and recorder.needs_features is False
+
+
+def test_a_run_that_does_not_reach_the_required_depth_fails():
+    with pytest.raises(ConformanceError, match="verified draft nodes only 1 deep, not 3"):
+        assert_lossless(lambda target: RandomTreeDrafter(target, gamma=1, nodes=3), configs=SAMPLING_MATRIX[:1],
+                        samples=200, min_depth=3)
+
+
+class _ZeroQ(RandomTreeDrafter):
+    """Proposes token 0 while reporting a q that rules it out."""
+
+    def propose(self, ctx, gamma):
+        return Draft.chain([0], torch.tensor([[0.0] + [1 / 7] * 7], dtype=torch.float64))
+
+
+def test_a_token_the_reported_q_rules_out_is_a_conformance_failure():
+    with pytest.raises(ConformanceError, match="draft token 0 has q = 0") as info:
+        assert_lossless(_ZeroQ, configs=SAMPLING_MATRIX[:1], samples=10)
+    assert info.value.fit is None

@@ -1,0 +1,151 @@
+"""How deep a test reached: a drafter wrapper that records, per pass, the depth drafted, verified and accepted.
+
+A sampling test proves only what it reaches. :class:`DepthRecorder` forwards the drafter protocol to the
+wrapped drafter unchanged and counts, for every pass with a draft, the deepest draft node, the deepest node
+the verifier tried (the accepted path plus one level when the last accepted node has children) and the
+accepted path's length. Observed passes read the accepted nodes from ``observe``; the last pass of a request
+(the loop does not observe it) is read back from the committed tokens, which identify the accepted path
+exactly: a rejected child's token has residual probability 0, so the committed token at a level matches the
+accepted child, or no child at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+
+
+@dataclass
+class DepthStats:
+    """Pass counts by depth d (index d - 1): drafted to depth d, verified at depth d, accepted at depth d."""
+
+    passes: int = 0  # passes with a non-empty draft
+    trees: int = 0  # of those, drafts that were not a chain
+    drafted: list[int] = field(default_factory=list)
+    verified: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, drafted: int, verified: int, accepted: int, tree: bool = False) -> None:
+        self.passes += 1
+        self.trees += tree
+        for counts, depth in ((self.drafted, drafted), (self.verified, verified), (self.accepted, accepted)):
+            counts.extend([0] * (depth - len(counts)))
+            for d in range(depth):
+                counts[d] += 1
+
+    @property
+    def deepest_drafted(self) -> int:
+        return len(self.drafted)
+
+    @property
+    def deepest_verified(self) -> int:
+        """The deepest level at which the verifier tried a draft node in some pass."""
+        return len(self.verified)
+
+    @property
+    def deepest_accepted(self) -> int:
+        return len(self.accepted)
+
+    def summary(self) -> str:
+        return (f"{self.passes} passes with a draft ({self.trees} trees); verified by depth {self.verified}, "
+                f"accepted by depth {self.accepted}")
+
+
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    return children
+
+
+def _draft_depth(parents: list[int]) -> int:
+    depth: list[int] = []
+    for parent in parents:
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    return max(depth, default=0)
+
+
+def path_from_tokens(draft: Draft, committed: list[int]) -> list[int]:
+    """The accepted path of ``draft`` given the tokens the pass committed (accepted tokens, then the target's)."""
+    tokens, children = draft.tokens.tolist(), _children(draft.parents.tolist())
+    path, node = [], -1
+    for token in committed:
+        match = next((c for c in children.get(node, []) if tokens[c] == token), None)
+        if match is None:
+            break
+        path.append(match)
+        node = match
+    return path
+
+
+def verified_depth(draft: Draft, path: list[int]) -> int:
+    """Levels the verifier tried: the accepted path, plus one when its last node (or the root) has children."""
+    node = path[-1] if path else -1
+    return len(path) + (1 if node in _children(draft.parents.tolist()) else 0)
+
+
+class DepthRecorder:
+    """Wraps a drafter (protocol forwarded unchanged) and records the depth of every verified draft in ``stats``."""
+
+    def __init__(self, inner: Any, stats: DepthStats | None = None) -> None:
+        self.inner = inner
+        self.stats = DepthStats() if stats is None else stats
+        self._ctx: DecodeContext | None = None
+        self._pending: tuple[Draft, int] | None = None  # the last draft and the context length it was drafted at
+
+    @property
+    def needs_features(self) -> bool:
+        return self.inner.needs_features
+
+    @property
+    def lossy(self) -> bool:
+        return self.inner.lossy
+
+    @property
+    def policy(self):
+        return self.inner.policy
+
+    def __getattr__(self, name: str):  # anything else (``accept``, options) is the wrapped drafter's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def begin(self, ctx: DecodeContext) -> None:
+        self._ctx, self._pending = ctx, None
+        self.inner.begin(ctx)
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        self._settle()
+        draft = self.inner.propose(ctx, gamma)
+        if len(draft):
+            self._pending = (draft, len(ctx.tokens))
+        return draft
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        if self._pending is not None:
+            self._record(self._pending[0], list(outcome.accepted_nodes))
+            self._pending = None
+        self.inner.observe(outcome)
+
+    def end(self) -> None:
+        self._settle()
+        end = getattr(self.inner, "end", None)
+        if callable(end):
+            end()
+
+    def _settle(self) -> None:
+        """Record the pending draft's pass from the committed tokens (a pass the loop did not observe)."""
+        if self._pending is None or self._ctx is None:
+            return
+        draft, start = self._pending
+        self._pending = None
+        committed = self._ctx.tokens[start:]
+        if committed:
+            self._record(draft, path_from_tokens(draft, committed))
+
+    def _record(self, draft: Draft, path: list[int]) -> None:
+        parents = draft.parents.tolist()
+        tree = parents != list(range(-1, len(parents) - 1))
+        self.stats.add(_draft_depth(parents), verified_depth(draft, path), len(path), tree)

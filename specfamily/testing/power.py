@@ -1,0 +1,57 @@
+"""How many samples a conformance run needs: the power of a chi-square goodness-of-fit test.
+
+The suite runs ``tests_per_run(n)`` chi-square tests per sampling config (n per-position marginals, n - 1
+adjacent pairs, the joint) and fails when any p-value is below ``significance / tests`` (Bonferroni). The
+guarantee it sizes for: a drafter that moves the law of the token at **any one position** by total variation
+``delta`` is caught with probability ``power``.
+
+Why ``4 N delta^2``: the Pearson statistic of N samples from a law p' tested against p is asymptotically
+noncentral chi-square with V - 1 degrees of freedom and noncentrality N * chi2(p' || p), where
+chi2(p' || p) = sum_i (p'_i - p_i)^2 / p_i >= (sum_i |p'_i - p_i|)^2 = 4 delta^2 (Cauchy-Schwarz with sum p_i = 1).
+Power grows with the noncentrality, so ``ncx2.sf(critical value, V - 1, 4 N delta^2)`` is a lower bound on the
+power against every alternative at distance delta.
+"""
+
+from __future__ import annotations
+
+from scipy import optimize, stats
+
+DEFAULT_DELTA = 0.1  # total variation at one position the suite is sized to catch
+DEFAULT_POWER = 0.99
+DEFAULT_SIGNIFICANCE = 1e-3  # family-wise, per sampling config
+
+
+def tests_per_run(n_tokens: int) -> int:
+    """Chi-square tests per sampling config: n marginals, n - 1 adjacent pairs, one joint."""
+    return 2 * n_tokens
+
+
+def detection_power(samples: int, delta: float, cells: int, alpha: float) -> float:
+    """Lower bound on the power of a level-``alpha`` chi-square test over ``cells`` cells with ``samples``
+    samples against any law at total variation ``delta`` from the null (noncentrality 4 N delta^2)."""
+    df = cells - 1
+    critical = stats.chi2.isf(alpha, df)
+    return float(stats.ncx2.sf(critical, df, 4.0 * samples * delta**2))
+
+
+def samples_for_power(delta: float = DEFAULT_DELTA, cells: int = 8, alpha: float = DEFAULT_SIGNIFICANCE / 10,
+                      power: float = DEFAULT_POWER) -> int:
+    """The fewest samples whose level-``alpha`` test over ``cells`` cells detects a total-variation deviation
+    ``delta`` with probability >= ``power`` (by :func:`detection_power`)."""
+    if not 0 < delta <= 1 or not 0 < alpha < 1 or not 0 < power < 1 or cells < 2:
+        raise ValueError(f"need 0 < delta <= 1, 0 < alpha < 1, 0 < power < 1, cells >= 2; got "
+                         f"{delta}, {alpha}, {power}, {cells}")
+    df = cells - 1
+    critical = stats.chi2.isf(alpha, df)
+    noncentrality = optimize.brentq(lambda lam: stats.ncx2.sf(critical, df, lam) - power, 1e-9, 1e6)
+    samples = int(noncentrality / (4.0 * delta**2))
+    while detection_power(samples, delta, cells, alpha) < power:  # the floor can land just below
+        samples += 1
+    return samples
+
+
+def run_samples(vocab: int, n_tokens: int, significance: float = DEFAULT_SIGNIFICANCE,
+                delta: float = DEFAULT_DELTA, power: float = DEFAULT_POWER) -> int:
+    """Samples per sampling config of a conformance run: a position's marginal (``vocab`` cells) at the
+    Bonferroni level ``significance / tests_per_run(n_tokens)``."""
+    return samples_for_power(delta, vocab, significance / tests_per_run(n_tokens), power)

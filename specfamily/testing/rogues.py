@@ -1,0 +1,279 @@
+"""A rogues' gallery: subtly wrong drafters the conformance suite must reject (not registered by default).
+
+Each rogue is the honest drafter next to it with one realistic bug. Researchers run their own tests against
+them to see that those tests have power: a test that passes a rogue proves nothing about that bug.
+
+The honest base drafts from the target's own logits plus a fixed random tilt (``noise``), so its proposals are
+accepted often enough to reach depth 3 and are rejected often enough to exercise the residual. Only a bug that
+makes the reported q differ from the law a token was actually drawn from can break losslessness: a feature
+drafter that reads the wrong position's feature *consistently*, or a node placed under the wrong parent *with
+the q it was really drawn from*, is still exact (the verifier only needs x ~ q given what it tried before) and
+just accepts less; such bugs are found by acceptance tests, not by this suite. The feature and parent rogues
+here carry the variants that do break it: the token drawn one way, the q reported from the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from specfamily.core.drafter import BaseDrafter
+from specfamily.core.sampling import warp
+from specfamily.core.types import DecodeContext, Draft, SamplingConfig, VerifyOutcome
+
+_MEMO_LIMIT = 200_000
+
+
+class TargetLogits:
+    """The target model's next-token logits (V,) float64 for a context, memoised (tiny vocabularies revisit them)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Sequence[int]) -> torch.Tensor:
+        key = tuple(tokens)
+        logits = self.memo.get(key)
+        if logits is None:
+            ids = torch.tensor([key], device=self.model.device)
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1].double().cpu()
+            if len(self.memo) < _MEMO_LIMIT:
+                self.memo[key] = logits
+        return logits
+
+
+def _normalised(weights: torch.Tensor) -> torch.Tensor:
+    return weights / weights.sum(dim=-1, keepdim=True)
+
+
+class HonestChain(BaseDrafter):
+    """Samples a chain from q = warp(target logits + a fixed tilt) and reports that q: lossless (the control)."""
+
+    default_gamma = 3
+
+    def __init__(self, target, gamma: int | None = 3, noise: float = 0.5, seed: int = 0) -> None:
+        super().__init__(gamma, "constant")
+        gen = torch.Generator().manual_seed(seed)
+        self.logits = TargetLogits(target.model)
+        self.tilt = noise * torch.randn(target.vocab_size, generator=gen, dtype=torch.float64)
+        self.skew = torch.randn(target.vocab_size, generator=gen, dtype=torch.float64)  # for rogues that misreport
+
+    def draft_logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        return self.logits(tokens) + self.tilt
+
+    def sample_law(self, logits: torch.Tensor, sampling: SamplingConfig, depth: int) -> torch.Tensor:
+        """The law the token at ``depth`` is drawn from."""
+        return warp(logits, sampling).double()
+
+    def reported(self, logits: torch.Tensor, sampling: SamplingConfig, depth: int, law: torch.Tensor) -> torch.Tensor:
+        """The q reported for it."""
+        return law
+
+    @torch.inference_mode()
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        tokens: list[int] = []
+        qs = []
+        for depth in range(1, gamma + 1):
+            logits = self.draft_logits(ctx.tokens + tokens)
+            if ctx.sampling.greedy:
+                tokens.append(int(logits.argmax()))
+                continue
+            law = self.sample_law(logits, ctx.sampling, depth)
+            tokens.append(int(torch.multinomial(law, 1, generator=ctx.generator)))
+            qs.append(self.reported(logits, ctx.sampling, depth, law))
+        return Draft.chain(tokens, torch.stack(qs) if qs else None)
+
+
+class LateMisreport(HonestChain):
+    """Honest at depths 1 and 2; from depth 3 reports q tilted by a fixed random factor (same support)."""
+
+    def __init__(self, target, gamma: int | None = 3, from_depth: int = 3, strength: float = 1.0, **kw) -> None:
+        super().__init__(target, gamma, **kw)
+        self.from_depth, self.strength = from_depth, strength
+
+    def reported(self, logits, sampling, depth, law):
+        if depth < self.from_depth:
+            return law
+        return _normalised(law * torch.exp(self.strength * self.skew))
+
+
+class MixtureReport(HonestChain):
+    """Samples from q but reports 0.7 q + 0.3 uniform."""
+
+    def reported(self, logits, sampling, depth, law):
+        return 0.7 * law + 0.3 / law.numel()
+
+
+class TemperatureMismatch(HonestChain):
+    """Samples at the request's temperature but reports q unscaled (temperature 1, same top-k/top-p): the
+    temperature applied to the draw and not to what is reported. Exact at temperature 1, wrong below it."""
+
+    def reported(self, logits, sampling, depth, law):
+        return warp(logits, replace(sampling, temperature=1.0)).double()
+
+
+def top_p_without_crossing(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """A top-p cut off by one: keeps tokens while the mass *including* them stays below top_p (the crossing token
+    dropped; at least the most probable one kept)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep_sorted = sorted_p.cumsum(dim=-1) < top_p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    return _normalised(probs * keep)
+
+
+class TopPMismatch(HonestChain):
+    """Draws from a top-p cut that drops the crossing token; reports the correct warp (crossing token kept)."""
+
+    def sample_law(self, logits, sampling, depth):
+        unwarped = warp(logits, replace(sampling, top_p=1.0)).double()
+        return top_p_without_crossing(unwarped, sampling.top_p)
+
+    def reported(self, logits, sampling, depth, law):
+        return warp(logits, sampling).double()
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int
+    context: list[int]  # the tokens it was drawn after (context + its path)
+
+
+class HonestTree(HonestChain):
+    """A sampled tree: ``siblings`` i.i.d. children per node (depth 1), one child below each further node;
+    each node reports the q of its parent's context. Lossless (the control)."""
+
+    def __init__(self, target, gamma: int | None = 3, siblings: int = 2, **kw) -> None:
+        super().__init__(target, gamma, **kw)
+        self.siblings = siblings
+
+    def draw(self, context: list[int], count: int, sampling: SamplingConfig, gen) -> tuple[list[int], torch.Tensor]:
+        """``count`` children of a node with this context and the q each reports."""
+        law = self.sample_law(self.draft_logits(context), sampling, 0)
+        return [int(t) for t in torch.multinomial(law, count, replacement=True, generator=gen)], law
+
+    @torch.inference_mode()
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        if ctx.sampling.greedy:
+            return super().propose(ctx, gamma)
+        nodes: list[_Node] = []
+        qs: list[torch.Tensor] = []
+        tokens, q = self.draw(ctx.tokens, self.siblings, ctx.sampling, ctx.generator)
+        for token in tokens:
+            nodes.append(_Node(token, -1, ctx.tokens + [token]))
+            qs.append(q)
+        frontier = list(range(len(nodes)))
+        for _ in range(gamma - 1):
+            grown = []
+            for parent in frontier:
+                token, q = self.child(nodes, parent, ctx)
+                nodes.append(_Node(token, parent, nodes[parent].context + [token]))
+                qs.append(q)
+                grown.append(len(nodes) - 1)
+            frontier = grown
+        return Draft([n.token for n in nodes], [n.parent for n in nodes], torch.stack(qs))
+
+    def child(self, nodes: list[_Node], parent: int, ctx: DecodeContext) -> tuple[int, torch.Tensor]:
+        """One child of node ``parent``: (token, reported q)."""
+        tokens, q = self.draw(nodes[parent].context, 1, ctx.sampling, ctx.generator)
+        return tokens[0], q
+
+
+class SiblingsWithoutReplacement(HonestTree):
+    """Draws the root's children without replacement but reports each with the plain q (as if i.i.d.). Its q is
+    further from p (``noise`` 1.5) so that first siblings are rejected often enough for the second to matter."""
+
+    def __init__(self, target, gamma: int | None = 3, siblings: int = 2, noise: float = 1.5, **kw) -> None:
+        super().__init__(target, gamma, siblings, noise=noise, **kw)
+
+    def draw(self, context, count, sampling, gen):
+        law = self.sample_law(self.draft_logits(context), sampling, 0)
+        count = min(count, int((law > 0).sum()))
+        return [int(t) for t in torch.multinomial(law, count, replacement=False, generator=gen)], law
+
+
+class OffByOneParent(HonestTree):
+    """The sampling loop reads the context of node ``parent - 1`` (the root for ``parent = 0``) where it should
+    read ``parent``'s; the tree and the reported q use the right parent."""
+
+    def child(self, nodes, parent, ctx):
+        wrong = nodes[parent - 1].context if parent > 0 else ctx.tokens
+        law = self.sample_law(self.draft_logits(wrong), ctx.sampling, 0)
+        token = int(torch.multinomial(law, 1, generator=ctx.generator))
+        return token, self.sample_law(self.draft_logits(nodes[parent].context), ctx.sampling, 0)
+
+
+class FeatureHeads(BaseDrafter):
+    """A Medusa-style feature drafter: head d draws the token at depth d from warp(LM head(f) + tilt_d), f the
+    target feature that produced the root; reports that q. Lossless (the control); nothing on the first pass."""
+
+    needs_features = True
+    default_gamma = 3
+
+    def __init__(self, target, gamma: int | None = 3, noise: float = 1.0, seed: int = 0) -> None:
+        super().__init__(gamma, "constant")
+        self.head = target.model.get_output_embeddings()
+        gen = torch.Generator().manual_seed(seed)
+        self.tilts = noise * torch.randn(8, target.vocab_size, generator=gen, dtype=torch.float64)
+        self.rows: torch.Tensor | None = None  # the last two committed features (2, H)
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        self.rows = None
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        rows = outcome.features if self.rows is None else torch.cat([self.rows, outcome.features])
+        self.rows = rows[-2:]
+
+    def laws(self, feature: torch.Tensor, gamma: int, sampling: SamplingConfig) -> torch.Tensor:
+        logits = self.head(feature).double() + self.tilts[:gamma]  # (gamma, V)
+        return warp(logits, sampling).double()
+
+    @torch.inference_mode()
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        if self.rows is None or self.rows.shape[0] < 2 or ctx.sampling.greedy:
+            return Draft.empty()
+        laws = self.laws(self.rows[-1], gamma, ctx.sampling)
+        tokens = torch.multinomial(laws, 1, generator=ctx.generator).view(-1)
+        return Draft.chain(tokens, self.reported(laws, gamma, ctx.sampling))
+
+    def reported(self, laws: torch.Tensor, gamma: int, sampling: SamplingConfig) -> torch.Tensor:
+        return laws
+
+
+class ShiftedFeatures(FeatureHeads):
+    """Draws from the heads on the right feature but reports q from the feature one position earlier."""
+
+    def reported(self, laws, gamma, sampling):
+        return self.laws(self.rows[-2], gamma, sampling)
+
+
+@dataclass(frozen=True)
+class Rogue:
+    """A gallery entry: the bug, how to build it, and a sampling config under which the suite rejects it."""
+
+    name: str
+    bug: str
+    build: Callable
+    sampling: SamplingConfig
+
+
+def rogue_gallery() -> list[Rogue]:
+    t1, t07, k5 = SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=5)
+    return [
+        Rogue("late_misreport", "q misreported only from depth 3", LateMisreport, t1),
+        Rogue("mixture_report", "reports 0.7 q + 0.3 uniform", MixtureReport, k5),
+        Rogue("siblings_without_replacement", "siblings drawn without replacement, reported i.i.d.",
+              SiblingsWithoutReplacement, k5),
+        Rogue("temperature_mismatch", "temperature applied to the draw, not to the reported q",
+              TemperatureMismatch, t07),
+        Rogue("top_p_mismatch", "top-p cut without the crossing token in the draw", TopPMismatch, t07),
+        Rogue("shifted_features", "reported q from the feature one position early", ShiftedFeatures, t1),
+        Rogue("off_by_one_parent", "children drawn in the context of node parent - 1", OffByOneParent, t1),
+    ]

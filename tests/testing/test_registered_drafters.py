@@ -1,0 +1,100 @@
+"""Every registered drafter, in chain and tree modes, under the three sampling configs, verified to depth 3.
+
+Each case drafts depth 3 (gamma 3); the conformance run asserts the verifier tried depth-3 nodes and that the
+drafts were trees in tree mode and chains in chain mode. Feature drafters (Medusa, EAGLE) draft from their second
+pass on (the prefill is their warm-up); the 5 generated tokens leave a depth-3 draft and its bonus position.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.testing import SAMPLING_MATRIX, assert_lossless, draft_model_for, tiny_target
+from specfamily.testing.conformance import PROMPT
+
+DEPTH = 3
+SAMPLING_IDS = ["t1", "t07-top_p09", "top_k5"]
+
+
+def medusa_tree(widths: tuple[int, ...] = (8, 4, 2)) -> list[tuple[int, ...]]:
+    """Rank paths of a depth-3 tree: all 8 depth-1 ranks, the top 4 below each, the top 2 below those (104 nodes):
+    random heads cover the flat tiny target well enough that about a third of its drafts are verified 3 deep."""
+    levels = [itertools.product(*(range(w) for w in widths[:depth])) for depth in range(1, len(widths) + 1)]
+    return [tuple(path) for level in levels for path in level]
+
+
+@functools.cache
+def lookup_prompts() -> dict[str, tuple[int, ...]]:
+    """Repetitive prompts for prompt lookup: ``base + g + base`` makes it copy g after the final ``base``; g is
+    the 3-token continuation the tiny target is most likely to accept there (by exact probability). With a second
+    continuation h (another first token), ``base + g + base + h + base`` gives two branches."""
+    target, base = tiny_target("llama"), list(PROMPT)
+    vocab = target.vocab_size
+    paths = torch.tensor(list(itertools.product(range(vocab), repeat=DEPTH)))  # (V^3, 3)
+    ids = torch.cat([torch.tensor(base).expand(len(paths), -1), paths, torch.tensor(base).expand(len(paths), -1),
+                     paths], dim=1)
+    with torch.inference_mode():
+        probs = torch.softmax(target.model(input_ids=ids).logits[:, -DEPTH - 1 : -1].double(), dim=-1)
+    accept = probs.gather(2, paths[:, :, None]).squeeze(2).prod(dim=1)  # (V^3,)
+    order = accept.argsort(descending=True).tolist()
+    g = paths[order[0]].tolist()
+    h = next(paths[i].tolist() for i in order if paths[i, 0] != g[0])
+    return {"chain": tuple(base + g + base), "tree": tuple(base + g + base + h + base)}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    mode: str
+    options: dict = field(default_factory=dict, hash=False)
+    prompt: Callable[[], tuple[int, ...]] = lambda: PROMPT
+
+    def __str__(self) -> str:
+        return f"{self.name}-{self.mode}"
+
+    def factory(self, target):
+        options = dict(self.options)
+        if self.name == "small_model":
+            options["model"] = draft_model_for(target)
+        return sf.create_drafter(self.name, target, **options)
+
+
+CASES = [
+    Case("small_model", "chain", {"gamma": DEPTH}),
+    Case("prompt_lookup", "chain", {"gamma": DEPTH}, lambda: lookup_prompts()["chain"]),
+    Case("prompt_lookup", "tree", {"gamma": DEPTH, "branches": 3}, lambda: lookup_prompts()["tree"]),
+    Case("self_spec", "chain", {"skip": ["mlp:1"], "gamma": DEPTH}),
+    Case("medusa", "tree", {"weights": "random", "gamma": DEPTH, "tree": medusa_tree()}),
+    Case("medusa", "chain", {"weights": "random", "gamma": DEPTH, "tree": "chain"}),
+    Case("eagle", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30}),
+    Case("eagle", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain"}),
+]
+
+
+def test_every_registered_drafter_has_a_case_in_each_of_its_modes():
+    assert set(sf.list_drafters()) <= {case.name for case in CASES}
+    trees = {case.name for case in CASES if case.mode == "tree"}
+    assert {"prompt_lookup", "medusa", "eagle"} <= trees
+
+
+def test_lookup_prompts_repeat_their_base():
+    prompts = lookup_prompts()
+    assert prompts["chain"][-3:] == PROMPT == prompts["chain"][:3] and len(prompts["chain"]) == 9
+    assert prompts["tree"][3] != prompts["tree"][9]  # two branches from depth 1
+
+
+@pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=SAMPLING_IDS)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_lossless_at_full_depth(case, sampling):
+    [fit] = assert_lossless(case.factory, configs=[sampling], min_depth=DEPTH, prompt=case.prompt())
+    depth = fit.depth
+    assert depth.deepest_verified == depth.deepest_drafted == DEPTH, depth.summary()
+    assert (depth.trees > 0) == (case.mode == "tree"), depth.summary()
+    print(f"\n{case}: {fit.describe()}")
