@@ -183,7 +183,8 @@ class AutoPolicy:
     so a deeper draft is predicted from what was measured, not from an i.i.d. assumption. ``bind(verify_cost)``
     gives it t(g + 1) / t(1) (the loop binds the target's measured curve); until c is known it drafts ``gamma``.
     It drafts only when the predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it
-    still probes once every ``probe_every`` passes, so the estimates can recover. Estimates carry over to the
+    still probes, first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every`` (a probe
+    of a costly drafter is not free), so the estimates can recover. Estimates carry over to the
     next request (a drafter object serves a run), down-weighted to ``memory`` of their counts.
     ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
     """
@@ -195,6 +196,7 @@ class AutoPolicy:
     prior_weight: float = 2.0
     min_speedup: float = 1.02
     probe_every: int = 16
+    max_probe_every: int = 256
     memory: float = 0.5
     c_smoothing: float = 0.3
     tried: list[float] = field(init=False, repr=False)
@@ -202,11 +204,14 @@ class AutoPolicy:
     c_estimate: float | None = field(init=False, default=None)
     width: float = field(init=False, default=1.0)  # draft tokens per depth (1 for chains)
     idle: int = field(init=False, default=0)
+    interval: int = field(init=False, default=0)  # passes between probes while drafting nothing
 
     def __post_init__(self) -> None:
         self.gamma = _check_int(self.gamma, "gamma", 1)
         self.max_gamma = _check_int(self.max_gamma, "max_gamma", 1)
         self.probe_every = _check_int(self.probe_every, "probe_every", 1)
+        self.max_probe_every = _check_int(self.max_probe_every, "max_probe_every", self.probe_every)
+        self.interval = self.probe_every
         for name in ("prior_alpha", "memory", "c_smoothing"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
@@ -242,12 +247,12 @@ class AutoPolicy:
         acceptance = self.acceptance()
         gamma, _ = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup)
         if gamma:
-            self.idle = 0
+            self.idle, self.interval = 0, self.probe_every
             return gamma
         self.idle += 1
-        if self.idle < self.probe_every:
+        if self.idle < self.interval:
             return 0
-        self.idle = 0
+        self.idle, self.interval = 0, min(2 * self.interval, self.max_probe_every)
         return max(1, best_draft_length(acceptance, self.c_estimate, self._cost, 0.0)[0])
 
     def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:

@@ -175,13 +175,22 @@ def test_auto_follows_the_theory_at_its_estimates():
 
 
 def test_auto_drafts_nothing_when_speculation_cannot_pay_but_still_probes():
-    """Nothing accepted, c = 0.5: every gamma predicts a slowdown, so it drafts 0 and probes every probe_every."""
-    policy = AutoPolicy(4, probe_every=5)
-    asked = feed_auto(policy, 41, lambda g: 0, 0.5)
+    """Nothing accepted, c = 0.5: every gamma predicts a slowdown, so it drafts 0 and probes after 5 passes, then
+    after 10, 20, and at most every max_probe_every = 30."""
+    policy = AutoPolicy(4, probe_every=5, max_probe_every=30)
+    asked = feed_auto(policy, 100, lambda g: 0, 0.5)
     assert asked[0] == 4
     tail = asked[1:]
-    assert tail.count(0) == 32 and [i for i, g in enumerate(tail) if g] == [4, 9, 14, 19, 24, 29, 34, 39]
+    assert [i for i, g in enumerate(tail) if g] == [4, 14, 34, 64, 94]
     assert all(g == 1 for g in tail if g)  # the probe is the best (shortest) draft
+
+
+def test_auto_probes_often_again_once_drafting_pays():
+    policy = AutoPolicy(1, max_gamma=4, probe_every=2, verify_cost=1.0)
+    feed_auto(policy, 40, lambda g: 0, 0.5)
+    assert policy.interval > 2
+    feed_auto(policy, 400, lambda g: g, 0.05)  # probes accept everything: drafting pays again
+    assert policy.next_gamma() > 0 and policy.interval == 2
 
 
 def test_auto_counts_acceptance_per_depth():
@@ -210,7 +219,8 @@ def test_auto_keeps_part_of_its_estimates_across_requests():
     assert policy.tried[:2] == [0.5, 0.5] and policy.c_estimate is not None
 
 
-@pytest.mark.parametrize("option", [{"memory": 1.5}, {"prior_weight": 0.0}, {"probe_every": 0}, {"max_gamma": 0}])
+@pytest.mark.parametrize("option", [{"memory": 1.5}, {"prior_weight": 0.0}, {"probe_every": 0}, {"max_gamma": 0},
+                                    {"probe_every": 8, "max_probe_every": 4}])
 def test_auto_rejects_bad_options(option):
     with pytest.raises(ValueError):
         AutoPolicy(2, **option)
