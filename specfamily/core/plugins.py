@@ -11,6 +11,7 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -127,3 +128,14 @@ def list_drafters() -> list[str]:
 def describe_drafters() -> list[DrafterInfo]:
     """One docs row per registered drafter, sorted by name."""
     return get_registry().describe()
+
+
+def plugin_config_paths() -> list[str | Path]:
+    """Every config folder the plugins ship (``specfamily_config_path``), in the hook's call order, without repeats."""
+    paths: list[str | Path] = []
+    for result in get_plugin_manager().hook.specfamily_config_path():
+        for item in result if isinstance(result, (list, tuple)) else [result]:
+            if not isinstance(item, (str, Path)):
+                raise TypeError(f"specfamily_config_path must return folders or search-path strings, got {item!r}")
+            paths.append(item)
+    return list(dict.fromkeys(paths))

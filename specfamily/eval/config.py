@@ -1,26 +1,38 @@
-"""From a composed config to what the runner needs: the drafters to compare and the sampling settings.
+"""From a composed config to what the runner needs: the arms to compare and the sampling settings.
 
 The ``drafter`` config group holds one file per drafter (``name`` plus the options of its schema
-dataclass) and ``all``: every registered drafter, each with its shipped file (or its defaults
-when it has none). Options are checked against the registered schema before any model loads,
-so a misspelt key is the registry's error, not a silently ignored setting.
+dataclass) and two that make several arms: ``all`` (every registered drafter, each with its own
+file, or its defaults when it has none) and ``arms`` (labelled arms: the same drafter with
+different options side by side, ``drafter.arms={label: {name: <drafter>, <option>: <value>}}``).
+Files are found through Hydra's search path (:mod:`specfamily.eval.searchpath`), so a user's or a
+plugin's ``drafter/<name>.yaml`` counts. :func:`check_config` checks everything a run reads before
+any model loads: missing values, every arm's option keys and value types, sampling, dataset.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from specfamily.core.types import SamplingConfig
+from specfamily.eval.searchpath import configs_dir as configs_dir  # re-exported: where the shipped configs are
+from specfamily.eval.searchpath import current_search_path, find_config, load_yaml
 
 PLAIN = "plain"  # the label of plain decoding (no drafter)
 ALL = "all"  # the drafter config that means every registered drafter
+ARMS = "arms"  # the drafter config of labelled arms
 SHARED_OPTIONS = ("gamma", "policy")  # what drafter=all may set for every drafter at once
 RESUME_KEYS = ("model", "drafter", "dataset", "sampling", "seed")  # must match to resume a run
+RUN_LABEL = "run_label"  # a run's name in a combined report (a sweep job: its own overrides)
+LABEL_FORBIDDEN = ("|", "\n", ",")  # would break the report's table or the summary CSV
+
+
+class ConfigError(ValueError):
+    """A problem with the composed config, found before any model loads; the message is one line naming the key."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,7 @@ class DrafterSpec:
     label: str
     name: str | None
     options: dict[str, Any] = field(default_factory=dict)
+    where: str = field(default="drafter", compare=False)  # the config key its options come from (for errors)
 
     @property
     def plain(self) -> bool:
@@ -39,72 +52,137 @@ class DrafterSpec:
 PLAIN_SPEC = DrafterSpec(PLAIN, None)
 
 
-def configs_dir() -> Path:
-    """The folder of the shipped Hydra configs (package data, so it works from any install)."""
-    node = resources.files("specfamily").joinpath("configs")
-    if not isinstance(node, Path):
-        raise FileNotFoundError("specfamily is not installed as files on disk; its configs cannot be read")
-    return node
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
-def _node_options(root: DictConfig, node: DictConfig) -> dict[str, Any]:
+def _node_options(root: DictConfig, node: DictConfig, where: str) -> dict[str, Any]:
     """A drafter node's options, interpolations resolved against the whole config, ``name`` dropped."""
     scratch = root.copy()
     with open_dict(scratch):
         scratch.drafter = node
-    options = OmegaConf.to_container(scratch.drafter, resolve=True)
+    try:
+        options = OmegaConf.to_container(scratch.drafter, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{where}.{err.key}: missing mandatory value (???); set it") from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{where}.{err.key}: {_first_line(err)}") from None
     options.pop("name", None)
     return options
 
 
-def _shipped_node(name: str) -> DictConfig:
-    """``drafter/<name>.yaml`` from the shipped configs, or just ``{name: <name>}`` when there is none."""
-    path = configs_dir() / "drafter" / f"{name}.yaml"
-    return OmegaConf.load(path) if path.is_file() else OmegaConf.create({"name": name})
+def drafter_node(name: str, search_path: Sequence[str]) -> DictConfig:
+    """``drafter/<name>.yaml`` from the first search-path entry that has it, or just ``{name: <name>}``."""
+    path = find_config("drafter", name, search_path)
+    if path is None:
+        return OmegaConf.create({"name": name})
+    node = load_yaml(path)
+    if not isinstance(node, DictConfig) or "defaults" in node:
+        raise ConfigError(f"{path}: a drafter file read by drafter=all or arms must be a plain mapping of options")
+    return node
 
 
-def _all_specs(cfg: DictConfig) -> list[DrafterSpec]:
+def _check_keys(node: DictConfig, allowed: set[str], what: str) -> None:
+    unknown = sorted(set(node.keys()) - allowed)
+    if unknown:
+        raise TypeError(f"{what} got unknown option(s) {unknown}; it takes {sorted(allowed - {'name'})}")
+
+
+def _check_shared(shared: dict[str, Any]) -> None:
+    """drafter=all's own ``gamma`` and ``policy`` (named as ``drafter.<key>`` in errors)."""
+    from specfamily.eval.options import OptionError, check_policy
+
+    check_policy(shared.get("policy"))
+    gamma = shared.get("gamma")
+    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)):
+        raise OptionError("gamma", f"must be an integer or null, got {gamma!r}")
+
+
+def _all_specs(cfg: DictConfig, search_path: Sequence[str]) -> list[DrafterSpec]:
     from specfamily.core.plugins import list_drafters
 
     node = cfg.drafter
+    _check_keys(node, {"name", "names", *SHARED_OPTIONS}, "drafter=all")
     names = node.get("names")
     names = list_drafters() if names is None else [str(name) for name in names]
-    unknown = sorted(set(node.keys()) - {"name", "names", *SHARED_OPTIONS})
-    if unknown:
-        raise TypeError(
-            f"drafter=all got unknown option(s) {unknown}; it takes names and the shared options {list(SHARED_OPTIONS)}"
-        )
     shared = {key: node.get(key) for key in SHARED_OPTIONS if node.get(key) is not None}
+    _check_shared(shared)
     specs = []
     for name in names:
-        options = {**_node_options(cfg, _shipped_node(name)), **shared}
-        specs.append(DrafterSpec(name, name, options))
+        where = f"drafter/{name}"
+        options = {**_node_options(cfg, drafter_node(name, search_path), where), **shared}
+        specs.append(DrafterSpec(name, name, options, where))
     return specs
 
 
-def drafter_specs(cfg: DictConfig) -> list[DrafterSpec]:
-    """Plain decoding first, then the drafter(s) the config names, options resolved (not yet validated)."""
+def arm_drafter(label: str, arm: DictConfig) -> str:
+    """The drafter of a labelled arm: its ``name``, else the label up to its first ``:`` (``medusa:chain``)."""
+    name = arm.get("name")
+    return str(name) if name is not None else label.split(":", 1)[0]
+
+
+def _arm_specs(cfg: DictConfig, search_path: Sequence[str]) -> list[DrafterSpec]:
+    node = cfg.drafter
+    _check_keys(node, {"name", "arms"}, "drafter=arms")
+    arms = node.get("arms")
+    if not isinstance(arms, DictConfig) or not arms:
+        raise ConfigError("drafter.arms: give at least one arm, e.g. drafter.arms={chain: {name: medusa, tree: chain}}")
+    specs = []
+    for label, arm in arms.items():
+        where = f"drafter.arms.{label}"
+        arm = OmegaConf.create({}) if arm is None else arm
+        if not isinstance(arm, DictConfig):
+            raise ConfigError(f"{where}: an arm is a mapping of options (with name: <drafter>), got {arm!r}")
+        name = arm_drafter(str(label), arm)
+        merged = OmegaConf.merge(drafter_node(name, search_path), arm)
+        specs.append(DrafterSpec(str(label), name, _node_options(cfg, merged, where), where))
+    return specs
+
+
+def _check_labels(labels: list[str]) -> None:
+    bad = [label for label in labels if not label or label == PLAIN or any(c in label for c in LABEL_FORBIDDEN)]
+    if bad or len(set(labels)) != len(labels):
+        raise ValueError(
+            f"arm labels must be distinct, non-empty, not {PLAIN!r} and without {LABEL_FORBIDDEN}, got {labels}"
+        )
+
+
+def drafter_specs(cfg: DictConfig, search_path: Sequence[str] | None = None) -> list[DrafterSpec]:
+    """Plain decoding first, then the arm(s) the config names, options resolved (not yet validated).
+
+    ``search_path``: where ``drafter/<name>.yaml`` files are looked up for ``all`` and ``arms``;
+    None: the running app's search path (the default one outside the app).
+    """
     node = cfg.get("drafter")
     if node is None or node.get("name") is None:
-        raise ValueError("the config has no drafter.name; choose one with drafter=<name> or drafter=all")
-    if node.name == ALL:
-        specs = _all_specs(cfg)
+        raise ValueError("the config has no drafter.name; choose one with drafter=<name>, drafter=all or drafter=arms")
+    if node.name in (ALL, ARMS):
+        entries = current_search_path(cfg) if search_path is None else list(search_path)
+        specs = _all_specs(cfg, entries) if node.name == ALL else _arm_specs(cfg, entries)
     else:
-        specs = [DrafterSpec(str(node.name), str(node.name), _node_options(cfg, node))]
-    labels = [spec.label for spec in specs]
-    if PLAIN in labels or len(set(labels)) != len(labels):
-        raise ValueError(f"drafter names must be distinct and not {PLAIN!r}, got {labels}")
+        specs = [DrafterSpec(str(node.name), str(node.name), _node_options(cfg, node, "drafter"))]
+    _check_labels([spec.label for spec in specs])
     return [PLAIN_SPEC, *specs]
 
 
-def validate_specs(specs: list[DrafterSpec]) -> None:
-    """Check every drafter's options against its registered schema (the registry's own errors)."""
+def validate_spec(spec: DrafterSpec) -> None:
+    """Check one arm's options: value types and policy (:mod:`specfamily.eval.options`), then the registry's checks."""
     from specfamily.core.plugins import get_registry
+    from specfamily.eval.options import check_option_values
 
+    if spec.plain:
+        return
     registry = get_registry()
+    schema = registry.config_class(spec.name)
+    if schema is not None:
+        check_option_values(schema, spec.options)
+    registry.validate(spec.name, **spec.options)
+
+
+def validate_specs(specs: list[DrafterSpec]) -> None:
+    """Check every arm's options against its registered schema (the registry's own errors)."""
     for spec in specs:
-        if not spec.plain:
-            registry.validate(spec.name, **spec.options)
+        validate_spec(spec)
 
 
 def sampling_config(node: DictConfig | dict) -> SamplingConfig:
@@ -132,3 +210,42 @@ def sampling_label(sampling: SamplingConfig) -> str:
 def resume_fingerprint(resolved: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved config that must not change when a run is resumed in the same folder."""
     return {key: resolved.get(key) for key in RESUME_KEYS}
+
+
+def _check_complete(cfg: DictConfig) -> None:
+    """Refuse missing mandatory values (``???``) and interpolations that do not resolve."""
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if not missing:
+            OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{err.full_key or 'config'}: {_first_line(err)}") from None
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: missing mandatory value (???); set it, e.g. {missing[0]}=...")
+
+
+def _checked(where: str, check, *args):
+    """``check(*args)``, its TypeError or ValueError made a one-line ConfigError prefixed with ``where``."""
+    from specfamily.eval.options import OptionError
+
+    try:
+        return check(*args)
+    except ConfigError:
+        raise
+    except OptionError as err:
+        raise ConfigError(f"{where}.{_first_line(err)}") from None
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {_first_line(err)}") from None
+
+
+def check_config(cfg: DictConfig, search_path: Sequence[str] | None = None) -> list[DrafterSpec]:
+    """Everything a run reads from ``cfg``, checked before any model loads; a problem is a :class:`ConfigError`."""
+    from specfamily.eval.datasets import DatasetSpec
+
+    _check_complete(cfg)
+    specs = _checked("drafter", drafter_specs, cfg, search_path)
+    for spec in specs[1:]:
+        _checked(spec.where, validate_spec, spec)
+    _checked("sampling", sampling_config, cfg.sampling)
+    _checked("dataset", DatasetSpec.from_config, cfg.dataset)
+    return specs

@@ -6,6 +6,10 @@ decoding over the prompts both finished in the same run. The prediction is
 gamma, V = t(n + 1) / t(1) of the target measured in the run at n = the mean draft tokens fed
 per verification pass, and c1 = c * V: the per-prompt measured c is relative to a verification
 pass, the formula's c to a one-token pass.
+
+Each row also carries bootstrap 95% intervals of tau and speedup over prompts
+(:mod:`specfamily.eval.stats`) and, for greedy runs, how many prompts' tokens are identical to
+plain decoding's (on a GPU, bf16 can flip near-ties, so this is a share, not a pass/fail).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from dataclasses import dataclass, field
 
 from specfamily.core import theory
 from specfamily.core.costs import verify_cost_at
-from specfamily.eval.config import PLAIN
+from specfamily.eval.config import PLAIN, RUN_LABEL
 from specfamily.eval.results import FailureRecord, PromptRecord, Record, RunInfo
+from specfamily.eval.stats import NO_INTERVAL, Interval, ratio_interval, speedup_interval
 
 NAN = float("nan")
 
@@ -27,7 +32,7 @@ NAN = float("nan")
 class SummaryRow:
     """One drafter (or plain decoding) in one run."""
 
-    run: str  # the run folder relative to the report folder ("." for the folder itself)
+    run: str  # the run's label (a sweep job: its overrides), else its folder relative to the report folder (".")
     dataset: str
     sampling: str
     drafter: str
@@ -48,6 +53,20 @@ class SummaryRow:
     lossy: bool
     per_position: list[float] = field(default_factory=list)
     error: str = ""
+    tau_low: float = NAN  # bootstrap 95% interval over prompts
+    tau_high: float = NAN
+    speedup_low: float = NAN
+    speedup_high: float = NAN
+    identical: int | None = None  # prompts whose tokens equal plain decoding's (greedy runs; None otherwise)
+    compared: int = 0  # prompts compared with plain decoding
+
+    @property
+    def tau_ci(self) -> Interval:
+        return Interval(self.tau_low, self.tau_high)
+
+    @property
+    def speedup_ci(self) -> Interval:
+        return Interval(self.speedup_low, self.speedup_high)
 
 
 def _finite(values: Iterable[float | None]) -> list[float]:
@@ -77,6 +96,42 @@ def speedup(records: list[PromptRecord], plain: list[PromptRecord]) -> float:
     mine = _throughput([r for r in records if r.prompt_id in shared])
     base = _throughput([r for r in plain if r.prompt_id in shared])
     return mine / base if base > 0 else NAN
+
+
+def _by_prompt(records: list[PromptRecord]) -> list[list[PromptRecord]]:
+    """Records grouped by prompt (a question's turns together: the unit the bootstrap resamples)."""
+    groups: dict[int, list[PromptRecord]] = {}
+    for record in records:
+        groups.setdefault(record.index, []).append(record)
+    return list(groups.values())
+
+
+def tau_interval(records: list[PromptRecord]) -> Interval:
+    """Bootstrap interval of tau (new tokens / target passes) over prompts."""
+    groups = _by_prompt(records)
+    return ratio_interval([sum(r.metrics["new_tokens"] for r in g) for g in groups],
+                          [sum(r.metrics["target_passes"] for r in g) for g in groups])
+
+
+def speedup_ci(records: list[PromptRecord], plain: list[PromptRecord]) -> Interval:
+    """Bootstrap interval of :func:`speedup` over the prompts both finished, paired by prompt."""
+    shared = {r.prompt_id for r in records} & {r.prompt_id for r in plain}
+    base = {r.prompt_id: r for r in plain}
+    groups = _by_prompt([r for r in records if r.prompt_id in shared])
+    if not groups:
+        return NO_INTERVAL
+    return speedup_interval(
+        [sum(r.metrics["new_tokens"] for r in g) for g in groups], [sum(r.wall_seconds for r in g) for g in groups],
+        [sum(base[r.prompt_id].metrics["new_tokens"] for r in g) for g in groups],
+        [sum(base[r.prompt_id].wall_seconds for r in g) for g in groups],
+    )
+
+
+def identical_to_plain(records: list[PromptRecord], plain: list[PromptRecord]) -> tuple[int, int]:
+    """(prompts whose new tokens equal plain decoding's, prompts compared)."""
+    base = {r.prompt_id: r.tokens for r in plain}
+    compared = [r for r in records if r.prompt_id in base]
+    return sum(r.tokens == base[r.prompt_id] for r in compared), len(compared)
 
 
 def per_position(records: list[PromptRecord]) -> list[float]:
@@ -128,6 +183,9 @@ def summarize(
     new_tokens = sum(r.metrics["new_tokens"] for r in records)
     passes = sum(r.metrics["target_passes"] for r in records)
     status = _status(len(records), info.prompts, failure)
+    identical, compared = identical_to_plain(records, plain)
+    spread = NO_INTERVAL if label == PLAIN else speedup_ci(records, plain)  # plain: exactly 1
+    tau_ci = tau_interval(records)
     return SummaryRow(
         run=run, dataset=info.dataset, sampling=info.sampling, drafter=label, gamma=gamma, status=status,
         prompts=len(records), new_tokens=new_tokens, tau=new_tokens / passes if passes else NAN, alpha=alpha,
@@ -136,11 +194,20 @@ def summarize(
         speedup=speedup(records, plain) if records else NAN, verify_cost=verify, predicted_speedup=predicted,
         lossy=any(r.lossy for r in records), per_position=per_position(records),
         error="" if failure is None or status == "ok" else f"{failure.stage}: {failure.error}",
+        tau_low=tau_ci.low, tau_high=tau_ci.high, speedup_low=spread.low, speedup_high=spread.high,
+        identical=identical if info.sampling == "greedy" and label != PLAIN else None, compared=compared,
     )
 
 
+def run_name(info: RunInfo, folder: str) -> str:
+    """A run's name in a report: its ``run_label`` (a sweep job: its own overrides), else its folder."""
+    label = info.config.get(RUN_LABEL)
+    return str(label) if label else folder
+
+
 def summarize_run(records: list[Record], info: RunInfo, run: str = ".") -> list[SummaryRow]:
-    """One row per arm of a run, in the run's drafter order (plain decoding first)."""
+    """One row per arm of a run, in the run's drafter order (plain decoding first), named by :func:`run_name`."""
+    run = run_name(info, run)
     prompts: dict[str, list[PromptRecord]] = {}
     failures: dict[str, FailureRecord] = {}
     for record in records:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -224,3 +225,49 @@ def test_disable_autoload_keeps_builtins(
     assert "myplug" not in sys.modules
     with pytest.raises(ValueError, match="unknown drafter 'toy'"):
         plugins.create_drafter("toy", None)
+
+
+CONFIG_PATH_SOURCE = """
+from specfamily.core.hookspecs import hookimpl
+
+
+@hookimpl
+def specfamily_config_path():
+    return {paths!r}
+"""
+
+
+def test_plugins_config_folders_are_collected(monkeypatch: pytest.MonkeyPatch, write_module: WriteModule) -> None:
+    write_module("sf_builtin_a", drafter="fake")  # registers a drafter, ships no configs
+    write_module("sf_configs_a", source=CONFIG_PATH_SOURCE.format(paths="/plugins/a/configs"))
+    write_module("sf_configs_b", source=CONFIG_PATH_SOURCE.format(paths=["pkg://b.configs", "/plugins/a/configs"]))
+    write_module("sf_configs_none", source=CONFIG_PATH_SOURCE.format(paths=None))
+    use_builtins(monkeypatch, "sf_builtin_a", "sf_configs_a", "sf_configs_b", "sf_configs_none")
+    paths = plugins.plugin_config_paths()
+    assert sorted(paths) == ["/plugins/a/configs", "pkg://b.configs"]  # every folder once
+    assert plugins.list_drafters() == ["fake"]
+
+
+def test_a_config_folder_of_another_type_is_refused(monkeypatch: pytest.MonkeyPatch, write_module: WriteModule) -> None:
+    write_module("sf_configs_bad", source=CONFIG_PATH_SOURCE.format(paths=3))
+    use_builtins(monkeypatch, "sf_configs_bad")
+    with pytest.raises(TypeError, match="specfamily_config_path must return folders or search-path strings, got 3"):
+        plugins.plugin_config_paths()
+
+
+def test_an_entry_point_plugin_ships_its_drafters_config(installed_toy_plugin: Path, tmp_path: Path) -> None:
+    """``specfamily drafter=toy`` composes the config a third-party plugin ships (a real distribution, a subprocess)."""
+    (tmp_path / "myplug_configs" / "drafter").mkdir(parents=True)
+    (tmp_path / "myplug_configs" / "drafter" / "toy.yaml").write_text("name: toy\ngamma: 5\n")
+    module = tmp_path / "myplug.py"
+    module.write_text(module.read_text() + textwrap.dedent(f"""
+        @hookimpl
+        def specfamily_config_path():
+            return {str(tmp_path / "myplug_configs")!r}
+        """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    env.pop(plugins.DISABLE_AUTOLOAD_ENV, None)
+    done = subprocess.run([sys.executable, "-m", "specfamily.cli", "drafter=toy", "--cfg", "job"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "drafter:\n  name: toy\n  gamma: 5\n" in done.stdout

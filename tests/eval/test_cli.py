@@ -1,4 +1,4 @@
-"""The ``specfamily`` Hydra app as users run it: a multirun sweep and a 2-rank torchrun (subprocesses)."""
+"""The ``specfamily`` Hydra app as users run it (subprocesses): sweeps, torchrun, config errors, user configs, arms."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ import os
 import subprocess
 import sys
 
+import pytest
 from eval_helpers import tiny_overrides
 
-from specfamily.eval.results import PromptRecord, read_records
+from specfamily.cli import CONFIG_ERROR_STATUS, sweep_overrides
+from specfamily.eval.results import PromptRecord, RunInfo, read_records
 from specfamily.eval.runner import run_experiment
 
 
-def _run(args: list[str], cwd) -> subprocess.CompletedProcess:
+def _run(args: list[str], cwd, status: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == status, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
@@ -32,13 +34,16 @@ def test_two_point_multirun_writes_each_job_and_a_combined_report(tiny_pair, tmp
     for job, gamma in (("0", 1), ("1", 3)):
         records = read_records(sweep / job / "results.jsonl")
         assert [(r.drafter, r.gamma) for r in records] == [("plain", None), ("small_model", gamma)] * 2
-    combined = (sweep / "report.md").read_text()
-    assert "| 0 | small_model | 1 | ok | 2 |" in combined and "| 1 | small_model | 3 | ok | 2 |" in combined
+    combined = (sweep / "report.md").read_text()  # each job named by its own overrides, not its number
+    assert "| drafter.gamma=1 | small_model | 1 | ok | 2 |" in combined
+    assert "| drafter.gamma=3 | small_model | 3 | ok | 2 |" in combined
+    assert RunInfo.load(sweep / "1").config["run_label"] == "drafter.gamma=3"
     assert "sweep report:" in done.stdout
 
 
 def test_torchrun_two_ranks_equal_one_process(tiny_pair, compose_config, tmp_path):
-    overrides = tiny_overrides(tiny_pair, "dataset.num_examples=4", "sampling=t1")
+    # a constant gamma: the cost-aware default sizes drafts from timings, so its sampled tokens vary run to run
+    overrides = tiny_overrides(tiny_pair, "dataset.num_examples=4", "sampling=t1", "drafter.gamma=2")
     single = tmp_path / "single"
     run_experiment(compose_config(overrides), single)
     sharded = tmp_path / "sharded"
@@ -50,3 +55,56 @@ def test_torchrun_two_ranks_equal_one_process(tiny_pair, compose_config, tmp_pat
     assert _tokens(sharded) == _tokens(single)  # same tokens, same order
     assert not list(sharded.glob("results.rank*.jsonl"))  # merged
     assert (sharded / "report.md").is_file()
+
+
+def test_a_sweep_jobs_own_overrides():
+    sweep = ["drafter=small_model,prompt_lookup", "drafter.gamma=2,4", "model=zoo", "progress=false"]
+    job = ["drafter=prompt_lookup", "drafter.gamma=4", "model=zoo", "progress=False"]  # as Hydra writes a job's
+    assert sweep_overrides(job, sweep) == ["drafter=prompt_lookup", "drafter.gamma=4"]
+    assert sweep_overrides(["drafter.gamma=2"], []) == ["drafter.gamma=2"]  # swept by an experiment's sweeper params
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["drafter=small_model", "drafter.confidence=abc"], "drafter.confidence must be a number, got 'abc'"),
+        (["drafter=small_model", "drafter.policy=fastest"], "drafter.policy must be one of"),
+        (["dataset=jsonl", "dataset.field=text"], "dataset.data_files: missing mandatory value (???)"),
+    ],
+)
+def test_a_config_error_exits_before_any_model_loads_with_one_line(tmp_path, overrides, message):
+    done = _run([sys.executable, "-m", "specfamily.cli", "model.target=/no/such/model", "model.draft=/no/such/draft",
+                 f"hydra.run.dir={tmp_path / 'run'}", *overrides], cwd=tmp_path, status=CONFIG_ERROR_STATUS)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specfamily: config error: ") and message in lines[0]
+    assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+ARMS_EXPERIMENT = """\
+# @package _global_
+defaults:
+  - override /drafter: arms
+drafter:
+  arms:
+    small_model:mine: {}
+    small_model:g1:
+      gamma: 1
+"""
+
+
+def test_labelled_arms_from_a_users_config_folder(tiny_pair, tmp_path):
+    """A user folder's experiment (labelled arms) and drafter file (a shipped name): labels in results and table."""
+    mine = tmp_path / "my_configs"
+    (mine / "experiment").mkdir(parents=True)
+    (mine / "drafter").mkdir()
+    (mine / "experiment" / "two_gammas.yaml").write_text(ARMS_EXPERIMENT)
+    (mine / "drafter" / "small_model.yaml").write_text("name: small_model\nmodel: ${model.draft}\ngamma: 3\n")
+    out = tmp_path / "run"
+    overrides = [o for o in tiny_overrides(tiny_pair, "dataset.num_examples=2") if not o.startswith("drafter.names")]
+    done = _run([sys.executable, "-m", "specfamily.cli", "--config-dir", str(mine), "experiment=two_gammas",
+                 f"hydra.run.dir={out}", *overrides], cwd=tmp_path)
+    records = read_records(out / "results.jsonl")
+    arms = [("plain", None), ("small_model:mine", 3), ("small_model:g1", 1)]  # gamma 3: the user's drafter file
+    assert [(r.drafter, r.gamma) for r in records] == arms * 2
+    assert "| small_model:mine | 3 | ok | 2 |" in done.stdout and "| small_model:g1 | 1 | ok | 2 |" in done.stdout
+    assert RunInfo.load(out).drafters == ["plain", "small_model:mine", "small_model:g1"]

@@ -12,6 +12,8 @@ import specfamily as sf
 from specfamily.core.plugins import get_registry
 from specfamily.eval.config import (
     PLAIN,
+    ConfigError,
+    check_config,
     configs_dir,
     drafter_specs,
     sampling_config,
@@ -19,6 +21,7 @@ from specfamily.eval.config import (
     validate_specs,
 )
 from specfamily.eval.datasets import DatasetSpec
+from specfamily.eval.searchpath import compose
 
 
 def _options(specs, label):
@@ -174,3 +177,92 @@ def test_configs_are_package_data():
     assert (root / "config.yaml").is_file()
     for group in ("model", "drafter", "dataset", "sampling", "experiment"):
         assert any((root / group).glob("*.yaml")), group
+    assert {"medusa_modes.yaml", "gamma_arms.yaml"} <= {p.name for p in (root / "experiment").glob("*.yaml")}
+
+
+def _arms(cfg):
+    return [(spec.label, spec.name, spec.options) for spec in check_config(cfg)[1:]]
+
+
+def test_labelled_arms_from_the_command_line():
+    arms = "drafter.arms={tree: {name: medusa}, chain: {name: medusa, tree: chain}}"
+    cfg = compose(["model=zoo", "drafter=arms", arms])
+    arms = _arms(cfg)
+    assert [(label, name, options["tree"]) for label, name, options in arms] == [
+        ("tree", "medusa", None), ("chain", "medusa", "chain")]
+    assert all(options["weights"] == "zoo:code-medusa" for _, _, options in arms)  # from drafter/medusa.yaml
+
+
+@pytest.mark.parametrize(
+    ("experiment", "expected"),
+    [
+        ("medusa_modes", [("medusa:tree", "medusa", "tree", None), ("medusa:chain", "medusa", "tree", "chain")]),
+        ("gamma_arms", [("small_model:g2", "small_model", "gamma", 2), ("small_model:g4", "small_model", "gamma", 4),
+                        ("small_model:g8", "small_model", "gamma", 8)]),
+    ],
+)
+def test_shipped_arm_experiments(experiment, expected):
+    arms = _arms(compose([f"experiment={experiment}", "model=zoo"]))
+    key = expected[0][2]
+    assert [(label, name, key, options[key]) for label, name, options in arms] == expected
+
+
+def test_arms_in_a_config_file_with_every_kind_of_arm(compose_config):
+    cfg = compose_config(["drafter=arms", "model=zoo"])
+    cfg.drafter.arms = {"prompt_lookup": None, "wide:pl": {"name": "prompt_lookup", "branches": 3},
+                        "eagle:chain": {"mode": "chain", "gamma": 3}}
+    arms = _arms(cfg)
+    assert [(label, name) for label, name, _ in arms] == [
+        ("prompt_lookup", "prompt_lookup"), ("wide:pl", "prompt_lookup"), ("eagle:chain", "eagle")]
+    assert (arms[0][2]["branches"], arms[1][2]["branches"], arms[2][2]["mode"], arms[2][2]["weights"]) == (
+        1, 3, "chain", "zoo:code-eagle")
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [
+        ({"x": {"name": "medusa", "tre": "chain"}}, r"^drafter\.arms\.x: drafter 'medusa' got unknown option 'tre'"),
+        ({"x": {"name": "medusa", "gamma": "abc"}}, r"^drafter\.arms\.x\.gamma must be an integer or null, got 'abc'$"),
+        ({"x": {"name": "medusaa"}}, r"^drafter\.arms\.x: unknown drafter 'medusaa'; did you mean 'medusa'\?"),
+        ({"x": {"name": "small_model", "model": "???"}}, r"^drafter\.arms\.x\.model: missing mandatory value"),
+        ({"x": 3}, r"^drafter\.arms\.x: an arm is a mapping of options"),
+        ({PLAIN: {"name": "medusa"}}, r"^drafter: arm labels must be distinct, non-empty, not 'plain'"),
+        ({"a|b": {"name": "medusa"}}, r"^drafter: arm labels must be distinct"),
+        ({}, r"^drafter\.arms: give at least one arm"),
+    ],
+)
+def test_every_arm_is_checked_like_a_drafter(compose_config, arms, message):
+    cfg = compose_config(["drafter=arms", "model=zoo"])
+    cfg.drafter.arms = arms
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)
+
+
+def test_default_config_passes_the_check():
+    specs = check_config(compose([]))
+    assert [spec.label for spec in specs] == [PLAIN, *sf.list_drafters()]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["drafter=small_model", "drafter.confidence=abc"], "drafter.confidence must be a number, got 'abc'"),
+        (["drafter=small_model", "drafter.policy=fastest"],
+         "drafter.policy must be one of auto, constant, heuristic, optimal or null, got 'fastest'"),
+        (["drafter=prompt_lookup", "drafter.gamma=4.5"], "drafter.gamma must be an integer or null, got 4.5"),
+        (["drafter=medusa", "drafter.typical=maybe"], "drafter.typical must be true or false, got 'maybe'"),
+        (["drafter.policy=fast"], "drafter.policy must be one of"),  # drafter=all's own option
+        (["drafter.gamma=two"], "drafter.gamma must be an integer or null, got 'two'"),
+        (["drafter=small_model", "+drafter.gama=3"], "drafter: drafter 'small_model' got unknown option 'gama'"),
+        (["drafter=prompt_lookup", "drafter.min_ngram=0"], "drafter: min_ngram must be an integer >= 1, got 0"),
+        (["dataset=jsonl"], "dataset.data_files: missing mandatory value (???)"),
+        (["model.draft=${nope}", "drafter=small_model"], "model.draft: Interpolation key 'nope' not found"),
+        (["sampling.temperature=-1"], "sampling: temperature must be a finite number >= 0, got -1"),
+        (["dataset.select=random"], "dataset: dataset 'spec_bench': select must be one of"),
+    ],
+)
+def test_config_errors_are_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        check_config(compose(overrides))
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)

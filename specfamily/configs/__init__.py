@@ -1,1 +1,0 @@
-"""Shipped Hydra configs (package data): config.yaml; groups model, drafter, dataset, sampling, experiment."""
