@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -62,8 +64,31 @@ def build_plugin_manager() -> pluggy.PluginManager:
         if module is not None and not pm.is_registered(module):
             pm.register(module, name=module_name)
     if not _autoload_disabled():
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        load_entry_points(pm)
     return pm
+
+
+def _distribution(entry_point: importlib.metadata.EntryPoint) -> str:
+    dist = getattr(entry_point, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+
+
+def load_entry_points(pm: pluggy.PluginManager, group: str = ENTRY_POINT_GROUP) -> list[str]:
+    """Register every plugin of the entry-point group; one that fails to import is skipped with a warning that
+    names it and its distribution (one broken plugin must not break every run). Returns the names skipped."""
+    skipped = []
+    for entry_point in importlib.metadata.entry_points(group=group):
+        try:  # one entry point at a time, through pluggy, so its distribution is recorded as usual
+            pm.load_setuptools_entrypoints(group, name=entry_point.name)
+        except Exception as err:  # noqa: BLE001 - any import failure of a third-party plugin is reported, not fatal
+            warnings.warn(
+                f"specfamily plugin {entry_point.name!r} ({entry_point.value}) from {_distribution(entry_point)} "
+                f"failed to import and is skipped: {type(err).__name__}: {err}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            skipped.append(entry_point.name)
+    return skipped
 
 
 @dataclass

@@ -207,6 +207,26 @@ def test_third_party_entry_point(
     assert dists == ["myplug"]
 
 
+def test_a_plugin_that_fails_to_import_is_named_and_skipped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, write_module: WriteModule, installed_toy_plugin: Path
+) -> None:
+    """A second distribution whose module imports a missing package: a warning naming it, the others still load."""
+    (tmp_path / "brokenplug.py").write_text("import a_dependency_that_is_not_installed\n")
+    dist_info = tmp_path / "brokenplug-2.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplug\nVersion: 2.0\n")
+    (dist_info / "entry_points.txt").write_text("[specfamily]\nbroken = brokenplug\n")
+    write_module("sf_builtin_a", drafter="fake")
+    use_builtins(monkeypatch, "sf_builtin_a")
+    monkeypatch.delenv(plugins.DISABLE_AUTOLOAD_ENV)
+    with pytest.warns(RuntimeWarning) as caught:
+        plugins.rebuild_plugin_manager()
+    message = str(caught[0].message)
+    assert "'broken' (brokenplug) from brokenplug 2.0 failed to import and is skipped" in message
+    assert "ModuleNotFoundError" in message and "a_dependency_that_is_not_installed" in message
+    assert plugins.list_drafters() == ["fake", "toy"]
+
+
 def test_empty_disable_variable_keeps_autoload(monkeypatch: pytest.MonkeyPatch, installed_toy_plugin: Path) -> None:
     use_builtins(monkeypatch)
     monkeypatch.setenv(plugins.DISABLE_AUTOLOAD_ENV, "")
