@@ -19,6 +19,7 @@ from specfamily.core.fast import BufferedLayer, LeanLlama, lean_unsupported
 from specfamily.core.processors import check_generation_config
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
+from specfamily.sources import is_local, unreachable_model
 
 __all__ = ["Target", "TargetOutput", "load_target"]
 
@@ -355,6 +356,10 @@ def _load_model(source: str, device: torch.device, dtype: torch.dtype | None) ->
         if "Unrecognized configuration class" in str(err):
             raise ValueError(f"{source!r} is not a causal language model: {err}") from err
         raise
+    except OSError as err:
+        if is_local(source):
+            raise
+        raise unreachable_model(source, err) from None
     return model.to(device)
 
 

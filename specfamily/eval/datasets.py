@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specfamily.eval.chat import chat_prompt_ids
+from specfamily.sources import is_local, unreachable_dataset
 
 SELECT_MODES = ("first", "spread", "per_category")
 SHIPPED_PREFIX = "specfamily:"
@@ -159,9 +160,15 @@ def _source(spec: DatasetSpec) -> tuple[str, Any]:
 def load_rows(spec: DatasetSpec):
     """The split as a ``datasets.Dataset``."""
     from datasets import load_dataset
+    from datasets.exceptions import DatasetNotFoundError
 
     path, data_files = _source(spec)
-    return load_dataset(path, name=spec.config_name, data_files=data_files, split=spec.split)
+    try:
+        return load_dataset(path, name=spec.config_name, data_files=data_files, split=spec.split)
+    except (ConnectionError, DatasetNotFoundError) as err:
+        if data_files is not None or is_local(path):
+            raise
+        raise unreachable_dataset(path, err) from None
 
 
 def _check_fields(spec: DatasetSpec, columns: list[str], wanted: list[str]) -> None:

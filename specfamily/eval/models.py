@@ -6,6 +6,7 @@ import torch
 from omegaconf import DictConfig
 
 from specfamily.core.target import Target
+from specfamily.sources import is_local, unreachable_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -36,29 +37,55 @@ def _source(name: str) -> str:
 
 
 def _tokenizer(source: str):
+    """The tokenizer saved with the model, None when it has none; a hub name the hub does not serve is an error."""
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError, KeyError):
+    except OSError as err:
+        if not is_local(source) and not _has_no_tokenizer(err):
+            raise unreachable_model(source, err) from None
+        return None
+    except (ValueError, KeyError):
         return None
 
 
-def load_model_target(node: DictConfig, device: torch.device) -> Target:
-    """The target of a ``model`` config node on ``device`` (or spread by ``device_map``)."""
-    from specfamily.core.target import load_target
+def _has_no_tokenizer(err: OSError) -> bool:
+    """A hub repository that answered but holds no tokenizer (rather than a hub that did not answer)."""
+    return "tokenizer" in str(err).lower() and "couldn't connect" not in str(err).lower()
 
+
+def _target_name(node: DictConfig) -> str:
     name = node.get("target")
     if not name:
         raise ValueError("the model config has no target; set model.target=<zoo:name, folder or hub name>")
+    return str(name)
+
+
+def load_model_tokenizer(node: DictConfig):
+    """Only the tokenizer of a ``model`` config node's target (prompts are built before the model loads)."""
+    return _tokenizer(_source(_target_name(node)))
+
+
+def load_model_target(node: DictConfig, device: torch.device, tokenizer=None) -> Target:
+    """The target of a ``model`` config node on ``device`` (or spread by ``device_map``); ``tokenizer``: one
+    already loaded (else the model's own)."""
+    from specfamily.core.target import load_target
+
+    name = _target_name(node)
     dtype = parse_dtype(node.get("dtype"))
     device_map = node.get("device_map")
     if device_map is None:
-        return load_target(str(name), device=device, dtype=dtype)
+        return load_target(name, tokenizer=tokenizer, device=device, dtype=dtype)
     from transformers import AutoModelForCausalLM
 
-    source = _source(str(name))
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype or "auto", device_map=device_map, attn_implementation="sdpa"
-    )
-    return load_target(model, tokenizer=_tokenizer(source))
+    source = _source(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype or "auto", device_map=device_map, attn_implementation="sdpa"
+        )
+    except OSError as err:
+        if is_local(source):
+            raise
+        raise unreachable_model(source, err) from None
+    return load_target(model, tokenizer=tokenizer if tokenizer is not None else _tokenizer(source))
