@@ -6,6 +6,7 @@ Public API (names load lazily, so importing the package does no work)::
     target = sf.load_target("zoo:code-target")
     drafter = sf.create_drafter("small_model", target)
     result = sf.generate(target, drafter, prompt_ids, max_new_tokens=64)
+    rows = sf.load_run("runs/2025-01-01_12-00-00")  # a comparison run's rows as a datasets.Dataset
 """
 
 from importlib import import_module
@@ -30,6 +31,7 @@ _EXPORTS = {
     "create_drafter": "specfamily.core.plugins",
     "list_drafters": "specfamily.core.plugins",
     "hookimpl": "specfamily.core.hookspecs",
+    "load_run": "specfamily.eval.table",
 }
 _MODULES = {"theory": "specfamily.core.theory", "testing": "specfamily.testing"}
 

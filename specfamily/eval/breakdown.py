@@ -5,7 +5,8 @@ summarization, qa, math, rag). A run whose records carry a category (a dataset w
 ``category_field``) gets one row per (category, drafter) plus an ``overall`` row per drafter; a run
 with multi-turn prompts gets the same per turn. Speedup is against plain decoding on the same
 prompts of the group in the same run (:func:`specfamily.eval.summary.speedup`). The report pivots
-the rows into a table: a row per group, a tau and a speedup column per drafter.
+the rows into a table: a row per group, a tau and a speedup column per drafter (with its bootstrap
+95% interval over the group's prompts when the group has at least 3).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import asdict, dataclass, fields
 
 from specfamily.eval.config import PLAIN
 from specfamily.eval.results import PromptRecord, Record, RunInfo
-from specfamily.eval.summary import speedup
+from specfamily.eval.stats import NO_INTERVAL, Interval
+from specfamily.eval.summary import speedup, speedup_ci, tau_interval
 
 BREAKDOWN = "breakdown.csv"
 OVERALL = "overall"  # the group of every prompt
@@ -40,6 +42,14 @@ class GroupRow:
     new_tokens: int
     tau: float
     speedup: float
+    tau_low: float = NAN  # bootstrap 95% interval over the group's prompts
+    tau_high: float = NAN
+    speedup_low: float = NAN
+    speedup_high: float = NAN
+
+    @property
+    def speedup_ci(self) -> Interval:
+        return Interval(self.speedup_low, self.speedup_high)
 
 
 def _category(record: PromptRecord) -> str:
@@ -66,10 +76,13 @@ def _groups(
         plain = [r for r in members if r.drafter == PLAIN]
         for label in labels:
             mine = [r for r in members if r.drafter == label]
+            tau_ci = tau_interval(mine)
+            spread = NO_INTERVAL if label == PLAIN else speedup_ci(mine, plain)
             rows.append(GroupRow(
                 run=run, dataset=info.dataset, sampling=info.sampling, by=by, group=group, drafter=label,
                 prompts=len(mine), new_tokens=sum(r.metrics["new_tokens"] for r in mine), tau=_tau(mine),
-                speedup=speedup(mine, plain) if mine else NAN,
+                speedup=speedup(mine, plain) if mine else NAN, tau_low=tau_ci.low, tau_high=tau_ci.high,
+                speedup_low=spread.low, speedup_high=spread.high,
             ))
     return rows
 
@@ -89,6 +102,11 @@ def _number(value: float) -> str:
     return f"{value:.2f}" if math.isfinite(value) else "-"
 
 
+def _speedup_cell(row: GroupRow) -> str:
+    interval = row.speedup_ci
+    return _number(row.speedup) + (f" ({interval})" if interval.known else "")
+
+
 def _pivot(rows: list[GroupRow]) -> str:
     """One Markdown table: a row per group, the prompts, then each drafter's tau and speedup."""
     drafters = [d for d in dict.fromkeys(r.drafter for r in rows)
@@ -102,7 +120,7 @@ def _pivot(rows: list[GroupRow]) -> str:
         values = [group, str(cells[group, PLAIN].prompts if (group, PLAIN) in cells else max(counted, default=0))]
         for d in drafters:
             row = cells.get((group, d))
-            values += ["-", "-"] if row is None else [_number(row.tau), _number(row.speedup)]
+            values += ["-", "-"] if row is None else [_number(row.tau), _speedup_cell(row)]
         lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines) + "\n"
 

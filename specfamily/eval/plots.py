@@ -1,7 +1,7 @@
 """Report plots (matplotlib, Agg canvas; no global backend or pyplot state is touched).
 
-- ``speedup_vs_gamma.png``: measured speedup per drafter against gamma, with the theory curve
-  from the measured alpha, c and verify cost.
+- ``speedup_vs_gamma.png``: measured speedup per drafter against gamma (with its bootstrap 95%
+  interval over prompts), and the theory curve from the measured alpha, c and verify cost.
 - ``per_position_acceptance.png``: acceptance at each draft depth.
 - ``tau_by_dataset.png``: tau per drafter per dataset.
 """
@@ -48,6 +48,15 @@ def theory_curve(alpha: float, c: float, verify_cost: Callable[[int], float], ga
     return [theory.expected_speedup(alpha, g, c * verify_cost(g), verify_cost(g)) for g in gammas]
 
 
+def _interval_bars(ax, rows: list[SummaryRow], color: str) -> None:
+    """Each row's bootstrap 95% speedup interval as an error bar at its gamma."""
+    if rows:
+        below = [max(r.speedup - r.speedup_low, 0.0) for r in rows]
+        above = [max(r.speedup_high - r.speedup, 0.0) for r in rows]
+        ax.errorbar([r.gamma for r in rows], [r.speedup for r in rows], yerr=[below, above], fmt="none", ecolor=color,
+                    capsize=3)
+
+
 def plot_speedup_vs_gamma(rows: list[SummaryRow], verify_cost: Callable[[int], float], path: Path) -> Path:
     figure = _figure()
     ax = figure.add_subplot()
@@ -59,6 +68,7 @@ def plot_speedup_vs_gamma(rows: list[SummaryRow], verify_cost: Callable[[int], f
         mine = sorted((r for r in measured if r.drafter == name), key=lambda r: r.gamma)
         if mine:
             ax.plot([r.gamma for r in mine], [r.speedup for r in mine], "o-", color=color, label=f"{name} (measured)")
+            _interval_bars(ax, [r for r in mine if r.speedup_ci.known], color)
         fit = [r for r in rows if r.drafter == name and _finite(r.alpha) and _finite(r.c)]
         if fit:
             alpha = min(max(statistics.fmean(r.alpha for r in fit), 0.0), 1.0)

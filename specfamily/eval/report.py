@@ -2,7 +2,8 @@
 
 When the records carry a category (or prompts have several turns), ``report.md`` also breaks tau
 and speedup down by category (and by turn) and ``breakdown.csv`` holds those rows
-(:mod:`specfamily.eval.breakdown`).
+(:mod:`specfamily.eval.breakdown`). Every run's noise checks (:mod:`specfamily.eval.noise`) are
+listed, and a run whose timings were unstable is flagged at the top.
 
 ``specfamily-report DIR`` rebuilds them from the ``run.json`` and ``results.jsonl`` files under
 DIR (DIR itself for one run; every run folder below it for a sweep, in one combined report).
@@ -23,14 +24,15 @@ from pathlib import Path
 
 from specfamily.core.costs import verify_cost_at
 from specfamily.eval.breakdown import BREAKDOWN, GroupRow, breakdown_csv, breakdown_markdown, breakdown_rows
+from specfamily.eval.noise import describe, noise_checks
 from specfamily.eval.plots import plot_all
-from specfamily.eval.results import RUN_INFO, FailureRecord, RunInfo, read_run, write_atomic
+from specfamily.eval.results import RUN_INFO, FailureRecord, NoiseCheck, RunInfo, read_repeats, read_run, write_atomic
 from specfamily.eval.summary import SummaryRow, summarize_run
 
 SUMMARY = "summary.csv"
 REPORT = "report.md"
-COLUMNS = ("drafter", "gamma", "status", "prompts", "tau", "alpha", "speedup", "predicted_speedup", "c",
-           "verify_cost", "lossy")
+COLUMNS = ("drafter", "gamma", "status", "prompts", "tau", "tau 95% CI", "alpha", "speedup", "speedup 95% CI",
+           "predicted_speedup", "identical", "c", "verify_cost", "lossy")
 RUN_COLUMNS = ("run", "dataset", "sampling")
 
 
@@ -42,6 +44,7 @@ class Report:
     rows: list[SummaryRow]
     files: list[Path]
     groups: list[GroupRow] = field(default_factory=list)  # the breakdown by category / turn (may be empty)
+    noise: dict[str, list[NoiseCheck]] = field(default_factory=dict)  # run name -> its noise checks
 
 
 def find_runs(folder: Path) -> list[Path]:
@@ -66,6 +69,7 @@ class Collected:
     infos: list[RunInfo] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     groups: list[GroupRow] = field(default_factory=list)
+    noise: dict[str, list[NoiseCheck]] = field(default_factory=dict)  # run name -> its noise checks
 
 
 def collect(folder: Path) -> Collected:
@@ -79,6 +83,7 @@ def collect(folder: Path) -> Collected:
         found.infos.append(info)
         found.failures += [r for r in records if isinstance(r, FailureRecord)]
         found.groups += breakdown_rows(records, info, name)
+        found.noise[name] = noise_checks(records, read_repeats(run), info)
     return found
 
 
@@ -92,12 +97,22 @@ def _cell(value) -> str:
     return str(value)
 
 
+def _display(row: SummaryRow, column: str) -> str:
+    if column == "tau 95% CI":
+        return str(row.tau_ci)
+    if column == "speedup 95% CI":
+        return str(row.speedup_ci)
+    if column == "identical":
+        return "-" if row.identical is None else f"{row.identical}/{row.compared}"
+    return _cell(getattr(row, column))
+
+
 def markdown_table(rows: list[SummaryRow]) -> str:
     """The comparison table; run, dataset and sampling columns appear when they vary."""
     extra = [col for col in RUN_COLUMNS if len({getattr(r, col) for r in rows}) > 1]
     columns = [*extra, *COLUMNS]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_cell(getattr(row, col)) for col in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(_display(row, col) for col in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -129,19 +144,53 @@ def _header(infos: list[RunInfo]) -> list[str]:
         f"- target: `{model.get('target')}`; runs: {len(infos)}; datasets: {datasets}; sampling: {samplings}",
         f"- prompts per run: {first.prompts}, up to {first.max_new_tokens} new tokens, seed {first.seed}",
         f"- device {first.device}, {first.threads} thread(s) per rank, {first.world_size} rank(s); {versions}",
+        f"- {_machine(first)}",
         f"- git: {git.get('commit', 'unknown')}{' (with local changes)' if git.get('dirty') else ''}",
         f"- verify cost t(g+1)/t(1) by draft tokens g: {curve}",
     ]
     return lines
 
 
+def _machine(info: RunInfo) -> str:
+    hw, weights = info.hardware, info.weights or {}
+    gpu = f"GPU {hw['gpu']} (CUDA {hw.get('cuda')})" if hw.get("gpu") else "no GPU"
+    load = hw.get("load_average_1m")
+    return (f"machine: {hw.get('cpu') or 'unknown CPU'}, {hw.get('usable_cpus', '?')} usable core(s), {gpu}"
+            + (f", load average {load:.2f} at the start" if load is not None else "")
+            + f"; target weights sha256 {str(weights.get('sha256', 'unknown'))[:12]}"
+            + f"; prompts sha256 {(info.dataset_fingerprint or 'unknown')[:12]}")
+
+
+def noise_markdown(noise: dict[str, list[NoiseCheck]]) -> str:
+    """The "Noise" section: every run's checks, one line each."""
+    lines = ["## Noise\n"]
+    for run, checks in noise.items():
+        prefix = f"[{run}] " if len(noise) > 1 else ""
+        lines += [f"- {prefix}{describe(check)}" for check in checks]
+    return "\n".join(lines) + "\n"
+
+
+def unstable_warning(noise: dict[str, list[NoiseCheck]]) -> str:
+    """A warning for the top of the report when any run's timings were unstable ("" when none was)."""
+    flagged = [(run, c) for run, checks in noise.items() for c in checks if c.unstable]
+    if not flagged:
+        return ""
+    lines = [f"> **Unstable timings**{f' [{run}]' if len(noise) > 1 else ''}: {describe(c, verdict=False)}"
+             for run, c in flagged]
+    lines.append("> Speedups and c from this machine are not trustworthy; rerun on a quiet machine.")
+    return "\n".join(lines) + "\n"
+
+
 NOTES = """\
 tau = new tokens / target passes (prefill included; plain decoding = 1). alpha = mean per-prompt
 acceptance rate. speedup = tokens per second relative to plain decoding over the same prompts in
-the same run. predicted = `sf.theory.expected_speedup(alpha, gamma, c * V, verify_cost=V)` with the
-measured alpha and c (one draft step / one verification pass) and V = verify_cost, the target's
-measured t(n + 1) / t(1) at the mean draft tokens n fed per pass (for tree drafters the chain
-formula is an approximation). lossy = results of a lossy mode (e.g. Medusa typical acceptance).
+the same run. 95% CI: bootstrap percentile intervals over prompts (a question's turns together;
+speedup paired by prompt, as a ratio of sums); "-" with under 3 prompts. identical = prompts whose
+tokens equal plain decoding's (greedy runs only; bf16 on a GPU can flip near-ties). predicted =
+`sf.theory.expected_speedup(alpha, gamma, c * V, verify_cost=V)` with the measured alpha and c (one
+draft step / one verification pass) and V = verify_cost, the target's measured t(n + 1) / t(1) at
+the mean draft tokens n fed per pass (for tree drafters the chain formula is an approximation).
+lossy = results of a lossy mode (e.g. Medusa typical acceptance).
 """
 
 
@@ -154,12 +203,17 @@ own earlier answers.
 
 def render(
     rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureRecord], plots: list[Path],
-    groups: list[GroupRow] | None = None,
+    groups: list[GroupRow] | None = None, noise: dict[str, list[NoiseCheck]] | None = None,
 ) -> str:
     """The text of ``report.md``."""
-    parts = ["# specfamily comparison\n", "\n".join(_header(infos)) + "\n", markdown_table(rows), NOTES]
+    parts = ["# specfamily comparison\n", "\n".join(_header(infos)) + "\n"]
+    if noise and unstable_warning(noise):
+        parts.append(unstable_warning(noise))
+    parts += [markdown_table(rows), NOTES]
     if groups:
         parts += [breakdown_markdown(groups), GROUP_NOTES]
+    if noise:
+        parts.append(noise_markdown(noise))
     failed = [r for r in rows if r.status == "failed"]
     if failed:
         parts.append("## Failures\n")
@@ -175,12 +229,12 @@ def write_report(folder: Path | str, plots: bool = True) -> Report:
     found = collect(folder)
     written = plot_all(found.rows, _verify_cost_fn(found.infos), folder) if plots else []
     write_atomic(folder / SUMMARY, summary_csv(found.rows))
-    write_atomic(folder / REPORT, render(found.rows, found.infos, found.failures, written, found.groups))
+    write_atomic(folder / REPORT, render(found.rows, found.infos, found.failures, written, found.groups, found.noise))
     files = [folder / SUMMARY, folder / REPORT, *written]
     if found.groups:
         write_atomic(folder / BREAKDOWN, breakdown_csv(found.groups))
         files.append(folder / BREAKDOWN)
-    return Report(markdown_table(found.rows), found.rows, files, found.groups)
+    return Report(markdown_table(found.rows), found.rows, files, found.groups, found.noise)
 
 
 def main(argv: list[str] | None = None) -> int:

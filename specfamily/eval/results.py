@@ -1,21 +1,19 @@
 """Results on disk: one JSON line per finished prompt (or failure), appended and flushed as it happens.
 
-A run folder holds ``run.json`` (the resolved config, seed, package versions, git commit, the
-measured verify cost) and ``results.jsonl``. Under torchrun every rank appends to its own
+A run folder holds ``run.json`` (the resolved config, seed, the environment: versions, plugins,
+hardware, a hash of the target's weights, the prompts' fingerprint; the measured verify cost and
+the run's own noise checks) and ``results.jsonl``. Under torchrun every rank appends to its own
 ``results.rank<r>.jsonl``; :func:`consolidate` merges them (and any earlier results) into one
-``results.jsonl`` in a fixed order. Nothing is half-written: whole files are written to a
-temporary name and renamed.
+``results.jsonl`` in a fixed order. The plain-decoding repeats that measure the run's noise go to
+``repeats.jsonl`` (``repeats.rank<r>.jsonl`` under torchrun). Nothing is half-written: whole files
+are written to a temporary name and renamed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from specfamily.files import write_text_atomically
 RESULTS = "results.jsonl"
 RUN_INFO = "run.json"
 RANK_GLOB = "results.rank*.jsonl"
-PACKAGES = ("specfamily", "torch", "transformers", "hydra-core", "omegaconf", "datasets", "accelerate", "numpy")
+REPEATS_GLOB = "repeats*.jsonl"
 
 
 @dataclass
@@ -47,6 +45,8 @@ class PromptRecord:
     kind: str = "prompt"
     category: str | None = None  # the prompt's category when the dataset has a category field
     turn: int = 1  # the turn of a multi-turn prompt (prompt_id "<id>:turn<t>" after the first)
+    prompt: str | None = None  # the prompt as the model saw it (decoded ids, chat template included)
+    text: str | None = None  # the new tokens decoded (special tokens kept); None without a tokenizer
 
     @property
     def key(self) -> tuple[str, str]:
@@ -67,20 +67,33 @@ class FailureRecord:
     kind: str = "failure"
 
 
+@dataclass
+class RepeatRecord:
+    """Plain decoding re-timed on a rank's first prompt during the run: the run's own noise measurement."""
+
+    prompt_id: str
+    index: int
+    repeat: int  # 1, 2, ...: the k-th re-timing (the prompt's own plain record is the 0th)
+    after: int  # how many of the rank's prompts were finished when it ran
+    tokens: list[int]
+    wall_seconds: float
+    rank: int = 0
+    kind: str = "repeat"
+
+
 Record = PromptRecord | FailureRecord
+_KINDS = {"prompt": PromptRecord, "failure": FailureRecord, "repeat": RepeatRecord}
 
 
-def record_from_dict(data: dict[str, Any]) -> Record:
+def record_from_dict(data: dict[str, Any]) -> Record | RepeatRecord:
     """The record a JSON line holds."""
     kind = data.get("kind")
-    if kind == "prompt":
-        return PromptRecord(**data)
-    if kind == "failure":
-        return FailureRecord(**data)
-    raise ValueError(f"unknown result record kind {kind!r}")
+    if kind not in _KINDS:
+        raise ValueError(f"unknown result record kind {kind!r}")
+    return _KINDS[kind](**data)
 
 
-def read_records(path: Path) -> list[Record]:
+def read_records(path: Path) -> list[Record | RepeatRecord]:
     """Records of one jsonl file; a torn last line (a run killed mid-write) is skipped."""
     if not path.is_file():
         return []
@@ -106,6 +119,17 @@ def read_run(folder: Path) -> list[Record]:
     return records
 
 
+def read_repeats(folder: Path) -> list[RepeatRecord]:
+    """The plain-decoding repeats of a run folder (every rank's), by rank and repeat."""
+    records = [r for path in sorted(folder.glob(REPEATS_GLOB)) for r in read_records(path)]
+    return sorted((r for r in records if isinstance(r, RepeatRecord)), key=lambda r: (r.rank, r.repeat))
+
+
+def repeats_path(folder: Path, rank: int, world_size: int) -> Path:
+    """Where a rank appends its plain-decoding repeats."""
+    return folder / ("repeats.jsonl" if world_size == 1 else f"repeats.rank{rank}.jsonl")
+
+
 @dataclass
 class ResultWriter:
     """Appends records to a jsonl file, one flushed line each."""
@@ -113,7 +137,7 @@ class ResultWriter:
     path: Path
     _handle: Any = field(default=None, repr=False)
 
-    def write(self, record: Record) -> None:
+    def write(self, record: Record | RepeatRecord) -> None:
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             _drop_torn_tail(self.path)
@@ -170,29 +194,16 @@ def consolidate(folder: Path, order: list[str]) -> list[Record]:
     return records
 
 
-def package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+@dataclass
+class NoiseCheck:
+    """One of the run's own noise measurements (:mod:`specfamily.eval.noise`) and its verdict."""
 
-
-def git_commit(folder: Path | None = None) -> dict[str, Any] | None:
-    """The specfamily checkout's commit and whether it has local changes; None outside a git checkout."""
-    folder = folder or Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": commit, "dirty": bool(status.strip())}
+    name: str  # plain_repeats | verify_cost
+    spread: float | None  # relative range (max - min) / median of the repeated timings; None: not measured
+    threshold: float  # spread above which the timings are flagged unstable
+    samples: int
+    unstable: bool
+    detail: str  # what was timed and what it showed, in words
 
 
 @dataclass
@@ -213,10 +224,22 @@ class RunInfo:
     git: dict[str, Any] | None
     verify_cost: dict[str, float]  # draft tokens g -> t(g + 1) / t(1) of the target; {} if not measured
     started: str
+    plugins: list[dict[str, str | None]] = field(default_factory=list)  # entry points of group "specfamily"
+    weights: dict[str, Any] | None = None  # the target's weights hash (environment.weights_hash)
+    dataset_fingerprint: str | None = None  # sha256 of the selected prompts (ids, token ids, turns, categories)
+    hardware: dict[str, Any] = field(default_factory=dict)  # cpu / gpu model, CUDA, cores, threads, load
+    pass_seconds: list[dict[str, float]] = field(default_factory=list)  # per verify-cost round: g -> median s
+    noise: list[NoiseCheck] = field(default_factory=list)  # the run's noise checks, written when it finishes
+
+    @property
+    def unstable(self) -> bool:
+        return any(check.unstable for check in self.noise)
 
     def save(self, folder: Path) -> None:
         write_atomic(folder / RUN_INFO, json.dumps(asdict(self), indent=1) + "\n")
 
     @classmethod
     def load(cls, folder: Path) -> RunInfo:
-        return cls(**json.loads((folder / RUN_INFO).read_text(encoding="utf-8")))
+        data = json.loads((folder / RUN_INFO).read_text(encoding="utf-8"))
+        data["noise"] = [NoiseCheck(**check) for check in data.get("noise", [])]
+        return cls(**data)

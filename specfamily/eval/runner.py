@@ -9,6 +9,9 @@ as failed and dropped while the others go on; run again in the same folder, a ru
 A multi-turn (chat) prompt is one record per turn (ids ``81``, ``81:turn2``, ...): each arm asks
 turn t after its own decoded answers to the earlier turns (a resumed run reads them back from the
 records), so every arm's turn t is a prompt of the same kind and per-turn metrics compare.
+
+Plain decoding is also re-timed on the shard's first prompt at evenly spaced points of the run
+(``repeats.jsonl``): the run's own noise measurement (:mod:`specfamily.eval.noise`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from specfamily.eval.chat import answer_text, turn_id
 from specfamily.eval.config import DrafterSpec, drafter_specs, sampling_config, sampling_label, validate_specs
 from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompts, turn_prompt_ids
 from specfamily.eval.models import load_model_target, pick_device
+from specfamily.eval.noise import NoiseSettings, PlainRepeats, record_noise
 from specfamily.eval.results import FailureRecord, PromptRecord, Record, ResultWriter, consolidate, read_run
 from specfamily.eval.results import results_path as rank_results_path
 from specfamily.eval.start import RunPlan, is_finished, start_run
@@ -122,6 +126,7 @@ def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt, turn: int = 1, ids: list
     start = time.perf_counter()
     result = _generate(plan, arm, ids, plan.dataset.max_new_tokens, seed)
     wall = time.perf_counter() - start
+    tokenizer = plan.target.tokenizer
     return PromptRecord(
         drafter=arm.label,
         dataset=plan.dataset.name,
@@ -138,6 +143,8 @@ def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt, turn: int = 1, ids: list
         rank=plan.info.rank,
         category=prompt.category,
         turn=turn,
+        prompt=None if tokenizer is None else tokenizer.decode(list(ids)),
+        text=None if tokenizer is None else tokenizer.decode(list(result.tokens)),
     )
 
 
@@ -196,12 +203,17 @@ def run_arms(plan: RunPlan, arms: list[Arm], prompts: list[Prompt], writer: Resu
             _warm_up(plan, arm, todo[arm.label][0], writer)
     live = [arm for arm in busy if not arm.failed]
     left = {arm.label: sum(_turns_left(arm.label, p, done) for p in todo[arm.label]) for arm in live}
+    repeats = PlainRepeats.schedule_for(plan, prompts)
     with _progress(plan, sum(left.values())) as bar:
         work = _Work(plan, done, left, writer, bar)
-        for prompt in prompts:
-            for arm in live:
-                if not arm.failed and _turns_left(arm.label, prompt, done):
-                    _run_turns(work, arm, prompt)
+        try:
+            for position, prompt in enumerate(prompts):
+                for arm in live:
+                    if not arm.failed and _turns_left(arm.label, prompt, done):
+                        _run_turns(work, arm, prompt)
+                repeats.after(position)
+        finally:
+            repeats.writer.close()
 
 
 def _set_threads(threads: int | None, info: distributed.DistInfo, device: torch.device) -> None:
@@ -215,6 +227,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
     """Run the comparison ``cfg`` describes into ``out_dir`` (rank 0's folder under torchrun)."""
     specs = drafter_specs(cfg)
     validate_specs(specs)
+    NoiseSettings.from_config(cfg.get("noise"))  # a config error, found before any model loads
     dataset = DatasetSpec.from_config(cfg.dataset)
     sampling: SamplingConfig = sampling_config(cfg.sampling)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -248,6 +261,7 @@ def _finish(out_dir: Path, rank: int, labels: list[str], plots: bool) -> RunOutc
     from specfamily.eval.report import write_report
 
     records = consolidate(out_dir, labels)
+    record_noise(out_dir)
     report = write_report(out_dir, plots=plots)
     log.info("results in %s (%s)", out_dir, datetime.now(timezone.utc).isoformat(timespec="seconds"))
     return RunOutcome(out_dir, rank, records, report.table)

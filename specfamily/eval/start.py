@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -12,13 +13,22 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from specfamily.core.costs import measure_verify_cost, process_clock
+from specfamily.core.costs import measure_pass_seconds, process_clock
 from specfamily.core.target import Target
 from specfamily.core.types import SamplingConfig
 from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
 from specfamily.eval.datasets import DatasetSpec, Prompt
 from specfamily.eval.distributed import DistInfo, broadcast
-from specfamily.eval.results import RUN_INFO, PromptRecord, RunInfo, git_commit, package_versions, read_run
+from specfamily.eval.environment import (
+    git_commit,
+    hardware,
+    package_versions,
+    plugin_distributions,
+    prompts_fingerprint,
+    weights_hash,
+)
+from specfamily.eval.noise import NoiseSettings
+from specfamily.eval.results import RUN_INFO, PromptRecord, RunInfo, read_run
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +48,7 @@ class RunPlan:
     warmup_tokens: int = 16
     progress: bool = True
     plots: bool = True
+    noise: NoiseSettings = NoiseSettings()
 
 
 def _resume_error(folder: Path, resolved: dict[str, Any]) -> str | None:
@@ -64,29 +75,48 @@ def is_finished(folder: Path, specs: list[DrafterSpec], resolved: dict[str, Any]
     return prompts > 0 and all(counts[spec.label] >= prompts for spec in specs)
 
 
-def _verify_cost(cfg: DictConfig, target: Target, prompts: list[Prompt]) -> dict[str, float]:
+@dataclass
+class CostMeasurement:
+    """The verify-cost curve (median of the rounds) and each round's median pass seconds by draft tokens g."""
+
+    curve: dict[str, float]
+    rounds: list[dict[str, float]]
+
+
+def cost_curve(rounds: list[dict[int, float]]) -> dict[int, float]:
+    """t(g + 1) / t(1) of each round, then the median over the rounds for each g."""
+    sizes = sorted(set.intersection(*(set(r) for r in rounds)))
+    return {g: statistics.median(r[g] / r[0] for r in rounds) for g in sizes}
+
+
+def _verify_cost(cfg: DictConfig, target: Target, prompts: list[Prompt], rounds: int) -> CostMeasurement:
+    """Time the target's passes ``rounds`` times (the spread is a noise check) and hand the curve to the target."""
     node = cfg.get("verify_cost")
     if node is None or not node.get("measure", True) or not prompts:
-        return {}
+        return CostMeasurement({}, [])
     context = prompts[0].ids[-int(node.get("context", 256)) :]
+    sizes, repeats = list(node.get("sizes", [0, 1, 2, 4, 8])), int(node.get("repeats", 5))
     try:
-        sizes, repeats = list(node.get("sizes", [0, 1, 2, 4, 8])), int(node.get("repeats", 5))
-        curve = measure_verify_cost(target, context, sizes, repeats, process_clock(target.device))
+        timed = [measure_pass_seconds(target, context, sizes, repeats, process_clock(target.device))
+                 for _ in range(rounds)]
     except ValueError as err:
         log.warning("verify cost not measured: %s", err)
-        return {}
+        return CostMeasurement({}, [])
+    curve = cost_curve(timed)
     target.verify_costs = curve  # the cost-aware drafters size their drafts with this very curve
-    return {str(g): cost for g, cost in curve.items()}
+    return CostMeasurement({str(g): c for g, c in curve.items()}, [{str(g): s for g, s in r.items()} for r in timed])
 
 
-def _reused_cost(old: RunInfo, target: Target) -> dict[str, float]:
+def _reused_cost(old: RunInfo, target: Target) -> CostMeasurement:
     """A resumed run's own verify-cost curve, handed to the target for the cost-aware drafters too."""
     target.verify_costs = {int(g): float(cost) for g, cost in old.verify_cost.items()}
-    return old.verify_cost
+    return CostMeasurement(old.verify_cost, old.pass_seconds)
 
 
 def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info) -> RunInfo:
     old = RunInfo.load(out_dir) if (out_dir / RUN_INFO).is_file() else None
+    rounds = NoiseSettings.from_config(cfg.get("noise")).cost_rounds
+    cost = _reused_cost(old, target) if old and old.verify_cost else _verify_cost(cfg, target, prompts, rounds)
     return RunInfo(
         config=resolved,
         seed=int(cfg.get("seed", 0)),
@@ -100,8 +130,13 @@ def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir,
         threads=torch.get_num_threads(),
         versions=package_versions(),
         git=git_commit(),
-        verify_cost=_reused_cost(old, target) if old and old.verify_cost else _verify_cost(cfg, target, prompts),
+        verify_cost=cost.curve,
         started=old.started if old else datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        plugins=plugin_distributions(),
+        weights=weights_hash(target.model),
+        dataset_fingerprint=prompts_fingerprint(prompts),
+        hardware=hardware(target.device),
+        pass_seconds=cost.rounds,
     )
 
 
@@ -129,6 +164,8 @@ def start_run(
     run_info, error = broadcast(info, payload)
     if error is not None:
         raise ValueError(error)
+    if not info.is_main and run_info.verify_cost:  # every rank's drafters size their drafts with rank 0's curve
+        _reused_cost(run_info, target)
     return RunPlan(
         target=target,
         dataset=dataset,
@@ -141,4 +178,5 @@ def start_run(
         warmup_tokens=int(cfg.get("warmup_tokens", 16)),
         progress=bool(cfg.get("progress", True)),
         plots=bool(cfg.get("plots", True)),
+        noise=NoiseSettings.from_config(cfg.get("noise")),
     )

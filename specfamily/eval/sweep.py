@@ -4,7 +4,8 @@
 combination (each a full comparison with its own plain-decoding baseline) into
 ``<sweep dir>/<job number>``; when the sweep ends, this callback writes ``report.md``,
 ``summary.csv`` and the plots into the sweep folder. Each job is named there by its own
-overrides (``drafter=prompt_lookup drafter.gamma=4``: its ``run_label``, set by the app). ``specfamily-report <sweep dir>`` does the
+overrides (``drafter=prompt_lookup drafter.gamma=4``: its ``run_label``, set by the app).
+``specfamily-report <sweep dir>`` does the
 same by hand (e.g. after a sweep on a cluster launcher).
 """
 

@@ -84,3 +84,29 @@ def test_sweep_gets_one_table_per_run(tmp_path):
     write_report(tmp_path, plots=False)
     text = (tmp_path / "report.md").read_text()
     assert text.count("run `0`:") == text.count("run `1`:") == 2  # by category and by turn
+
+
+def test_groups_of_three_or_more_prompts_get_bootstrap_intervals(tmp_path):
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    plain_wall, small_wall, passes = [1.0, 2.0, 1.5, 0.8], [0.5, 1.2, 0.6, 0.5], [4, 3, 2, 4]
+    records = []
+    for q in range(4):
+        records += [_record("plain", q, 1, "qa", plain_wall[q], 8, 8),
+                    _record("small_model", q, 1, "qa", small_wall[q], 8, passes[q])]
+    _save(tmp_path, records, drafters=("plain", "small_model"))
+    write_report(tmp_path, plots=False)
+    rows = {(r.group, r.drafter): r for r in breakdown_rows(records, RunInfo.load(tmp_path))}
+    qa = rows["qa", "small_model"]
+    eight = np.full(4, 8.0)
+    direct = scipy_stats.bootstrap(
+        (eight, small_wall, eight, plain_wall), lambda a, b, c, d, axis=-1: (a.sum(axis) / b.sum(axis)) / (
+            c.sum(axis) / d.sum(axis)), paired=True, vectorized=True, n_resamples=2000, method="percentile",
+        rng=np.random.default_rng(0)).confidence_interval
+    assert (qa.speedup_low, qa.speedup_high) == pytest.approx((direct.low, direct.high))
+    assert qa.tau_low < qa.tau == 32 / 13 < qa.tau_high
+    assert f"| qa | 4 | 2.46 | {qa.speedup:.2f} ({direct.low:.2f}-{direct.high:.2f}) |" in (
+        tmp_path / "report.md").read_text()
+    saved = {(r["group"], r["drafter"]): r for r in csv.DictReader((tmp_path / "breakdown.csv").open())}
+    assert float(saved["qa", "small_model"]["speedup_low"]) == pytest.approx(direct.low)

@@ -6,7 +6,9 @@ import csv
 import json
 from dataclasses import asdict
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from specfamily.core import theory
 from specfamily.eval.report import main, write_report
@@ -26,13 +28,20 @@ def _record(drafter, prompt, gamma, wall, metrics):
                         wall, False, metrics)
 
 
-def _save_run(folder, gamma=2, small_wall=0.5):
-    info = RunInfo(config={"model": {"target": "tiny"}, "seed": 0}, seed=0, dataset="set", sampling="greedy",
-                   drafters=["plain", "small_model", "eagle"], prompts=2, max_new_tokens=10, world_size=1,
+def _info(prompts=2, sampling="greedy"):
+    return RunInfo(config={"model": {"target": "tiny"}, "seed": 0}, seed=0, dataset="set", sampling=sampling,
+                   drafters=["plain", "small_model", "eagle"], prompts=prompts, max_new_tokens=10, world_size=1,
                    device="cpu", threads=1, versions={"specfamily": "0.1.0"}, git=None,
                    verify_cost={"0": 1.0, "2": 1.2, "4": 1.4}, started="now")
+
+
+def _write(folder, info, records):
     folder.mkdir(parents=True, exist_ok=True)
     info.save(folder)
+    write_atomic(folder / "results.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in records))
+
+
+def _save_run(folder, gamma=2, small_wall=0.5):
     records = [
         _record("plain", 0, None, 1.0, _metrics(10, 10, 0, 0, None, None, [])),
         _record("small_model", 0, gamma, small_wall, _metrics(10, 5, 8, 5, 0.8, 0.1, [0.9, 0.7])),
@@ -40,7 +49,7 @@ def _save_run(folder, gamma=2, small_wall=0.5):
         _record("small_model", 1, gamma, small_wall, _metrics(10, 5, 8, 5, 0.6, 0.3, [0.7, 0.5])),
         FailureRecord("eagle", "create", "FileNotFoundError: zoo model 'zoo:code-eagle' is not shipped"),
     ]
-    write_atomic(folder / "results.jsonl", "".join(json.dumps(asdict(r)) + "\n" for r in records))
+    _write(folder, _info(), records)
 
 
 def test_report_from_saved_results(tmp_path, capsys):
@@ -59,7 +68,8 @@ def test_report_from_saved_results(tmp_path, capsys):
     assert json.loads(small["per_position"]) == pytest.approx([0.8, 0.6])
     assert (rows["plain"]["tau"], rows["plain"]["speedup"], rows["plain"]["status"]) == ("1.0", "1.0", "ok")
     assert rows["eagle"]["status"] == "failed" and rows["eagle"]["prompts"] == "0"
-    assert f"| small_model | 2 | ok | 2 | 2.00 | 0.70 | 2.00 | {expected:.2f} | 0.20 | 1.20 | no |" in table
+    row = f"| small_model | 2 | ok | 2 | 2.00 | - | 0.70 | 2.00 | - | {expected:.2f} | 2/2 | 0.20 | 1.20 | no |"
+    assert row in table  # two prompts: too few for an interval
     report = (tmp_path / "report.md").read_text()
     assert "- `eagle`: create: FileNotFoundError: zoo model 'zoo:code-eagle' is not shipped" in report
     assert "verify cost t(g+1)/t(1) by draft tokens g: 0: 1.00, 2: 1.20, 4: 1.40" in report
@@ -88,3 +98,63 @@ def test_sweep_folder_gets_one_combined_report(tmp_path):
 def test_report_of_a_folder_without_runs(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no run.json under" in capsys.readouterr().err
+
+
+# eight prompts of varied length; small_model differs from plain decoding on prompt 5 only
+NEW = [12, 40, 25, 64, 30, 18, 50, 9]
+PLAIN_WALL = [0.30, 0.95, 0.60, 1.70, 0.66, 0.50, 1.10, 0.25]
+SMALL_WALL = [0.20, 0.40, 0.35, 0.80, 0.50, 0.30, 0.45, 0.22]
+PASSES = [6, 15, 11, 20, 14, 9, 16, 5]
+
+
+def _synthetic(folder, sampling="greedy"):
+    records = []
+    for i, (new, plain_wall, small_wall, passes) in enumerate(zip(NEW, PLAIN_WALL, SMALL_WALL, PASSES, strict=True)):
+        tokens = list(range(new))
+        records.append(_record("plain", i, None, plain_wall, _metrics(new, new, 0, 0, None, None, [])))
+        small = _record("small_model", i, 3, small_wall, _metrics(new, passes, 30, 20, 0.7, 0.2, [0.8]))
+        records[-1].tokens, small.tokens = tokens, tokens if i != 5 else [*tokens[:-1], 999]
+        records.append(small)
+    _write(folder, _info(len(NEW), sampling), records)
+
+
+def _ratio_of_sums(a, b, axis=-1):
+    return np.sum(a, axis=axis) / np.sum(b, axis=axis)
+
+
+def _speedup(a, b, c, d, axis=-1):
+    return _ratio_of_sums(a, b, axis) / _ratio_of_sums(c, d, axis)
+
+
+def test_report_columns_identical_share_and_intervals(tmp_path):
+    _synthetic(tmp_path)
+    report = write_report(tmp_path, plots=False)
+    small = next(row for row in report.rows if row.drafter == "small_model")
+    new = np.array(NEW, dtype=float)
+    assert (small.identical, small.compared) == (7, 8)
+    assert small.speedup == pytest.approx(_speedup(new, np.array(SMALL_WALL), new, np.array(PLAIN_WALL)))
+    direct = scipy_stats.bootstrap((new, SMALL_WALL, new, PLAIN_WALL), _speedup, paired=True, vectorized=True,
+                                   n_resamples=2000, method="percentile", rng=np.random.default_rng(0))
+    assert (small.speedup_low, small.speedup_high) == pytest.approx(tuple(direct.confidence_interval))
+    index = np.random.default_rng(1).integers(0, len(NEW), (40000, len(NEW)))  # an independent numpy bootstrap
+    resampled = _ratio_of_sums(new[index], np.array(PASSES)[index])
+    assert (small.tau_low, small.tau_high) == pytest.approx(tuple(np.percentile(resampled, [2.5, 97.5])), rel=0.02)
+    assert small.tau == pytest.approx(sum(NEW) / sum(PASSES)) and small.tau_low < small.tau < small.tau_high
+    line = next(line for line in report.table.splitlines() if line.startswith("| small_model"))
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[:6] == ["small_model", "3", "ok", "8", f"{small.tau:.2f}", f"{small.tau_low:.2f}-{small.tau_high:.2f}"]
+    assert cells[8] == f"{small.speedup_low:.2f}-{small.speedup_high:.2f}" and cells[10] == "7/8"
+    assert report.table.splitlines()[0] == (
+        "| drafter | gamma | status | prompts | tau | tau 95% CI | alpha | speedup | speedup 95% CI "
+        "| predicted_speedup | identical | c | verify_cost | lossy |")
+    plain = next(line for line in report.table.splitlines() if line.startswith("| plain"))
+    assert plain == "| plain | - | ok | 8 | 1.00 | 1.00-1.00 | - | 1.00 | - | 1.00 | - | - | 1.00 | no |"
+    rows = {row["drafter"]: row for row in csv.DictReader((tmp_path / "summary.csv").open())}
+    assert float(rows["small_model"]["speedup_low"]) == pytest.approx(small.speedup_low)
+    assert (rows["small_model"]["identical"], rows["small_model"]["compared"]) == ("7", "8")
+
+
+def test_identical_share_is_only_reported_for_greedy_runs(tmp_path):
+    _synthetic(tmp_path, sampling="t1")
+    small = next(row for row in write_report(tmp_path, plots=False).rows if row.drafter == "small_model")
+    assert small.identical is None and small.compared == 8

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from eval_helpers import QUESTIONS, chat_overrides, tiny_overrides
-from transformers import AutoTokenizer
+from eval_helpers import QUESTIONS, TEXTS, chat_overrides, tiny_overrides
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specfamily.eval.runner as runner
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.plugins import get_registry, reset_plugins
 from specfamily.eval.chat import answer_text, chat_prompt_ids
+from specfamily.eval.datasets import DatasetSpec, load_prompts
+from specfamily.eval.environment import prompts_fingerprint, weights_hash
 from specfamily.eval.results import FailureRecord, PromptRecord, RunInfo, read_records
 from specfamily.eval.runner import run_experiment
 
@@ -40,6 +42,37 @@ def test_local_jsonl_end_to_end(tiny_pair, compose_config, tmp_path):
     assert set(info.verify_cost) == {"0", "1", "2"} and info.verify_cost["0"] == 1.0
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "report.md").is_file()
     assert "| small_model | 4 | ok | 3 |" in outcome.table
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
+    assert [r.prompt for r in plain] == TEXTS[:3]  # the prompt as the model saw it
+    assert all(r.text == tokenizer.decode(r.tokens) and r.text for r in records)
+
+
+def test_run_json_records_the_environment_and_the_noise(tiny_pair, compose_config, tmp_path):
+    cfg = compose_config(tiny_overrides(tiny_pair, "dataset.num_examples=4", "++noise.repeats=2"))
+    run_experiment(cfg, tmp_path)
+    info, saved = RunInfo.load(tmp_path), json.loads((tmp_path / "run.json").read_text())
+    target = AutoModelForCausalLM.from_pretrained(tiny_pair["target"])
+    assert info.weights == weights_hash(target)  # the run hashed the very weights it decoded with
+    prompts = load_prompts(DatasetSpec.from_config(cfg.dataset), AutoTokenizer.from_pretrained(tiny_pair["target"]))
+    assert info.dataset_fingerprint == prompts_fingerprint(prompts)
+    assert isinstance(info.plugins, list) and info.versions["scipy"]
+    assert info.hardware["torch_threads"] == info.threads == 1 and info.hardware["cpu"]
+    assert {"gpu", "cuda", "usable_cpus", "load_average_1m"} <= set(saved["hardware"])
+    assert len(info.pass_seconds) == 3 and all(set(r) == {"0", "1", "2"} for r in info.pass_seconds)
+    assert info.verify_cost["0"] == 1.0 and set(info.verify_cost) == {"0", "1", "2"}
+    repeats = read_records(tmp_path / "repeats.jsonl")
+    plain = _prompts(read_records(tmp_path / "results.jsonl"), "plain")
+    assert [(r.repeat, r.after, r.prompt_id) for r in repeats] == [(1, 2, "p0"), (2, 4, "p0")]  # mid-run, at the end
+    assert all(r.tokens == plain[0].tokens and r.wall_seconds > 0 for r in repeats)
+    assert [check["name"] for check in saved["noise"]] == ["plain_repeats", "verify_cost"]
+    assert saved["noise"][0]["samples"] == 3 and saved["noise"][0]["threshold"] == 0.10
+    assert "## Noise" in (tmp_path / "report.md").read_text()
+
+
+def test_a_bad_noise_setting_is_an_error_before_any_model_loads(tiny_pair, compose_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "load_model_target", None)
+    with pytest.raises(ValueError, match="noise.threshold must be a number > 0"):
+        run_experiment(compose_config(tiny_overrides(tiny_pair, "++noise.threshold=0")), tmp_path)
 
 
 class BrokenDrafter(BaseDrafter):
@@ -107,8 +140,11 @@ def test_killed_run_resumes_without_redoing_finished_work(tiny_pair, compose_con
 
     real = runner.run_prompt
     monkeypatch.setattr(runner, "run_prompt", counting)
+    repeats = (tmp_path / "repeats.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "repeats.jsonl").write_text(repeats[0])  # killed before the second repeat
     run_experiment(cfg, tmp_path)
     assert ran == [(r.drafter, r.prompt_id) for r in full[3:]]
+    assert [r.repeat for r in read_records(tmp_path / "repeats.jsonl")] == [1, 2, 3]  # each once
     resumed = read_records(tmp_path / "results.jsonl")
     assert [(r.drafter, r.prompt_id, r.tokens) for r in resumed] == [(r.drafter, r.prompt_id, r.tokens) for r in full]
     monkeypatch.setattr(runner, "load_model_target", None)  # finished: not even the target is loaded again
@@ -155,6 +191,9 @@ def test_second_turn_is_asked_after_each_arms_own_first_answer(chat_pair, compos
         assert f"<|assistant|>{answer}<|end|>\n<|user|>Now shorter." in tokenizer.decode(second)
     assert prompts["plain", "7"] == prompts["small_model", "7"] == chat_prompt_ids(tokenizer, ["Write a line."])
     assert all(r.prompt_tokens == len(prompts[r.drafter, r.prompt_id]) for r in records)
+    assert all(r.prompt == tokenizer.decode(prompts[r.drafter, r.prompt_id]) for r in records)
+    plain_first = next(r for r in records if r.key == ("plain", "7"))
+    assert [r.tokens for r in read_records(tmp_path / "repeats.jsonl")] == [plain_first.tokens] * 2  # same seed
     assert RunInfo.load(tmp_path).prompts == 3  # records per arm: one per turn
     report = (tmp_path / "report.md").read_text()
     assert "## By category" in report and "| writing | 2 |" in report and "| qa | 1 |" in report
