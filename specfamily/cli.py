@@ -70,10 +70,15 @@ def app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from specfamily.eval.runner import run_experiment
+    from specfamily.sources import UnreachableError
 
     _checked(cfg)
     own_dir = Path(HydraConfig.get().runtime.output_dir)
-    outcome = run_experiment(cfg, own_dir)
+    try:
+        outcome = run_experiment(cfg, own_dir)
+    except UnreachableError as err:  # a hub name while offline: what to do, in one line
+        print(f"specfamily: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     if outcome.rank == 0:
         print(f"\n{outcome.table}\nreport: {outcome.out_dir / 'report.md'}")
     elif own_dir.resolve() != outcome.out_dir.resolve() and own_dir.is_dir() and not any(own_dir.iterdir()):

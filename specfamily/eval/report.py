@@ -27,7 +27,7 @@ from specfamily.eval.breakdown import BREAKDOWN, GroupRow, breakdown_csv, breakd
 from specfamily.eval.noise import describe, noise_checks
 from specfamily.eval.plots import plot_all
 from specfamily.eval.results import RUN_INFO, FailureRecord, NoiseCheck, RunInfo, read_repeats, read_run, write_atomic
-from specfamily.eval.summary import SummaryRow, summarize_run
+from specfamily.eval.summary import SummaryRow, run_name, summarize_run
 
 SUMMARY = "summary.csv"
 REPORT = "report.md"
@@ -78,7 +78,7 @@ def collect(folder: Path) -> Collected:
     for run in find_runs(folder):
         info = RunInfo.load(run)
         records = read_run(run)
-        name = run.relative_to(folder).as_posix() if run != folder else "."
+        name = run_name(info, run.relative_to(folder).as_posix() if run != folder else ".")
         found.rows += summarize_run(records, info, name)
         found.infos.append(info)
         found.failures += [r for r in records if isinstance(r, FailureRecord)]

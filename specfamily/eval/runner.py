@@ -30,9 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 from specfamily.core.types import SamplingConfig
 from specfamily.eval import distributed
 from specfamily.eval.chat import answer_text, turn_id
-from specfamily.eval.config import DrafterSpec, drafter_specs, sampling_config, sampling_label, validate_specs
+from specfamily.eval.config import DrafterSpec, check_config, sampling_config, sampling_label
 from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompts, turn_prompt_ids
-from specfamily.eval.models import load_model_target, pick_device
+from specfamily.eval.models import load_model_target, load_model_tokenizer, pick_device
 from specfamily.eval.noise import NoiseSettings, PlainRepeats, record_noise
 from specfamily.eval.results import FailureRecord, PromptRecord, Record, ResultWriter, consolidate, read_run
 from specfamily.eval.results import results_path as rank_results_path
@@ -225,9 +225,8 @@ def _set_threads(threads: int | None, info: distributed.DistInfo, device: torch.
 
 def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
     """Run the comparison ``cfg`` describes into ``out_dir`` (rank 0's folder under torchrun)."""
-    specs = drafter_specs(cfg)
-    validate_specs(specs)
-    NoiseSettings.from_config(cfg.get("noise"))  # a config error, found before any model loads
+    specs = check_config(cfg)  # the whole config, before anything loads (as the command line does)
+    NoiseSettings.from_config(cfg.get("noise"))
     dataset = DatasetSpec.from_config(cfg.dataset)
     sampling: SamplingConfig = sampling_config(cfg.sampling)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -240,8 +239,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
         if distributed.broadcast(info, info.is_main and is_finished(out_dir, specs, resolved)):
             log.info("%s holds this run, finished: nothing to run", out_dir)
             return _finish(out_dir, info.rank, labels, plots)
-        target = load_model_target(cfg.model, device)
-        prompts = load_prompts(dataset, target.tokenizer)
+        tokenizer = load_model_tokenizer(cfg.model)
+        prompts = load_prompts(dataset, tokenizer)  # a missing or malformed prompt file fails before the model loads
+        target = load_model_target(cfg.model, device, tokenizer=tokenizer)
         plan = start_run(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info)
         writer = ResultWriter(rank_results_path(out_dir, info.rank, info.world_size))
         try:

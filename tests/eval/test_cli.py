@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from eval_helpers import tiny_overrides
 
 from specfamily.cli import CONFIG_ERROR_STATUS, sweep_overrides
@@ -14,8 +15,8 @@ from specfamily.eval.results import PromptRecord, RunInfo, read_records
 from specfamily.eval.runner import run_experiment
 
 
-def _run(args: list[str], cwd, status: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+def _run(args: list[str], cwd, status: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == status, done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -42,10 +43,15 @@ def test_two_point_multirun_writes_each_job_and_a_combined_report(tiny_pair, tmp
 
 
 def test_torchrun_two_ranks_equal_one_process(tiny_pair, compose_config, tmp_path):
-    # a constant gamma: the cost-aware default sizes drafts from timings, so its sampled tokens vary run to run
-    overrides = tiny_overrides(tiny_pair, "dataset.num_examples=4", "sampling=t1", "drafter.gamma=2")
+    # a constant gamma: the cost-aware default sizes drafts from timings, so its sampled tokens vary run to run;
+    # one thread, as each rank has under torchrun, so both runs add up logits in the same order
+    overrides = tiny_overrides(tiny_pair, "dataset.num_examples=4", "sampling=t1", "drafter.gamma=2", "threads=1")
     single = tmp_path / "single"
-    run_experiment(compose_config(overrides), single)
+    threads = torch.get_num_threads()
+    try:
+        run_experiment(compose_config(overrides), single)
+    finally:
+        torch.set_num_threads(threads)  # the run set one thread for this whole process
     sharded = tmp_path / "sharded"
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
           "-m", "specfamily.cli", f"hydra.run.dir={sharded}", *overrides], cwd=tmp_path)
@@ -78,6 +84,18 @@ def test_a_config_error_exits_before_any_model_loads_with_one_line(tmp_path, ove
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specfamily: config error: ") and message in lines[0]
     assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+def test_an_offline_hub_model_is_one_line_and_a_missing_prompt_file_fails_before_any_model(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = _run([sys.executable, "-m", "specfamily.cli", "model.target=nobody-here/no-such-model-xyz",
+                 "drafter=prompt_lookup", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, status=1, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specfamily: model 'nobody-here/no-such-model-xyz' is not a local")
+    done = _run([sys.executable, "-m", "specfamily.cli", "model=zoo", "drafter=prompt_lookup", "dataset=jsonl",
+                 f"dataset.data_files={tmp_path / 'missing.jsonl'}", f"hydra.run.dir={tmp_path / 'run2'}"],
+                cwd=tmp_path, status=1, env=env)
+    assert "missing.jsonl" in done.stderr and "Loading weights" not in done.stderr  # no model was loaded
 
 
 ARMS_EXPERIMENT = """\
