@@ -7,7 +7,7 @@ timings compare fairly.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -26,9 +26,22 @@ def verify_draft(
     """Warp the target's logits (n+1, V) into p and accept a path of ``draft``."""
     if sampling.greedy:
         return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
-    p = warp(logits, sampling)
-    q = None if draft.q is None else draft.q.to(p.device)
-    return verify_tree(draft.tokens.to(p.device), draft.parents, q, p, generator)
+    return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
+
+
+def device_clock(device: torch.device | str) -> Callable[[], float]:
+    """The loop's clock for work on ``device``: ``time.perf_counter`` itself, after a ``torch.cuda.synchronize``
+    on a CUDA device (its kernels run asynchronously: without the sync a timed region ends when its work is queued,
+    not done)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def synchronised() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synchronised
 
 
 def truncate(tokens: list[int], budget: int, eos_token_ids: int | Sequence[int] | None) -> tuple[list[int], bool]:
@@ -91,7 +104,8 @@ def generate(
     needs_features = drafter is not None and drafter.needs_features
     accept = _acceptance(drafter)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
-    started = time.perf_counter()
+    clock = device_clock(device)
+    started = clock()
     if drafter is not None:
         _bind_costs(drafter, target, ids)
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
@@ -100,17 +114,16 @@ def generate(
     try:
         while len(new_tokens) < max_new_tokens:
             remaining = max_new_tokens - len(new_tokens)
-            t0 = time.perf_counter()
+            t0 = clock()
             draft = _propose(drafter, ctx, remaining, empty)
-            t1 = time.perf_counter()
+            t1 = clock()
             start = target.cached_length
             out = target.forward(pending, draft, features=needs_features)
             accepted, next_token = accept(draft, out.logits, sampling, generator)
             target.commit(accepted)
+            t2 = clock()
             depth = _depth(draft)
-            recorder.record_pass(
-                depth, len(accepted), t1 - t0, time.perf_counter() - t1, proposed_tokens=len(draft)
-            )
+            recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft))
             committed = [*_tokens_at(draft, accepted), next_token]
             kept, finished = truncate(committed, remaining, target.eos_token_ids)
             new_tokens += kept
@@ -125,7 +138,7 @@ def generate(
         if drafter is not None and hasattr(drafter, "end"):
             drafter.end()
     lossy = bool(drafter is not None and drafter.lossy)
-    metrics = recorder.finish(len(new_tokens), time.perf_counter() - started, lossy=lossy)
+    metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy)
     return GenerationResult(new_tokens, metrics, lossy)
 
 

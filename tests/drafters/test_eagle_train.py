@@ -1,6 +1,8 @@
 """EAGLE training: the objective aligns features, checkpoints round-trip and refuse other targets, runs resume."""
 
+import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -94,31 +96,107 @@ def _tiny_run(tmp_path):
                 tau_prompt_len=8, tau_tokens=8, save_dtype="float32")
 
 
+_TRAIN_STEP = eagle_train.train_step
+
+
+def _recording_steps(monkeypatch, losses: list, crash_at: int | None = None) -> None:
+    """Record (step, regression, cross-entropy) of every train_step; raise KeyboardInterrupt before ``crash_at``."""
+    real_step = _TRAIN_STEP
+
+    def step(run, data):
+        if run.state.step == crash_at:
+            raise KeyboardInterrupt
+        before = run.state.step
+        regression, classification, lr = real_step(run, data)
+        losses.append((before, regression, classification))
+        return regression, classification, lr
+
+    monkeypatch.setattr(eagle_train, "train_step", step)
+
+
 def test_training_resumes_exactly_and_exports_the_best_tau(tmp_path, monkeypatch):
     options = _tiny_run(tmp_path)
+    straight_losses, crashed_losses, resumed_losses = [], [], []
+    _recording_steps(monkeypatch, straight_losses)
     straight = train(TrainConfig(out=str(tmp_path / "a"), **options))
     assert straight.step == 6
     exported = json.loads((tmp_path / "a" / "config.json").read_text())["info"]
     assert exported["tau"] == straight.best_tau and exported["step"] == straight.best_step
 
-    real_step = eagle_train.train_step
-
-    def crash_at_4(run, data):
-        if run.state.step == 4:
-            raise KeyboardInterrupt
-        return real_step(run, data)
-
-    monkeypatch.setattr(eagle_train, "train_step", crash_at_4)
+    _recording_steps(monkeypatch, crashed_losses, crash_at=4)
     with pytest.raises(KeyboardInterrupt):
         train(TrainConfig(out=str(tmp_path / "b"), **options))
-    monkeypatch.setattr(eagle_train, "train_step", real_step)
+    _recording_steps(monkeypatch, resumed_losses)
     resumed = train(TrainConfig(out=str(tmp_path / "b"), **options))  # picks up the step-3 state
-    assert resumed.step == 6
-    a = torch.load(tmp_path / "a.train.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "b.train.pt", weights_only=False)["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    same = dataclasses.replace(resumed, seconds=straight.seconds)
+    assert same == straight  # step, tokens seen, best tau and its step, last evaluations (seconds aside)
+    assert [s for s, *_ in resumed_losses] == [3, 4, 5]
+    assert crashed_losses == straight_losses[:4]
+    assert resumed_losses == straight_losses[3:]  # step 3 again (its state was saved before it), then on: the same
+    a = eagle_train.read_state(tmp_path / "a.train.pt")
+    b = eagle_train.read_state(tmp_path / "b.train.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert torch.equal(a["generator"], b["generator"])
+    for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True):
+        assert all(torch.equal(torch.as_tensor(x[k]), torch.as_tensor(y[k])) for k in x)
     target = sf.load_target(str(tmp_path / "target"))
     sf.create_drafter("eagle", target, weights=str(tmp_path / "b"))  # the export loads for its target
+
+
+class _Planted:
+    """Unpickling this runs code: it creates the file ``marker``."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_resume_file_that_would_run_code_is_refused_unrun(tmp_path):
+    options = _tiny_run(tmp_path)
+    marker, ckpt = tmp_path / "ran.txt", tmp_path / "planted.train.pt"
+    torch.save({"state": {"step": 5}, "model": _Planted(marker)}, ckpt)
+    with pytest.raises(ValueError, match=r"refusing to resume from '.*planted.train.pt': it holds objects other "
+                                         r"than tensors and plain containers"):
+        train(TrainConfig(out=str(tmp_path / "c"), ckpt=str(ckpt), **options))
+    assert not marker.exists()
+    torch.load(ckpt, weights_only=False)  # the plant works: a full unpickle would have run it
+    assert marker.exists()
+
+
+def test_bfloat16_autocast_training_runs_with_float32_weights(tmp_path, monkeypatch):
+    options = {**_tiny_run(tmp_path), "steps": 3, "eval_every": 0, "ckpt_every": 0}
+    losses = []
+    _recording_steps(monkeypatch, losses)
+    state = train(TrainConfig(out=str(tmp_path / "bf16"), dtype="bfloat16", **options))
+    assert state.step == 3 and len(losses) == 3
+    assert all(math.isfinite(r) and math.isfinite(c) for _, r, c in losses)
+    saved = eagle_train.read_state(tmp_path / "bf16.train.pt")
+    assert saved["config"]["dtype"] == "bfloat16"
+    assert all(t.dtype == torch.float32 for t in saved["model"].values())
+    reference = build_model(sf.load_target(str(tmp_path / "target")).model, seed=0).state_dict()
+    assert any(not torch.equal(reference[k], saved["model"][k]) for k in reference)  # it trained
+
+
+def test_device_and_dtype_flags_are_parsed_and_checked(capsys):
+    base = ["--target", "t", "--out", "o", "--tokens", "a.npy"]
+    cfg = eagle_train.parse_args([*base, "--device", "cuda:1", "--dtype", "float16"])
+    assert (cfg.device, cfg.dtype) == ("cuda:1", "float16")
+    assert (eagle_train.parse_args(base).device, eagle_train.parse_args(base).dtype) == ("cpu", "float32")
+    for flag, value, message in (("--device", "gpu", "device must be 'cpu', 'cuda' or 'cuda:N'"),
+                                 ("--dtype", "half", "dtype must be one of float32, bfloat16, float16")):
+        with pytest.raises(SystemExit):
+            eagle_train.parse_args([*base, flag, value])
+        assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TrainConfig(target="t", out="o", tokens="a.npy", dtype="fp16")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_on_a_machine_without_it_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="--device cuda: CUDA is not available on this machine"):
+        train(TrainConfig(out=str(tmp_path / "d"), device="cuda", **_tiny_run(tmp_path)))
 
 
 def test_training_config_needs_one_data_source():

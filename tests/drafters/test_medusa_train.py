@@ -1,3 +1,4 @@
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -7,6 +8,7 @@ import torch
 import specfamily as sf
 from specfamily.drafters.medusa.calibrate import target_features
 from specfamily.drafters.medusa.checkpoint import read_checkpoint
+from specfamily.drafters.medusa.heads import build_heads, shape_for
 from specfamily.drafters.medusa.train import (
     TrainConfig,
     argmax_labels,
@@ -108,3 +110,31 @@ def test_cli_arguments_and_schedule():
     assert learning_rate(cfg, 10) == pytest.approx(1.0) and learning_rate(cfg, 100) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="labels must be 'corpus', 'argmax' or 'greedy'"):
         TrainConfig(labels="teacher")
+
+
+def test_bfloat16_autocast_training_keeps_float32_heads_and_resumes(zoo_dir, target):
+    cfg = _config(zoo_dir, dtype="bfloat16", steps=4, eval_every=2, out=str(zoo_dir / "bf16"))
+    state = train(cfg, target=target)
+    assert state.step == 4 and len(state.history) == 2
+    assert all(math.isfinite(loss) for row in state.history for loss in row["loss"])
+    saved = torch.load(zoo_dir / "bf16" / "state.pt", weights_only=True)
+    assert saved["config"]["dtype"] == "bfloat16" and all(t.dtype == torch.float32 for t in saved["heads"].values())
+    fresh = build_heads(target, shape_for(target, 3)).state_dict()
+    assert any(not torch.equal(fresh[k], saved["heads"][k]) for k in fresh)  # it trained
+    assert train(replace(cfg, steps=6), target=target).step == 6  # and resumes
+
+
+def test_device_and_dtype_flags_are_parsed_and_checked(capsys, target, zoo_dir):
+    cfg = parse_args(["--device", "cuda:0", "--dtype", "float16"])
+    assert (cfg.device, cfg.dtype) == ("cuda:0", "float16")
+    assert (parse_args([]).device, parse_args([]).dtype) == ("cpu", "float32")
+    for flag, value, message in (("--device", "gpu0", "device must be 'cpu', 'cuda' or 'cuda:N'"),
+                                 ("--dtype", "bf16", "dtype must be one of float32, bfloat16, float16")):
+        with pytest.raises(SystemExit):
+            parse_args([flag, value])
+        assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="device must be"):
+        TrainConfig(device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--device cuda: CUDA is not available on this machine"):
+            train(_config(zoo_dir, device="cuda"), target=target)

@@ -1,8 +1,10 @@
-"""`specfamily-zoo prepare` and `train` run end to end on a tiny corpus and export loadable HF folders."""
+"""`specfamily-zoo prepare` and `train` run end to end on a tiny corpus and export loadable HF folders; `--device` and
+`--dtype` (16-bit autocast over float32 weights); checkpoints load tensors only."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -10,9 +12,11 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specfamily.zoo.cli import main
+from specfamily.zoo.train import TrainConfig, train
 
 TRAIN = ["--batch", "2", "--seq-len", "32", "--eval-windows", "2", "--eval-every", "2", "--ckpt-every", "100",
          "--warmup", "1"]
+TINY = ["--kind", "tiny", *TRAIN]
 
 
 def test_prepare_then_train_then_load(tiny_corpus, tmp_path):
@@ -62,3 +66,45 @@ def test_a_rerun_with_other_options_does_not_resume_the_old_run(prepared, tmp_pa
     with pytest.raises(ValueError, match=r"cannot resume .*ckpt-run.pt: options \['teacher'\] differ"):
         main(["train", "--kind", "tiny", "--workdir", str(prepared), "--out", str(out), "--steps", "3",
               "--teacher", str(out), *TRAIN])
+
+
+def test_bfloat16_training_from_the_cli_keeps_float32_weights_and_resumes(prepared, tmp_path):
+    out = tmp_path / "bf16"
+    main(["train", "--workdir", str(prepared), "--out", str(out), "--steps", "2", "--dtype", "bfloat16", *TINY])
+    saved = torch.load(prepared / "ckpt-bf16.pt", weights_only=True)
+    assert saved["config"]["dtype"] == "bfloat16" and saved["state"]["step"] == 2
+    assert math.isfinite(saved["state"]["heldout_loss"])
+    assert all(t.dtype == torch.float32 for t in saved["model"].values())
+    saved["state"]["tokens_seen"] = 1000  # a mark only a resumed run carries on from
+    torch.save(saved, prepared / "ckpt-bf16.pt")
+    cfg = TrainConfig(kind="tiny", workdir=str(prepared), out=str(out), steps=3, batch=2, seq_len=32, eval_windows=2,
+                      eval_every=2, warmup=1, dtype="bfloat16")
+    state = train(cfg)
+    assert state.step == 3 and state.tokens_seen == 1000 + 2 * 32  # one more step after the saved two
+
+
+class _Planted:
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_that_would_run_code_is_not_run(prepared, tmp_path):
+    marker = tmp_path / "ran.txt"
+    torch.save({"config": {"kind": "tiny"}, "model": _Planted(marker)}, prepared / "ckpt-planted.pt")
+    try:
+        with pytest.raises(Exception, match="Weights only load failed"):
+            main(["train", "--workdir", str(prepared), "--out", str(tmp_path / "planted"), "--steps", "1", *TINY])
+    finally:
+        (prepared / "ckpt-planted.pt").unlink()
+    assert not marker.exists()
+
+
+def test_bad_device_or_dtype_is_a_clear_error(prepared, tmp_path):
+    base = ["train", "--workdir", str(prepared), "--out", str(tmp_path / "x"), "--steps", "1", *TINY]
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, got 'half'"):
+        main([*base, "--dtype", "half"])
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
+        main([*base, "--device", "gpu"])

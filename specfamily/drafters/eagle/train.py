@@ -4,13 +4,17 @@ Features come from the target on the fly (nothing dumped to disk); data is a tok
 zoo corpus ``work/zoo/train.npy``) or any HF dataset (``--dataset json --data-files a.jsonl``). Every
 ``--eval-every`` steps: top-1 agreement with the target on held-out windows and greedy tau through the shared
 verifier on held-out prompts; the drafter with the best tau is exported to ``--out`` (safetensors + config.json).
-Training state (weights, optimiser, data RNG, best weights) goes to ``--ckpt`` and a rerun resumes from it.
+Training state (weights, optimiser, data RNG, best weights) goes to ``--ckpt`` and a rerun resumes from it; the
+state file is read as tensors and plain containers only (``torch.load(weights_only=True)``), so a state file from
+elsewhere cannot run code. ``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the passes
+under autocast with float32 master weights.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import pickle
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +28,7 @@ from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
 from specfamily.files import write_atomically
 from specfamily.identity import target_identity
+from specfamily.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
 from specfamily.schedule import budget_progress, warmup_cosine
 from specfamily.tokens import TokenData, dataset_tokens, fixed_windows, random_windows, split_heldout, token_array
 
@@ -62,8 +67,12 @@ class TrainConfig:
     seed: int = 0
     save_dtype: str = "float16"  # dtype of the exported weights
     threads: int = 0  # torch threads; 0 = leave as is
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
 
     def __post_init__(self) -> None:
+        check_device(self.device)
+        check_dtype(self.dtype)
         if bool(self.tokens) == bool(self.dataset):
             raise ValueError("give exactly one data source: --tokens FILE.npy or --dataset NAME")
         if self.save_dtype not in ("float16", "float32", "bfloat16"):
@@ -121,28 +130,44 @@ class Run:
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     state: TrainState
+    precision: Precision
+    scaler: torch.amp.GradScaler
     best: dict[str, torch.Tensor] | None = None
 
 
 def start_run(cfg: TrainConfig) -> Run:
     """Load the target, build or resume the drafter and optimiser."""
-    target = load_target(cfg.target, dtype=torch.float32)
+    precision = Precision.of(cfg.device, cfg.dtype)
+    target = load_target(cfg.target, device=precision.device, dtype=torch.float32)
     target.model.requires_grad_(False)
     model = build_model(target.model, seed=cfg.seed).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    run = Run(cfg, target, model, optimizer, torch.Generator().manual_seed(cfg.seed), TrainState())
+    run = Run(cfg, target, model, optimizer, torch.Generator().manual_seed(cfg.seed), TrainState(), precision,
+              precision.scaler())
     if cfg.ckpt_path.is_file():
         resume(run)
     return run
 
 
+def read_state(path: Path) -> dict:
+    """A saved training state, tensors and plain containers only: anything else in the file is refused unrun."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"refusing to resume from {str(path)!r}: it holds objects other than tensors and plain "
+                         f"containers, which loading would have to run as code ({err}); delete it or use another "
+                         "--ckpt") from None
+
+
 def resume(run: Run) -> None:
     """Continue from the saved training state; refuse a state trained for another target."""
-    saved = torch.load(run.cfg.ckpt_path, map_location="cpu", weights_only=False)
+    saved = read_state(run.cfg.ckpt_path)
     check_target({"target": saved["target"]}, run.target.model, str(run.cfg.ckpt_path))
     run.model.load_state_dict(saved["model"])
     run.optimizer.load_state_dict(saved["optimizer"])
     run.generator.set_state(saved["generator"])
+    if saved.get("scaler"):
+        run.scaler.load_state_dict(saved["scaler"])
     run.state = TrainState(**saved["state"])
     run.best = saved["best"]
     tqdm.write(f"resumed from {run.cfg.ckpt_path} at step {run.state.step}")
@@ -155,7 +180,7 @@ def save_state(run: Run) -> None:
     payload = {
         "config": asdict(run.cfg), "state": asdict(run.state), "target": target_identity(run.target.model),
         "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-        "generator": run.generator.get_state(), "best": run.best,
+        "generator": run.generator.get_state(), "best": run.best, "scaler": run.scaler.state_dict(),
     }
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
@@ -193,11 +218,9 @@ def train_step(run: Run, data: TokenData) -> tuple[float, float, float]:
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     windows = random_windows(data.train, cfg.batch, cfg.seq_len - 1, run.generator)  # (batch, seq_len)
-    parts = eagle_loss(run.model, run.target.model, windows, run.generator, cfg.noise, cfg.w_reg, cfg.w_cls)
-    run.optimizer.zero_grad(set_to_none=True)
-    parts.loss.backward()
-    torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip)
-    run.optimizer.step()
+    with run.precision.autocast():
+        parts = eagle_loss(run.model, run.target.model, windows, run.generator, cfg.noise, cfg.w_reg, cfg.w_cls)
+    optimizer_step(parts.loss, run.optimizer, run.model.parameters(), cfg.clip, run.scaler)
     state.step += 1
     state.tokens_seen += windows.numel()
     return parts.regression, parts.classification, lr
@@ -234,12 +257,13 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Command-line flags from the TrainConfig fields (``--seq-len 256``)."""
     parser = argparse.ArgumentParser(prog="python -m specfamily.drafters.eagle.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    checked = {"device": device_arg, "dtype": dtype_arg}
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.default is dataclasses.MISSING:
             parser.add_argument(flag, dest=f.name, required=True)
         else:
-            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default,
+            parser.add_argument(flag, dest=f.name, type=checked.get(f.name, type(f.default)), default=f.default,
                                 help=f"default: {f.default!r}")
     return TrainConfig(**vars(parser.parse_args(argv)))
 

@@ -7,7 +7,8 @@ the latter (``tree.JointRanks``) and the verify cost measured on this machine; a
 ``sf.generate`` with that tree on held-out prompts. The checkpoint with the best tau is exported (safetensors +
 JSON, no optimizer state); ``out/state.pt`` (with the optimizer) makes the run resumable.
 ``--recalibrate CHECKPOINT`` only re-chooses a checkpoint's tree for this machine (re-measured accuracies and
-verify cost).
+verify cost). ``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the target's and the heads'
+passes under autocast with float32 master weights.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import CostCurve
 from specfamily.files import write_atomically
 from specfamily.identity import target_identity
+from specfamily.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
 from specfamily.schedule import budget_progress, warmup_cosine
 from specfamily.tokens import (
     TokenData,
@@ -91,8 +93,12 @@ class TrainConfig:
     seed: int = 0
     resume: bool = True
     recalibrate: str = ""  # a checkpoint: no training, re-measure accuracies and cost here and rewrite its tree
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
 
     def __post_init__(self) -> None:
+        check_device(self.device)
+        check_dtype(self.dtype)
         if self.labels not in ("corpus", "argmax", "greedy"):
             raise ValueError(f"labels must be 'corpus', 'argmax' or 'greedy', got {self.labels!r}")
         if self.seq_len < self.num_heads + 3:
@@ -162,7 +168,7 @@ def measure_tau(target, heads: MedusaHeads, tree, prompts: list[list[int]], max_
     from specfamily.core.loop import generate
     from specfamily.drafters.medusa.drafter import MedusaDrafter
 
-    drafter = MedusaDrafter.from_heads(target, heads, tree=tree)
+    drafter = MedusaDrafter.from_heads(target, heads, tree=tree, policy="constant")  # tau independent of timings
     tokens = passes = 0
     for prompt in prompts:
         metrics = generate(target, drafter, prompt, max_new_tokens=max_new_tokens).metrics
@@ -219,13 +225,15 @@ def export(session: Session, heads: MedusaHeads, cal: Calibration, tau: float, s
 
 
 def save_state(path: Path, heads: MedusaHeads, optimizer, state: TrainState, gen: torch.Generator,
-               cfg: TrainConfig) -> None:
+               cfg: TrainConfig, scaler: torch.amp.GradScaler | None = None) -> None:
     payload = {"heads": heads.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
-               "generator": gen.get_state(), "config": asdict(cfg)}
+               "generator": gen.get_state(), "config": asdict(cfg),
+               "scaler": {} if scaler is None else scaler.state_dict()}
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
-def load_state(path: Path, heads: MedusaHeads, optimizer, gen: torch.Generator, cfg: TrainConfig) -> TrainState:
+def load_state(path: Path, heads: MedusaHeads, optimizer, gen: torch.Generator, cfg: TrainConfig,
+               scaler: torch.amp.GradScaler | None = None) -> TrainState:
     saved = torch.load(path, map_location="cpu", weights_only=True)
     keys = ("target", "num_heads", "layers", "share_lm_head", "seq_len", "data")
     changed = [k for k in keys if saved["config"].get(k) != getattr(cfg, k)]
@@ -234,14 +242,19 @@ def load_state(path: Path, heads: MedusaHeads, optimizer, gen: torch.Generator, 
     heads.load_state_dict(saved["heads"])
     optimizer.load_state_dict(saved["optimizer"])
     gen.set_state(saved["generator"])
+    if scaler is not None and saved.get("scaler"):
+        scaler.load_state_dict(saved["scaler"])
     return TrainState(**saved["state"])
 
 
 def open_session(cfg: TrainConfig, target=None) -> Session:
     from specfamily.core.target import load_target
 
+    device = Precision.of(cfg.device, cfg.dtype).device
     if target is None:
-        target = load_target(cfg.target, dtype=torch.float32)
+        target = load_target(cfg.target, device=device, dtype=torch.float32)
+    elif target.device != device:
+        raise ValueError(f"the target given is on {target.device}, not on --device {cfg.device}")
     target.model.requires_grad_(False)
     data = load_data(cfg, target)
     windows = fixed_windows(data.heldout, cfg.eval_windows, cfg.seq_len - 1)
@@ -271,23 +284,21 @@ def train(cfg: TrainConfig, target=None) -> TrainState:
     heads.train()
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
+    precision = Precision.of(cfg.device, cfg.dtype)
+    scaler = precision.scaler()
     state_path = Path(cfg.out) / "state.pt"
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    state = load_state(state_path, heads, optimizer, gen, cfg) if cfg.resume and state_path.is_file() else TrainState()
+    resuming = cfg.resume and state_path.is_file()
+    state = load_state(state_path, heads, optimizer, gen, cfg, scaler) if resuming else TrainState()
     started, done = time.perf_counter() - state.seconds, state.step >= cfg.steps
     bar = tqdm(total=cfg.steps, initial=state.step, desc="medusa heads", dynamic_ncols=True)
     while not done:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, state.step, state.seconds / 60)
         ids = _batch(session, gen)
-        features = target_features(session.target.model, ids)
-        if cfg.labels == "argmax":
-            ids = argmax_labels(session.target.model.get_output_embeddings(), features, ids)
-        loss, per_head = medusa_loss(heads, features, ids, cfg.decay)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), cfg.clip)
-        optimizer.step()
+        with precision.autocast():
+            loss, per_head = _step_loss(session, heads, ids)
+        optimizer_step(loss, optimizer, heads.parameters(), cfg.clip, scaler)
         state.step += 1
         state.seconds = time.perf_counter() - started
         bar.update(1)
@@ -296,9 +307,18 @@ def train(cfg: TrainConfig, target=None) -> TrainState:
         done = state.step >= cfg.steps or out_of_time
         if done or (cfg.eval_every > 0 and state.step % cfg.eval_every == 0):
             _evaluate_and_keep(session, heads, state, per_head)
-            save_state(state_path, heads, optimizer, state, gen, cfg)
+            save_state(state_path, heads, optimizer, state, gen, cfg, scaler)
     bar.close()
     return state
+
+
+def _step_loss(session: Session, heads: MedusaHeads, ids: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """The training loss on one batch of windows (B, T): the target's features, then the heads' loss."""
+    cfg = session.cfg
+    features = target_features(session.target.model, ids)
+    if cfg.labels == "argmax":
+        ids = argmax_labels(session.target.model.get_output_embeddings(), features, ids)
+    return medusa_loss(heads, features, ids, cfg.decay)
 
 
 def _evaluate_and_keep(session: Session, heads: MedusaHeads, state: TrainState, per_head: list[float]) -> None:
@@ -335,12 +355,13 @@ def recalibrate(cfg: TrainConfig, target=None) -> Calibration:
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser = argparse.ArgumentParser(prog="python -m specfamily.drafters.medusa.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    checked = {"device": device_arg, "dtype": dtype_arg}
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
+            kind = checked.get(f.name) or {"int": int, "float": float}.get(str(f.type), str)
             parser.add_argument(flag, type=kind, default=f.default, help=f"default: {f.default!r}")
     return TrainConfig(**vars(parser.parse_args(argv)))
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The GPU checks, as one prepared script for a lent GPU machine (about 5 minutes on an H200; each step has a
+# time limit, so the whole script ends within 10):
+#   1. the CUDA test subset (pytest -m cuda tests/gpu): greedy identity (fp32) and near-ties only (bf16) of plain
+#      decoding and every drafter against transformers' generate, the verifier and whole generations against the
+#      exact law (chi-square), a training step of each trainer in fp32 and bf16;
+#   2. the verifier's time per pass on CUDA tensors (informational: host walk vs the old per-node path);
+#   3. one benchmark: benchmarks/peer.py on zoo:code-target (shipped in the repository) on the GPU in float32.
+# Then a summary; the exit status is non-zero when a check failed.
+#
+#   bash benchmarks/gpu_check.sh        # from the repository root
+#
+# Nothing is installed or downloaded: the project runs from this tree (PYTHONPATH) with the machine's own torch
+# and transformers, offline. Logs go to $GPU_CHECK_LOGS, else $OUT (the device tool's folder), else a temp dir.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+LOGS=${GPU_CHECK_LOGS:-${OUT:-$(mktemp -d)}}
+mkdir -p "$LOGS"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+STARTED=$SECONDS
+SUMMARY=()
+FAILED=0
+
+record() {  # record NAME STATUS SECONDS NOTE
+    SUMMARY+=("$(printf '%-28s %-5s %5ss  %s' "$1" "$2" "$3" "$4")")
+    if [ "$2" = FAIL ]; then FAILED=1; fi
+}
+
+summary() {
+    echo
+    echo "== gpu_check summary ($((SECONDS - STARTED)) s; logs in $LOGS)"
+    printf '%s\n' "${SUMMARY[@]}"
+    if [ "$FAILED" = 0 ]; then echo "ALL CHECKS PASSED"; else echo "SOME CHECKS FAILED"; fi
+}
+
+echo "== environment"
+if ! "$PY" - <<'EOF' 2>&1 | tee "$LOGS/environment.log"; then
+import sys
+
+import torch
+import transformers
+
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")
+if not torch.cuda.is_available():
+    sys.exit("CUDA is not available: nothing to check here")
+print(f"GPU: {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)")
+import specfamily  # noqa: F401,E402  (from this tree)
+EOF
+    record environment FAIL $((SECONDS - STARTED)) "no CUDA or the project does not import"
+    summary
+    exit 1
+fi
+record environment PASS $((SECONDS - STARTED)) "$(tail -n 1 "$LOGS/environment.log")"
+
+echo "== 1. CUDA test subset"
+t0=$SECONDS
+timeout 330 "$PY" -m pytest -m cuda tests/gpu -q -rfEs -p no:cacheprovider --junitxml="$LOGS/cuda-tests.xml" \
+    2>&1 | tee "$LOGS/cuda-tests.log"
+rc=$?
+line=$(grep -E '^[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$LOGS/cuda-tests.log" | tail -n 1)
+if [ "$rc" = 0 ] && ! grep -qE '[0-9]+ skipped' <<<"$line"; then
+    record "CUDA tests" PASS $((SECONDS - t0)) "$line"
+else
+    record "CUDA tests" FAIL $((SECONDS - t0)) "rc $rc: ${line:-no result (timed out?)}"
+fi
+
+echo "== 2. verifier time per pass on CUDA (informational)"
+t0=$SECONDS
+timeout 60 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/verify-timing.log"
+import importlib.util
+import time
+
+import torch
+
+from specfamily.core.verify import verify_tree
+
+spec = importlib.util.spec_from_file_location("reference", "tests/core/test_verify_host.py")
+reference = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reference)
+
+
+def per_pass_ms(fn, passes):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for args in passes:
+        fn(*args)
+    torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - start) / len(passes)
+
+
+for vocab, nodes, sampled in ((4096, 8, True), (4096, 32, False), (49152, 8, True), (49152, 32, False)):
+    gen = torch.Generator().manual_seed(0)
+    parents = torch.tensor([-1 if i < 4 else (i - 4) // 2 for i in range(nodes)])
+    p = torch.softmax(torch.randn(nodes + 1, vocab, generator=gen), dim=-1).cuda()
+    q = torch.softmax(torch.randn(nodes, vocab, generator=gen), dim=-1).cuda() if sampled else None
+    tokens = torch.randint(0, vocab, (nodes,), generator=gen).cuda()
+    cuda_gen = torch.Generator(device="cuda").manual_seed(0)
+    passes = [(tokens, parents, q, p, cuda_gen)] * 50
+    per_pass_ms(verify_tree, passes[:5])  # warm-up
+    new = per_pass_ms(verify_tree, passes)
+    old = per_pass_ms(lambda *a: reference._old_verify_tree(*a), passes)
+    kind = "sampled" if sampled else "deterministic"
+    print(f"V={vocab:6d} n={nodes:3d} {kind:13s}: host walk {new:7.3f} ms/pass, old per-node path {old:7.3f} ms/pass")
+EOF
+rc=$?
+record "verify timing" "$([ "$rc" = 0 ] && echo INFO || echo WARN)" $((SECONDS - t0)) "see verify-timing.log"
+
+echo "== 3. benchmark: peer.py on zoo:code-target, cuda, float32"
+t0=$SECONDS
+rm -f "$LOGS/peer.json"
+timeout 180 "$PY" benchmarks/peer.py --target zoo:code-target --device cuda --dtype float32 --threads 4 --count 4 \
+    --tokens 64 --repeats 2 --out "$LOGS/peer.json" --markdown "$LOGS/peer.md" 2>&1 | tee "$LOGS/peer.log"
+rc=$?
+if [ "$rc" = 0 ]; then
+    record "benchmark peer.py" PASS $((SECONDS - t0)) "all rows identical to transformers; table in peer.md"
+elif [ -f "$LOGS/peer.json" ]; then  # it ran to the end: some row's text differs from transformers' greedy text
+    record "benchmark peer.py" FAIL $((SECONDS - t0)) "outputs differ from transformers (see peer.md)"
+else
+    record "benchmark peer.py" FAIL $((SECONDS - t0)) "rc $rc: did not finish (see peer.log)"
+fi
+
+summary
+exit "$FAILED"

@@ -1,0 +1,101 @@
+"""Where and in what precision the trainers run: ``--device cpu|cuda|cuda:N`` and ``--dtype float32|bfloat16|float16``.
+
+16-bit training is mixed precision: the trained weights (the master copy the optimiser updates) stay float32 and the
+forward passes run under ``torch.autocast``; float16 also scales the loss (``torch.amp.GradScaler``) so that small
+gradients do not flush to zero. float32 is the plain path, unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def check_device(text: str) -> str:
+    """``text`` when it names a device the trainers take (cpu, cuda, cuda:N); ValueError otherwise."""
+    if not isinstance(text, str) or not _DEVICE.fullmatch(text):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got {text!r}")
+    return text
+
+
+def check_dtype(text: str) -> str:
+    """``text`` when it is one of :data:`DTYPES`; ValueError otherwise."""
+    if text not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {text!r}")
+    return text
+
+
+def device_arg(text: str) -> str:
+    """argparse ``type`` for ``--device``: the check's message as the usage error."""
+    try:
+        return check_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def dtype_arg(text: str) -> str:
+    """argparse ``type`` for ``--dtype``."""
+    try:
+        return check_dtype(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def resolve_device(text: str) -> torch.device:
+    """The torch device for a checked name (``cuda`` with the current GPU's index, as models report theirs); a clear
+    error when it asks for a GPU this machine does not have."""
+    device = torch.device(check_device(text))
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: CUDA is not available on this machine (use --device cpu)")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"--device {text}: this machine has {count} CUDA device(s), numbered from 0")
+    return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A trainer's device and compute dtype (the weights stay float32)."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, device: str, dtype: str) -> Precision:
+        """From the ``--device`` and ``--dtype`` options, checked."""
+        return cls(resolve_device(device), getattr(torch, check_dtype(dtype)))
+
+    @property
+    def mixed(self) -> bool:
+        return self.dtype != torch.float32
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context the forward passes and the loss run in: autocast to ``dtype``, or nothing for float32."""
+        if not self.mixed:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def scaler(self) -> torch.amp.GradScaler:
+        """A loss scaler, enabled for float16 only (a disabled one passes every call straight through)."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+
+
+def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, parameters, clip: float,
+                   scaler: torch.amp.GradScaler) -> None:
+    """Backward, unscale, clip the gradient norm to ``clip`` and step (the scaler may skip a step with inf/nan
+    gradients); the plain sequence when the scaler is disabled."""
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(parameters, clip)
+    scaler.step(optimizer)
+    scaler.update()

@@ -1,0 +1,77 @@
+"""The loop's clock: plain perf_counter on CPU, a CUDA synchronise before every read on a CUDA device, read at every
+boundary of the draft / verify split."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+import specfamily as sf
+import specfamily.core.loop as loop
+from specfamily.core.loop import device_clock
+from specfamily.testing import RandomTreeDrafter, tiny_target
+
+
+def test_cpu_clock_is_perf_counter_itself():
+    assert device_clock(torch.device("cpu")) is time.perf_counter
+    assert device_clock("cpu") is time.perf_counter
+
+
+def test_cuda_clock_synchronises_its_device_before_each_read(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    clock = device_clock("cuda:1")
+    before = time.perf_counter()
+    first, second = clock(), clock()
+    assert synced == [torch.device("cuda", 1)] * 2
+    assert before <= first <= second <= time.perf_counter()
+
+
+def test_a_cpu_run_never_synchronises_cuda(monkeypatch):
+    def refuse(device=None):
+        raise AssertionError("torch.cuda.synchronize called on a CPU run")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", refuse)
+    target = tiny_target("llama", vocab_size=32, dtype=torch.float32)
+    result = sf.generate(target, RandomTreeDrafter(target, gamma=3, nodes=6), [1, 2, 3], max_new_tokens=8)
+    assert len(result.tokens) == 8 and result.metrics.verify_seconds > 0
+
+
+def test_the_clock_is_read_at_every_timed_boundary(monkeypatch):
+    """With a stand-in for a CUDA device's clock (it logs a sync and returns 0, 1, 2, ...): one read before the
+    proposal, one between proposal and target pass, one after the commit, and the metrics are its differences."""
+    target = tiny_target("llama", vocab_size=32, dtype=torch.float32)
+    drafter = RandomTreeDrafter(target, gamma=3, nodes=6)
+    events, devices = [], []
+
+    def fake_clock() -> float:
+        events.append("sync")
+        return float(events.count("sync") - 1)
+
+    def clock_for(device):
+        devices.append(device)
+        return fake_clock
+
+    def logged(name, fn):
+        def wrapper(*args, **kwargs):
+            events.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(loop, "device_clock", clock_for)
+    monkeypatch.setattr(drafter, "propose", logged("propose", drafter.propose))
+    monkeypatch.setattr(target, "forward", logged("forward", target.forward))
+    monkeypatch.setattr(target, "commit", logged("commit", target.commit))
+    result = sf.generate(target, drafter, [1, 2, 3], max_new_tokens=10)
+    assert devices == [target.device]
+    passes = result.metrics.target_passes
+    body = [e for e in events if e in ("sync", "propose", "forward", "commit")]
+    assert body[0] == "sync" and body[-1] == "sync"  # the request's start and end
+    one_pass = r"sync (propose )?sync forward commit sync "  # no proposal when one token is left
+    assert re.fullmatch(f"({one_pass}){{{passes}}}", " ".join(body[1:-1]) + " ")
+    assert body.count("propose") >= passes - 1
+    assert result.metrics.draft_seconds == passes and result.metrics.verify_seconds == passes
+    assert result.metrics.total_seconds == events.count("sync") - 1
