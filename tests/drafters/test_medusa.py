@@ -50,7 +50,7 @@ def test_head_k_on_the_last_feature_proposes_the_token_after_the_root_plus_k(tre
     target = tiny_target("llama", vocab_size=64, spread=1.0)
     n = 21
     reference = _plain(target, PROMPT, n + 8)
-    drafter = MedusaDrafter.from_heads(target, OracleHeads(target, PROMPT + reference, 4), tree=tree)
+    drafter = MedusaDrafter.from_heads(target, OracleHeads(target, PROMPT + reference, 4), tree=tree, policy="constant")
     result = sf.generate(target, drafter, PROMPT, max_new_tokens=n)
     assert result.tokens == reference[:n]
     assert result.metrics.acceptance_rate == 1.0

@@ -85,10 +85,11 @@ def top1_agreement(model: EagleModel, target_model: PreTrainedModel, windows: to
 
 def measure_tau(target: Target, model: EagleModel, prompts: Sequence[torch.Tensor], new_tokens: int,
                 **options) -> float:
-    """Greedy tau (new tokens / target passes) of the drafter through the shared verifier, over all prompts."""
+    """Greedy tau (new tokens / target passes) of the drafter through the shared verifier, over all prompts, at a
+    constant draft length (the cost-aware default would make tau depend on the machine's timings)."""
     from specfamily.drafters.eagle.drafter import EagleDrafter
 
-    drafter = EagleDrafter(target, weights=model, **options)
+    drafter = EagleDrafter(target, weights=model, **{"policy": "constant", **options})
     tokens = passes = 0
     for prompt in prompts:
         metrics = generate(target, drafter, prompt, max_new_tokens=new_tokens).metrics
