@@ -99,10 +99,13 @@ class PairResult:
         return data
 
 
-def make_clock(kind: str) -> Callable[[], float]:
-    """``wall``: perf_counter; ``cpu``: this process's CPU time (steadier on a shared core with one thread)."""
+def make_clock(kind: str, device: str = "cpu") -> Callable[[], float]:
+    """``wall``: perf_counter (after a synchronise on a CUDA ``device``); ``cpu``: this process's CPU time (steadier
+    on a shared core with one thread)."""
     if kind == "wall":
-        return time.perf_counter
+        from specfamily.core.loop import device_clock
+
+        return device_clock(device)
     if kind == "cpu":
         return time.process_time
     raise ValueError(f"clock must be one of {CLOCKS}, got {kind!r}")
@@ -126,11 +129,12 @@ def quiet_transformers() -> None:
     logging.set_verbosity_error()
 
 
-def load_pair(target_name: str, draft_name: str | None, device: str = "cpu"):
-    """(Target, draft PreTrainedModel or None), both float32 on CPU; names may be folders or zoo: names."""
+def load_pair(target_name: str, draft_name: str | None, device: str = "cpu", dtype: str | None = None):
+    """(Target, draft PreTrainedModel or None) on ``device``; ``dtype`` (e.g. "float32") default: float32 on CPU,
+    the weights' own elsewhere. Names may be folders or zoo: names."""
     import specfamily as sf
 
-    dtype = torch.float32 if device == "cpu" else None
+    dtype = getattr(torch, dtype) if dtype else torch.float32 if device == "cpu" else None
     target = sf.load_target(target_name, device=device, dtype=dtype)
     draft = None
     if draft_name is not None:
@@ -158,6 +162,19 @@ def load_prompts(path: str | Path, count: int, tokenizer=None, max_prompt_tokens
     if max_prompt_tokens is not None:
         prompts = [ids[-max_prompt_tokens:] for ids in prompts]
     return prompts
+
+
+def spec_bench_prompts(per_category: int, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """(first-turn prompts, their categories): ``per_category`` Spec-Bench questions of each of its 13 categories,
+    evenly spaced within each, through the tokenizer's chat template (as ``dataset=spec_bench`` builds them)."""
+    from specfamily.eval.datasets import DatasetSpec
+    from specfamily.eval.datasets import load_prompts as load_dataset_prompts
+
+    spec = DatasetSpec(name="spec_bench", path="specfamily:spec_bench", field=None, id_field="question_id",
+                       chat_template=True, add_special_tokens=False, num_examples=per_category,
+                       select="per_category", turns_field="turns", max_turns=1, category_field="category")
+    prompts = load_dataset_prompts(spec, tokenizer)
+    return [p.ids for p in prompts], [str(p.category) for p in prompts]
 
 
 def _prompt_ids(row: dict, tokenizer, where: str) -> list[int]:

@@ -9,6 +9,7 @@ shows the loop's ceiling next to the ceiling from the target's own pass costs t(
 
     python benchmarks/peer.py                                   # the zoo pair, held-out prompts
     python benchmarks/peer.py --target DIR --draft DIR --threads 1 --clock cpu --out peer.json
+    python benchmarks/peer.py --target zoo:smollm2 --draft none --prompts spec_bench --count 1 --defaults
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from common import Method, PairResult, Skipped
 SMALL_GAMMAS = (1, 2, 3, 4, 6, 8)
 LOOKUP_GAMMAS = (2, 4, 6, 8, 10)
 HF_CONFIDENCE = 0.4  # transformers' default assistant_confidence_threshold
+HF_LOOKUP_TOKENS = 10  # the prompt_lookup_num_tokens transformers' docs use
 ORDER = ("small_model", "prompt_lookup", "self_spec", "medusa", "eagle")  # table order; other drafters follow
 
 
@@ -56,18 +58,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="zoo:code-target")
     parser.add_argument("--draft", default="zoo:code-draft", help="draft model, or 'none'")
-    parser.add_argument("--prompts", default=None, help="jsonl prompt set (default: the zoo's held-out 'continue')")
-    parser.add_argument("--count", type=int, default=8, help="prompts used")
+    parser.add_argument("--prompts", default=None, help="jsonl prompt set, or spec_bench (Spec-Bench first turns, "
+                        "chat template; --count per category); default: the zoo's held-out 'continue'")
+    parser.add_argument("--count", type=int, default=8, help="prompts used (spec_bench: per category)")
     parser.add_argument("--tokens", type=int, default=64, help="max new tokens per prompt")
     parser.add_argument("--repeats", type=int, default=3, help="timed alternating repeats per pair")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=common.CLOCKS, default="wall")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the wall clock synchronises with it)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="default: float32 on cpu, the weights' own dtype on a GPU")
     parser.add_argument("--gamma", type=int, default=None, help="small_model gamma (default: fastest of a sweep)")
     parser.add_argument("--lookup-gamma", type=int, default=None, help="prompt_lookup gamma (default: sweep)")
     parser.add_argument("--oracle-gamma", type=int, default=4)
     parser.add_argument("--early-exit", type=int, default=None, help="layers of transformers' early-exit assistant")
     parser.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                         help="extra option for our drafter NAME (value parsed as JSON when it can be)")
+    parser.add_argument("--defaults", action="store_true",
+                        help="prompt_lookup and self_spec at our defaults (cost-aware gamma) against transformers' "
+                             "defaults (prompt lookup of 10 tokens, early exit with its default schedule)")
     parser.add_argument("--only", default=None, help="comma-separated rows to run (plain,small_model,...,oracle)")
     parser.add_argument("--out", default=None, help="write the JSON report here")
     parser.add_argument("--markdown", default=None, help="write the Markdown report here")
@@ -146,6 +155,12 @@ def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
 def prompt_lookup_row(setup: Setup, options: dict, report: dict) -> Method:
     import specfamily as sf
 
+    if setup.args.defaults:
+        drafter = sf.create_drafter("prompt_lookup", setup.target, **options)
+        ngram = drafter.config.max_ngram
+        theirs = setup.hf(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS, max_matching_ngram_size=ngram)
+        return Method("prompt_lookup default", setup.ours(drafter), theirs,
+                      f"prompt lookup {HF_LOOKUP_TOKENS}, ngram {ngram}", f"ours: {_policy_note(drafter)}")
     make = lambda g: sf.create_drafter("prompt_lookup", setup.target, **{**options, "gamma": g})  # noqa: E731
     gamma = setup.args.lookup_gamma or options.get("gamma")
     if gamma is None:
@@ -165,6 +180,10 @@ def self_spec_row(setup: Setup, options: dict) -> Method:
     exit_at = setup.args.early_exit or _kept_layers(drafter, layers)
     note = "skips " + ",".join(f"{kind}:{index}" for kind, index in sorted(getattr(drafter, "skipped", ())))
     model, n = setup.target.model, setup.max_new_tokens
+    if setup.args.defaults:
+        theirs = setup.hf(assistant_early_exit=exit_at)
+        return Method("self_spec default", setup.ours(drafter), theirs, f"early exit at {exit_at}/{layers}, "
+                      "its default schedule", f"{note}; ours: {_policy_note(drafter)}")
 
     def theirs(prompt):
         """Early exit drafts with the target's own generation config: make it a constant gamma like ours."""
@@ -180,6 +199,11 @@ def self_spec_row(setup: Setup, options: dict) -> Method:
 
     return Method(f"self_spec gamma={gamma}", setup.ours(drafter), theirs,
                   f"early exit at {exit_at}/{layers}, constant {gamma}", note)
+
+
+def _policy_note(drafter) -> str:
+    """The draft-length policy a drafter runs under (auto: cost-aware, may draft nothing)."""
+    return type(drafter.policy).__name__.removesuffix("Policy").lower()
 
 
 def _kept_layers(drafter, layers: int) -> int:
@@ -325,15 +349,20 @@ def prepare(args: argparse.Namespace) -> Setup:
 
     common.set_threads(args.threads)
     common.quiet_transformers()
-    target, draft = common.load_pair(args.target, None if args.draft.lower() == "none" else args.draft)
-    prompts = common.load_prompts(args.prompts or prompt_set_path("continue"), args.count, target.tokenizer)
+    draft = None if args.draft.lower() == "none" else args.draft
+    target, draft = common.load_pair(args.target, draft, args.device, args.dtype)
+    if args.prompts == "spec_bench":  # --count questions per category, first turns
+        prompts, _ = common.spec_bench_prompts(args.count, target.tokenizer)
+    else:
+        prompts = common.load_prompts(args.prompts or prompt_set_path("continue"), args.count, target.tokenizer)
     return make_setup(target, draft, prompts, args)
 
 
 def make_setup(target, draft, prompts: list[list[int]], args: argparse.Namespace) -> Setup:
     """A Setup over built models; the reference is transformers' plain greedy output."""
     reference = [common.hf_generate(target.model, p, args.tokens) for p in prompts]
-    return Setup(target, draft, prompts, reference, args.tokens, common.make_clock(args.clock), args)
+    clock = common.make_clock(args.clock, str(target.device))
+    return Setup(target, draft, prompts, reference, args.tokens, clock, args)
 
 
 def measure(setup: Setup) -> dict:
