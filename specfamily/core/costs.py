@@ -10,6 +10,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -86,11 +87,28 @@ def max_positions(target: Target) -> int | None:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
+@dataclass(frozen=True)
+class CostCurve:
+    """t(g + 1) / t(1) as a callable of g, the measured points sorted once (a policy asks every pass)."""
+
+    points: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def of(cls, curve: dict) -> CostCurve:
+        return cls(tuple(sorted((int(g), float(cost)) for g, cost in curve.items())))
+
+    def __call__(self, g: float) -> float:
+        return _interpolate(self.points, g)
+
+
 def verify_cost_at(curve: dict[int, float], g: float) -> float:
     """t(g + 1) / t(1) at any g >= 0, linear between the measured sizes, extended linearly past the last."""
-    if not curve:
+    return _interpolate(tuple(sorted((int(k), float(v)) for k, v in curve.items())), g)
+
+
+def _interpolate(points: tuple[tuple[int, float], ...], g: float) -> float:
+    if not points:
         return 1.0
-    points = sorted((int(k), float(v)) for k, v in curve.items())
     if g <= points[0][0]:
         return points[0][1]
     for (g0, v0), (g1, v1) in zip(points, points[1:], strict=False):
@@ -115,5 +133,4 @@ def target_cost_curve(target: Target, context: Sequence[int], repeats: int = 3) 
         except ValueError as err:
             log.warning("verify cost not measured (%s); assuming t(g + 1) = t(1)", err)
             target.verify_costs = {0: 1.0}
-    curve = dict(target.verify_costs)
-    return lambda g: verify_cost_at(curve, g)
+    return CostCurve.of(target.verify_costs)

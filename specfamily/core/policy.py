@@ -205,6 +205,7 @@ class AutoPolicy:
     width: float = field(init=False, default=1.0)  # draft tokens per depth (1 for chains)
     idle: int = field(init=False, default=0)
     interval: int = field(init=False, default=0)  # passes between probes while drafting nothing
+    _choice: tuple[int, int] | None = field(init=False, default=None, repr=False)  # (best, probe) until an update
 
     def __post_init__(self) -> None:
         self.gamma = _check_int(self.gamma, "gamma", 1)
@@ -222,6 +223,7 @@ class AutoPolicy:
     def bind(self, verify_cost: VerifyCost) -> None:
         """Use this verify-cost curve (t(g + 1) / t(1), a callable of the draft token count g)."""
         self.verify_cost = verify_cost
+        self._choice = None
 
     def acceptance(self) -> list[float]:
         """Smoothed conditional acceptance at depths 1 .. max_gamma."""
@@ -239,13 +241,12 @@ class AutoPolicy:
     def reset(self) -> None:
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
-        self.idle = 0
+        self.idle, self._choice = 0, None
 
     def next_gamma(self) -> int:
         if self.c_estimate is None:
             return min(self.gamma, self.max_gamma)
-        acceptance = self.acceptance()
-        gamma, _ = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup)
+        gamma, probe = self._choose()
         if gamma:
             self.idle, self.interval = 0, self.probe_every
             return gamma
@@ -253,12 +254,23 @@ class AutoPolicy:
         if self.idle < self.interval:
             return 0
         self.idle, self.interval = 0, min(2 * self.interval, self.max_probe_every)
-        return max(1, best_draft_length(acceptance, self.c_estimate, self._cost, 0.0)[0])
+        return probe
+
+    def _choose(self) -> tuple[int, int]:
+        """(the draft length to use, 0 when none pays; the one to probe with), kept until the estimates change:
+        while it drafts nothing a pass costs no arithmetic."""
+        if self._choice is None:
+            acceptance = self.acceptance()
+            gamma, _ = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup)
+            probe = gamma or max(1, best_draft_length(acceptance, self.c_estimate, self._cost, 0.0)[0])
+            self._choice = (gamma, probe)
+        return self._choice
 
     def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
         proposed, accepted = _check_update(proposed, accepted)
         if proposed == 0:
             return
+        self._choice = None
         for depth in range(min(proposed, accepted + 1, self.max_gamma)):
             self.tried[depth] += 1
             self.accepted[depth] += int(depth < accepted)

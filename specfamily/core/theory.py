@@ -118,8 +118,11 @@ def best_draft_length(
     gamma in [0, len(acceptance)]; gamma 0 (plain decoding, speedup 1) unless some gamma beats ``min_speedup``."""
     c = _check_c(c)
     best, best_speedup = 0, 1.0
-    for gamma in range(1, len(acceptance) + 1):
-        speedup = expected_tokens_by_depth(acceptance, gamma) / (gamma * c + _verify_cost_at(verify_cost, gamma))
+    tokens, reach = 1.0, 1.0  # expected_tokens_by_depth, accumulated one depth at a time
+    for gamma, a in enumerate(acceptance, start=1):
+        reach *= _check_alpha(a)
+        tokens += reach
+        speedup = tokens / (gamma * c + _verify_cost_at(verify_cost, gamma))
         if speedup > best_speedup:
             best, best_speedup = gamma, speedup
     return (best, best_speedup) if best_speedup > min_speedup else (0, 1.0)

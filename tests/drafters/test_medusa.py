@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 import specfamily as sf
+from specfamily.core.policy import make_policy
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.medusa.calibrate import target_features
 from specfamily.drafters.medusa.drafter import MedusaDrafter
@@ -131,8 +132,10 @@ def test_greedy_equals_transformers_with_trained_heads():
 def test_training_on_the_targets_text_raises_tau():
     target = tiny_target("llama", vocab_size=64, spread=1.0)
     prompt = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(0)).tolist()
-    before = sf.generate(target, MedusaDrafter(target, weights="random"), prompt, max_new_tokens=30)
-    after = sf.generate(target, _trained(target, steps=60), prompt, max_new_tokens=30)
+    before = sf.generate(target, MedusaDrafter(target, weights="random", policy="constant"), prompt, max_new_tokens=30)
+    trained = _trained(target, steps=60)
+    trained.policy = make_policy("constant", trained.tree.depth)  # tau at the tree's depth, not at timed lengths
+    after = sf.generate(target, trained, prompt, max_new_tokens=30)
     assert after.tokens == before.tokens == _plain(target, prompt, 30)
     assert after.metrics.mean_accepted_length > before.metrics.mean_accepted_length + 0.5
 
