@@ -39,14 +39,12 @@ def heldout_loss(target, texts: list[str], max_tokens: int = 512) -> tuple[float
 
 def samples(target, prompts: list[str], max_new_tokens: int) -> list[dict]:
     import specfamily as sf
+    from specfamily.eval.chat import answer_text, chat_prompt_ids
 
     out = []
     for text in prompts:
-        messages = [{"role": "user", "content": text}]
-        chat = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = target.tokenizer(chat, add_special_tokens=False).input_ids
-        result = sf.generate(target, None, ids, max_new_tokens)
-        out.append({"prompt": text, "answer": target.tokenizer.decode(result.tokens, skip_special_tokens=True)})
+        result = sf.generate(target, None, chat_prompt_ids(target.tokenizer, [text]), max_new_tokens)
+        out.append({"prompt": text, "answer": answer_text(target.tokenizer, result.tokens)})
     return out
 
 

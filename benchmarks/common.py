@@ -103,7 +103,7 @@ def make_clock(kind: str, device: str = "cpu") -> Callable[[], float]:
     """``wall``: perf_counter (after a synchronise on a CUDA ``device``); ``cpu``: this process's CPU time (steadier
     on a shared core with one thread)."""
     if kind == "wall":
-        from specfamily.core.loop import device_clock
+        from specfamily.core.costs import device_clock
 
         return device_clock(device)
     if kind == "cpu":

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 import common
+from ceiling import oracle_ceiling, oracle_lines
 from common import Method, PairResult, Skipped
 
 SMALL_GAMMAS = (1, 2, 3, 4, 6, 8)
@@ -299,48 +298,6 @@ def measure_rows(setup: Setup, rows, skipped: list[Skipped]) -> list[PairResult]
             results.append(result)
             print(common.markdown_table([result]).splitlines()[-1], flush=True)
     return results
-
-
-def oracle_ceiling(setup: Setup, results: list[PairResult]) -> dict | None:
-    """The oracle's measured speedup over our plain decoding against the ceilings from our target's pass costs."""
-    by_name = {r.name: r for r in results}
-    gamma = setup.args.oracle_gamma
-    oracle, plain = by_name.get(f"oracle gamma={gamma}"), by_name.get("plain")
-    if oracle is None or plain is None:
-        return None
-    prompt = setup.prompts[0]
-    costs = common.pass_costs(setup.target, prompt, [gamma + 1], 10, setup.clock)
-    n = setup.max_new_tokens
-    steady = (gamma + 1) * costs.t[1] / costs.t[gamma + 1]
-    plain_raw = costs.prefill + (n - 1) * costs.t[1]
-    oracle_raw = costs.prefill + (math.ceil(n / (gamma + 1)) - 1) * costs.t[gamma + 1]
-    measured = statistics.median(plain.ours_ms) / statistics.median(oracle.ours_ms)
-    end_to_end = plain_raw / oracle_raw
-    return {
-        "gamma": gamma, "t1_ms": 1000 * costs.t[1], f"t{gamma + 1}_ms": 1000 * costs.t[gamma + 1],
-        "prefill_ms": 1000 * costs.prefill, "prompt_length": costs.prompt_length,
-        "measured_speedup": measured, "ceiling_steady_state": steady, "ceiling_with_prefill": end_to_end,
-        "efficiency": measured / end_to_end, "efficiency_steady_state": measured / steady,
-        "plain_floor_ms": 1000 * plain_raw / n,
-        "plain_overhead": statistics.median(plain.ours_ms) * n / 1000 / plain_raw,
-    }
-
-
-def oracle_lines(ceiling: dict | None) -> list[str]:
-    if ceiling is None:
-        return []
-    g = ceiling["gamma"]
-    return [
-        f"Oracle (alpha = 1, gamma = {g}): our loop is {ceiling['measured_speedup']:.2f}x faster than our plain "
-        "decoding; the target's pass costs allow (gamma + 1) t(1) / t(gamma + 1) = "
-        f"{ceiling['ceiling_steady_state']:.2f}x "
-        f"in steady state and {ceiling['ceiling_with_prefill']:.2f}x with this prompt's prefill "
-        f"(t(1) = {ceiling['t1_ms']:.2f} ms, t({g + 1}) = {ceiling[f't{g + 1}_ms']:.2f} ms, "
-        f"prefill of {ceiling['prompt_length']} tokens = {ceiling['prefill_ms']:.1f} ms).",
-        f"Loop efficiency: {100 * ceiling['efficiency']:.0f}% of the ceiling with prefill "
-        f"({100 * ceiling['efficiency_steady_state']:.0f}% of the steady-state ceiling). Plain decoding: "
-        f"{ceiling['plain_overhead']:.3f}x the time of its target passes ({ceiling['plain_floor_ms']:.2f} ms/token).",
-    ]
 
 
 def prepare(args: argparse.Namespace) -> Setup:

@@ -22,18 +22,26 @@ CURVE_SIZES = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)  # draft tokens g tim
 CURVE_CONTEXT = 128  # prompt tokens in the cache while timing
 
 
-def process_clock(device: torch.device):
+def device_clock(device: torch.device | str) -> Callable[[], float]:
+    """Wall time for work on ``device``: ``time.perf_counter`` itself, after a ``torch.cuda.synchronize`` on a CUDA
+    device (its kernels run asynchronously: without the sync a timed region ends when its work is queued, not done)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def synchronised() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synchronised
+
+
+def process_clock(device: torch.device) -> Callable[[], float]:
     """A timer for one process's work: CPU time on a single-threaded CPU run (immune to busy neighbours),
-    otherwise wall time (after a CUDA synchronise)."""
+    otherwise the device's wall clock (:func:`device_clock`)."""
     if device.type == "cpu" and torch.get_num_threads() == 1:
         return time.process_time
-    if device.type == "cuda":
-        def synced() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-
-        return synced
-    return time.perf_counter
+    return device_clock(device)
 
 
 def measure_verify_cost(
@@ -103,7 +111,7 @@ class CostCurve:
 
 def verify_cost_at(curve: dict[int, float], g: float) -> float:
     """t(g + 1) / t(1) at any g >= 0, linear between the measured sizes, extended linearly past the last."""
-    return _interpolate(tuple(sorted((int(k), float(v)) for k, v in curve.items())), g)
+    return CostCurve.of(curve)(g)
 
 
 def _interpolate(points: tuple[tuple[int, float], ...], g: float) -> float:

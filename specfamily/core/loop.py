@@ -6,12 +6,11 @@ timings compare fairly.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from specfamily.core.costs import target_cost_curve
+from specfamily.core.costs import device_clock, target_cost_curve
 from specfamily.core.drafter import Drafter
 from specfamily.core.metrics import MetricsRecorder
 from specfamily.core.sampling import warp
@@ -27,21 +26,6 @@ def verify_draft(
     if sampling.greedy:
         return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
     return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
-
-
-def device_clock(device: torch.device | str) -> Callable[[], float]:
-    """The loop's clock for work on ``device``: ``time.perf_counter`` itself, after a ``torch.cuda.synchronize``
-    on a CUDA device (its kernels run asynchronously: without the sync a timed region ends when its work is queued,
-    not done)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return time.perf_counter
-
-    def synchronised() -> float:
-        torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    return synchronised
 
 
 def truncate(tokens: list[int], budget: int, eos_token_ids: int | Sequence[int] | None) -> tuple[list[int], bool]:

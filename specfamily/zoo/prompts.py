@@ -262,10 +262,8 @@ def prompt_ids(name: str, count: int | None, tokenizer=None, last: int | None = 
 
 def _encode(row: dict, tokenizer) -> list[int]:
     """A row's text as token ids; rows marked ``chat`` become a user turn in the tokenizer's chat template."""
-    text = row["prompt"]
     if row.get("chat"):
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("this prompt set holds chat prompts but the tokenizer has no chat template")
-        messages = [{"role": "user", "content": text}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        from specfamily.eval.chat import chat_prompt_ids
+
+        return chat_prompt_ids(tokenizer, [row["prompt"]])
+    return list(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"])

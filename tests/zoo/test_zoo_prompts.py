@@ -94,3 +94,20 @@ def test_deterministic_atomic_and_loadable(built, prepared, tmp_path):
     data = load_dataset("json", data_files=str(out / "complete.jsonl"), split="train")
     assert {"id", "prompt", "reference", "source"} <= set(data.column_names)
     assert load_prompt_set("continue", out / "continue.jsonl")["id"][0] == "continue-0000"
+
+
+def test_instruct_rows_go_through_the_chat_template():
+    """The `instruct` set's rows are chat prompts: a user turn in the tokenizer's template, the generation prompt
+    added; a tokenizer without a template is refused."""
+    from transformers import AutoTokenizer
+
+    from specfamily.zoo import zoo_path
+    from specfamily.zoo.prompts import prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo_path("zoo:code-target"))
+    with pytest.raises(ValueError, match="chat template"):
+        prompt_ids("instruct", 1, tokenizer)
+    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
+    first = load_prompt_set("instruct")[0]["prompt"]
+    expected = tokenizer(f"[user] {first}\n[assistant] ", add_special_tokens=False)["input_ids"]
+    assert prompt_ids("instruct", 32, tokenizer)[0] == expected
