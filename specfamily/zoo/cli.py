@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
+from specfamily.zoo.distill import DistillConfig
 from specfamily.zoo.greedy_data import GreedyDataConfig
 from specfamily.zoo.train import TrainConfig
 
@@ -39,6 +41,10 @@ def main(argv: list[str] | None = None) -> None:
                      ("kind", "workdir", "out"))
     _add_config_args(sub.add_parser("greedy-data", help="training windows continued by the target's greedy text"),
                      GreedyDataConfig, ("workdir", "teacher", "out"))
+    _add_config_args(sub.add_parser("distill", help="self-distillation data: the target's answers and features"),
+                     DistillConfig, ("out",))
+    report = sub.add_parser("distill-report", help="tokens, conversations and disk use of distillation data")
+    report.add_argument("data")
     prompts = sub.add_parser("prompts", help="build the held-out prompt sets")
     prompts.add_argument("--workdir", required=True)
     prompts.add_argument("--out", required=True)
@@ -71,6 +77,16 @@ def main(argv: list[str] | None = None) -> None:
 
         record = make_greedy_data(GreedyDataConfig(**{f.name: getattr(args, f.name) for f in fields(GreedyDataConfig)}))
         print(f"{record['windows']} windows of {record['length']} tokens in {record['seconds']:.0f} s -> {args.out}")
+    elif args.command == "distill":
+        from specfamily.zoo.distill import distill
+
+        summary = distill(DistillConfig(**{f.name: getattr(args, f.name) for f in fields(DistillConfig)}))
+        print(f"worker {summary['worker']}: {summary['batches_made']} batches, {summary['tokens']} tokens in "
+              f"{summary['seconds']:.0f} s, {summary['remaining']} batches left")
+    elif args.command == "distill-report":
+        from specfamily.zoo.distilled import report
+
+        print(json.dumps(report(args.data), indent=2))
     else:
         from specfamily.zoo.prompts import build_prompt_sets
 
