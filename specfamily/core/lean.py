@@ -20,7 +20,7 @@ from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gq
 
 from specfamily.core.lean_support import blocking, global_hooks, lean_unsupported
 
-__all__ = ["LeanLlama"]
+__all__ = ["Attend", "LeanLayer", "LeanLlama", "ModuleWatch", "plan_attention", "rms_norm", "rope"]
 
 Linear = tuple[torch.Tensor, "torch.Tensor | None"]  # weight, bias
 
@@ -80,9 +80,42 @@ def _activation(act: nn.Module):
     return F.silu if type(act) is SiLUActivation else act
 
 
+def rope(rotary: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary module's forward on its own inv_freq and attention_scaling, unsqueezed for the heads:
+    cos, signed sin (B, 1, q, D) (see ``_signed``)."""
+    freqs = position_ids[..., None].float() * rotary.inv_freq.to(device=hidden.device, dtype=torch.float)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * rotary.attention_scaling
+    sin = emb.sin() * rotary.attention_scaling
+    return cos.to(dtype=hidden.dtype).unsqueeze(1), _signed(sin.to(dtype=hidden.dtype).unsqueeze(1))
+
+
 @dataclass(frozen=True)
-class _Layer:
-    """One decoder layer's parameters, gathered once (Parameters keep their identity under .to() and loading)."""
+class ModuleWatch:
+    """The hook tables and ``__dict__`` of some modules: hooks or replaced forwards added after building show."""
+
+    hooks: tuple[dict, ...]
+    dicts: tuple[dict, ...]
+
+    @classmethod
+    def of(cls, modules) -> ModuleWatch:
+        modules = tuple(modules)
+        return cls(tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)),
+                   tuple(m.__dict__ for m in modules))
+
+    def clean(self) -> bool:
+        """No global hooks, no blocking hook on a watched module, no replaced forward or accelerate hook."""
+        return not (
+            global_hooks()
+            or (any(map(len, self.hooks)) and any(blocking(hooks) for hooks in self.hooks))
+            or any(map(_replaced, self.dicts))
+        )
+
+
+@dataclass(frozen=True)
+class LeanLayer:
+    """One decoder layer's parameters, gathered once (Parameters keep their identity under .to() and loading);
+    calling it runs the layer's forward (batch B, cache optional) with transformers' sdpa attention, op for op."""
 
     index: int
     norm1: tuple[torch.Tensor, float]  # weight, eps
@@ -99,7 +132,7 @@ class _Layer:
     scaling: float
 
     @classmethod
-    def of(cls, layer: nn.Module) -> _Layer:
+    def of(cls, layer: nn.Module) -> LeanLayer:
         attn, mlp = layer.self_attn, layer.mlp
         lin = lambda m: (m.weight, m.bias)  # noqa: E731
         norm = lambda m: (m.weight, m.variance_epsilon)  # noqa: E731
@@ -110,28 +143,31 @@ class _Layer:
         )
 
     def __call__(self, hidden, cos, sin, attend: Attend, cache) -> torch.Tensor:
-        """The decoder layer's forward with transformers' sdpa attention, op for op."""
+        """The decoder layer's forward on hidden (B, q, H); ``cache``: a transformers Cache or None."""
         hidden = hidden + self._attention(rms_norm(hidden, *self.norm1), cos, sin, attend, cache)
         x = rms_norm(hidden, *self.norm2)
         return hidden + F.linear(self.act(F.linear(x, *self.gate)) * F.linear(x, *self.up), *self.down)
 
     def _attention(self, x, cos, sin, attend: Attend, cache) -> torch.Tensor:
-        q_len = x.shape[1]
-        shape = (1, q_len, -1, self.head_dim)
-        query = F.linear(x, *self.q).view(shape).transpose(1, 2)  # (1, heads, q, D)
-        key = F.linear(x, *self.k).view(shape).transpose(1, 2)  # (1, kv heads, q, D)
+        batch, q_len = x.shape[:2]
+        shape = (batch, q_len, -1, self.head_dim)
+        query = F.linear(x, *self.q).view(shape).transpose(1, 2)  # (B, heads, q, D)
+        key = F.linear(x, *self.k).view(shape).transpose(1, 2)  # (B, kv heads, q, D)
         value = F.linear(x, *self.v).view(shape).transpose(1, 2)
         query = (query * cos) + (_swap_halves(query) * sin)  # sin: signed, see _signed
         key = (key * cos) + (_swap_halves(key) * sin)
-        key, value = cache.update(key, value, self.index)
+        if cache is not None:
+            key, value = cache.update(key, value, self.index)
+        if attend.causal and key.shape[2] > q_len:  # transformers' sdpa keeps the first q keys of a causal pass
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
         if attend.pack:
-            query = pack_gqa(query, attend.groups)  # (1, kv heads, groups, D)
+            query = pack_gqa(query, attend.groups)  # (B, kv heads, groups, D)
         elif attend.groups > 1 and not attend.gqa:
             key, value = repeat_kv(key, attend.groups), repeat_kv(value, attend.groups)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attend.mask, dropout_p=0.0,
                                              scale=self.scaling, is_causal=attend.causal, enable_gqa=attend.gqa)
         out = out.reshape(out.shape[0], -1, q_len, value.shape[-1]).transpose(1, 2).contiguous()
-        return F.linear(out.reshape(1, q_len, -1).contiguous(), *self.o)
+        return F.linear(out.reshape(batch, q_len, -1).contiguous(), *self.o)
 
 
 class LeanLlama:
@@ -149,24 +185,20 @@ class LeanLlama:
         self.model = model
         base = model.model
         self._config, self._embed, self._rotary = base.config, base.embed_tokens, base.rotary_emb
-        self._layers = tuple(_Layer.of(layer) for layer in base.layers)
+        self._layers = tuple(LeanLayer.of(layer) for layer in base.layers)
         self._norm = (base.norm.weight, base.norm.variance_epsilon)
         self._head = (model.lm_head.weight, model.lm_head.bias)
         attn = base.layers[0].self_attn
         self._groups: int = attn.num_key_value_groups
         self._probe = torch.empty(0, attn.head_dim)  # a key row's shape, for transformers' GQA predicate
-        modules = tuple(model.modules())
-        self._hooks = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
-        self._dicts = tuple(m.__dict__ for m in modules)
+        self._watch = ModuleWatch.of(model.modules())
 
     def ready(self) -> bool:
         """True when the lean forward reproduces the model's forward right now."""
         return not (
             self.model.training
             or self._config._attn_implementation != "sdpa"
-            or global_hooks()
-            or (any(map(len, self._hooks)) and any(blocking(hooks) for hooks in self._hooks))
-            or any(map(_replaced, self._dicts))
+            or not self._watch.clean()
         )
 
     def __call__(
@@ -182,20 +214,10 @@ class LeanLlama:
         if mask is None and q_len > 1 and cache.get_seq_length() > 0:
             raise ValueError("a pass of several tokens over a non-empty cache needs a mask")
         hidden = self._embed(input_ids)  # (1, q, H)
-        cos, sin = self._rope(hidden, position_ids)
+        cos, sin = rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe)
         for layer in self._layers[: self._config.num_hidden_layers]:
             hidden = layer(hidden, cos, sin, attend, cache)
         hidden = rms_norm(hidden, *self._norm)
         logits = F.linear(hidden[:, -keep:, :], *self._head)
         return logits, (hidden if features else None)
-
-    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary module's forward on its own inv_freq and attention_scaling, unsqueezed for the heads:
-        cos, signed sin (1, 1, q, D)."""
-        rotary = self._rotary
-        freqs = position_ids[..., None].float() * rotary.inv_freq.to(device=hidden.device, dtype=torch.float)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * rotary.attention_scaling
-        sin = emb.sin() * rotary.attention_scaling
-        return cos.to(dtype=hidden.dtype).unsqueeze(1), _signed(sin.to(dtype=hidden.dtype).unsqueeze(1))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-__all__ = ["FAMILIES", "blocking", "global_hooks", "hooked", "lean_unsupported"]
+__all__ = ["FAMILIES", "blocking", "global_hooks", "hooked", "layer_unsupported", "lean_unsupported"]
 
 FAMILIES = {  # model class name -> (transformers module, class-name prefix)
     "LlamaForCausalLM": ("transformers.models.llama.modeling_llama", "Llama"),
@@ -72,8 +72,29 @@ def _config_reason(model: nn.Module, classes: _Classes) -> str | None:
     return None
 
 
+def layer_unsupported(layer: nn.Module, rotary: nn.Module) -> str | None:
+    """Why the lean layer (``specfamily.core.lean.LeanLayer``) cannot reproduce a lone decoder layer called with
+    ``rotary``'s position embeddings exactly; None when it can. The layer's own config must say sdpa."""
+    classes = next((c for c in map(_Classes.of, FAMILIES) if type(layer) is c.decoder_layer), None)
+    if classes is None:
+        return f"{type(layer).__name__} is not the decoder layer of a family the lean forward covers"
+    implementation = layer.self_attn.config._attn_implementation
+    if implementation != "sdpa":
+        return f"attention implementation {implementation!r} (the lean forward runs sdpa)"
+    reason = _rotary_reason(rotary, classes)
+    if reason is not None:
+        return reason
+    for module in (*layer.modules(), rotary):
+        if hooked(module) or "forward" in module.__dict__:
+            return f"a module has hooks or a replaced forward ({type(module).__name__})"
+    return _layer_reason(layer, classes)
+
+
 def _rope_reason(model: nn.Module, classes: _Classes) -> str | None:
-    rotary = model.model.rotary_emb
+    return _rotary_reason(model.model.rotary_emb, classes)
+
+
+def _rotary_reason(rotary: nn.Module, classes: _Classes) -> str | None:
     if type(rotary) is not classes.rotary:
         return f"the rotary embedding is a {type(rotary).__name__}, not a plain {classes.rotary.__name__}"
     rope_type = getattr(rotary, "rope_type", None)

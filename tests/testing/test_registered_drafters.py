@@ -76,6 +76,12 @@ CASES = [
     Case("eagle", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30}),
     Case("eagle", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain"}),
 ]
+PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
+PRUNED_CASES = [
+    Case("eagle", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30,
+                           "draft_vocab": list(PRUNED)}),
+    Case("eagle", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain", "draft_vocab": list(PRUNED)}),
+]
 
 
 def test_every_registered_drafter_has_a_case_in_each_of_its_modes():
@@ -98,3 +104,26 @@ def test_lossless_at_full_depth(case, sampling):
     assert depth.deepest_verified == depth.deepest_drafted == DEPTH, depth.summary()
     assert (depth.trees > 0) == (case.mode == "tree"), depth.summary()
     print(f"\n{case}: {fit.describe()}")
+
+
+@pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=SAMPLING_IDS)
+@pytest.mark.parametrize("case", PRUNED_CASES, ids=lambda case: f"{case}-pruned")
+def test_lossless_with_a_reduced_draft_vocabulary(case, sampling):
+    """FR-Spec: drafts over 5 of the 8 tokens, verified over all 8; the drafts never leave the subset."""
+    drafted: set[int] = set()
+
+    def factory(target):
+        drafter = case.factory(target)
+        propose = drafter.propose
+
+        def recording(ctx, gamma):
+            draft = propose(ctx, gamma)
+            drafted.update(draft.tokens.tolist())
+            return draft
+
+        drafter.propose = recording
+        return drafter
+
+    [fit] = assert_lossless(factory, configs=[sampling], min_depth=DEPTH, prompt=case.prompt())
+    assert fit.depth.deepest_verified == DEPTH, fit.depth.summary()
+    assert drafted and drafted <= set(PRUNED)

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from specfamily.core.draft_vocab import DraftVocab
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.files import write_folder_atomically
 from specfamily.identity import check_identity, target_identity
@@ -22,6 +23,7 @@ from specfamily.identity import check_identity, target_identity
 FORMAT = "specfamily-eagle"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
+DRAFT_IDS = "draft_ids"  # the reduced draft vocabulary's target ids (int64), when the drafter has one
 CONFIG_FILE = "config.json"
 
 
@@ -36,12 +38,15 @@ def save_eagle(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    if model.vocab is not None:
+        tensors[DRAFT_IDS] = model.vocab.ids.cpu().contiguous()
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "target": target_identity(target_model),
         "family": model.family,
         "hidden_size": model.hidden_size,
+        "draft_vocab": None if model.vocab is None else model.vocab.size,
         "info": info or {},
     }
 
@@ -87,8 +92,10 @@ def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[Eagle
     folder = resolve_weights(source)
     config = read_config(folder)
     check_target(config, target_model, str(source))
-    model = build_model(target_model)
     state = load_file(str(folder / WEIGHTS_FILE), device=str(target_model.device))
+    ids = state.pop(DRAFT_IDS, None)
+    vocab = None if ids is None else DraftVocab(ids.long().cpu(), target_model.get_output_embeddings().weight.shape[0])
+    model = build_model(target_model, vocab=vocab)
     state = {k: v.to(target_model.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True)
     return model.eval(), config

@@ -18,6 +18,7 @@ class EagleConfig:
     top_k: int | None = None  # tree mode: children per expanded node and nodes expanded per depth
     total_tokens: int | None = None  # tree mode: nodes kept after reranking
     seed: int = 0  # initialisation of weights="random"
+    draft_vocab: Any = None  # weights="random": draft over these target ids only (a reduced draft vocabulary)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -26,6 +27,8 @@ class EagleConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"eagle {name} must be an integer >= 1, got {value!r}")
+        if self.draft_vocab is not None and self.weights != "random":
+            raise ValueError("eagle draft_vocab applies to weights='random'; trained weights carry their own")
         if self.weights is not None and not isinstance(self.weights, (str, Path)):
             from specfamily.drafters.eagle.model import EagleModel
 

@@ -8,6 +8,7 @@ root's feature, then drafts from there with one batched call per depth.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from specfamily import zoo
+from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
@@ -23,6 +25,7 @@ from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
 from specfamily.drafters.eagle.checkpoint import load_eagle
 from specfamily.drafters.eagle.config import EagleConfig
 from specfamily.drafters.eagle.dynamic_tree import grow_tree
+from specfamily.drafters.eagle.lean import LeanEagleLayer, lean_eagle_unsupported
 from specfamily.drafters.eagle.model import EagleModel, build_model
 
 DEFAULT_GAMMA = {"tree": 5, "chain": 4}
@@ -70,9 +73,11 @@ class EagleDrafter(BaseDrafter):
         top_k: int | None = None,
         total_tokens: int | None = None,
         seed: int = 0,
+        draft_vocab: list[int] | None = None,
     ) -> None:
-        config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed)
+        config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab)
         self.model, calibration = _load(target, config)
+        self.forward = fast_forward(self.model)
         tree = mode == "tree"  # a checkpoint's calibrated tree shape is the tree mode's default
         self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if tree else DEFAULT_GAMMA[mode]
         self.auto_max_gamma = None if tree else BaseDrafter.auto_max_gamma  # a tree stays within its calibrated depth
@@ -109,7 +114,7 @@ class EagleDrafter(BaseDrafter):
 
     def _catch_up(self, ctx: DecodeContext) -> torch.Tensor:
         """Feed the queued (feature, next token) pairs; return the last output, the prediction at the root."""
-        state, model = self.state, self.model
+        state = self.state
         crop(state.cache, state.real)
         features = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]  # (m, H)
         start, m = state.real, state.pending_rows
@@ -119,7 +124,7 @@ class EagleDrafter(BaseDrafter):
         tokens = torch.tensor(ctx.tokens[start + 1 : start + m + 1], dtype=torch.long, device=device)
         positions = torch.arange(start, start + m, device=device)
         mask = None if m == 1 else attention_mask(start, local_mask(m, [], features.dtype).to(device))
-        hidden = model(tokens[None], features[None], positions[None], mask, state.cache)[0]  # (m, H)
+        hidden = self.forward(tokens[None], features[None], positions[None], mask, state.cache)[0]  # (m, H)
         state.real, state.pending, state.pending_rows = start + m, [], 0
         return hidden[-1]
 
@@ -128,35 +133,36 @@ class EagleDrafter(BaseDrafter):
         model, sampling = self.model, ctx.sampling
         hidden, tokens, qs = root, [], []
         for i in range(gamma):
-            logits = model.logits(hidden)  # (V,)
+            logits = model.logits(hidden)  # (V,), or (N,) over a reduced draft vocabulary
             if sampling.greedy:
-                token = logits.argmax().view(1)
+                token = model.token_ids(logits.argmax().view(1))
             else:
                 q = warp(logits, sampling)
-                token = torch.multinomial(q, 1, generator=ctx.generator)
-                qs.append(q)
+                token = model.token_ids(torch.multinomial(q, 1, generator=ctx.generator))
+                qs.append(q if model.vocab is None else model.vocab.full_q(q))  # zero outside the draft vocabulary
             tokens.append(token)
             if i + 1 < gamma:
                 position = torch.full((1, 1), self.state.real + i, dtype=torch.long, device=root.device)
-                hidden = model(token[None], hidden[None, None], position, None, self.state.cache)[0, 0]
+                hidden = self.forward(token[None], hidden[None, None], position, None, self.state.cache)[0, 0]
         return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs).cpu() if qs else None)
 
     def _tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
         """EAGLE-2 dynamic tree, scores from the drafter's log-probabilities at the sampling temperature."""
         temperature = ctx.sampling.temperature or 1.0
-        feeder = TreeFeeder(self.model, self.state, root, temperature, self.top_k, gamma)
+        feeder = TreeFeeder(self.model, self.forward, self.state, root, temperature, self.top_k, gamma)
         root_logp = torch.log_softmax(self.model.logits(root).float() / temperature, dim=-1)
         tree = grow_tree(root_logp, feeder.step, gamma, self.top_k, self.total_tokens)
-        return Draft(tree.tokens.cpu(), tree.parents.cpu(), None)
+        return Draft(self.model.token_ids(tree.tokens).cpu(), tree.parents.cpu(), None)
 
 
 class TreeFeeder:
     """Feeds chosen tree nodes to the drafter, one batched call per depth, under an ancestor mask over its cache."""
 
     def __init__(
-        self, model: EagleModel, state: DraftState, root: torch.Tensor, temperature: float, top_k: int, gamma: int
+        self, model: EagleModel, forward: Callable, state: DraftState, root: torch.Tensor, temperature: float,
+        top_k: int, gamma: int,
     ) -> None:
-        self.model, self.state, self.root, self.temperature = model, state, root, temperature
+        self.model, self.forward, self.state, self.root, self.temperature = model, forward, state, root, temperature
         device = root.device
         max_fed = top_k * max(gamma - 1, 0)
         max_candidates = top_k + max(gamma - 1, 0) * top_k * top_k
@@ -180,11 +186,20 @@ class TreeFeeder:
         mask = torch.zeros(1, 1, k, real + fed + k, dtype=features.dtype, device=nodes.device)
         mask[0, 0, :, real:] = additive(rows[:, : fed + k], features.dtype)
         positions = torch.full((1, k), real + self.depth - 1, dtype=torch.long, device=nodes.device)
-        hidden = self.model(tokens[None], features[None], positions, mask, self.state.cache)[0]  # (k, H)
+        ids = self.model.token_ids(tokens)[None]  # the tree grows over draft-vocabulary indices
+        hidden = self.forward(ids, features[None], positions, mask, self.state.cache)[0]  # (k, H)
         self.hidden[new] = hidden
         self.slot_of[nodes] = new
         self.fed = fed + k
         return torch.log_softmax(self.model.logits(hidden).float() / self.temperature, dim=-1)
+
+
+def fast_forward(model: EagleModel) -> Callable:
+    """``model``'s forward through the lean layer whenever that reproduces the module path exactly."""
+    if lean_eagle_unsupported(model) is not None:
+        return model
+    lean = LeanEagleLayer(model)
+    return lambda *args: lean(*args) if lean.ready() else model(*args)
 
 
 def _load(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
@@ -195,7 +210,9 @@ def _load(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
             raise ValueError("this EagleModel was built for another target (it reads another model's LM head)")
         return config.weights, {}
     if config.weights == "random":
-        return build_model(target.model, seed=config.seed), {}
+        vocab = None if config.draft_vocab is None else \
+            DraftVocab(torch.tensor(sorted(config.draft_vocab), dtype=torch.long), target.vocab_size)
+        return build_model(target.model, seed=config.seed, vocab=vocab), {}
     weights = zoo.default_weights("eagle", target) if config.weights is None else config.weights
     model, saved = load_eagle(weights, target.model)
     return model, saved.get("calibration") or {}

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from specfamily.core.draft_vocab import DraftVocab
+
 # decoder layer (config, layer_idx) + rotary embeddings handed in by the model; Mistral without a sliding window
 ROPE_FAMILIES = ("llama", "qwen2", "mistral")
 ABSOLUTE_FAMILIES = ("gpt2",)  # GPT2Block; learned absolute positions added to the input
@@ -68,7 +70,7 @@ def target_parts(model: PreTrainedModel) -> TargetParts:
 class EagleModel(nn.Module):
     """fc + one decoder layer of the target's family; the target's embedding and LM head are read, not owned."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, vocab: DraftVocab | None = None) -> None:
         super().__init__()
         self.family = target_family(model)
         config = layer_config(model)
@@ -79,6 +81,8 @@ class EagleModel(nn.Module):
         self.layer = _decoder_layer(model, config)
         self.rotary = _rotary(model, config) if self.family in ROPE_FAMILIES else None
         self.parts = target_parts(model)  # a plain attribute: not a submodule, not in state_dict()
+        self.vocab = vocab  # a reduced draft vocabulary: logits over its ids only (FR-Spec); None = the full head
+        self.head_weight = None if vocab is None else _subset_head(self.parts.lm_head, vocab)
 
     def forward(
         self,
@@ -98,8 +102,17 @@ class EagleModel(nn.Module):
             kwargs["position_ids"] = positions
         return self.layer(x, **kwargs)
 
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Target token ids of positions in :meth:`logits`' last dimension."""
+        return index if self.vocab is None else self.vocab.to_target(index)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., V) the target's LM head over predicted features."""
+        """(..., V) the target's LM head over predicted features; (..., N) over the draft vocabulary's rows."""
+        if self.head_weight is not None:
+            weight = self.head_weight
+            if hidden.dim() == 2 and hidden.shape[0] > 1 and not torch.is_grad_enabled():
+                return torch.mm(weight, hidden.T).T  # see below: (N, H) read as stored
+            return nn.functional.linear(hidden, weight)
         head = self.parts.lm_head
         if hidden.dim() == 2 and hidden.shape[0] > 1 and type(head) is nn.Linear and not torch.is_grad_enabled():
             # (k, H) rows of a tree depth: W @ h^T reads the (V, H) weight as stored; on CPU (MKL) that is 2-3x
@@ -107,6 +120,13 @@ class EagleModel(nn.Module):
             logits = torch.mm(head.weight, hidden.T).T  # (k, V)
             return logits if head.bias is None else logits + head.bias
         return head(hidden)
+
+
+def _subset_head(lm_head: nn.Module, vocab: DraftVocab) -> torch.Tensor:
+    """The LM head's rows for the draft vocabulary (frozen, not saved: they are the target's)."""
+    if type(lm_head) is not nn.Linear or lm_head.bias is not None:
+        raise ValueError("a reduced draft vocabulary needs a target whose LM head is a plain linear map without bias")
+    return vocab.head_weight(lm_head.weight.detach())
 
 
 def _decoder_layer(model: PreTrainedModel, config) -> nn.Module:
@@ -126,9 +146,10 @@ def _rotary(model: PreTrainedModel, config) -> nn.Module:
     return type(rotary)(config=config)
 
 
-def build_model(model: PreTrainedModel, seed: int = 0) -> EagleModel:
-    """A freshly initialised EagleModel on the target's device and dtype; ``seed`` fixes the init, global RNG kept."""
+def build_model(model: PreTrainedModel, seed: int = 0, vocab: DraftVocab | None = None) -> EagleModel:
+    """A freshly initialised EagleModel on the target's device and dtype; ``seed`` fixes the init, global RNG kept.
+    ``vocab``: draft over those target ids only."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        eagle = EagleModel(model)
+        eagle = EagleModel(model, vocab)
     return eagle.to(device=model.device, dtype=model.dtype).eval()

@@ -57,15 +57,29 @@ def eagle_loss(
     noise: float = 0.2, w_reg: float = 1.0, w_cls: float = 0.1,
 ) -> LossParts:
     """Feature regression plus soft-label cross-entropy, with uniform noise of width ``noise`` on input features."""
-    features, logits = target_features(target_model, windows)
+    features, _ = target_features(target_model, windows)
+    return feature_loss(model, windows, features, generator, noise, w_reg, w_cls)
+
+
+def feature_loss(
+    model: EagleModel, windows: torch.Tensor, features: torch.Tensor, generator: torch.Generator,
+    noise: float = 0.2, w_reg: float = 1.0, w_cls: float = 0.1,
+) -> LossParts:
+    """:func:`eagle_loss` on given target features (B, T, H) of ``windows`` (computed on the fly or stored).
+
+    The soft labels are the target's distribution read through the drafter's head from the true next feature: the
+    target's own logits for a full head, the target's distribution renormalised over the draft vocabulary for a
+    reduced one (what the drafter can propose).
+    """
     jitter = None
     if noise > 0:
         # drawn with the (CPU) data generator, then moved: the run stays reproducible on any device
         jitter = ((torch.rand(features[:, :-1].shape, generator=generator) - 0.5) * noise).to(features.device)
     predicted = drafter_pass(model, windows, features, jitter.to(features.dtype) if jitter is not None else None)
     regression = F.smooth_l1_loss(predicted, features[:, 1:])
-    log_q = F.log_softmax(model.logits(predicted).float(), dim=-1)  # (B, T - 1, V)
-    p = F.softmax(logits[:, 1:].float(), dim=-1)
+    log_q = F.log_softmax(model.logits(predicted).float(), dim=-1)  # (B, T - 1, V or N)
+    with torch.no_grad():
+        p = F.softmax(model.logits(features[:, 1:]).float(), dim=-1)
     classification = -(p * log_q).sum(-1).mean()
     loss = w_reg * regression + w_cls * classification
     return LossParts(loss, float(regression.detach()), float(classification.detach()))
@@ -78,7 +92,7 @@ def top1_agreement(model: EagleModel, target_model: PreTrainedModel, windows: to
     for chunk in windows.split(batch):
         features, logits = target_features(target_model, chunk)
         predicted = drafter_pass(model, chunk, features, None)
-        hits += int((model.logits(predicted).argmax(-1) == logits[:, 1:].argmax(-1)).sum().item())
+        hits += int((model.token_ids(model.logits(predicted).argmax(-1)) == logits[:, 1:].argmax(-1)).sum().item())
         total += predicted.shape[0] * predicted.shape[1]
     return hits / max(total, 1)
 
@@ -96,3 +110,15 @@ def measure_tau(target: Target, model: EagleModel, prompts: Sequence[torch.Tenso
         tokens += metrics.new_tokens
         passes += metrics.target_passes
     return tokens / max(passes, 1)
+
+
+@torch.no_grad()
+def feature_agreement(model: EagleModel, windows: torch.Tensor, features: torch.Tensor, batch: int = 8) -> float:
+    """:func:`top1_agreement` on stored features: the target's argmax is its full LM head over the next feature."""
+    hits, total = 0, 0
+    for tokens, feats in zip(windows.split(batch), features.split(batch), strict=True):
+        predicted = drafter_pass(model, tokens, feats, None)
+        target_top1 = model.parts.lm_head(feats[:, 1:]).argmax(-1)
+        hits += int((model.token_ids(model.logits(predicted).argmax(-1)) == target_top1).sum().item())
+        total += predicted.shape[0] * predicted.shape[1]
+    return hits / max(total, 1)

@@ -22,15 +22,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specfamily.core.draft_vocab import DraftVocab, frequent_tokens
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
+from specfamily.drafters.eagle.data import EagleData, load_data
 from specfamily.drafters.eagle.model import EagleModel, build_model
-from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
+from specfamily.drafters.eagle.objective import eagle_loss, feature_agreement, feature_loss, measure_tau, top1_agreement
 from specfamily.files import write_atomically
 from specfamily.identity import target_identity
 from specfamily.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
 from specfamily.schedule import budget_progress, warmup_cosine
-from specfamily.tokens import TokenData, dataset_tokens, fixed_windows, random_windows, split_heldout, token_array
 
 
 @dataclass
@@ -41,6 +42,8 @@ class TrainConfig:
     tokens: str = ""  # a .npy token array (read only)
     heldout: str = ""  # a .npy held-out token array; default: the last heldout_fraction of the training data
     dataset: str = ""  # a datasets name or builder (json, text, parquet) or a local folder
+    distilled: str = ""  # a folder of self-distillation data with stored features (`specfamily-zoo distill`)
+    draft_vocab: int = 0  # > 0: draft over the N most frequent (answer) tokens of the training data (FR-Spec)
     data_files: str = ""  # comma-separated files for the dataset builder
     split: str = "train"
     text_field: str = "text"
@@ -73,8 +76,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_device(self.device)
         check_dtype(self.dtype)
-        if bool(self.tokens) == bool(self.dataset):
-            raise ValueError("give exactly one data source: --tokens FILE.npy or --dataset NAME")
+        if sum(map(bool, (self.tokens, self.dataset, self.distilled))) != 1:
+            raise ValueError("give exactly one data source: --tokens FILE.npy, --dataset NAME or --distilled DIR")
+        if self.draft_vocab < 0:
+            raise ValueError(f"draft_vocab must be >= 0 (0 = the full vocabulary), got {self.draft_vocab}")
         if self.save_dtype not in ("float16", "float32", "bfloat16"):
             raise ValueError(f"save_dtype must be float16, float32 or bfloat16, got {self.save_dtype!r}")
         if self.steps < 1 or self.batch < 1 or self.seq_len < 2:
@@ -105,21 +110,6 @@ def progress_of(cfg: TrainConfig, state: TrainState) -> float:
     return budget_progress(state.step, cfg.steps, state.seconds, cfg.minutes)
 
 
-def load_data(cfg: TrainConfig, target: Target) -> TokenData:
-    """The training and held-out token streams of the configured source."""
-    if cfg.tokens:
-        train = token_array(cfg.tokens)
-    else:
-        files = [f for f in cfg.data_files.split(",") if f] or None
-        train = dataset_tokens(cfg.dataset, target.tokenizer, target.eos_token_id, cfg.text_field, cfg.split,
-                               files, cfg.max_documents)
-    if int(train.max()) >= target.vocab_size:
-        raise ValueError(f"training data has token id {int(train.max())} outside the target's vocabulary")
-    if cfg.heldout:
-        return TokenData(train, token_array(cfg.heldout), cfg.tokens)
-    return split_heldout(train, cfg.heldout_fraction, cfg.tokens or cfg.dataset)
-
-
 @dataclass
 class Run:
     """Everything one training run holds."""
@@ -135,18 +125,30 @@ class Run:
     best: dict[str, torch.Tensor] | None = None
 
 
-def start_run(cfg: TrainConfig) -> Run:
-    """Load the target, build or resume the drafter and optimiser."""
+def start_run(cfg: TrainConfig) -> tuple[Run, EagleData]:
+    """Load the target and the data, build (draft vocabulary included) or resume the drafter and optimiser."""
     precision = Precision.of(cfg.device, cfg.dtype)
     target = load_target(cfg.target, device=precision.device, dtype=torch.float32)
     target.model.requires_grad_(False)
-    model = build_model(target.model, seed=cfg.seed).train()
+    data = load_data(cfg, target)
+    vocab = draft_vocabulary(cfg, target, data)
+    model = build_model(target.model, seed=cfg.seed, vocab=vocab).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     run = Run(cfg, target, model, optimizer, torch.Generator().manual_seed(cfg.seed), TrainState(), precision,
               precision.scaler())
     if cfg.ckpt_path.is_file():
         resume(run)
-    return run
+    return run, data
+
+
+def draft_vocabulary(cfg: TrainConfig, target: Target, data: EagleData) -> DraftVocab | None:
+    """The ``draft_vocab`` most frequent tokens of the training data (EOS always in), or None for the full head."""
+    if not cfg.draft_vocab:
+        return None
+    if cfg.draft_vocab > target.vocab_size:
+        raise ValueError(f"draft_vocab {cfg.draft_vocab} exceeds the target's vocabulary of {target.vocab_size}")
+    always = (target.eos_token_id,) if target.eos_token_id is not None else ()
+    return frequent_tokens(data.counted, cfg.draft_vocab, target.vocab_size, always)
 
 
 def read_state(path: Path) -> dict:
@@ -163,6 +165,9 @@ def resume(run: Run) -> None:
     """Continue from the saved training state; refuse a state trained for another target."""
     saved = read_state(run.cfg.ckpt_path)
     check_target({"target": saved["target"]}, run.target.model, str(run.cfg.ckpt_path))
+    vocab = run.model.vocab
+    if not torch.equal(saved.get("draft_ids", torch.zeros(0)), vocab.ids if vocab else torch.zeros(0)):
+        raise ValueError(f"{run.cfg.ckpt_path} was trained with another draft vocabulary; use another --ckpt")
     run.model.load_state_dict(saved["model"])
     run.optimizer.load_state_dict(saved["optimizer"])
     run.generator.set_state(saved["generator"])
@@ -181,6 +186,7 @@ def save_state(run: Run) -> None:
         "config": asdict(run.cfg), "state": asdict(run.state), "target": target_identity(run.target.model),
         "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
         "generator": run.generator.get_state(), "best": run.best, "scaler": run.scaler.state_dict(),
+        "draft_ids": run.model.vocab.ids if run.model.vocab is not None else torch.zeros(0),
     }
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
@@ -195,11 +201,14 @@ def export(run: Run, weights: dict[str, torch.Tensor]) -> None:
     run.model.load_state_dict(current)
 
 
-def evaluate(run: Run, heldout_windows: torch.Tensor, prompts: list[torch.Tensor]) -> None:
+def evaluate(run: Run, data: EagleData) -> None:
     """Top-1 agreement and greedy tau; a better tau becomes the exported drafter."""
     run.model.eval()
     state = run.state
-    state.last_agreement = top1_agreement(run.model, run.target.model, heldout_windows)
+    windows, features = data.heldout
+    state.last_agreement = (top1_agreement(run.model, run.target.model, windows) if features is None
+                            else feature_agreement(run.model, windows, features))
+    prompts = data.prompts
     state.last_tau = measure_tau(run.target, run.model, prompts, run.cfg.tau_tokens) if prompts else float("nan")
     score = state.last_tau if prompts else state.last_agreement
     if score > state.best_tau:
@@ -211,15 +220,20 @@ def evaluate(run: Run, heldout_windows: torch.Tensor, prompts: list[torch.Tensor
     run.model.train()
 
 
-def train_step(run: Run, data: TokenData) -> tuple[float, float, float]:
+def train_step(run: Run, data: EagleData) -> tuple[float, float, float]:
     """One optimiser step on a random batch: (regression loss, cross-entropy, learning rate)."""
     cfg, state = run.cfg, run.state
     lr = learning_rate(cfg, state.step, progress_of(cfg, state))
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    windows = random_windows(data.train, cfg.batch, cfg.seq_len - 1, run.generator)  # (batch, seq_len)
+    windows, features = data.sample(cfg.batch, run.generator)  # (batch, seq_len)
+    options = (run.generator, cfg.noise, cfg.w_reg, cfg.w_cls)
     with run.precision.autocast():
-        parts = eagle_loss(run.model, run.target.model, windows, run.generator, cfg.noise, cfg.w_reg, cfg.w_cls)
+        if features is None:
+            parts = eagle_loss(run.model, run.target.model, windows, *options)
+        else:
+            device = run.precision.device
+            parts = feature_loss(run.model, windows.to(device), features.to(device), *options)
     optimizer_step(parts.loss, run.optimizer, run.model.parameters(), cfg.clip, run.scaler)
     state.step += 1
     state.tokens_seen += windows.numel()
@@ -230,17 +244,14 @@ def train(cfg: TrainConfig) -> TrainState:
     """Run (or resume) training until the step or time budget is spent; return the final state."""
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    run = start_run(cfg)
-    data = load_data(cfg, run.target)
-    heldout_windows = fixed_windows(data.heldout, cfg.eval_windows, cfg.seq_len - 1)
-    prompts = list(fixed_windows(data.heldout, cfg.tau_prompts, cfg.tau_prompt_len - 1)) if cfg.tau_prompts else []
+    run, data = start_run(cfg)
     state = run.state
     bar = tqdm(total=cfg.steps, initial=state.step, desc="eagle", unit="step")
     while progress_of(cfg, state) < 1.0:
         started = time.perf_counter()
         regression, classification, lr = train_step(run, data)
         if cfg.eval_every and state.step % cfg.eval_every == 0:
-            evaluate(run, heldout_windows, prompts)
+            evaluate(run, data)
         if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
             save_state(run)
         state.seconds += time.perf_counter() - started
@@ -248,7 +259,7 @@ def train(cfg: TrainConfig) -> TrainState:
         bar.set_postfix(reg=f"{regression:.3f}", ce=f"{classification:.3f}", lr=f"{lr:.1e}")
     bar.close()
     if not cfg.eval_every or state.step % cfg.eval_every:
-        evaluate(run, heldout_windows, prompts)
+        evaluate(run, data)
     save_state(run)
     return state
 

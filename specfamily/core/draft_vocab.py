@@ -1,0 +1,83 @@
+"""Reduced draft vocabularies (FR-Spec; EAGLE-3's draft vocabulary with its d2t map).
+
+A drafter that ends in an LM head may score only the N most frequent tokens of its training data: its head is
+the target head's rows for those tokens, so a draft step costs N / V of the full projection. The target still
+verifies over its whole vocabulary, so decoding stays lossless: a drafted token is always a target token
+(``ids[i]``, the d2t map) and the proposal q a sampling drafter reports is zero outside the subset, which is
+exactly the distribution it drew from. Pure tensor functions and one frozen dataclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """The target ids a drafter may propose, in ascending order (draft index i -> target id ``ids[i]``)."""
+
+    ids: torch.Tensor  # (N,) long, strictly increasing, each < vocab_size
+    vocab_size: int  # V, the target's vocabulary
+
+    def __post_init__(self) -> None:
+        ids = self.ids
+        if ids.dim() != 1 or ids.numel() == 0 or ids.dtype != torch.long:
+            raise ValueError(f"a draft vocabulary is a non-empty 1-d long tensor of token ids, got {ids.dtype} "
+                             f"{tuple(ids.shape)}")
+        if bool((ids[1:] <= ids[:-1]).any()):
+            raise ValueError("draft vocabulary ids must be strictly increasing (distinct, sorted)")
+        if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
+            raise ValueError(f"draft vocabulary ids must lie in [0, {self.vocab_size}), got {int(ids[0])}.."
+                             f"{int(ids[-1])}")
+
+    @property
+    def size(self) -> int:
+        return self.ids.numel()
+
+    def to(self, device: torch.device | str) -> DraftVocab:
+        return DraftVocab(self.ids.to(device), self.vocab_size)
+
+    def to_target(self, draft_index: torch.Tensor) -> torch.Tensor:
+        """Target ids of draft indices (any shape)."""
+        return self.ids.to(draft_index.device)[draft_index]
+
+    def head_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """The (N, H) rows of a (V, H) LM-head weight for the draft vocabulary (a copy)."""
+        if weight.shape[0] != self.vocab_size:
+            raise ValueError(f"an LM head of {weight.shape[0]} rows does not fit a draft vocabulary over "
+                             f"{self.vocab_size} tokens")
+        return weight.index_select(0, self.ids.to(weight.device)).contiguous()
+
+    def full_q(self, q: torch.Tensor) -> torch.Tensor:
+        """(..., V) distribution with ``q`` (..., N) on the draft ids and zero elsewhere."""
+        out = q.new_zeros((*q.shape[:-1], self.vocab_size))
+        return out.index_copy_(q.dim() - 1, self.ids.to(q.device), q)
+
+
+def frequent_tokens(tokens: np.ndarray | torch.Tensor, size: int, vocab_size: int,
+                    always: tuple[int, ...] = ()) -> DraftVocab:
+    """The ``size`` most frequent ids of ``tokens`` (ties: lower id first), plus ``always`` (e.g. EOS)."""
+    if not 0 < size <= vocab_size:
+        raise ValueError(f"a draft vocabulary needs 1..{vocab_size} tokens, got {size}")
+    counts = torch.bincount(torch.as_tensor(np.asarray(tokens).reshape(-1), dtype=torch.long),
+                            minlength=vocab_size)
+    if counts.numel() > vocab_size:
+        raise ValueError(f"token id {counts.numel() - 1} is outside the vocabulary of {vocab_size}")
+    order = torch.sort(counts, descending=True, stable=True).indices
+    chosen = set(order[:size].tolist())
+    for token in always:
+        if token not in chosen:
+            chosen.discard(min((t for t in chosen if t not in always), key=lambda t: (counts[t], -t)))
+            chosen.add(token)
+    return DraftVocab(torch.tensor(sorted(chosen), dtype=torch.long), vocab_size)
+
+
+def coverage(tokens: np.ndarray | torch.Tensor, vocab: DraftVocab) -> float:
+    """Share of ``tokens`` inside the draft vocabulary (an upper bound on the head's top-1 agreement)."""
+    flat = torch.as_tensor(np.asarray(tokens).reshape(-1), dtype=torch.long)
+    inside = torch.zeros(vocab.vocab_size, dtype=torch.bool)
+    inside[vocab.ids] = True
+    return float(inside[flat].float().mean()) if flat.numel() else float("nan")

@@ -1,0 +1,66 @@
+"""EAGLE training data: token streams whose features the frozen target computes on the fly, or self-distillation
+data (``specfamily-zoo distill``) whose features were stored while the target wrote it.
+
+Either way a trainer sees one :class:`EagleData`: random training windows (with their features when stored),
+fixed held-out windows, held-out prompts for measuring tau, and the tokens a reduced draft vocabulary is counted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specfamily.core.target import Target
+from specfamily.tokens import dataset_tokens, fixed_windows, random_windows, split_heldout, token_array
+
+Batch = tuple[torch.Tensor, "torch.Tensor | None"]  # tokens (B, T) long; features (B, T, H) or None (compute them)
+
+
+@dataclass
+class EagleData:
+    sample: Callable[[int, torch.Generator], Batch]  # (batch size, generator) -> a training batch
+    heldout: Batch  # fixed evaluation windows
+    prompts: list[torch.Tensor]  # held-out prompts for tau
+    counted: np.ndarray | torch.Tensor  # what the draft vocabulary's frequencies are counted on
+
+
+def token_source(cfg, target: Target) -> EagleData:
+    """Windows of a token array or dataset; the held-out split gives the evaluation windows and prompts."""
+    if cfg.tokens:
+        train = token_array(cfg.tokens)
+    else:
+        files = [f for f in cfg.data_files.split(",") if f] or None
+        train = dataset_tokens(cfg.dataset, target.tokenizer, target.eos_token_id, cfg.text_field, cfg.split,
+                               files, cfg.max_documents)
+    if int(train.max()) >= target.vocab_size:
+        raise ValueError(f"training data has token id {int(train.max())} outside the target's vocabulary")
+    heldout = token_array(cfg.heldout) if cfg.heldout else None
+    if heldout is None:
+        split = split_heldout(train, cfg.heldout_fraction, cfg.tokens or cfg.dataset)
+        train, heldout = split.train, split.heldout
+    prompts = list(fixed_windows(heldout, cfg.tau_prompts, cfg.tau_prompt_len - 1)) if cfg.tau_prompts else []
+    return EagleData(lambda batch, gen: (random_windows(train, batch, cfg.seq_len - 1, gen), None),
+                     (fixed_windows(heldout, cfg.eval_windows, cfg.seq_len - 1), None), prompts, train)
+
+
+def distilled_source(cfg, target: Target) -> EagleData:
+    """Windows of stored conversations with their features; held-out conversations' chat prompts measure tau."""
+    from specfamily.zoo.distilled import WindowSampler, load_distilled
+
+    train, heldout = load_distilled(cfg.distilled, 100 * cfg.heldout_fraction)
+    if not len(train) or not len(heldout):
+        raise ValueError(f"{cfg.distilled}: {len(train)} training and {len(heldout)} held-out conversations; "
+                         "distil more batches")
+    if train.features.shape[-1] != target.hidden_size or int(train.tokens.max()) >= target.vocab_size:
+        raise ValueError(f"{cfg.distilled} was not distilled from this target (feature width "
+                         f"{train.features.shape[-1]}, largest token id {int(train.tokens.max())})")
+    sampler, fixed = WindowSampler(train, cfg.seq_len), WindowSampler(heldout, cfg.seq_len)
+    prompts = [torch.tensor(heldout.prompt(i)) for i in range(min(cfg.tau_prompts, len(heldout)))]
+    return EagleData(sampler.sample, fixed.fixed(cfg.eval_windows), prompts, train.answer_tokens())
+
+
+def load_data(cfg, target: Target) -> EagleData:
+    return distilled_source(cfg, target) if cfg.distilled else token_source(cfg, target)
