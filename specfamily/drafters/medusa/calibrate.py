@@ -1,5 +1,8 @@
 """Calibration: features of an unmodified transformers model, per-head top-k accuracies, the measured verify cost
 t(n) / t(1) of the target on this machine, and the default tree chosen from both.
+
+Heads over a reduced draft vocabulary are scored on the target ids of their top-k (``MedusaHeads.token_ids``): a
+label outside the draft vocabulary is a miss at every rank, exactly as it is at decode time.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def target_features(model, ids: torch.Tensor) -> torch.Tensor:
 def head_hits(heads: MedusaHeads, features: torch.Tensor, ids: torch.Tensor, ranks: int,
               start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """hits (K, ranks): how often head k's rank-r token at position t is the token at t + 2 + k, over t >= start;
-    counts (K,): positions scored. features (B, T, H), ids (B, T) of the same windows.
+    counts (K,): positions scored. features (B, T, H), ids (B, T) of the same windows (target token ids).
     """
     k_heads, (b, t) = heads.shape.num_heads, ids.shape
     hits = torch.zeros(k_heads, ranks, dtype=torch.long)
@@ -40,7 +43,7 @@ def head_hits(heads: MedusaHeads, features: torch.Tensor, ids: torch.Tensor, ran
         if end <= start:
             continue
         logits = head(features[:, start:end], heads.lm_head)  # (B, end - start, V)
-        top = logits.topk(ranks, dim=-1).indices  # (B, end - start, ranks)
+        top = heads.token_ids(logits.topk(ranks, dim=-1).indices)  # (B, end - start, ranks) target ids
         labels = ids[:, start + 2 + k :].to(top.device)  # (B, end - start)
         hits[k] = (top == labels[..., None]).sum(dim=(0, 1)).cpu()
         counts[k] = b * (end - start)
@@ -75,7 +78,7 @@ def rank_table(heads: MedusaHeads, features: torch.Tensor, ids: torch.Tensor, ra
         x, y = features[first : first + batch].to(device), ids[first : first + batch].to(device)
         per_head = []
         for k, head in enumerate(heads.heads):
-            top = head(x[:, start:end], heads.lm_head).topk(ranks, dim=-1).indices  # (b, L, ranks)
+            top = heads.token_ids(head(x[:, start:end], heads.lm_head).topk(ranks, dim=-1).indices)  # (b, L, ranks)
             hit = top == y[:, start + 2 + k : end + 2 + k, None]  # (b, L, ranks)
             per_head.append(torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), ranks))  # (b, L)
         rows.append(torch.stack(per_head, dim=-1).reshape(-1, k_heads).cpu())

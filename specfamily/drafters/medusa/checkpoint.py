@@ -1,5 +1,8 @@
 """Medusa checkpoints: ``model.safetensors`` (the heads) + ``config.json`` (shape, target identity, tree).
 
+Heads over a reduced draft vocabulary also save its target ids (``draft_ids``, int64, never cast) with the weights
+and ``draft_vocab: N`` in the shape; a checkpoint without them (all older ones) drafts over the full vocabulary.
+
 The target identity (``specfamily.identity``) is saved with the heads, so heads trained for one target are refused
 for another, even one with the same architecture.
 A checkpoint folder is written next to its final place and swapped in, so nothing half-written is ever read.
@@ -15,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from specfamily.core.draft_vocab import DraftVocab
 from specfamily.drafters.medusa.heads import HeadsShape, MedusaHeads, build_heads
 from specfamily.files import write_folder_atomically
 from specfamily.identity import check_identity
@@ -23,6 +27,9 @@ FORMAT = "specfamily-medusa"
 VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+DRAFT_IDS = "draft_ids"  # the draft vocabulary's target ids (MedusaHeads' buffer), when the heads have one
+
+
 @dataclass
 class MedusaCheckpoint:
     """Everything in ``config.json``."""
@@ -34,14 +41,19 @@ class MedusaCheckpoint:
     training: dict[str, Any] = field(default_factory=dict)  # step, data, options
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "shape": asdict(self.shape), "target": self.target,
+        shape = asdict(self.shape)
+        if not shape["draft_vocab"]:
+            del shape["draft_vocab"]  # full-vocabulary checkpoints read as before
+        return {"format": FORMAT, "version": VERSION, "shape": shape, "target": self.target,
                 "tree": self.tree, "calibration": self.calibration, "training": self.training}
 
 
 def save_checkpoint(folder: str | Path, heads: MedusaHeads, meta: MedusaCheckpoint,
                     dtype: torch.dtype | None = None) -> Path:
-    """Write ``folder/config.json`` and ``folder/model.safetensors`` (heads cast to ``dtype`` if given)."""
-    tensors = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in heads.state_dict().items()}
+    """Write ``folder/config.json`` and ``folder/model.safetensors`` (weights cast to ``dtype`` if given; the
+    draft vocabulary's ids stay int64)."""
+    tensors = {k: v.detach().to("cpu", dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
+               for k, v in heads.state_dict().items()}
 
     def fill(tmp: Path) -> None:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
@@ -81,11 +93,23 @@ def load_checkpoint(weights: str | Path, target) -> tuple[MedusaHeads, MedusaChe
     meta = read_checkpoint(folder)
     check_identity(meta.target, target.model, f"Medusa heads at {folder}",
                    "train heads for this target with `python -m specfamily.drafters.medusa.train`")
-    heads = build_heads(target, meta.shape)
     state = load_file(str(folder / WEIGHTS_FILE), device=str(target.device))
+    heads = build_heads(target, meta.shape, _draft_vocab(state, meta.shape, folder))
     expected = heads.state_dict()
     if set(state) != set(expected):
         missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
         raise ValueError(f"{folder / WEIGHTS_FILE} does not match its config: missing {missing}, unexpected {extra}")
     heads.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
     return heads.eval(), meta
+
+
+def _draft_vocab(state: dict[str, torch.Tensor], shape: HeadsShape, folder: Path) -> DraftVocab | None:
+    """The draft vocabulary saved with the weights (None for full-vocabulary heads)."""
+    ids = state.get(DRAFT_IDS)
+    if ids is None or not shape.draft_vocab:
+        if shape.draft_vocab:
+            raise ValueError(f"{folder / WEIGHTS_FILE} lacks the {DRAFT_IDS} of its draft_vocab={shape.draft_vocab}")
+        return None  # an id tensor without draft_vocab in the shape is reported as an unexpected key below
+    if ids.dtype != torch.int64:
+        raise ValueError(f"{folder / WEIGHTS_FILE}: {DRAFT_IDS} must be int64, got {ids.dtype}")
+    return DraftVocab(ids.cpu(), shape.vocab_size)

@@ -11,6 +11,9 @@ trained (head k at position t predicts t + 2 + k). On the first pass there is no
 Candidates. The node at rank path (r1, ..., rd) carries the rank-rd token of head d - 1 (Medusa-1 heads see only
 the feature, not the path). Siblings come from one head's top-k, so they are distinct, and the proposal is a
 deterministic function of the context (q = None): the shared tree verifier is exact under sampling too.
+
+Draft vocabulary. Heads over a reduced draft vocabulary rank N draft indices; the proposed tokens are their target
+ids (``MedusaHeads.token_ids``), so the verifier (over the whole vocabulary) never sees a draft index.
 """
 
 from __future__ import annotations
@@ -94,13 +97,14 @@ class MedusaDrafter(BaseDrafter):
         k = heads.shape.num_heads
         if cfg.gamma is not None and cfg.gamma > k:
             raise ValueError(f"gamma (tree depth) {cfg.gamma} exceeds the number of Medusa heads ({k})")
-        self.tree = resolve_tree(cfg.tree, k, target.vocab_size, checkpoint, cfg.gamma)
+        self.tree = resolve_tree(cfg.tree, k, heads.shape.output_size, checkpoint, cfg.gamma)
         self.default_gamma = self.tree.depth
         super().__init__(cfg.gamma, cfg.policy)
         self.lossy = cfg.typical  # typical acceptance does not preserve the target distribution
         self.epsilon, self.delta = cfg.epsilon, cfg.delta
         self._gather = self.tree.gather.to(target.device)  # (n,)
         self._feature: torch.Tensor | None = None  # (H,) feature that produced the current root
+        self._token_ids = heads.token_ids if heads.shape.draft_vocab else None  # draft index -> target id
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
@@ -112,9 +116,11 @@ class MedusaDrafter(BaseDrafter):
             return Draft.empty()
         depth = min(gamma, self.tree.depth)
         n = self.tree.prefix[depth]
-        logits = self.heads(self._feature, depth)  # (depth, V)
+        logits = self.heads(self._feature, depth)  # (depth, V), or (depth, N) over a draft vocabulary
         top = logits.topk(self.tree.top_k, dim=-1).indices  # (depth, top_k)
         tokens = top.reshape(-1).index_select(0, self._gather[:n])  # (n,)
+        if self._token_ids is not None:
+            tokens = self._token_ids(tokens)
         return Draft(tokens, self.tree.parents[:n])
 
     def observe(self, outcome: VerifyOutcome) -> None:

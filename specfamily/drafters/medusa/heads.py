@@ -2,6 +2,11 @@
 
 Head k (k = 0 .. K-1) reads the target's feature at position t (the last hidden state after the final norm)
 and predicts the token at position t + 2 + k; the target's own LM head on the same feature predicts t + 1.
+
+With a reduced draft vocabulary (FR-Spec, ``HeadsShape.draft_vocab = N > 0``) every projection scores only the N
+target ids of a :class:`~specfamily.core.draft_vocab.DraftVocab`: head logits are (..., N) over draft indices and
+``MedusaHeads.token_ids`` maps them to target ids. The ids are a (persistent, int64) buffer of the heads, so they
+travel with the weights; a target token outside them is one no head can propose.
 """
 
 from __future__ import annotations
@@ -10,6 +15,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from specfamily.core.draft_vocab import DraftVocab
+
+IGNORE_INDEX = -100  # cross-entropy label of a target token outside the draft vocabulary
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,7 @@ class HeadsShape:
     vocab_size: int  # V
     layers: int = 1  # residual blocks per head
     share_lm_head: bool = False  # project with the target's (frozen) LM head instead of per-head copies
+    draft_vocab: int = 0  # N > 0: heads score only N target ids (a reduced draft vocabulary); 0 = all V
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "hidden_size", "vocab_size", "layers"):
@@ -29,6 +39,15 @@ class HeadsShape:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.share_lm_head, bool):
             raise TypeError(f"share_lm_head must be a bool, got {type(self.share_lm_head).__name__}")
+        value = self.draft_vocab
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= self.vocab_size:
+            raise ValueError(f"draft_vocab must be an integer in 0..{self.vocab_size} (0 = the full vocabulary), "
+                             f"got {value!r}")
+
+    @property
+    def output_size(self) -> int:
+        """Width of the heads' logits: N over a draft vocabulary, else V."""
+        return self.draft_vocab or self.vocab_size
 
 
 class ResBlock(nn.Module):
@@ -50,45 +69,99 @@ class MedusaHead(nn.Module):
     def __init__(self, shape: HeadsShape) -> None:
         super().__init__()
         self.blocks = nn.Sequential(*(ResBlock(shape.hidden_size) for _ in range(shape.layers)))
-        self.proj = None if shape.share_lm_head else nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        self.proj = None if shape.share_lm_head else nn.Linear(shape.hidden_size, shape.output_size, bias=False)
 
     def forward(self, x: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         h = self.blocks(x)
         return (self.proj if self.proj is not None else lm_head)(h)
 
 
+class SubsetHead(nn.Module):
+    """A frozen (N, H) projection: the target LM head's rows for a draft vocabulary (a buffer, never saved)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight.detach().clone(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
+
+
 class MedusaHeads(nn.Module):
-    """K separate heads. ``forward(features (..., H)) -> logits (K, ..., V)``.
+    """K separate heads. ``forward(features (..., H)) -> logits (K, ..., V)``, or (K, ..., N) over a draft vocabulary.
 
     With ``share_lm_head`` the target's LM head module is used for every head; it is held outside the module
-    tree (so it is neither trained nor saved with the heads).
+    tree (so it is neither trained nor saved with the heads). With ``share_lm_head`` and a draft vocabulary the
+    shared projection is a frozen copy of the target head's rows for the draft ids (``SubsetHead``, not saved).
+    ``vocab`` (a DraftVocab) is required when ``shape.draft_vocab > 0``; its ids are the ``draft_ids`` buffer.
     """
 
-    def __init__(self, shape: HeadsShape, lm_head: nn.Module | None = None) -> None:
+    def __init__(self, shape: HeadsShape, lm_head: nn.Module | None = None, vocab: DraftVocab | None = None) -> None:
         super().__init__()
         if shape.share_lm_head and lm_head is None:
             raise ValueError("share_lm_head=True needs the target's LM head")
+        check_vocab(shape, vocab)
         self.shape = shape
+        self.vocab = vocab if shape.draft_vocab else None
         self.heads = nn.ModuleList(MedusaHead(shape) for _ in range(shape.num_heads))
+        if self.vocab is not None:
+            self.register_buffer("draft_ids", self.vocab.ids.clone())  # (N,) int64, saved with the heads
+            if shape.share_lm_head:
+                lm_head = SubsetHead(_subset_weight(lm_head, self.vocab))
+                self.subset_head = lm_head  # a submodule: moves with the heads; its buffer is not saved
         self._lm_head = (lm_head,) if shape.share_lm_head else ()  # a tuple keeps it out of parameters()
 
     @property
     def lm_head(self) -> nn.Module | None:
+        """The shared projection (the target's LM head, or its draft-vocabulary rows), or None."""
         return self._lm_head[0] if self._lm_head else None
 
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Target token ids of indices into the heads' logits (identity over the full vocabulary)."""
+        return index if self.vocab is None else self.draft_ids[index.to(self.draft_ids.device)].to(index.device)
+
+    def draft_index(self, tokens: torch.Tensor, missing: int = IGNORE_INDEX) -> torch.Tensor:
+        """Indices into the heads' logits of target ``tokens`` (any shape); ``missing`` outside the draft vocabulary
+        (cross-entropy's ignore_index by default). The identity over the full vocabulary."""
+        if self.vocab is None:
+            return tokens
+        ids = self.draft_ids.to(tokens.device)
+        index = torch.searchsorted(ids, tokens.contiguous()).clamp_max(ids.numel() - 1)
+        return torch.where(ids[index] == tokens, index, torch.full_like(index, missing))
+
     def forward(self, features: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """Logits of the first ``num_heads`` heads (all by default): (k, ..., V).
+        """Logits of the first ``num_heads`` heads (all by default): (k, ..., V); (k, ..., N) over draft ids.
 
         With a shared LM head all heads go through one projection call, which reads its weights once.
         """
-        heads = self.heads if num_heads is None else self.heads[:num_heads]
+        heads = self.heads if num_heads is None else list(self.heads)[:num_heads]  # slicing a ModuleList builds one
         if self.lm_head is not None:
-            return self.lm_head(torch.stack([head.blocks(features) for head in heads]))  # (k, ..., V)
+            return self.lm_head(torch.stack([head.blocks(features) for head in heads]))  # (k, ..., V or N)
         return torch.stack([head(features) for head in heads])
 
 
-def build_heads(target, shape: HeadsShape) -> MedusaHeads:
-    """Fresh heads for ``target``: identity residual blocks, projections copied from the target's LM head."""
+def check_vocab(shape: HeadsShape, vocab: DraftVocab | None) -> None:
+    """A draft vocabulary must be given exactly when the shape asks for one, of its size, over its V."""
+    if not shape.draft_vocab:
+        if vocab is not None:
+            raise ValueError("a draft vocabulary was given for heads of shape draft_vocab=0 (the full vocabulary)")
+        return
+    if vocab is None:
+        raise ValueError(f"heads of shape draft_vocab={shape.draft_vocab} need their draft vocabulary (the ids)")
+    if vocab.size != shape.draft_vocab or vocab.vocab_size != shape.vocab_size:
+        raise ValueError(f"a draft vocabulary of {vocab.size} ids over {vocab.vocab_size} tokens does not fit heads "
+                         f"of shape draft_vocab={shape.draft_vocab}, vocab_size={shape.vocab_size}")
+
+
+def _subset_weight(lm_head: nn.Module, vocab: DraftVocab) -> torch.Tensor:
+    if not isinstance(lm_head, nn.Linear) or lm_head.bias is not None:
+        raise ValueError("a reduced draft vocabulary needs a target whose LM head is a linear map without bias")
+    return vocab.head_weight(lm_head.weight.detach())
+
+
+def build_heads(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> MedusaHeads:
+    """Fresh heads for ``target``: identity residual blocks, projections copied from the target's LM head (its
+    rows for ``vocab``'s ids when the shape has a draft vocabulary)."""
     lm_head = target.model.get_output_embeddings()
     weight = lm_head.weight
     if tuple(weight.shape) != (shape.vocab_size, shape.hidden_size):
@@ -98,14 +171,16 @@ def build_heads(target, shape: HeadsShape) -> MedusaHeads:
         )
     if getattr(lm_head, "bias", None) is not None and not shape.share_lm_head:
         raise ValueError("the target's LM head has a bias; use share_lm_head=True for this target")
-    heads = MedusaHeads(shape, lm_head)
+    heads = MedusaHeads(shape, lm_head, vocab)
+    rows = weight.detach() if heads.vocab is None else _subset_weight(lm_head, heads.vocab)
     with torch.no_grad():
         for head in heads.heads:
             if head.proj is not None:
-                head.proj.weight.copy_(weight.detach().to(head.proj.weight.dtype))
+                head.proj.weight.copy_(rows.to(head.proj.weight.dtype))
     return heads.to(device=weight.device, dtype=weight.dtype)
 
 
-def shape_for(target, num_heads: int = 4, layers: int = 1, share_lm_head: bool = False) -> HeadsShape:
-    """The heads shape that fits ``target``."""
-    return HeadsShape(num_heads, target.hidden_size, target.vocab_size, layers, share_lm_head)
+def shape_for(target, num_heads: int = 4, layers: int = 1, share_lm_head: bool = False,
+              draft_vocab: int = 0) -> HeadsShape:
+    """The heads shape that fits ``target`` (``draft_vocab`` N > 0: over N of its ids)."""
+    return HeadsShape(num_heads, target.hidden_size, target.vocab_size, layers, share_lm_head, draft_vocab)
