@@ -21,6 +21,7 @@ class DraftVocab:
 
     ids: torch.Tensor  # (N,) long, strictly increasing, each < vocab_size
     vocab_size: int  # V, the target's vocabulary
+    counts: torch.Tensor | None = None  # (N,) long: how often each id occurred in the data it was counted on
 
     def __post_init__(self) -> None:
         ids = self.ids
@@ -29,6 +30,8 @@ class DraftVocab:
                              f"{tuple(ids.shape)}")
         if bool((ids[1:] <= ids[:-1]).any()):
             raise ValueError("draft vocabulary ids must be strictly increasing (distinct, sorted)")
+        if self.counts is not None and self.counts.shape != ids.shape:
+            raise ValueError(f"{self.counts.numel()} counts for {ids.numel()} draft vocabulary ids")
         if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
             raise ValueError(f"draft vocabulary ids must lie in [0, {self.vocab_size}), got {int(ids[0])}.."
                              f"{int(ids[-1])}")
@@ -37,8 +40,15 @@ class DraftVocab:
     def size(self) -> int:
         return self.ids.numel()
 
-    def to(self, device: torch.device | str) -> DraftVocab:
-        return DraftVocab(self.ids.to(device), self.vocab_size)
+    def restrict(self, size: int) -> DraftVocab:
+        """The ``size`` most counted ids of this vocabulary (ties: lower id first)."""
+        if self.counts is None:
+            raise ValueError("this draft vocabulary has no counts to restrict it by")
+        if not 0 < size <= self.size:
+            raise ValueError(f"a restriction of a draft vocabulary of {self.size} needs 1..{self.size} tokens, "
+                             f"got {size}")
+        keep = torch.sort(torch.sort(self.counts, descending=True, stable=True).indices[:size]).values
+        return DraftVocab(self.ids[keep], self.vocab_size, self.counts[keep])
 
     def to_target(self, draft_index: torch.Tensor) -> torch.Tensor:
         """Target ids of draft indices (any shape)."""
@@ -72,7 +82,8 @@ def frequent_tokens(tokens: np.ndarray | torch.Tensor, size: int, vocab_size: in
         if token not in chosen:
             chosen.discard(min((t for t in chosen if t not in always), key=lambda t: (counts[t], -t)))
             chosen.add(token)
-    return DraftVocab(torch.tensor(sorted(chosen), dtype=torch.long), vocab_size)
+    ids = torch.tensor(sorted(chosen), dtype=torch.long)
+    return DraftVocab(ids, vocab_size, counts[ids])
 
 
 def coverage(tokens: np.ndarray | torch.Tensor, vocab: DraftVocab) -> float:

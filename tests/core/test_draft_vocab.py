@@ -16,6 +16,16 @@ def test_the_most_frequent_ids_in_ascending_order_ties_to_the_lower_id():
     assert frequent_tokens(tokens, 4, 10).ids.tolist() == [1, 2, 5, 9]
 
 
+def test_counts_are_kept_and_a_vocabulary_restricts_to_its_most_counted():
+    vocab = frequent_tokens(np.array([5, 5, 5, 2, 2, 9, 9, 7, 1]), 4, 10)
+    assert vocab.counts.tolist() == [1, 2, 3, 2]  # ids 1, 2, 5, 9
+    assert vocab.restrict(2).ids.tolist() == [2, 5] and vocab.restrict(2).counts.tolist() == [2, 3]
+    with pytest.raises(ValueError, match="needs 1..4 tokens, got 5"):
+        vocab.restrict(5)
+    with pytest.raises(ValueError, match="no counts"):
+        DraftVocab(torch.tensor([1, 2]), 8).restrict(1)
+
+
 def test_always_included_ids_displace_the_least_frequent():
     vocab = frequent_tokens(np.array([5, 5, 5, 2, 2, 9]), 2, 10, always=(0,))
     assert vocab.ids.tolist() == [0, 5]

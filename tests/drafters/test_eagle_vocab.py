@@ -52,16 +52,26 @@ def test_sampled_chain_reports_q_over_the_whole_vocabulary_with_zeros_outside():
 
 def test_the_draft_vocabulary_is_saved_with_the_weights(tmp_path):
     target = tiny_target("llama", vocab_size=64, spread=2.0, dtype=torch.float32)
-    model = build_model(target.model, seed=2, vocab=DraftVocab(torch.tensor(IDS), 64))
+    counts = torch.tensor([9, 1, 8, 2, 7, 3, 6, 4])
+    model = build_model(target.model, seed=2, vocab=DraftVocab(torch.tensor(IDS), 64, counts))
     save_eagle(tmp_path / "eagle", model, target.model, dtype=torch.float16)
     loaded, config = load_eagle(tmp_path / "eagle", target.model)
     assert config["draft_vocab"] == len(IDS) and loaded.vocab.ids.tolist() == IDS
     assert loaded.vocab.ids.dtype == torch.long
     hidden = torch.randn(3, target.hidden_size)
     assert torch.equal(loaded.head_weight, model.head_weight)
-    with pytest.raises(ValueError, match="draft_vocab applies to weights='random'"):
+    assert loaded.logits(hidden).shape == (3, len(IDS)) and torch.equal(loaded.vocab.counts, counts)
+    with pytest.raises(ValueError, match="draft_vocab list of ids applies to weights='random'"):
         sf.create_drafter("eagle", target, weights=str(tmp_path / "eagle"), draft_vocab=IDS)
-    assert loaded.logits(hidden).shape == (3, len(IDS))
+    smaller = sf.create_drafter("eagle", target, weights=str(tmp_path / "eagle"), draft_vocab=3)
+    assert smaller.model.vocab.ids.tolist() == [0, 5, 13]  # the three most counted: 9, 8 and 7
+    torch.testing.assert_close(smaller.model.logits(hidden), model.logits(hidden)[:, [0, 2, 4]])
+    full = sf.create_drafter("eagle", target, weights=str(tmp_path / "eagle"), draft_vocab="full")
+    assert full.model.vocab is None and full.model.logits(hidden).shape == (3, 64)
+    with pytest.raises(ValueError, match="needs 1..8 tokens, got 9"):
+        sf.create_drafter("eagle", target, weights=str(tmp_path / "eagle"), draft_vocab=9)
+    with pytest.raises(ValueError, match="draft_vocab must be 'full', a size >= 1 or a list of ids, got 'half'"):
+        sf.create_drafter("eagle", target, weights=str(tmp_path / "eagle"), draft_vocab="half")
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ FORMAT = "specfamily-eagle"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 DRAFT_IDS = "draft_ids"  # the reduced draft vocabulary's target ids (int64), when the drafter has one
+DRAFT_COUNTS = "draft_counts"  # how often each occurred in the training data (int64), to restrict it later
 CONFIG_FILE = "config.json"
 
 
@@ -40,6 +41,8 @@ def save_eagle(
     tensors = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
     if model.vocab is not None:
         tensors[DRAFT_IDS] = model.vocab.ids.cpu().contiguous()
+        if model.vocab.counts is not None:
+            tensors[DRAFT_COUNTS] = model.vocab.counts.cpu().contiguous()
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -93,8 +96,9 @@ def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[Eagle
     config = read_config(folder)
     check_target(config, target_model, str(source))
     state = load_file(str(folder / WEIGHTS_FILE), device=str(target_model.device))
-    ids = state.pop(DRAFT_IDS, None)
-    vocab = None if ids is None else DraftVocab(ids.long().cpu(), target_model.get_output_embeddings().weight.shape[0])
+    ids, counts = state.pop(DRAFT_IDS, None), state.pop(DRAFT_COUNTS, None)
+    vocab = None if ids is None else DraftVocab(ids.long().cpu(), target_model.get_output_embeddings().weight.shape[0],
+                                                None if counts is None else counts.long().cpu())
     model = build_model(target_model, vocab=vocab)
     state = {k: v.to(target_model.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True)

@@ -18,7 +18,9 @@ class EagleConfig:
     top_k: int | None = None  # tree mode: children per expanded node and nodes expanded per depth
     total_tokens: int | None = None  # tree mode: nodes kept after reranking
     seed: int = 0  # initialisation of weights="random"
-    draft_vocab: Any = None  # weights="random": draft over these target ids only (a reduced draft vocabulary)
+    # None: as trained; "full": the target's whole LM head; an int n: the n most frequent ids of the trained draft
+    # vocabulary; a list of target ids: weights="random" only
+    draft_vocab: Any = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -27,8 +29,13 @@ class EagleConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"eagle {name} must be an integer >= 1, got {value!r}")
-        if self.draft_vocab is not None and self.weights != "random":
-            raise ValueError("eagle draft_vocab applies to weights='random'; trained weights carry their own")
+        vocab = self.draft_vocab
+        if isinstance(vocab, list | tuple) and self.weights != "random":
+            raise ValueError("an eagle draft_vocab list of ids applies to weights='random'; trained weights take "
+                             "'full' or a size")
+        if not (vocab is None or vocab == "full" or isinstance(vocab, list | tuple)
+                or (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 1)):
+            raise ValueError(f"eagle draft_vocab must be 'full', a size >= 1 or a list of ids, got {vocab!r}")
         if self.weights is not None and not isinstance(self.weights, (str, Path)):
             from specfamily.drafters.eagle.model import EagleModel
 

@@ -73,7 +73,7 @@ class EagleDrafter(BaseDrafter):
         top_k: int | None = None,
         total_tokens: int | None = None,
         seed: int = 0,
-        draft_vocab: list[int] | None = None,
+        draft_vocab: int | str | list[int] | None = None,
     ) -> None:
         config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab)
         self.model, calibration = _load(target, config)
@@ -210,9 +210,16 @@ def _load(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
             raise ValueError("this EagleModel was built for another target (it reads another model's LM head)")
         return config.weights, {}
     if config.weights == "random":
-        vocab = None if config.draft_vocab is None else \
-            DraftVocab(torch.tensor(sorted(config.draft_vocab), dtype=torch.long), target.vocab_size)
+        ids = config.draft_vocab if isinstance(config.draft_vocab, list | tuple) else None
+        vocab = None if ids is None else DraftVocab(torch.tensor(sorted(ids), dtype=torch.long), target.vocab_size)
         return build_model(target.model, seed=config.seed, vocab=vocab), {}
     weights = zoo.default_weights("eagle", target) if config.weights is None else config.weights
     model, saved = load_eagle(weights, target.model)
+    if config.draft_vocab == "full":
+        model.use_vocab(None)
+    elif isinstance(config.draft_vocab, int):
+        if model.vocab is None:
+            raise ValueError("these eagle weights draft over the full vocabulary; draft_vocab=<size> restricts a "
+                             "reduced one (train with --draft-vocab N)")
+        model.use_vocab(model.vocab.restrict(config.draft_vocab))
     return model, saved.get("calibration") or {}

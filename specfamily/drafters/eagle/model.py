@@ -81,7 +81,11 @@ class EagleModel(nn.Module):
         self.layer = _decoder_layer(model, config)
         self.rotary = _rotary(model, config) if self.family in ROPE_FAMILIES else None
         self.parts = target_parts(model)  # a plain attribute: not a submodule, not in state_dict()
-        self.vocab = vocab  # a reduced draft vocabulary: logits over its ids only (FR-Spec); None = the full head
+        self.use_vocab(vocab)
+
+    def use_vocab(self, vocab: DraftVocab | None) -> None:
+        """Draft over ``vocab``'s ids only (FR-Spec: logits from the target head's rows for them); None: all."""
+        self.vocab = vocab
         self.head_weight = None if vocab is None else _subset_head(self.parts.lm_head, vocab)
 
     def forward(
