@@ -183,13 +183,20 @@ CATALOGUE: tuple[Entry, ...] = (
           "--out specfamily/zoo/weights/smollm2-draft  (WORK: token arrays in SmolLM2's tokenizer)",
           "small Llama distilled from zoo:smollm2", location=("zoo", "weights", "smollm2-draft")),
     Entry("smollm2-medusa", "medusa", _SMOL, "smollm2", "shipped", _SMOL_CARD,
-          "python -m specfamily.drafters.medusa.train --target zoo:smollm2 --data CORPUS.jsonl --labels argmax "
-          "--out work/smollm2-medusa --export specfamily/zoo/weights/smollm2-medusa",
-          "Medusa-1 heads on zoo:smollm2", location=("zoo", "weights", "smollm2-medusa")),
+          "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
+          "python -m specfamily.drafters.medusa.train --target zoo:smollm2 --distilled work/smollm2-distill "
+          "--draft-vocab 16384 --share-lm-head --layers 2 --out work/smollm2-medusa "
+          "--export specfamily/zoo/weights/smollm2-medusa",
+          "Medusa-1 heads on zoo:smollm2 (self-distilled, 16384-token draft vocabulary)",
+          location=("zoo", "weights", "smollm2-medusa")),
     Entry("smollm2-eagle", "eagle", _SMOL, "smollm2", "shipped", _SMOL_CARD,
-          "python -m specfamily.drafters.eagle.train --target zoo:smollm2 --dataset json --data-files CORPUS.jsonl "
-          "--out specfamily/zoo/weights/smollm2-eagle",
-          "EAGLE drafter layer for zoo:smollm2", location=("zoo", "weights", "smollm2-eagle")),
+          "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
+          "python -m specfamily.drafters.eagle.train --target zoo:smollm2 --distilled work/smollm2-distill "
+          "--draft-vocab 16384 --out specfamily/zoo/weights/smollm2-eagle, then "
+          "python -m specfamily.drafters.eagle.calibrate --target zoo:smollm2 --weights "
+          "specfamily/zoo/weights/smollm2-eagle --prompts instruct",
+          "EAGLE drafter layer for zoo:smollm2 (self-distilled, reduced draft vocabulary)",
+          location=("zoo", "weights", "smollm2-eagle")),
     Entry("smollm2-skip", "skip_set", _SMOL, "smollm2", "shipped", _SMOL_CARD,
           "python -m specfamily.drafters.self_spec.search --model zoo:smollm2 --name zoo:smollm2 --prompt-set "
           "instruct --strategy ranked --out specfamily/drafters/self_spec/skip_sets/smollm2.json",

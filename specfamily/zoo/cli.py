@@ -43,6 +43,15 @@ def main(argv: list[str] | None = None) -> None:
                      GreedyDataConfig, ("workdir", "teacher", "out"))
     _add_config_args(sub.add_parser("distill", help="self-distillation data: the target's answers and features"),
                      DistillConfig, ("out",))
+    init = sub.add_parser("draft-init", help="a small draft for a target: its embedding's principal directions")
+    init.add_argument("--target", default="zoo:smollm2")
+    init.add_argument("--out", required=True)
+    for name, default in (("layers", 2), ("hidden", 256), ("heads", 4), ("kv-heads", 2), ("intermediate", 768)):
+        init.add_argument(f"--{name}", type=int, default=default)
+    work = sub.add_parser("distill-workdir", help="distillation conversations as the zoo trainer's token arrays")
+    work.add_argument("--data", required=True)
+    work.add_argument("--target", default="zoo:smollm2")
+    work.add_argument("--workdir", required=True)
     report = sub.add_parser("distill-report", help="tokens, conversations and disk use of distillation data")
     report.add_argument("data")
     prompts = sub.add_parser("prompts", help="build the held-out prompt sets")
@@ -83,6 +92,16 @@ def main(argv: list[str] | None = None) -> None:
         summary = distill(DistillConfig(**{f.name: getattr(args, f.name) for f in fields(DistillConfig)}))
         print(f"worker {summary['worker']}: {summary['batches_made']} batches, {summary['tokens']} tokens in "
               f"{summary['seconds']:.0f} s, {summary['remaining']} batches left")
+    elif args.command in ("draft-init", "distill-workdir"):
+        from specfamily.core.target import load_target
+        from specfamily.zoo import draft_init
+
+        target = load_target(args.target)
+        if args.command == "draft-init":
+            shape = draft_init.DraftShape(args.layers, args.hidden, args.heads, args.kv_heads, args.intermediate)
+            print(f"draft written to {draft_init.init_draft(target, args.out, shape)}")
+        else:
+            print(json.dumps(draft_init.distill_workdir(args.data, target, args.workdir)))
     elif args.command == "distill-report":
         from specfamily.zoo.distilled import report
 

@@ -140,3 +140,27 @@ def test_bad_options_are_refused():
         DistillConfig(out="x", workers=2, worker=2)
     with pytest.raises(ValueError, match="code_share must be in"):
         DistillConfig(out="x", code_share=1.5)
+
+
+def test_a_small_draft_starts_from_the_targets_principal_embedding(chat_target, tmp_path):
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    import specfamily as sf
+    from specfamily.zoo.draft_init import DraftShape, distill_workdir, init_draft, principal_embedding
+
+    target = sf.load_target(str(chat_target))
+    weight = target.model.get_input_embeddings().weight.detach().float()
+    full = principal_embedding(weight, weight.shape[1])  # all directions: a rotation, norms and products kept
+    torch.testing.assert_close(full @ full.T * (weight.norm(dim=1).mean() / full.norm(dim=1).mean()) ** -2,
+                               weight @ weight.T, atol=1e-3, rtol=1e-3)
+    init_draft(target, tmp_path / "draft", DraftShape(layers=1, hidden=8, heads=2, kv_heads=1, intermediate=16))
+    draft = AutoModelForCausalLM.from_pretrained(tmp_path / "draft")
+    assert draft.get_input_embeddings().weight.shape == (weight.shape[0], 8)
+    assert draft.config.tie_word_embeddings and draft.config.vocab_size == target.vocab_size
+    with single_thread():
+        distill(_config(tmp_path / "data", chat_target, conversations=8))
+    counts = distill_workdir(tmp_path / "data", target, tmp_path / "work")
+    train = np.load(tmp_path / "work" / "train.npy")
+    assert train.dtype == np.uint16 and train.size == counts["train_tokens"] > 0
+    assert (tmp_path / "work" / "tokenizer" / "tokenizer.json").is_file()

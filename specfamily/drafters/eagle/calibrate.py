@@ -22,7 +22,8 @@ from specfamily.core.loop import generate
 from specfamily.drafters.eagle.checkpoint import CONFIG_FILE, load_eagle, resolve_weights
 from specfamily.files import write_text_atomically
 
-CANDIDATES = ((3, 4), (4, 6), (4, 8), (5, 8), (5, 12), (6, 16), (6, 24))  # (gamma, total_tokens)
+# (gamma, total_tokens); the smallest trees are for targets whose verify cost climbs steeply after a few tokens
+CANDIDATES = ((2, 2), (3, 3), (3, 4), (4, 5), (4, 6), (4, 8), (5, 8), (5, 12), (6, 16), (6, 24))
 
 
 @dataclass
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> Trial:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True)
     parser.add_argument("--weights", required=True, help="the EAGLE checkpoint folder (rewritten in place)")
-    parser.add_argument("--prompts", default="continue", help="zoo prompt set: complete or continue")
+    parser.add_argument("--prompts", default="continue", help="zoo prompt set: complete, continue or instruct")
     parser.add_argument("--count", type=int, default=6)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=64)
