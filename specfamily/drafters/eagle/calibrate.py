@@ -1,9 +1,11 @@
-"""Choose the EAGLE-2 tree shape for this machine and write it into the checkpoint.
+"""Choose the EAGLE drafting shape for this machine (a tree, or a chain) and write it into the checkpoint.
 
 A verify pass over n tokens costs t(n)/t(1) of a plain pass, and on a CPU that grows fast, so the best tree is
 far smaller than EAGLE-2's GPU default of 60 nodes. This measures the drafter through the shared loop (greedy,
 held-out prompts, every output checked against plain decoding) for each candidate (gamma, total_tokens), and
-stores the fastest as the checkpoint's default, with the whole table, in ``config.json`` under ``calibration``:
+stores the fastest as the checkpoint's default, with the whole table, in ``config.json`` under ``calibration``.
+Chains of 2 to 5 tokens are candidates too: where a verify pass over a few extra tokens is expensive, a chain can
+beat every tree, and then the drafter's default mode is the chain:
 
     python -m specfamily.drafters.eagle.calibrate --target zoo:code-target --weights DIR --threads 1
 """
@@ -24,6 +26,7 @@ from specfamily.files import write_text_atomically
 
 # (gamma, total_tokens); the smallest trees are for targets whose verify cost climbs steeply after a few tokens
 CANDIDATES = ((2, 2), (3, 3), (3, 4), (4, 5), (4, 6), (4, 8), (5, 8), (5, 12), (6, 16), (6, 24))
+CHAINS = (2, 3, 4, 5)  # chain lengths tried
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Trial:
     seconds: float
     speedup: float  # plain seconds / these seconds, same prompts, same run
     identical: bool
+    mode: str = "tree"  # a chain's total_tokens is its length
 
 
 def _run(target, drafter, prompts: list[list[int]], new_tokens: int, clock) -> tuple[list[list[int]], float, float]:
@@ -46,7 +50,7 @@ def _run(target, drafter, prompts: list[list[int]], new_tokens: int, clock) -> t
 
 
 def measure_trials(target, model, prompts: list[list[int]], new_tokens: int,
-                   candidates=CANDIDATES) -> tuple[list[Trial], float]:
+                   candidates=CANDIDATES, chains=CHAINS) -> tuple[list[Trial], float]:
     """Each candidate's tau and time over ``prompts`` against plain decoding (timed first); plain seconds too."""
     from specfamily.drafters.eagle.drafter import EagleDrafter
 
@@ -54,11 +58,12 @@ def measure_trials(target, model, prompts: list[list[int]], new_tokens: int,
     _run(target, None, prompts[:1], 8, clock)  # warm-up
     plain, _, base = _run(target, None, prompts, new_tokens, clock)
     trials = []
-    for gamma, total in candidates:
-        drafter = EagleDrafter(target, weights=model, gamma=gamma, total_tokens=total)
+    shapes = [("tree", gamma, total) for gamma, total in candidates] + [("chain", g, g) for g in chains]
+    for mode, gamma, total in shapes:
+        drafter = EagleDrafter(target, weights=model, gamma=gamma, total_tokens=total, mode=mode)
         _run(target, drafter, prompts[:1], 8, clock)
         outputs, tau, seconds = _run(target, drafter, prompts, new_tokens, clock)
-        trials.append(Trial(gamma, total, tau, seconds, base / seconds, outputs == plain))
+        trials.append(Trial(gamma, total, tau, seconds, base / seconds, outputs == plain, mode))
     return trials, base
 
 
@@ -75,7 +80,7 @@ def write_calibration(weights: str | Path, trials: list[Trial], plain_seconds: f
     folder = resolve_weights(weights)
     config = json.loads((folder / CONFIG_FILE).read_text())
     best = best_trial(trials)
-    config["calibration"] = {"gamma": best.gamma, "total_tokens": best.total_tokens,
+    config["calibration"] = {"mode": best.mode, "gamma": best.gamma, "total_tokens": best.total_tokens,
                              "plain_seconds": plain_seconds, "trials": [asdict(t) for t in trials], **info}
     write_text_atomically(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
     return best
@@ -101,11 +106,11 @@ def main(argv: list[str] | None = None) -> Trial:
     prompts = prompt_ids(args.prompts, args.count, target.tokenizer, last=args.prompt_tokens)
     trials, base = measure_trials(target, model, prompts, args.new_tokens)
     for t in trials:
-        print(f"gamma {t.gamma} total_tokens {t.total_tokens}: tau {t.tau:.3f}, speedup {t.speedup:.3f}, "
+        print(f"{t.mode} gamma {t.gamma} total_tokens {t.total_tokens}: tau {t.tau:.3f}, speedup {t.speedup:.3f}, "
               f"identical {t.identical}")
     info = {"prompts": f"{args.prompts} x {len(prompts)}", "new_tokens": args.new_tokens, "threads": args.threads}
     best = write_calibration(args.weights, trials, base, info)
-    print(f"chosen: gamma {best.gamma}, total_tokens {best.total_tokens} (speedup {best.speedup:.3f})")
+    print(f"chosen: {best.mode}, gamma {best.gamma}, total_tokens {best.total_tokens} (speedup {best.speedup:.3f})")
     return best
 
 

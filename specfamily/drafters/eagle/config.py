@@ -14,7 +14,7 @@ class EagleConfig:
     weights: Any = None  # a folder, a zoo: name, "random" or an EagleModel for the target; None: the zoo's
     gamma: int | None = None  # tree depth (tree mode) or draft length (chain mode); default per mode
     policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
-    mode: str = "tree"  # tree: EAGLE-2 dynamic tree; chain: EAGLE-1 style single chain
+    mode: str | None = None  # tree: EAGLE-2 dynamic tree; chain: EAGLE-1 style; None: the calibrated one, else tree
     top_k: int | None = None  # tree mode: children per expanded node and nodes expanded per depth
     total_tokens: int | None = None  # tree mode: nodes kept after reranking
     seed: int = 0  # initialisation of weights="random"
@@ -23,7 +23,7 @@ class EagleConfig:
     draft_vocab: Any = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
+        if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"eagle mode must be one of {MODES}, got {self.mode!r}")
         for name in ("gamma", "top_k", "total_tokens"):
             value = getattr(self, name)

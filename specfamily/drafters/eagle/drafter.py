@@ -69,7 +69,7 @@ class EagleDrafter(BaseDrafter):
         weights: str | Path | EagleModel | None = None,
         gamma: int | None = None,
         policy: str | None = None,
-        mode: str = "tree",
+        mode: str | None = None,
         top_k: int | None = None,
         total_tokens: int | None = None,
         seed: int = 0,
@@ -78,13 +78,16 @@ class EagleDrafter(BaseDrafter):
         config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab)
         self.model, calibration = _load(target, config)
         self.forward = fast_forward(self.model)
-        tree = mode == "tree"  # a checkpoint's calibrated tree shape is the tree mode's default
-        self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if tree else DEFAULT_GAMMA[mode]
-        self.auto_max_gamma = None if tree else BaseDrafter.auto_max_gamma  # a tree stays within its calibrated depth
+        mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
+        calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
+        self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if calibrated else DEFAULT_GAMMA[mode]
+        self.auto_max_gamma = None if mode == "tree" else BaseDrafter.auto_max_gamma  # trees: calibrated depth
         super().__init__(gamma, policy)
         self.mode = mode
         self.top_k = DEFAULT_TOP_K if top_k is None else top_k
-        self.total_tokens = total_tokens or calibration.get("total_tokens", DEFAULT_TOTAL_TOKENS)
+        calibrated_tree = calibrated and mode == "tree"
+        self.total_tokens = total_tokens or (calibration.get("total_tokens") if calibrated_tree else None) \
+            or DEFAULT_TOTAL_TOKENS
         self.state = DraftState()
 
     def begin(self, ctx: DecodeContext) -> None:
