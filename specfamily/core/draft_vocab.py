@@ -86,6 +86,17 @@ def frequent_tokens(tokens: np.ndarray | torch.Tensor, size: int, vocab_size: in
     return DraftVocab(ids, vocab_size, counts[ids])
 
 
+def target_draft_vocab(size: int, target, counted: np.ndarray | torch.Tensor) -> DraftVocab | None:
+    """A trainer's ``--draft-vocab``: the ``size`` most frequent tokens of ``counted`` with the target's EOS always
+    in; None for size 0 (the full vocabulary)."""
+    if not size:
+        return None
+    if size > target.vocab_size:
+        raise ValueError(f"draft_vocab {size} exceeds the target's vocabulary of {target.vocab_size}")
+    always = (target.eos_token_id,) if target.eos_token_id is not None else ()
+    return frequent_tokens(counted, size, target.vocab_size, always)
+
+
 def coverage(tokens: np.ndarray | torch.Tensor, vocab: DraftVocab) -> float:
     """Share of ``tokens`` inside the draft vocabulary (an upper bound on the head's top-1 agreement)."""
     flat = torch.as_tensor(np.asarray(tokens).reshape(-1), dtype=torch.long)

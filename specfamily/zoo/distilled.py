@@ -90,6 +90,19 @@ def load_distilled(folder: str | Path, percent: float = HELDOUT_PERCENT) -> tupl
     return _join(parts[False]), _join(parts[True])
 
 
+def load_for_target(folder: str | Path, target, percent: float = HELDOUT_PERCENT) -> tuple[Conversations,
+                                                                                        Conversations]:
+    """:func:`load_distilled`, refusing data with no training or held-out conversation or from another target."""
+    train, heldout = load_distilled(folder, percent)
+    if not len(train) or not len(heldout):
+        raise ValueError(f"{folder}: {len(train)} training and {len(heldout)} held-out conversations; "
+                         "distil more batches")
+    if train.features.shape[-1] != target.hidden_size or int(train.tokens.max()) >= target.vocab_size:
+        raise ValueError(f"{folder} was not distilled from this target (feature width "
+                         f"{train.features.shape[-1]}, largest token id {int(train.tokens.max())})")
+    return train, heldout
+
+
 def _join(items: list) -> Conversations:
     if not items:
         return Conversations(torch.zeros(0, dtype=torch.long), torch.zeros(0, 0), torch.zeros(1, dtype=torch.long),

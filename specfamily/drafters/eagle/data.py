@@ -48,15 +48,9 @@ def token_source(cfg, target: Target) -> EagleData:
 
 def distilled_source(cfg, target: Target) -> EagleData:
     """Windows of stored conversations with their features; held-out conversations' chat prompts measure tau."""
-    from specfamily.zoo.distilled import WindowSampler, load_distilled
+    from specfamily.zoo.distilled import WindowSampler, load_for_target
 
-    train, heldout = load_distilled(cfg.distilled, 100 * cfg.heldout_fraction)
-    if not len(train) or not len(heldout):
-        raise ValueError(f"{cfg.distilled}: {len(train)} training and {len(heldout)} held-out conversations; "
-                         "distil more batches")
-    if train.features.shape[-1] != target.hidden_size or int(train.tokens.max()) >= target.vocab_size:
-        raise ValueError(f"{cfg.distilled} was not distilled from this target (feature width "
-                         f"{train.features.shape[-1]}, largest token id {int(train.tokens.max())})")
+    train, heldout = load_for_target(cfg.distilled, target, 100 * cfg.heldout_fraction)
     sampler, fixed = WindowSampler(train, cfg.seq_len), WindowSampler(heldout, cfg.seq_len)
     prompts = [torch.tensor(heldout.prompt(i)) for i in range(min(cfg.tau_prompts, len(heldout)))]
     return EagleData(sampler.sample, fixed.fixed(cfg.eval_windows), prompts, train.answer_tokens())

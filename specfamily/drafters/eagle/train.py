@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specfamily.core.draft_vocab import DraftVocab, frequent_tokens
+from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
 from specfamily.drafters.eagle.data import EagleData, load_data
@@ -131,7 +131,7 @@ def start_run(cfg: TrainConfig) -> tuple[Run, EagleData]:
     target = load_target(cfg.target, device=precision.device, dtype=torch.float32)
     target.model.requires_grad_(False)
     data = load_data(cfg, target)
-    vocab = draft_vocabulary(cfg, target, data)
+    vocab = target_draft_vocab(cfg.draft_vocab, target, data.counted)
     model = build_model(target.model, seed=cfg.seed, vocab=vocab).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     run = Run(cfg, target, model, optimizer, torch.Generator().manual_seed(cfg.seed), TrainState(), precision,
@@ -139,16 +139,6 @@ def start_run(cfg: TrainConfig) -> tuple[Run, EagleData]:
     if cfg.ckpt_path.is_file():
         resume(run)
     return run, data
-
-
-def draft_vocabulary(cfg: TrainConfig, target: Target, data: EagleData) -> DraftVocab | None:
-    """The ``draft_vocab`` most frequent tokens of the training data (EOS always in), or None for the full head."""
-    if not cfg.draft_vocab:
-        return None
-    if cfg.draft_vocab > target.vocab_size:
-        raise ValueError(f"draft_vocab {cfg.draft_vocab} exceeds the target's vocabulary of {target.vocab_size}")
-    always = (target.eos_token_id,) if target.eos_token_id is not None else ()
-    return frequent_tokens(data.counted, cfg.draft_vocab, target.vocab_size, always)
 
 
 def read_state(path: Path) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specfamily.core.draft_vocab import DraftVocab, coverage, frequent_tokens
+from specfamily.core.draft_vocab import DraftVocab, coverage, target_draft_vocab
 from specfamily.drafters.medusa.calibrate import batched_features
 from specfamily.tokens import (
     dataset_tokens,
@@ -84,15 +84,9 @@ def token_source(cfg, target) -> MedusaData:
 
 def distilled_source(cfg, target) -> MedusaData:
     """Windows of stored conversations with their features; held-out conversations' chat prompts measure tau."""
-    from specfamily.zoo.distilled import WindowSampler, load_distilled
+    from specfamily.zoo.distilled import WindowSampler, load_for_target
 
-    train, heldout = load_distilled(cfg.distilled)
-    if not len(train) or not len(heldout):
-        raise ValueError(f"{cfg.distilled}: {len(train)} training and {len(heldout)} held-out conversations; "
-                         "distil more batches")
-    if train.features.shape[-1] != target.hidden_size or int(train.tokens.max()) >= target.vocab_size:
-        raise ValueError(f"{cfg.distilled} was not distilled from this target (feature width "
-                         f"{train.features.shape[-1]}, largest token id {int(train.tokens.max())})")
+    train, heldout = load_for_target(cfg.distilled, target)
     sampler = WindowSampler(train, cfg.seq_len)
     ids, features = WindowSampler(heldout, cfg.seq_len).fixed(cfg.eval_windows)
     windows = EvalSet(ids, features)
@@ -108,12 +102,7 @@ def load_data(cfg, target) -> MedusaData:
 def draft_vocabulary(cfg, target, data: MedusaData) -> DraftVocab | None:
     """The ``draft_vocab`` most frequent training tokens (answer tokens of distilled data; EOS always in), or None
     for the full vocabulary."""
-    if not cfg.draft_vocab:
-        return None
-    if cfg.draft_vocab > target.vocab_size:
-        raise ValueError(f"draft_vocab {cfg.draft_vocab} exceeds the target's vocabulary of {target.vocab_size}")
-    always = (target.eos_token_id,) if target.eos_token_id is not None else ()
-    return frequent_tokens(data.counted, cfg.draft_vocab, target.vocab_size, always)
+    return target_draft_vocab(cfg.draft_vocab, target, data.counted)
 
 
 def vocab_report(vocab: DraftVocab | None, data: MedusaData) -> dict:
