@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from eval_helpers import chat_tokenizer, tiny_llama
 
 import specfamily as sf
 from specfamily.core.draft_vocab import DraftVocab
@@ -16,7 +17,6 @@ from specfamily.testing import tiny_target
 from specfamily.testing.tiny import single_thread
 from specfamily.zoo import user_turns
 from specfamily.zoo.distill import DistillConfig, distill
-from tests.eval.eval_helpers import chat_tokenizer, tiny_llama
 
 IDS = [0, 3, 5, 8, 13, 21, 34, 55]
 

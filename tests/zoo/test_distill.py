@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
+from eval_helpers import chat_tokenizer, tiny_llama
 from safetensors import safe_open
 
 from specfamily.testing.tiny import single_thread
 from specfamily.zoo import user_turns
 from specfamily.zoo.distill import DistillConfig, batch_path, distill, is_code_batch
 from specfamily.zoo.distilled import WindowSampler, load_distilled, report
-from tests.eval.eval_helpers import chat_tokenizer, tiny_llama
 
 SNIPPETS = ["def add(a, b):\n    return a + b", "def twice(x):\n    y = x * 2\n    return y"]
 
