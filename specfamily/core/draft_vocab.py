@@ -50,6 +50,12 @@ class DraftVocab:
         keep = torch.sort(torch.sort(self.counts, descending=True, stable=True).indices[:size]).values
         return DraftVocab(self.ids[keep], self.vocab_size, self.counts[keep])
 
+    def to(self, device: torch.device | str) -> DraftVocab:
+        """This vocabulary with its ids (and counts) on ``device``: keep it where the drafter runs, so mapping
+        draft indices copies nothing per step."""
+        counts = None if self.counts is None else self.counts.to(device)
+        return DraftVocab(self.ids.to(device), self.vocab_size, counts)
+
     def to_target(self, draft_index: torch.Tensor) -> torch.Tensor:
         """Target ids of draft indices (any shape)."""
         return self.ids.to(draft_index.device)[draft_index]
@@ -60,6 +66,12 @@ class DraftVocab:
             raise ValueError(f"an LM head of {weight.shape[0]} rows does not fit a draft vocabulary over "
                              f"{self.vocab_size} tokens")
         return weight.index_select(0, self.ids.to(weight.device)).contiguous()
+
+    def head_rows(self, lm_head: torch.nn.Module) -> torch.Tensor:
+        """:meth:`head_weight` of a target's LM head, which must be a plain linear map without bias."""
+        if not isinstance(lm_head, torch.nn.Linear) or lm_head.bias is not None:
+            raise ValueError("a reduced draft vocabulary needs a target whose LM head is a linear map without bias")
+        return self.head_weight(lm_head.weight.detach())
 
     def full_q(self, q: torch.Tensor) -> torch.Tensor:
         """(..., V) distribution with ``q`` (..., N) on the draft ids and zero elsewhere."""

@@ -106,3 +106,13 @@ def test_training_on_distilled_features_with_a_draft_vocabulary_exports_and_resu
     assert more.step == 6  # resumed at step 4
     with pytest.raises(ValueError, match="was trained with another draft vocabulary"):
         train(TrainConfig(out=str(tmp_path / "eagle"), **{**options, "steps": 8, "draft_vocab": 30}))
+
+
+def test_a_draft_vocabulary_from_a_hydra_config_is_a_list_of_ids():
+    from omegaconf import OmegaConf
+
+    target = tiny_target("llama", vocab_size=64, spread=2.0, dtype=torch.float32)
+    ids = OmegaConf.create({"draft_vocab": IDS}).draft_vocab  # a ListConfig, as drafter.draft_vocab=[...] gives
+    drafter = sf.create_drafter("eagle", target, weights="random", draft_vocab=ids, mode="chain", gamma=2)
+    assert drafter.model.vocab.ids.tolist() == IDS
+    assert drafter.model.vocab.ids.device == target.model.get_output_embeddings().weight.device

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,12 @@ class EagleConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"eagle {name} must be an integer >= 1, got {value!r}")
         vocab = self.draft_vocab
-        if isinstance(vocab, list | tuple) and self.weights != "random":
+        if isinstance(vocab, Sequence) and not isinstance(vocab, str):
+            vocab = self.draft_vocab = [int(token) for token in vocab]  # a list or tuple, or a Hydra ListConfig
+        if isinstance(vocab, list) and self.weights != "random":
             raise ValueError("an eagle draft_vocab list of ids applies to weights='random'; trained weights take "
                              "'full' or a size")
-        if not (vocab is None or vocab == "full" or isinstance(vocab, list | tuple)
+        if not (vocab is None or vocab == "full" or isinstance(vocab, list)
                 or (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 1)):
             raise ValueError(f"eagle draft_vocab must be 'full', a size >= 1 or a list of ids, got {vocab!r}")
         if self.weights is not None and not isinstance(self.weights, (str, Path)):

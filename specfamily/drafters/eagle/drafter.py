@@ -213,7 +213,7 @@ def _load(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
             raise ValueError("this EagleModel was built for another target (it reads another model's LM head)")
         return config.weights, {}
     if config.weights == "random":
-        ids = config.draft_vocab if isinstance(config.draft_vocab, list | tuple) else None
+        ids = config.draft_vocab if isinstance(config.draft_vocab, list) else None
         vocab = None if ids is None else DraftVocab(torch.tensor(sorted(ids), dtype=torch.long), target.vocab_size)
         return build_model(target.model, seed=config.seed, vocab=vocab), {}
     weights = zoo.default_weights("eagle", target) if config.weights is None else config.weights

@@ -85,8 +85,9 @@ class EagleModel(nn.Module):
 
     def use_vocab(self, vocab: DraftVocab | None) -> None:
         """Draft over ``vocab``'s ids only (FR-Spec: logits from the target head's rows for them); None: all."""
-        self.vocab = vocab
-        self.head_weight = None if vocab is None else _subset_head(self.parts.lm_head, vocab)
+        device = self.parts.lm_head.weight.device
+        self.vocab = None if vocab is None else vocab.to(device)  # where the drafter maps its indices
+        self.head_weight = None if vocab is None else self.vocab.head_rows(self.parts.lm_head)
 
     def forward(
         self,
@@ -112,25 +113,19 @@ class EagleModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., V) the target's LM head over predicted features; (..., N) over the draft vocabulary's rows."""
-        if self.head_weight is not None:
-            weight = self.head_weight
-            if hidden.dim() == 2 and hidden.shape[0] > 1 and not torch.is_grad_enabled():
-                return torch.mm(weight, hidden.T).T  # see below: (N, H) read as stored
-            return nn.functional.linear(hidden, weight)
         head = self.parts.lm_head
-        if hidden.dim() == 2 and hidden.shape[0] > 1 and type(head) is nn.Linear and not torch.is_grad_enabled():
+        if self.head_weight is not None:
+            weight, bias = self.head_weight, None
+        elif type(head) is nn.Linear:
+            weight, bias = head.weight, head.bias
+        else:
+            return head(hidden)
+        if hidden.dim() == 2 and hidden.shape[0] > 1 and not torch.is_grad_enabled():
             # (k, H) rows of a tree depth: W @ h^T reads the (V, H) weight as stored; on CPU (MKL) that is 2-3x
             # cheaper than F.linear's h @ W^T for a few rows and a large vocabulary (measured: 0.8 vs 2.0 ms, k=4)
-            logits = torch.mm(head.weight, hidden.T).T  # (k, V)
-            return logits if head.bias is None else logits + head.bias
-        return head(hidden)
-
-
-def _subset_head(lm_head: nn.Module, vocab: DraftVocab) -> torch.Tensor:
-    """The LM head's rows for the draft vocabulary (frozen, not saved: they are the target's)."""
-    if type(lm_head) is not nn.Linear or lm_head.bias is not None:
-        raise ValueError("a reduced draft vocabulary needs a target whose LM head is a plain linear map without bias")
-    return vocab.head_weight(lm_head.weight.detach())
+            logits = torch.mm(weight, hidden.T).T  # (k, V)
+            return logits if bias is None else logits + bias
+        return nn.functional.linear(hidden, weight, bias)  # what nn.Linear.forward computes
 
 
 def _decoder_layer(model: PreTrainedModel, config) -> nn.Module:

@@ -107,7 +107,7 @@ class MedusaHeads(nn.Module):
         if self.vocab is not None:
             self.register_buffer("draft_ids", self.vocab.ids.clone())  # (N,) int64, saved with the heads
             if shape.share_lm_head:
-                lm_head = SubsetHead(_subset_weight(lm_head, self.vocab))
+                lm_head = SubsetHead(self.vocab.head_rows(lm_head))
                 self.subset_head = lm_head  # a submodule: moves with the heads; its buffer is not saved
         self._lm_head = (lm_head,) if shape.share_lm_head else ()  # a tuple keeps it out of parameters()
 
@@ -153,12 +153,6 @@ def check_vocab(shape: HeadsShape, vocab: DraftVocab | None) -> None:
                          f"of shape draft_vocab={shape.draft_vocab}, vocab_size={shape.vocab_size}")
 
 
-def _subset_weight(lm_head: nn.Module, vocab: DraftVocab) -> torch.Tensor:
-    if not isinstance(lm_head, nn.Linear) or lm_head.bias is not None:
-        raise ValueError("a reduced draft vocabulary needs a target whose LM head is a linear map without bias")
-    return vocab.head_weight(lm_head.weight.detach())
-
-
 def build_heads(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> MedusaHeads:
     """Fresh heads for ``target``: identity residual blocks, projections copied from the target's LM head (its
     rows for ``vocab``'s ids when the shape has a draft vocabulary)."""
@@ -172,7 +166,7 @@ def build_heads(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> M
     if getattr(lm_head, "bias", None) is not None and not shape.share_lm_head:
         raise ValueError("the target's LM head has a bias; use share_lm_head=True for this target")
     heads = MedusaHeads(shape, lm_head, vocab)
-    rows = weight.detach() if heads.vocab is None else _subset_weight(lm_head, heads.vocab)
+    rows = weight.detach() if heads.vocab is None else heads.vocab.head_rows(lm_head)
     with torch.no_grad():
         for head in heads.heads:
             if head.proj is not None:
