@@ -129,13 +129,15 @@ def quiet_transformers() -> None:
     logging.set_verbosity_error()
 
 
-def load_pair(target_name: str, draft_name: str | None, device: str = "cpu", dtype: str | None = None):
+def load_pair(target_name: str, draft_name: str | None, device: str = "cpu", dtype: str | None = None,
+              matmul: str = "exact"):
     """(Target, draft PreTrainedModel or None) on ``device``; ``dtype`` (e.g. "float32") default: float32 on CPU,
-    the weights' own elsewhere. Names may be folders or zoo: names."""
+    the weights' own elsewhere; ``matmul``: how the target's lean forward multiplies (``sf.load_target``). Names may
+    be folders or zoo: names."""
     import specfamily as sf
 
     dtype = getattr(torch, dtype) if dtype else torch.float32 if device == "cpu" else None
-    target = sf.load_target(target_name, device=device, dtype=dtype)
+    target = sf.load_target(target_name, device=device, dtype=dtype, matmul=matmul)
     draft = None
     if draft_name is not None:
         draft = sf.load_target(draft_name, device=device, dtype=dtype).model
@@ -337,3 +339,10 @@ def raw_greedy(model, max_new_tokens: int) -> TheirsFn:
         return out
 
     return run
+
+
+def add_matmul_option(parser) -> None:
+    """``--matmul``: how our target's lean forward multiplies (``specfamily.core.matmul``)."""
+    parser.add_argument("--matmul", default="auto", choices=("exact", "skinny", "auto"),
+                        help="our target's matmul: exact (bit-identical to transformers), skinny, or auto (the faster "
+                             "here, measured at load); transformers' rows always multiply as transformers does")

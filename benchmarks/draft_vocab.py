@@ -29,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    common.add_matmul_option(parser)
     parser.add_argument("--out", default=None, help="write the JSON report here")
     return parser.parse_args(argv)
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     common.set_threads(args.threads)
     common.quiet_transformers()
-    target = sf.load_target(args.target)
+    target = sf.load_target(args.target, matmul=args.matmul)
     prompts, _ = common.spec_bench_prompts(args.count, target.tokenizer)
     plain = common.ours_fn(target, None, args.tokens)
     reference = [plain(p).tokens for p in prompts]
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     table = common.markdown_table(results)
     print(table)
     if args.out:
-        report = {"environment": common.environment(args.threads, "wall"), "config": vars(args),
+        report = {"environment": {**common.environment(args.threads, "wall"), "matmul": target.matmul},
+                  "config": vars(args),
                   "rows": [r.summary() for r in results], "markdown": table}
         common.write_json(args.out, report)
     return 0 if all(r.identical for r in results) else 1

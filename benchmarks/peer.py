@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the wall clock synchronises with it)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="default: float32 on cpu, the weights' own dtype on a GPU")
+    common.add_matmul_option(parser)
     parser.add_argument("--gamma", type=int, default=None, help="small_model gamma (default: fastest of a sweep)")
     parser.add_argument("--lookup-gamma", type=int, default=None, help="prompt_lookup gamma (default: sweep)")
     parser.add_argument("--oracle-gamma", type=int, default=4)
@@ -307,7 +308,7 @@ def prepare(args: argparse.Namespace) -> Setup:
     common.set_threads(args.threads)
     common.quiet_transformers()
     draft = None if args.draft.lower() == "none" else args.draft
-    target, draft = common.load_pair(args.target, draft, args.device, args.dtype)
+    target, draft = common.load_pair(args.target, draft, args.device, args.dtype, args.matmul)
     if args.prompts == "spec_bench":  # --count questions per category, first turns
         prompts, _ = common.spec_bench_prompts(args.count, target.tokenizer)
     else:
@@ -326,7 +327,8 @@ def measure(setup: Setup) -> dict:
     """Measure every row; returns the JSON report, its Markdown included."""
     started = time.perf_counter()
     args = setup.args
-    report = {"environment": common.environment(args.threads, args.clock), "calibration": {}, "config": vars(args)}
+    report = {"environment": {**common.environment(args.threads, args.clock), "matmul": setup.target.matmul},
+              "calibration": {}, "config": vars(args)}
     rows, skipped = build_rows(setup, report)
     results = measure_rows(setup, rows, skipped)
     ceiling = oracle_ceiling(setup, results)
@@ -339,7 +341,8 @@ def measure(setup: Setup) -> dict:
 def render(report: dict, results: list[PairResult], skipped: list[Skipped], ceiling: dict | None) -> str:
     env = report["environment"]
     lines = [
-        f"`{env['command']}` — {env['cpu']}, {env['threads']} thread(s), {env['clock']} clock; "
+        f"`{env['command']}` — {env['cpu']}, {env['threads']} thread(s), {env['clock']} clock, our matmul "
+        f"{env.get('matmul', 'exact')}; "
         f"torch {env['torch']}, transformers {env['transformers']}, python {env['python']}",
         "",
         common.markdown_table(results, skipped),

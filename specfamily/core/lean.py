@@ -5,7 +5,9 @@ call per module, and the mask and rotary helpers run per call. ``LeanLlama`` run
 in its order, on its own weights, and calls sdpa down the same branch transformers' sdpa integration takes for the
 call's shape (grouped-query attention: ``enable_gqa``, the single-query packing, or repeated keys and values), so its
 logits are bit-identical to the model's forward (tests compare them with ``torch.equal``, in float32 and bfloat16).
-What it does not cover exactly is left to the model's forward (``lean_unsupported`` says why).
+What it does not cover exactly is left to the model's forward (``lean_unsupported`` says why). Built with
+``linear=skinny_linear`` (``specfamily.core.matmul``) it multiplies by its weights in another float32 order, faster
+on some CPUs; its logits then differ from the model's in the last bits.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 
 from specfamily.core.lean_support import blocking, global_hooks, lean_unsupported
+from specfamily.core.matmul import Linear as LinearFn
 
 __all__ = ["Attend", "LeanLayer", "LeanLlama", "ModuleWatch", "plan_attention", "rms_norm", "rope"]
 
@@ -130,30 +133,32 @@ class LeanLayer:
     act: object  # callable on a tensor
     head_dim: int
     scaling: float
+    linear: LinearFn = F.linear  # (x, weight, bias) -> x @ weight^T + bias: F.linear or skinny_linear
 
     @classmethod
-    def of(cls, layer: nn.Module) -> LeanLayer:
+    def of(cls, layer: nn.Module, linear: LinearFn = F.linear) -> LeanLayer:
         attn, mlp = layer.self_attn, layer.mlp
         lin = lambda m: (m.weight, m.bias)  # noqa: E731
         norm = lambda m: (m.weight, m.variance_epsilon)  # noqa: E731
         return cls(
             attn.layer_idx, norm(layer.input_layernorm), lin(attn.q_proj), lin(attn.k_proj), lin(attn.v_proj),
             lin(attn.o_proj), norm(layer.post_attention_layernorm), lin(mlp.gate_proj), lin(mlp.up_proj),
-            lin(mlp.down_proj), _activation(mlp.act_fn), attn.head_dim, attn.scaling,
+            lin(mlp.down_proj), _activation(mlp.act_fn), attn.head_dim, attn.scaling, linear,
         )
 
     def __call__(self, hidden, cos, sin, attend: Attend, cache) -> torch.Tensor:
         """The decoder layer's forward on hidden (B, q, H); ``cache``: a transformers Cache or None."""
         hidden = hidden + self._attention(rms_norm(hidden, *self.norm1), cos, sin, attend, cache)
         x = rms_norm(hidden, *self.norm2)
-        return hidden + F.linear(self.act(F.linear(x, *self.gate)) * F.linear(x, *self.up), *self.down)
+        linear = self.linear
+        return hidden + linear(self.act(linear(x, *self.gate)) * linear(x, *self.up), *self.down)
 
     def _attention(self, x, cos, sin, attend: Attend, cache) -> torch.Tensor:
         batch, q_len = x.shape[:2]
         shape = (batch, q_len, -1, self.head_dim)
-        query = F.linear(x, *self.q).view(shape).transpose(1, 2)  # (B, heads, q, D)
-        key = F.linear(x, *self.k).view(shape).transpose(1, 2)  # (B, kv heads, q, D)
-        value = F.linear(x, *self.v).view(shape).transpose(1, 2)
+        query = self.linear(x, *self.q).view(shape).transpose(1, 2)  # (B, heads, q, D)
+        key = self.linear(x, *self.k).view(shape).transpose(1, 2)  # (B, kv heads, q, D)
+        value = self.linear(x, *self.v).view(shape).transpose(1, 2)
         query = (query * cos) + (_swap_halves(query) * sin)  # sin: signed, see _signed
         key = (key * cos) + (_swap_halves(key) * sin)
         if cache is not None:
@@ -167,7 +172,7 @@ class LeanLayer:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attend.mask, dropout_p=0.0,
                                              scale=self.scaling, is_causal=attend.causal, enable_gqa=attend.gqa)
         out = out.reshape(out.shape[0], -1, q_len, value.shape[-1]).transpose(1, 2).contiguous()
-        return F.linear(out.reshape(batch, q_len, -1).contiguous(), *self.o)
+        return self.linear(out.reshape(batch, q_len, -1).contiguous(), *self.o)
 
 
 class LeanLlama:
@@ -178,14 +183,15 @@ class LeanLlama:
     its attention implementation is no longer sdpa; the caller then uses the model's forward.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, linear: LinearFn = F.linear) -> None:
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(f"the lean forward cannot run this model: {reason}")
         self.model = model
         base = model.model
         self._config, self._embed, self._rotary = base.config, base.embed_tokens, base.rotary_emb
-        self._layers = tuple(LeanLayer.of(layer) for layer in base.layers)
+        self._layers = tuple(LeanLayer.of(layer, linear) for layer in base.layers)
+        self._linear = linear
         self._norm = (base.norm.weight, base.norm.variance_epsilon)
         self._head = (model.lm_head.weight, model.lm_head.bias)
         attn = base.layers[0].self_attn
@@ -219,5 +225,5 @@ class LeanLlama:
         for layer in self._layers[: self._config.num_hidden_layers]:
             hidden = layer(hidden, cos, sin, attend, cache)
         hidden = rms_norm(hidden, *self._norm)
-        logits = F.linear(hidden[:, -keep:, :], *self._head)
+        logits = self._linear(hidden[:, -keep:, :], *self._head)
         return logits, (hidden if features else None)

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specfamily.core.fast import BufferedLayer, LeanLlama, lean_unsupported
+from specfamily.core.matmul import linear_for, resolve_matmul
 from specfamily.core.processors import check_generation_config
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
@@ -48,8 +49,13 @@ class _Pass:
 class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True) -> None:
-        """``fast``: use the lean forward (``specfamily.core.fast``) where it reproduces the model exactly."""
+    def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact") -> None:
+        """``fast``: use the lean forward (``specfamily.core.fast``) where it reproduces the model exactly.
+
+        ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
+        in another float32 order that is faster on some CPUs, ``auto`` the faster of the two measured here
+        (``specfamily.core.matmul``). ``self.matmul`` is the kind in use.
+        """
         check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -64,7 +70,9 @@ class Target:
         self._keep_logits = "logits_to_keep" in params
         self.verify_costs: dict[int, float] | None = None  # t(g + 1) / t(1) by g, measured on first need (core.costs)
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()  # by (m, parents, device, dtype)
-        self.lean: LeanLlama | None = LeanLlama(model) if fast and lean_unsupported(model) is None else None
+        lean = fast and lean_unsupported(model) is None
+        self.matmul: str = resolve_matmul(matmul, model if lean else None)  # the model's forward multiplies exactly
+        self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul)) if lean else None
         self.reset()
 
     @property
@@ -312,15 +320,16 @@ def load_target(
     tokenizer=None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    matmul: str = "exact",
 ) -> Target:
-    """A Target from a built model, a ``zoo:`` name, a local folder or a hub name."""
+    """A Target from a built model, a ``zoo:`` name, a local folder or a hub name (``matmul``: see ``Target``)."""
     if isinstance(name_or_model, PreTrainedModel):
         model = name_or_model
         if device is not None:
             model = model.to(device)
         if dtype is not None:
             model = model.to(dtype)
-        return Target(model, tokenizer)
+        return Target(model, tokenizer, matmul=matmul)
     if not isinstance(name_or_model, (str, Path)):
         raise TypeError(f"load_target takes a model name, a path or a PreTrainedModel, got {type(name_or_model)}")
     source = _resolve(name_or_model)
@@ -328,7 +337,7 @@ def load_target(
     model = _load_model(source, device, dtype)
     if tokenizer is None:
         tokenizer = _load_tokenizer(source)
-    return Target(model, tokenizer)
+    return Target(model, tokenizer, matmul=matmul)
 
 
 def _resolve(name: str | Path) -> str:

@@ -75,8 +75,9 @@ def load_model_target(node: DictConfig, device: torch.device, tokenizer=None) ->
     name = _target_name(node)
     dtype = parse_dtype(node.get("dtype"))
     device_map = node.get("device_map")
+    matmul = str(node.get("matmul") or "exact")
     if device_map is None:
-        return load_target(name, tokenizer=tokenizer, device=device, dtype=dtype)
+        return load_target(name, tokenizer=tokenizer, device=device, dtype=dtype, matmul=matmul)
     from transformers import AutoModelForCausalLM
 
     source = _source(name)
@@ -88,4 +89,4 @@ def load_model_target(node: DictConfig, device: torch.device, tokenizer=None) ->
         if is_local(source):
             raise
         raise unreachable_model(source, err) from None
-    return load_target(model, tokenizer=tokenizer if tokenizer is not None else _tokenizer(source))
+    return load_target(model, tokenizer=tokenizer if tokenizer is not None else _tokenizer(source), matmul=matmul)

@@ -143,7 +143,8 @@ def _header(infos: list[RunInfo]) -> list[str]:
     lines = [
         f"- target: `{model.get('target')}`; runs: {len(infos)}; datasets: {datasets}; sampling: {samplings}",
         f"- prompts per run: {first.prompts}, up to {first.max_new_tokens} new tokens, seed {first.seed}",
-        f"- device {first.device}, {first.threads} thread(s) per rank, {first.world_size} rank(s); {versions}",
+        f"- device {first.device}, {first.threads} thread(s) per rank, {first.world_size} rank(s), matmul "
+        f"{first.matmul}; {versions}",
         f"- {_machine(first)}",
         f"- git: {git.get('commit', 'unknown')}{' (with local changes)' if git.get('dirty') else ''}",
         f"- verify cost t(g+1)/t(1) by draft tokens g: {curve}",

@@ -137,6 +137,7 @@ def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir,
         dataset_fingerprint=prompts_fingerprint(prompts),
         hardware=hardware(target.device),
         pass_seconds=cost.rounds,
+        matmul=target.matmul,
     )
 
 

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from specfamily import zoo
 from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
+from specfamily.core.matmul import linear_for
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
@@ -77,7 +78,8 @@ class EagleDrafter(BaseDrafter):
     ) -> None:
         config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab)
         self.model, calibration = _load(target, config)
-        self.forward = fast_forward(self.model)
+        self.forward = fast_forward(self.model, target.matmul)
+        self.linear = linear_for(target.matmul)  # the head's single rows, multiplied as the target multiplies
         mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
         calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
         self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if calibrated else DEFAULT_GAMMA[mode]
@@ -136,7 +138,7 @@ class EagleDrafter(BaseDrafter):
         model, sampling = self.model, ctx.sampling
         hidden, tokens, qs = root, [], []
         for i in range(gamma):
-            logits = model.logits(hidden)  # (V,), or (N,) over a reduced draft vocabulary
+            logits = model.logits(hidden, self.linear)  # (V,), or (N,) over a reduced draft vocabulary
             if sampling.greedy:
                 token = model.token_ids(logits.argmax().view(1))
             else:
@@ -153,7 +155,7 @@ class EagleDrafter(BaseDrafter):
         """EAGLE-2 dynamic tree, scores from the drafter's log-probabilities at the sampling temperature."""
         temperature = ctx.sampling.temperature or 1.0
         feeder = TreeFeeder(self.model, self.forward, self.state, root, temperature, self.top_k, gamma)
-        root_logp = torch.log_softmax(self.model.logits(root).float() / temperature, dim=-1)
+        root_logp = torch.log_softmax(self.model.logits(root, self.linear).float() / temperature, dim=-1)
         tree = grow_tree(root_logp, feeder.step, gamma, self.top_k, self.total_tokens)
         return Draft(self.model.token_ids(tree.tokens).cpu(), tree.parents.cpu(), None)
 
@@ -197,11 +199,12 @@ class TreeFeeder:
         return torch.log_softmax(self.model.logits(hidden).float() / self.temperature, dim=-1)
 
 
-def fast_forward(model: EagleModel) -> Callable:
-    """``model``'s forward through the lean layer whenever that reproduces the module path exactly."""
+def fast_forward(model: EagleModel, matmul: str = "exact") -> Callable:
+    """``model``'s forward through the lean layer whenever that reproduces the module path (multiplying as the
+    target does: ``matmul`` is its resolved kind, ``specfamily.core.matmul``)."""
     if lean_eagle_unsupported(model) is not None:
         return model
-    lean = LeanEagleLayer(model)
+    lean = LeanEagleLayer(model, linear_for(matmul))
     return lambda *args: lean(*args) if lean.ready() else model(*args)
 
 

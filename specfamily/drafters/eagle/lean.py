@@ -19,6 +19,7 @@ from torch import nn
 
 from specfamily.core.lean import LeanLayer, ModuleWatch, plan_attention, rope
 from specfamily.core.lean_support import hooked, layer_unsupported
+from specfamily.core.matmul import Linear
 from specfamily.drafters.eagle.model import ROPE_FAMILIES, EagleModel
 
 __all__ = ["LeanEagleLayer", "lean_eagle_unsupported"]
@@ -48,7 +49,8 @@ class LeanEagleLayer:
     are not watched: they run around its forward, whichever path it takes inside.
     """
 
-    def __init__(self, model: EagleModel) -> None:
+    def __init__(self, model: EagleModel, linear: Linear = F.linear) -> None:
+        """``linear``: how to multiply by the weights (``specfamily.core.matmul``; F.linear is the module path's)."""
         reason = lean_eagle_unsupported(model)
         if reason is not None:
             raise ValueError(f"the lean eagle layer cannot run this model: {reason}")
@@ -56,7 +58,8 @@ class LeanEagleLayer:
         attn = model.layer.self_attn
         self._embed: torch.Tensor = model.parts.embed.weight
         self._fc = (model.fc.weight, model.fc.bias)
-        self._layer = LeanLayer.of(model.layer)
+        self._layer = LeanLayer.of(model.layer, linear)
+        self._linear = linear
         self._rotary = model.rotary
         self._attn_config = attn.config
         self._groups: int = attn.num_key_value_groups
@@ -84,7 +87,7 @@ class LeanEagleLayer:
         ``tokens`` (B, q) long, ``features`` (B, q, H), ``positions`` (B, q) long, ``mask`` additive
         (1 or B, 1, q, kv) or None, ``cache`` a DynamicCache (keys and values appended to its layer 0) or None.
         """
-        x = F.linear(torch.cat((F.embedding(tokens, self._embed), features), dim=-1), *self._fc)
+        x = self._linear(torch.cat((F.embedding(tokens, self._embed), features), dim=-1), *self._fc)
         cos, sin = rope(self._rotary, x, positions)
         attend = plan_attention(mask, tokens.shape[1], self._groups, self._probe)
         return self._layer(x, cos, sin, attend, cache)

@@ -13,6 +13,7 @@ held outside the module tree, so they are neither trained, nor saved, nor copied
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,8 +112,11 @@ class EagleModel(nn.Module):
         """Target token ids of positions in :meth:`logits`' last dimension."""
         return index if self.vocab is None else self.vocab.to_target(index)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., V) the target's LM head over predicted features; (..., N) over the draft vocabulary's rows."""
+    def logits(self, hidden: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
+        """(..., V) the target's LM head over predicted features; (..., N) over the draft vocabulary's rows.
+
+        ``linear``: how a single row is multiplied when drafting (``specfamily.core.matmul``); F.linear by default.
+        """
         head = self.parts.lm_head
         if self.head_weight is not None:
             weight, bias = self.head_weight, None
@@ -125,7 +129,7 @@ class EagleModel(nn.Module):
             # cheaper than F.linear's h @ W^T for a few rows and a large vocabulary (measured: 0.8 vs 2.0 ms, k=4)
             logits = torch.mm(weight, hidden.T).T  # (k, V)
             return logits if bias is None else logits + bias
-        return nn.functional.linear(hidden, weight, bias)  # what nn.Linear.forward computes
+        return (linear or nn.functional.linear)(hidden, weight, bias)  # F.linear: what nn.Linear.forward computes
 
 
 def _decoder_layer(model: PreTrainedModel, config) -> nn.Module:

@@ -22,6 +22,7 @@ import torch
 
 from specfamily import zoo
 from specfamily.core.drafter import BaseDrafter
+from specfamily.core.matmul import linear_for
 from specfamily.core.types import DecodeContext, Draft, SamplingConfig, VerifyOutcome
 from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint
 from specfamily.drafters.medusa.config import MedusaConfig
@@ -105,6 +106,9 @@ class MedusaDrafter(BaseDrafter):
         self._gather = self.tree.gather.to(target.device)  # (n,)
         self._feature: torch.Tensor | None = None  # (H,) feature that produced the current root
         self._token_ids = heads.token_ids if heads.shape.draft_vocab else None  # draft index -> target id
+        # the shared head multiplied as the target multiplies (only passed when that is not F.linear: heads
+        # written for the drafter before it took a ``linear`` keep working)
+        self._head_options = {} if target.matmul == "exact" else {"linear": linear_for(target.matmul)}
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
@@ -116,7 +120,7 @@ class MedusaDrafter(BaseDrafter):
             return Draft.empty()
         depth = min(gamma, self.tree.depth)
         n = self.tree.prefix[depth]
-        logits = self.heads(self._feature, depth)  # (depth, V), or (depth, N) over a draft vocabulary
+        logits = self.heads(self._feature, depth, **self._head_options)  # (depth, V), or (depth, N) over draft ids
         top = logits.topk(self.tree.top_k, dim=-1).indices  # (depth, top_k)
         tokens = top.reshape(-1).index_select(0, self._gather[:n])  # (n,)
         if self._token_ids is not None:

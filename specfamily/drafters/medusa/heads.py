@@ -129,14 +129,18 @@ class MedusaHeads(nn.Module):
         index = torch.searchsorted(ids, tokens.contiguous()).clamp_max(ids.numel() - 1)
         return torch.where(ids[index] == tokens, index, torch.full_like(index, missing))
 
-    def forward(self, features: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, num_heads: int | None = None, *, linear=None) -> torch.Tensor:
         """Logits of the first ``num_heads`` heads (all by default): (k, ..., V); (k, ..., N) over draft ids.
 
-        With a shared LM head all heads go through one projection call, which reads its weights once.
+        With a shared LM head all heads go through one projection call, which reads its weights once; ``linear``
+        (``specfamily.core.matmul``, when drafting) multiplies by its weight instead of the module's own call.
         """
         heads = self.heads if num_heads is None else list(self.heads)[:num_heads]  # slicing a ModuleList builds one
         if self.lm_head is not None:
-            return self.lm_head(torch.stack([head.blocks(features) for head in heads]))  # (k, ..., V or N)
+            hidden = torch.stack([head.blocks(features) for head in heads])
+            if linear is not None and type(self.lm_head) in (nn.Linear, SubsetHead):
+                return linear(hidden, self.lm_head.weight, getattr(self.lm_head, "bias", None))
+            return self.lm_head(hidden)  # (k, ..., V or N)
         return torch.stack([head(features) for head in heads])
 
 

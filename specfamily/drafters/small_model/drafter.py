@@ -33,7 +33,7 @@ class SmallModelDrafter(BaseDrafter):
         super().__init__(gamma, policy)
         self.confidence = confidence
         source = zoo.default_weights("draft", target) if model is None else model  # the zoo's draft for it
-        self.runner = load_target(source, device=target.device, dtype=dtype or target.dtype)
+        self.runner = load_target(source, device=target.device, dtype=dtype or target.dtype, matmul=target.matmul)
         self.draft = self.runner.model
         if _vocab_size(self.draft) != target.vocab_size:
             raise ValueError(

@@ -1,0 +1,146 @@
+"""How the lean forwards multiply: skinny_linear against F.linear, resolve_matmul's choice, and skinny targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specfamily as sf
+from specfamily.core import matmul
+from specfamily.core.matmul import SKINNY_MAX_ROWS, linear_for, resolve_matmul, skinny_linear
+from specfamily.core.target import Target
+from specfamily.core.types import Draft
+
+VOCAB = 64
+
+
+def _model(dtype=torch.float32, seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.3)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    return model.to(dtype).eval()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_is_f_linear_up_to_float_rounding(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, 96, generator=gen)
+    weight = torch.randn(200, 96, generator=gen)
+    b = torch.randn(200, generator=gen) if bias else None
+    out = skinny_linear(x, weight, b)
+    assert out.shape == (1, rows, 200) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+def test_skinny_linear_leaves_many_rows_and_empty_inputs_to_f_linear():
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(50, 16, generator=gen)
+    many = torch.randn(SKINNY_MAX_ROWS + 1, 16, generator=gen)
+    assert torch.equal(skinny_linear(many, weight), F.linear(many, weight))
+    assert skinny_linear(torch.empty(0, 16), weight).shape == (0, 50)
+
+
+def test_linear_for_names_the_two_kinds():
+    assert linear_for("exact") is F.linear and linear_for("skinny") is skinny_linear
+    with pytest.raises(ValueError, match="matmul must be 'exact' or 'skinny' once resolved, got 'auto'"):
+        linear_for("auto")
+
+
+def test_resolve_matmul_refuses_an_unknown_kind():
+    with pytest.raises(ValueError, match=r"matmul must be one of \('exact', 'skinny', 'auto'\), got 'fastest'"):
+        resolve_matmul("fastest", _model())
+
+
+@pytest.mark.parametrize("seconds, chosen", [((1.0, 0.5), "skinny"), ((1.0, 0.9), "exact")])
+def test_auto_takes_skinny_only_when_clearly_faster(monkeypatch, seconds, chosen):
+    timed = []
+    monkeypatch.setattr(matmul, "one_row_seconds", lambda weights: timed.append(len(weights)) or seconds)
+    assert resolve_matmul("auto", _model()) == chosen
+    assert timed == [2 * 7 + 1]  # every linear of the 2 layers (q, k, v, o, gate, up, down) and the head
+
+
+def test_auto_keeps_exact_where_it_does_not_time(monkeypatch):
+    monkeypatch.setattr(matmul, "one_row_seconds", lambda weights: pytest.fail("timed a model it should not"))
+    assert resolve_matmul("auto", _model(torch.bfloat16)) == "exact"
+    assert resolve_matmul("auto", None) == "exact" and resolve_matmul("skinny", None) == "exact"
+    assert resolve_matmul("skinny", _model()) == "skinny"
+
+
+def test_one_row_seconds_times_both_kinds():
+    exact, skinny = matmul.one_row_seconds(matmul.timed_weights(_model()), rounds=1)
+    assert exact > 0 and skinny > 0
+
+
+def test_timed_weights_stop_at_the_byte_budget():
+    model = _model()
+    first = model.model.layers[0].self_attn.q_proj.weight
+    assert matmul.timed_weights(model, budget=1) == [first]
+
+
+def test_a_skinny_target_says_so_and_only_with_the_lean_forward():
+    model = _model()
+    assert Target(model).matmul == "exact"
+    assert Target(model, matmul="skinny").matmul == "skinny"
+    assert Target(model, fast=False, matmul="skinny").matmul == "exact"  # the model's forward multiplies exactly
+
+
+def _passes(target: Target) -> list[torch.Tensor]:
+    """Prefill, a chain of 3, a tree of 5, a decode step: every pass's logits."""
+    gen = torch.Generator().manual_seed(1)
+    ids = lambda n: torch.randint(0, VOCAB, (n,), generator=gen)  # noqa: E731
+    target.reset()
+    out = []
+    for pending, draft in [(ids(9), None), (ids(1), Draft.chain(ids(3))),
+                           (ids(1), Draft(ids(5), torch.tensor([-1, 0, 0, 1, -1]))), (ids(1), None)]:
+        out.append(target.forward(pending, draft).logits)
+        target.commit([0] if draft is not None else [])
+    return out
+
+
+def test_skinny_logits_are_the_models_up_to_float_rounding():
+    calls = []
+    model = _model()
+    skinny = Target(model, matmul="skinny")
+    original = skinny.lean._linear
+    skinny.lean._linear = lambda *args: calls.append(args[0].shape[-2]) or original(*args)  # head rows per pass
+    for fast, exact in zip(_passes(skinny), _passes(Target(model, fast=False)), strict=True):
+        torch.testing.assert_close(fast, exact, rtol=1e-5, atol=1e-5)
+    assert calls == [1, 4, 6, 1]  # the head saw every pass, one to six rows (the skinny path's range)
+
+
+def test_skinny_greedy_text_matches_transformers_generate():
+    model = _model(seed=3)
+    prompt = torch.tensor([5, 9, 17, 33, 2, 40])
+    skinny = Target(model, matmul="skinny")
+    ours = sf.generate(skinny, None, prompt, max_new_tokens=24, sampling=sf.SamplingConfig(temperature=0.0)).tokens
+    theirs = model.generate(prompt[None], max_new_tokens=24, do_sample=False, pad_token_id=0)[0, prompt.numel():]
+    assert list(ours) == theirs.tolist()
+
+
+@pytest.mark.parametrize("name, options", [
+    ("eagle", {"weights": "random", "mode": "tree", "gamma": 3}),
+    ("eagle", {"weights": "random", "mode": "chain", "gamma": 3}),
+    ("medusa", {"weights": "random", "share_lm_head": True, "gamma": 3}),
+    ("small_model", {"gamma": 3}),
+])
+def test_drafters_on_a_skinny_target_keep_its_greedy_text(name, options):
+    model = _model(seed=3)
+    skinny = Target(model, matmul="skinny")
+    if name == "small_model":
+        options = {**options, "model": _model(seed=4)}
+    drafter = sf.create_drafter(name, skinny, **options)
+    greedy = sf.SamplingConfig(temperature=0.0)
+    prompt = torch.tensor([5, 9, 17, 33, 2, 40, 5, 9])
+    plain = sf.generate(skinny, None, prompt, max_new_tokens=24, sampling=greedy)
+    result = sf.generate(skinny, drafter, prompt, max_new_tokens=24, sampling=greedy)
+    assert list(result.tokens) == list(plain.tokens)
+    assert result.metrics.draft_steps > 0  # it drafted
+    if name == "small_model":
+        assert drafter.runner.matmul == "skinny"  # the draft model multiplies as the target does
