@@ -5,7 +5,7 @@ timed against our plain decoding, alternating, in one run: tau, ms per token and
 tokens must be identical to plain decoding in every row. A smaller N makes every draft step cheaper (the head is
 N x H instead of V x H) and loses the tokens outside it.
 
-    python benchmarks/draft_vocab.py --target zoo:smollm2 --sizes full,16384,8192,4096 --count 1 --tokens 64
+    python benchmarks/draft_vocab.py --target zoo:smollm2 --sizes full,16384,8192,4096 --count 1 --tokens 64 --gamma 1
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weights", default=None, help="eagle weights (default: the zoo's for the target)")
     parser.add_argument("--sizes", default="full,16384,8192,4096", help="comma-separated: full or N")
     parser.add_argument("--modes", default="tree,chain")
+    parser.add_argument("--gamma", type=int, default=None,
+                        help="a fixed draft length (depth for trees), so that tau measures the vocabulary's acceptance; "
+                             "default: cost-aware, which may draft nothing")
     parser.add_argument("--count", type=int, default=1, help="Spec-Bench questions per category")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes.split(","):
         for size in args.sizes.split(","):
             vocab = "full" if size == "full" else int(size)
-            drafter = sf.create_drafter("eagle", target, weights=args.weights, mode=mode, draft_vocab=vocab)
+            drafter = sf.create_drafter("eagle", target, weights=args.weights, mode=mode, draft_vocab=vocab,
+                                        gamma=args.gamma)
             method = common.Method(f"eagle {mode} N={size}", common.ours_fn(target, drafter, args.tokens),
                                    lambda p: plain(p).tokens, "our plain decoding")
             result = common.measure_pair(method, prompts, args.repeats, clock, reference)
