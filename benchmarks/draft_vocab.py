@@ -26,8 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", default="full,16384,8192,4096", help="comma-separated: full or N")
     parser.add_argument("--modes", default="tree,chain")
     parser.add_argument("--gamma", type=int, default=None,
-                        help="a fixed draft length (depth for trees), so that tau measures the vocabulary's acceptance; "
-                             "default: cost-aware, which may draft nothing")
+                        help="a fixed draft length (depth for trees), so that tau measures the vocabulary's "
+                             "acceptance; default: cost-aware, which may draft nothing")
     parser.add_argument("--count", type=int, default=1, help="Spec-Bench questions per category")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
