@@ -33,14 +33,16 @@ AUTO_ROUNDS = 3
 Linear = Callable[..., torch.Tensor]  # (x, weight, bias=None) -> x @ weight^T + bias
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed as (weight @ x^T)^T for at most ``SKINNY_MAX_ROWS`` rows of x.
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, max_rows: int | None = SKINNY_MAX_ROWS
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as (weight @ x^T)^T for at most ``max_rows`` rows of x (None: any).
 
     One row is fed twice (a single column would take the matrix-vector kernel again); the result is contiguous,
     as F.linear's is. More rows go to F.linear.
     """
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    if rows == 0 or rows > SKINNY_MAX_ROWS or weight.dim() != 2:
+    if rows == 0 or (max_rows is not None and rows > max_rows) or weight.dim() != 2:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     columns = torch.cat((flat, flat)) if rows == 1 else flat

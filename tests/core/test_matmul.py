@@ -44,6 +44,8 @@ def test_skinny_linear_leaves_many_rows_and_empty_inputs_to_f_linear():
     weight = torch.randn(50, 16, generator=gen)
     many = torch.randn(SKINNY_MAX_ROWS + 1, 16, generator=gen)
     assert torch.equal(skinny_linear(many, weight), F.linear(many, weight))
+    unbounded = skinny_linear(many, weight, max_rows=None)  # every row through (W @ x^T)^T
+    assert torch.equal(unbounded, torch.mm(weight, many.t()).t())
     assert skinny_linear(torch.empty(0, 16), weight).shape == (0, 50)
 
 
@@ -130,7 +132,15 @@ def test_skinny_greedy_text_matches_transformers_generate():
     ("medusa", {"weights": "random", "share_lm_head": True, "gamma": 3}),
     ("small_model", {"gamma": 3}),
 ])
-def test_drafters_on_a_skinny_target_keep_its_greedy_text(name, options):
+def test_drafters_on_a_skinny_target_keep_its_greedy_text(monkeypatch, name, options):
+    calls = []  # (weight, x.dim()) of every skinny multiplication
+    original = matmul.skinny_linear
+
+    def counting(x, weight, bias=None, max_rows=SKINNY_MAX_ROWS):
+        calls.append((weight, x.dim()))
+        return original(x, weight, bias, max_rows)
+
+    monkeypatch.setattr(matmul, "skinny_linear", counting)  # what linear_for hands out from here on
     model = _model(seed=3)
     skinny = Target(model, matmul="skinny")
     if name == "small_model":
@@ -144,3 +154,7 @@ def test_drafters_on_a_skinny_target_keep_its_greedy_text(name, options):
     assert result.metrics.draft_steps > 0  # it drafted
     if name == "small_model":
         assert drafter.runner.matmul == "skinny"  # the draft model multiplies as the target does
+    if name == "eagle":  # its lean layer (fc) and its head's single rows (1-D) went through the skinny path
+        assert any(w is drafter.model.fc.weight for w, _ in calls) and any(dim == 1 for _, dim in calls)
+    if name == "medusa":  # the shared head over the stacked heads' (depth, H) rows
+        assert any(dim == 2 for _, dim in calls)

@@ -78,8 +78,8 @@ class EagleDrafter(BaseDrafter):
     ) -> None:
         config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab)
         self.model, calibration = _load(target, config)
-        self.forward = fast_forward(self.model, target.matmul)
-        self.linear = linear_for(target.matmul)  # the head's single rows, multiplied as the target multiplies
+        self.linear = linear_for(target.matmul)  # the layer and the head's single rows, multiplied as the target does
+        self.forward = fast_forward(self.model, self.linear)
         mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
         calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
         self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if calibrated else DEFAULT_GAMMA[mode]
@@ -199,12 +199,12 @@ class TreeFeeder:
         return torch.log_softmax(self.model.logits(hidden).float() / self.temperature, dim=-1)
 
 
-def fast_forward(model: EagleModel, matmul: str = "exact") -> Callable:
-    """``model``'s forward through the lean layer whenever that reproduces the module path (multiplying as the
-    target does: ``matmul`` is its resolved kind, ``specfamily.core.matmul``)."""
+def fast_forward(model: EagleModel, linear: Callable = torch.nn.functional.linear) -> Callable:
+    """``model``'s forward through the lean layer whenever that reproduces the module path, multiplying with
+    ``linear`` (``specfamily.core.matmul``: the target's kind)."""
     if lean_eagle_unsupported(model) is not None:
         return model
-    lean = LeanEagleLayer(model, linear_for(matmul))
+    lean = LeanEagleLayer(model, linear)
     return lambda *args: lean(*args) if lean.ready() else model(*args)
 
 
