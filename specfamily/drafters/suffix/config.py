@@ -1,0 +1,67 @@
+"""Options of the suffix drafter (SuffixDecoding: Oliaro et al., NeurIPS 2025), with the paper's defaults."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+MODES = ("tree", "chain")
+
+
+def _check_int(value: object, name: str, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bound = f"in [{minimum}, {maximum}]" if maximum else f">= {minimum}"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+def _check_number(value: object, name: str, minimum: float, maximum: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= maximum:
+        bound = f"in [{minimum}, {maximum}]" if math.isfinite(maximum) else f">= {minimum}"
+        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+
+
+@dataclass
+class SuffixConfig:
+    """Suffix tries over this request (prompt + generated) and over earlier requests' outputs.
+
+    ``gamma``: the speculation tree's depth cap (default 16). ``mode``: ``tree`` (frequency-scored speculation
+    tree) or ``chain`` (the most frequent continuation only). ``max_depth`` (paper: 64): the longest substring
+    the tries count, so the longest suffix matched is ``max_depth - 1``. A match of length m proposes up to
+    ``floor(max_spec_factor * m + max_spec_offset)`` tokens (paper: factor 1, offset 0), at most
+    ``max_tree_size``; a node is proposed while the product of continuation frequencies on its path is at least
+    ``min_token_prob`` (paper: 0.1). ``max_cached_tokens``: the global cache's budget in tokens (the oldest
+    requests are evicted; 0 turns the global cache off); ``cache_prompts`` adds each prompt (with its output)
+    to it, not only the output. ``cache``: a saved cache (``drafter.save_cache(path)``; JSON or safetensors)
+    to start warm from.
+    """
+
+    gamma: int | None = None  # depth cap of the speculation tree; null: cost-aware (see policy)
+    policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
+    mode: str = "tree"
+    max_depth: int = 64
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    max_tree_size: int = 16
+    max_cached_tokens: int = 16384
+    cache_prompts: bool = False
+    cache: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.gamma is not None:
+            _check_int(self.gamma, "gamma", 1)
+        if self.policy is not None and not isinstance(self.policy, str):
+            raise ValueError(f"policy must be a string, got {self.policy!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        _check_int(self.max_depth, "max_depth", 2, 255)
+        _check_number(self.max_spec_factor, "max_spec_factor", 0.0)
+        _check_number(self.max_spec_offset, "max_spec_offset", -math.inf)
+        _check_number(self.min_token_prob, "min_token_prob", 0.0, 1.0)
+        _check_int(self.max_tree_size, "max_tree_size", 1)
+        _check_int(self.max_cached_tokens, "max_cached_tokens", 0)
+        if not isinstance(self.cache_prompts, bool):
+            raise ValueError(f"cache_prompts must be true or false, got {self.cache_prompts!r}")
+        if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
+            raise ValueError(f"cache must be a path (a string) or null, got {self.cache!r}")

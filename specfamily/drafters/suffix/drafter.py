@@ -1,0 +1,135 @@
+"""SuffixDecoding (Oliaro et al., NeurIPS 2025): speculation trees from suffix tries, deterministic (q = None).
+
+Two tries: one over this request's prompt and committed tokens, extended as tokens commit, and one global
+trie over earlier requests' outputs (and prompts with ``cache_prompts``), which lives with the drafter object:
+``end()`` adds the request, a token budget evicts the oldest requests, ``save_cache``/``cache=`` carry it
+between runs. Each proposal matches the longest suffix of the context in both tries, grows a speculation tree
+from each (:mod:`specfamily.drafters.suffix.speculate`) and proposes the one with the higher score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specfamily.core.drafter import BaseDrafter
+from specfamily.core.target import Target
+from specfamily.core.types import DecodeContext, Draft
+from specfamily.drafters.suffix.cache import GlobalCache
+from specfamily.drafters.suffix.config import SuffixConfig
+from specfamily.drafters.suffix.speculate import Speculation, better, grow, spec_limit
+from specfamily.drafters.suffix.tree import Cursor, Matcher, SuffixTrie
+
+
+@dataclass
+class RequestState:
+    """One request: its own trie (and the cursor that extends it), its match in the global trie, its tokens."""
+
+    trie: SuffixTrie
+    cursor: Cursor
+    matcher: Matcher
+    tokens: list[int] = field(default_factory=list)  # what the tries have seen: prompt + committed
+    prompt_length: int = 0
+
+    @classmethod
+    def start(cls, tokens: list[int], prompt_length: int, max_depth: int, global_trie: SuffixTrie) -> RequestState:
+        trie = SuffixTrie(max_depth)
+        state = cls(trie, Cursor(trie), Matcher(global_trie), [], prompt_length)
+        state.extend(tokens)
+        return state
+
+    def extend(self, tokens: list[int]) -> None:
+        self.cursor.extend(tokens)
+        self.matcher.extend(tokens)
+        self.tokens += tokens
+
+    def follows(self, tokens: list[int]) -> bool:
+        """Whether ``tokens`` extends (or equals) what this state has seen; O(1): lengths and one token."""
+        n = len(self.tokens)
+        return len(tokens) >= n and (n == 0 or tokens[n - 1] == self.tokens[-1])
+
+
+class SuffixDrafter(BaseDrafter):
+    """Proposes the better-scored of the per-request and the global speculation tree (or chain)."""
+
+    default_gamma = 16
+
+    def __init__(
+        self,
+        target: Target | None = None,
+        gamma: int | None = None,
+        policy: str | None = None,
+        mode: str = "tree",
+        max_depth: int = 64,
+        max_spec_factor: float = 1.0,
+        max_spec_offset: float = 0.0,
+        min_token_prob: float = 0.1,
+        max_tree_size: int = 16,
+        max_cached_tokens: int = 16384,
+        cache_prompts: bool = False,
+        cache: str | Path | None = None,
+    ) -> None:
+        self.config = SuffixConfig(gamma, policy, mode, max_depth, max_spec_factor, max_spec_offset, min_token_prob,
+                                   max_tree_size, max_cached_tokens, cache_prompts, cache)
+        super().__init__(gamma, policy)
+        self.stop: frozenset[int] = frozenset(target.eos_token_ids) if target is not None else frozenset()
+        self.vocab_size: int | None = target.vocab_size if target is not None else None
+        self.global_cache = GlobalCache(max_depth, max_cached_tokens)
+        self.request: RequestState | None = None
+        self.last: Speculation | None = None  # the latest proposal, with its match length and score
+        if cache is not None:
+            self.load_cache(cache)
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        self.stop = frozenset(ctx.target.eos_token_ids)
+        self.request = self._start(ctx)
+        self._ctx = ctx
+
+    def _start(self, ctx: DecodeContext) -> RequestState:
+        return RequestState.start(list(ctx.tokens), len(ctx.prompt_ids), self.config.max_depth,
+                                  self.global_cache.trie)
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        state = self._sync(ctx)
+        config = self.config
+        chain = config.mode == "chain"
+        candidates = []
+        for trie, node in ((state.trie, state.cursor.longest_with_continuation()),
+                           (self.global_cache.trie, state.matcher.longest_with_continuation())):
+            limit = spec_limit(trie.depth[node], config.max_spec_factor, config.max_spec_offset,
+                               config.max_tree_size)
+            candidates.append(grow(trie, node, limit, gamma, config.min_token_prob, chain=chain, stop=self.stop))
+        self.last = best = better(*candidates)
+        if not best.tokens:
+            return Draft.empty()
+        tokens = torch.tensor(best.tokens, dtype=torch.long)
+        return Draft.chain(tokens) if chain else Draft(tokens, torch.tensor(best.parents, dtype=torch.long))
+
+    def _sync(self, ctx: DecodeContext) -> RequestState:
+        """Catch up with the committed tokens; start over when the context is not an extension of what was seen."""
+        state = self.request
+        if state is None or not state.follows(ctx.tokens):
+            state = self.request = self._start(ctx)
+        elif len(ctx.tokens) > len(state.tokens):
+            state.extend(ctx.tokens[len(state.tokens) :])
+        return state
+
+    def end(self) -> None:
+        """Add the finished request to the global cache (its output, and its prompt with ``cache_prompts``)."""
+        state, ctx = self.request, getattr(self, "_ctx", None)
+        self.request, self._ctx = None, None
+        if state is None or ctx is None:
+            return
+        start = 0 if self.config.cache_prompts else state.prompt_length
+        self.global_cache.add(ctx.tokens[start:])
+
+    def save_cache(self, path: str | Path) -> Path:
+        """Write the global cache (its sequences) to ``path`` atomically: JSON for ``.json``, else safetensors."""
+        return self.global_cache.save(path)
+
+    def load_cache(self, path: str | Path) -> int:
+        """Add a saved cache's sequences to the global cache (within its budget); returns how many were read."""
+        return self.global_cache.load(path, self.vocab_size)
