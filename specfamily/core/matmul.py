@@ -1,15 +1,23 @@
-"""How the lean forwards multiply a few rows by a weight matrix: ``exact`` (transformers' own F.linear) or ``skinny``.
+"""How the lean forwards multiply a few rows by a weight matrix: ``exact``, ``skinny``, ``stream``, or ``auto``.
 
-A decode step or a verify pass multiplies 1 to a few rows by every weight matrix of the model. F.linear computes
-x @ W^T; on a CPU, MKL runs one row as a matrix-vector product and 2-8 rows with a general kernel, and on some
-CPUs both read the weights at a fraction of the memory bandwidth (measured on an AMD EPYC, 2 threads, SmolLM2's
-1536 x 576 MLP weights: 313 us for one row, 478 us for two). ``skinny_linear`` computes the same product as
-(W @ x^T)^T, which MKL runs with the weight as the long side (124 us for one row, padded to two; 116 us for two).
+A decode step or a verify pass multiplies 1 to a few rows by every weight matrix of the model; its time is the time
+it takes to read the weights. F.linear computes x @ W^T; on a CPU, MKL runs one row as a matrix-vector product and
+2-8 rows with a general kernel, and on some CPUs both read the weights at a fraction of the memory bandwidth, slower
+with every extra row (measured on an AMD EPYC, 2 threads, SmolLM2's 1536 x 576 MLP weights: 313 us for one row,
+478 us for two).
 
-The two orders sum in float32 differently, so ``skinny`` logits differ from transformers' in the last bits (the
-same kind of difference as between two BLAS libraries): greedy text can differ only where two tokens' logits tie
-to float rounding. ``exact`` stays bit-identical to transformers' forward. ``auto`` times both on the model's own
-weights once, on this machine and thread count, and takes ``skinny`` when it is clearly faster (float32 on a CPU).
+- ``exact``: F.linear, bit-identical to transformers' forward (the default).
+- ``skinny``: (W @ x^T)^T, which MKL runs with the weight as the long side (124 us for one row, 116 us for two).
+- ``stream``: a C++ kernel for 1-16 rows (``specfamily.core.kernel``) that reads each weight once per call, the
+  rows' dot products held in registers: built on first use; where it cannot build, one warning and ``auto`` over
+  the other two.
+- ``auto``: times the kinds on the model's own weights, interleaved, and keeps ``exact`` unless another kind takes
+  at most ``AUTO_MARGIN`` of its time (``stream`` is then preferred to ``skinny`` unless ``skinny`` beats it by the
+  same margin). ``choose_matmul`` returns the timings with the choice (``MatmulChoice``); run.json records them.
+
+``skinny`` and ``stream`` sum in float32 in other orders than F.linear: logits differ from transformers' in the last
+bits (as between two BLAS libraries), and greedy text can differ only where two tokens' logits tie to float
+rounding. Both multiply float32 on a CPU only: asked for other weights, they are refused.
 """
 
 from __future__ import annotations
@@ -17,32 +25,49 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MATMUL_KINDS", "SKINNY_MAX_ROWS", "linear_for", "resolve_matmul", "skinny_linear"]
+from specfamily.core.kernel import stream_kernel
 
-MATMUL_KINDS = ("exact", "skinny", "auto")
+__all__ = ["MATMUL_KINDS", "SKINNY_MAX_ROWS", "STREAM_MAX_ROWS", "MatmulChoice", "choose_matmul", "linear_for",
+           "resolve_matmul", "skinny_linear", "stream_linear"]
+
+MATMUL_KINDS = ("exact", "skinny", "stream", "auto")
+FAST_KINDS = ("stream", "skinny")  # what auto may take instead of exact, in order of preference
 SKINNY_MAX_ROWS = 8  # measured on SmolLM2 (2 threads): past 8 rows F.linear's own kernel is as fast or faster
-AUTO_MARGIN = 0.85  # skinny must take at most this share of exact's time to be chosen
+STREAM_MAX_ROWS = 16  # the kernel's own bound (csrc/stream_linear.cpp): more rows go to F.linear
+AUTO_MARGIN = 0.85  # a kind must take at most this share of the preferred kind's time to be chosen over it
 AUTO_BYTES = 64 << 20  # weights timed by auto: more than a CPU's last-level cache, as a real pass reads them
-AUTO_ROUNDS = 3
+AUTO_ROWS = (1, 4)  # rows per product timed by auto: a decode step and a short verify pass
+AUTO_ROUNDS = 9  # timed rounds per kind (after one warm-up), interleaved, the kind that goes first rotating
 
 Linear = Callable[..., torch.Tensor]  # (x, weight, bias=None) -> x @ weight^T + bias
+
+
+@dataclass(frozen=True)
+class MatmulChoice:
+    """The resolved kind, what was asked, and (``auto``) the median seconds of one timed round per kind."""
+
+    kind: str  # exact, skinny or stream
+    asked: str  # exact, skinny, stream or auto
+    seconds: dict[str, float] = field(default_factory=dict)  # kind -> median s over AUTO_ROWS x the timed weights
+    note: str = ""  # why the kind differs from what was asked, if it does
 
 
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, max_rows: int | None = SKINNY_MAX_ROWS
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed as (weight @ x^T)^T for at most ``max_rows`` rows of x (None: any).
+    """``F.linear(x, weight, bias)`` computed as (weight @ x^T)^T for at most ``max_rows`` rows of float32 x.
 
     One row is fed twice (a single column would take the matrix-vector kernel again); the result is contiguous,
-    as F.linear's is. More rows go to F.linear.
+    as F.linear's is. More rows, and other dtypes (where the bias would be added after rounding), go to F.linear.
     """
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    if rows == 0 or (max_rows is not None and rows > max_rows) or weight.dim() != 2:
+    if rows == 0 or (max_rows is not None and rows > max_rows) or weight.dim() != 2 or x.dtype != torch.float32:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     columns = torch.cat((flat, flat)) if rows == 1 else flat
@@ -52,31 +77,69 @@ def skinny_linear(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def stream_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by the streaming kernel (1-16 rows of float32 on a CPU; more rows: F.linear).
+
+    Raises RuntimeError naming why when the kernel is not available here.
+    """
+    return _stream_module().linear(x, weight, bias)
+
+
 def linear_for(kind: str) -> Linear:
-    """The linear function of a resolved kind (``exact`` or ``skinny``)."""
+    """The linear function of a resolved kind (``exact``, ``skinny`` or ``stream``)."""
     if kind == "exact":
         return F.linear
     if kind == "skinny":
         return skinny_linear
-    raise ValueError(f"matmul must be 'exact' or 'skinny' once resolved, got {kind!r}")
+    if kind == "stream":
+        return _stream_module().linear  # the extension's own function: no Python frame per product
+    raise ValueError(f"matmul must be 'exact', 'skinny' or 'stream' once resolved, got {kind!r}")
 
 
 def resolve_matmul(kind: str, model: nn.Module | None) -> str:
-    """``exact`` or ``skinny`` for ``model``: the kind asked for, or for ``auto`` the one measured to be faster here.
+    """The kind ``model``'s lean forward multiplies with (``choose_matmul(kind, model).kind``)."""
+    return choose_matmul(kind, model).kind
+
+
+def choose_matmul(kind: str, model: nn.Module | None) -> MatmulChoice:
+    """``exact``, ``skinny`` or ``stream`` for ``model``: the kind asked for, or for ``auto`` the one measured here.
 
     ``model`` None: nothing will multiply with the choice (no lean forward), so it is ``exact`` whatever was asked.
+    ``skinny`` and ``stream`` on weights other than float32 on a CPU: ValueError. ``stream`` where the kernel cannot
+    build: ``auto`` over the other kinds (the kernel's loader has warned once, naming why).
     """
     if kind not in MATMUL_KINDS:
         raise ValueError(f"matmul must be one of {MATMUL_KINDS}, got {kind!r}")
-    if model is None:
-        return "exact"
-    if kind != "auto":
-        return kind
+    if model is None or kind == "exact":
+        return MatmulChoice("exact", kind)
     weights = timed_weights(model)
-    if not weights or weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
-        return "exact"
-    exact, skinny = one_row_seconds(weights)
-    return "skinny" if skinny <= AUTO_MARGIN * exact else "exact"
+    if kind in FAST_KINDS:
+        _check_cpu_float32(kind, model)
+        if kind == "skinny" or stream_kernel().available:
+            return MatmulChoice(kind, kind)
+        chosen = _auto(weights, "stream")
+        return MatmulChoice(chosen.kind, kind, chosen.seconds, f"stream kernel unavailable: {stream_kernel().reason}")
+    return _auto(weights, "auto")
+
+
+def _auto(weights: list[torch.Tensor], asked: str) -> MatmulChoice:
+    if not weights or not all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights):
+        return MatmulChoice("exact", asked, note="auto times float32 weights on a CPU only")
+    kinds = {"exact": F.linear, "skinny": skinny_linear}
+    if stream_kernel().available:
+        kinds["stream"] = stream_linear
+    seconds = kind_seconds(weights, kinds)
+    return MatmulChoice(pick_kind(seconds), asked, seconds)
+
+
+def pick_kind(seconds: dict[str, float], margin: float = AUTO_MARGIN) -> str:
+    """``exact`` unless a kind of ``FAST_KINDS`` takes at most ``margin`` of the preferred kind's time (hysteresis:
+    noise cannot flip a near tie, and ``stream`` is kept over a ``skinny`` that is not clearly faster)."""
+    choice = "exact"
+    for kind in FAST_KINDS:
+        if kind in seconds and seconds[kind] <= margin * seconds[choice]:
+            choice = kind
+    return choice
 
 
 def timed_weights(model: nn.Module, budget: int = AUTO_BYTES) -> list[torch.Tensor]:
@@ -90,15 +153,44 @@ def timed_weights(model: nn.Module, budget: int = AUTO_BYTES) -> list[torch.Tens
 
 
 @torch.inference_mode()
-def one_row_seconds(weights: Sequence[torch.Tensor], rounds: int = AUTO_ROUNDS) -> tuple[float, float]:
-    """Median seconds of one row through every weight, (F.linear, skinny_linear), the two interleaved by round."""
-    rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-    times: dict[Linear, list[float]] = {F.linear: [], skinny_linear: []}
-    for round_ in range(rounds + 1):  # round 0 warms both up
-        for linear, seconds in times.items():
+def kind_seconds(
+    weights: Sequence[torch.Tensor], kinds: dict[str, Linear], rows: Sequence[int] = AUTO_ROWS,
+    rounds: int = AUTO_ROUNDS, seed: int = 0,
+) -> dict[str, float]:
+    """Median seconds, per kind, of one round: ``rows`` rows through every weight, for each count in ``rows``.
+
+    The kinds run interleaved, round by round (after a warm-up round), the kind that goes first rotating, so a
+    machine's slow spell falls on all of them. Inputs come from a generator of their own (the global RNG is left
+    alone).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    widths = {w.shape[1] for w in weights}
+    inputs = {(n, d): torch.randn(n, d, generator=generator, dtype=weights[0].dtype) for n in rows for d in widths}
+    names = list(kinds)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(rounds + 1):  # round 0 warms every kind up
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            linear = kinds[name]
             start = time.perf_counter()
-            for weight in weights:
-                linear(rows[weight.shape[1]], weight)
+            for n in rows:
+                for weight in weights:
+                    linear(inputs[n, weight.shape[1]], weight)
             if round_:
-                seconds.append(time.perf_counter() - start)
-    return statistics.median(times[F.linear]), statistics.median(times[skinny_linear])
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _check_cpu_float32(kind: str, model: nn.Module) -> None:
+    weights = (m.weight for m in model.modules() if isinstance(m, nn.Linear))
+    odd = next((w for w in weights if w.device.type != "cpu" or w.dtype != torch.float32), None)
+    if odd is not None:
+        raise ValueError(f"matmul={kind!r} multiplies float32 weights on a CPU; this model has {odd.dtype} weights on "
+                         f"{odd.device} (use matmul='exact' or 'auto')")
+
+
+def _stream_module():
+    kernel = stream_kernel()
+    if kernel.module is None:
+        raise RuntimeError(f"the stream matmul kernel is not available here: {kernel.reason}")
+    return kernel.module

@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specfamily.core.fast import BufferedLayer, LeanLlama, lean_unsupported
-from specfamily.core.matmul import linear_for, resolve_matmul
+from specfamily.core.matmul import MatmulChoice, choose_matmul, linear_for
 from specfamily.core.processors import check_generation_config
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
@@ -53,8 +53,9 @@ class Target:
         """``fast``: use the lean forward (``specfamily.core.fast``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
-        in another float32 order that is faster on some CPUs, ``auto`` the faster of the two measured here
-        (``specfamily.core.matmul``). ``self.matmul`` is the kind in use.
+        and ``stream`` (a streaming C++ kernel) in other float32 orders that are faster on some CPUs, ``auto`` the
+        fastest measured here (``specfamily.core.matmul``). ``self.matmul`` is the kind in use, ``self.matmul_choice``
+        the choice with auto's timings.
         """
         check_supported(model)
         self.model = model.eval()
@@ -71,7 +72,8 @@ class Target:
         self.verify_costs: dict[int, float] | None = None  # t(g + 1) / t(1) by g, measured on first need (core.costs)
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()  # by (m, parents, device, dtype)
         lean = fast and lean_unsupported(model) is None
-        self.matmul: str = resolve_matmul(matmul, model if lean else None)  # the model's forward multiplies exactly
+        self.matmul_choice: MatmulChoice = choose_matmul(matmul, model if lean else None)  # auto's timings with it
+        self.matmul: str = self.matmul_choice.kind  # the model's own forward (no lean one) multiplies exactly
         self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul)) if lean else None
         self.reset()
 

@@ -144,12 +144,19 @@ def _header(infos: list[RunInfo]) -> list[str]:
         f"- target: `{model.get('target')}`; runs: {len(infos)}; datasets: {datasets}; sampling: {samplings}",
         f"- prompts per run: {first.prompts}, up to {first.max_new_tokens} new tokens, seed {first.seed}",
         f"- device {first.device}, {first.threads} thread(s) per rank, {first.world_size} rank(s), matmul "
-        f"{first.matmul}; {versions}",
+        f"{first.matmul}{_matmul_timings(first.matmul_seconds)}; {versions}",
         f"- {_machine(first)}",
         f"- git: {git.get('commit', 'unknown')}{' (with local changes)' if git.get('dirty') else ''}",
         f"- verify cost t(g+1)/t(1) by draft tokens g: {curve}",
     ]
     return lines
+
+
+def _matmul_timings(seconds: dict[str, float]) -> str:
+    """`` (auto timed: exact 12.1 ms, stream 6.0 ms)``, or nothing when the kind was not chosen by timing."""
+    if not seconds:
+        return ""
+    return " (auto timed: " + ", ".join(f"{kind} {s * 1e3:.1f} ms" for kind, s in seconds.items()) + ")"
 
 
 def _machine(info: RunInfo) -> str:

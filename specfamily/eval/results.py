@@ -230,7 +230,8 @@ class RunInfo:
     hardware: dict[str, Any] = field(default_factory=dict)  # cpu / gpu model, CUDA, cores, threads, load
     pass_seconds: list[dict[str, float]] = field(default_factory=list)  # per verify-cost round: g -> median s
     noise: list[NoiseCheck] = field(default_factory=list)  # the run's noise checks, written when it finishes
-    matmul: str = "exact"  # how the target's lean forward multiplied (specfamily.core.matmul): exact or skinny
+    matmul: str = "exact"  # how the target's lean forward multiplied (specfamily.core.matmul): exact, skinny, stream
+    matmul_seconds: dict[str, float] = field(default_factory=dict)  # auto's median timed round per kind; {} if not
 
     @property
     def unstable(self) -> bool:

@@ -138,6 +138,7 @@ def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir,
         hardware=hardware(target.device),
         pass_seconds=cost.rounds,
         matmul=target.matmul,
+        matmul_seconds=dict(target.matmul_choice.seconds),
     )
 
 

@@ -1,4 +1,5 @@
-"""How the lean forwards multiply: skinny_linear against F.linear, resolve_matmul's choice, and skinny targets."""
+"""How the lean forwards multiply: skinny_linear against F.linear, choose_matmul's choice (auto's timing, its
+hysteresis, its own generator, refusals outside CPU float32), and skinny targets. The stream kernel: test_kernel.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import specfamily as sf
 from specfamily.core import matmul
-from specfamily.core.matmul import SKINNY_MAX_ROWS, linear_for, resolve_matmul, skinny_linear
+from specfamily.core.matmul import (
+    SKINNY_MAX_ROWS,
+    MatmulChoice,
+    choose_matmul,
+    linear_for,
+    resolve_matmul,
+    skinny_linear,
+)
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
 
@@ -49,35 +57,71 @@ def test_skinny_linear_leaves_many_rows_and_empty_inputs_to_f_linear():
     assert skinny_linear(torch.empty(0, 16), weight).shape == (0, 50)
 
 
-def test_linear_for_names_the_two_kinds():
+def test_skinny_linear_leaves_other_dtypes_to_f_linear():
+    gen = torch.Generator().manual_seed(0)
+    x, weight, bias = (torch.randn(*shape, generator=gen).bfloat16() for shape in ((3, 16), (50, 16), (50,)))
+    assert torch.equal(skinny_linear(x, weight, bias), F.linear(x, weight, bias))  # bias added before rounding
+
+
+def test_linear_for_names_the_kinds():
     assert linear_for("exact") is F.linear and linear_for("skinny") is skinny_linear
-    with pytest.raises(ValueError, match="matmul must be 'exact' or 'skinny' once resolved, got 'auto'"):
+    with pytest.raises(ValueError, match="matmul must be 'exact', 'skinny' or 'stream' once resolved, got 'auto'"):
         linear_for("auto")
 
 
 def test_resolve_matmul_refuses_an_unknown_kind():
-    with pytest.raises(ValueError, match=r"matmul must be one of \('exact', 'skinny', 'auto'\), got 'fastest'"):
-        resolve_matmul("fastest", _model())
+    with pytest.raises(ValueError, match=r"matmul must be one of \('exact', 'skinny', 'stream', 'auto'\), got 'x'"):
+        resolve_matmul("x", _model())
 
 
-@pytest.mark.parametrize("seconds, chosen", [((1.0, 0.5), "skinny"), ((1.0, 0.9), "exact")])
-def test_auto_takes_skinny_only_when_clearly_faster(monkeypatch, seconds, chosen):
+@pytest.mark.parametrize("kind", ["skinny", "stream"])
+def test_fast_kinds_are_refused_outside_cpu_float32(kind):
+    with pytest.raises(ValueError, match=f"matmul='{kind}' multiplies float32 weights on a CPU; this model has "
+                                         "torch.bfloat16 weights on cpu"):
+        choose_matmul(kind, _model(torch.bfloat16))
+
+
+@pytest.mark.parametrize("seconds, chosen", [
+    ({"exact": 1.0, "skinny": 0.5}, "skinny"),
+    ({"exact": 1.0, "skinny": 0.9}, "exact"),  # within the margin: exact stays
+    ({"exact": 1.0, "skinny": 0.7, "stream": 0.6}, "stream"),
+    ({"exact": 1.0, "skinny": 0.55, "stream": 0.6}, "stream"),  # skinny not clearly faster than stream
+    ({"exact": 1.0, "skinny": 0.4, "stream": 0.6}, "skinny"),
+    ({"exact": 1.0, "skinny": 1.2, "stream": 0.9}, "exact"),
+])
+def test_auto_moves_off_exact_only_by_a_clear_margin(monkeypatch, seconds, chosen):
     timed = []
-    monkeypatch.setattr(matmul, "one_row_seconds", lambda weights: timed.append(len(weights)) or seconds)
-    assert resolve_matmul("auto", _model()) == chosen
+    monkeypatch.setattr(matmul, "kind_seconds", lambda weights, kinds: timed.append(len(weights)) or seconds)
+    choice = choose_matmul("auto", _model())
+    assert choice == MatmulChoice(chosen, "auto", seconds)
     assert timed == [2 * 7 + 1]  # every linear of the 2 layers (q, k, v, o, gate, up, down) and the head
+    target = Target(_model(), matmul="auto")  # keeps the timings for run.json
+    assert target.matmul == chosen and target.matmul_choice.seconds == seconds
 
 
 def test_auto_keeps_exact_where_it_does_not_time(monkeypatch):
-    monkeypatch.setattr(matmul, "one_row_seconds", lambda weights: pytest.fail("timed a model it should not"))
+    monkeypatch.setattr(matmul, "kind_seconds", lambda weights, kinds: pytest.fail("timed a model it should not"))
     assert resolve_matmul("auto", _model(torch.bfloat16)) == "exact"
     assert resolve_matmul("auto", None) == "exact" and resolve_matmul("skinny", None) == "exact"
-    assert resolve_matmul("skinny", _model()) == "skinny"
+    assert resolve_matmul("skinny", _model()) == "skinny" and resolve_matmul("exact", _model()) == "exact"
 
 
-def test_one_row_seconds_times_both_kinds():
-    exact, skinny = matmul.one_row_seconds(matmul.timed_weights(_model()), rounds=1)
-    assert exact > 0 and skinny > 0
+def test_kind_seconds_interleaves_the_kinds_and_rotates_who_goes_first():
+    calls = []
+    kinds = {name: (lambda x, w, name=name: calls.append((name, x.shape[0]))) for name in ("a", "b", "c")}
+    seconds = matmul.kind_seconds([torch.zeros(4, 8)], kinds, rows=(1, 2), rounds=3)
+    assert sorted(seconds) == ["a", "b", "c"] and all(s >= 0 for s in seconds.values())
+    firsts = [calls[i][0] for i in range(0, len(calls), 2 * 3)]  # each round: 3 kinds x 2 row counts x 1 weight
+    assert firsts == ["a", "b", "c", "a"] and len(calls) == 4 * 3 * 2
+
+
+def test_auto_times_real_kinds_without_touching_the_global_rng():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    choice = choose_matmul("auto", _model())
+    assert torch.equal(torch.get_rng_state(), before)
+    assert choice.kind in choice.seconds and {"exact", "skinny"} <= set(choice.seconds)
+    assert all(s > 0 for s in choice.seconds.values())
 
 
 def test_timed_weights_stop_at_the_byte_budget():

@@ -1,0 +1,120 @@
+"""The streaming few-row matmul kernel (``csrc/stream_linear.cpp``): built on first use, cached, or why it is not.
+
+``stream_kernel()`` compiles the C++ source with ``torch.utils.cpp_extension.load`` (the machine's C++ compiler and
+ninja) into the user's cache (``$SPECFAMILY_CACHE``, ``$XDG_CACHE_HOME/specfamily`` or ``~/.cache/specfamily``,
+under ``kernels/``, one folder per source, torch and Python version), one process at a time (a file lock), and
+memoises the result for the process. When it cannot build (no compiler, no ninja, a compile error, or
+``SPECFAMILY_NO_KERNEL`` set) it logs one warning naming why and says so in ``StreamKernel.reason``; the matmul kinds
+then fall back to ``exact`` and ``skinny`` (``specfamily.core.matmul``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+__all__ = ["DISABLE_ENV", "KernelUnavailable", "StreamKernel", "kernel_source", "stream_kernel"]
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "SPECFAMILY_NO_KERNEL"  # set (non-empty, not "0"): never build, use the existing kinds
+NAME = "specfamily_stream_linear"
+CFLAGS = ("-O3", "-fopenmp")  # OpenMP: at::parallel_for's threads, as torch's own build runs them
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel cannot be built or loaded here; the message says why."""
+
+
+@dataclass(frozen=True)
+class StreamKernel:
+    """The built extension (``module.linear(x, weight, bias=None)``), or None and the reason it is not available."""
+
+    module: ModuleType | None
+    reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.module is not None
+
+    @property
+    def isa(self) -> str | None:
+        """The instruction set the kernel runs here: ``avx512``, ``avx2`` or ``scalar``; None when not built."""
+        return self.module.isa() if self.module is not None else None
+
+
+def kernel_source() -> Path:
+    """The C++ source, shipped inside the package."""
+    return Path(__file__).resolve().parent / "csrc" / "stream_linear.cpp"
+
+
+@functools.cache
+def stream_kernel() -> StreamKernel:
+    """The kernel, built (or loaded from the cache) once per process; on failure one warning and the reason."""
+    try:
+        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+            raise KernelUnavailable(f"{DISABLE_ENV} is set")
+        return StreamKernel(build_kernel())
+    except Exception as error:  # a compiler's or loader's failure of any kind: fall back, never crash a run
+        reason = _short(error)
+        logger.warning("matmul 'stream' unavailable (%s): using the 'exact' and 'skinny' kinds", reason)
+        logger.debug("stream kernel build failure", exc_info=True)
+        return StreamKernel(None, reason)
+
+
+@functools.cache
+def build_kernel(verbose: bool = False) -> ModuleType:
+    """Compile (or reuse the cached build of) the extension and import it, once per process; raises
+    ``KernelUnavailable`` or the build's own error."""
+    _check_tools()
+    from filelock import FileLock
+    from torch.utils import cpp_extension
+
+    source = kernel_source()
+    if not source.is_file():
+        raise KernelUnavailable(f"the kernel source {source} is missing from the installed package")
+    folder = build_folder(source)
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        (folder / "lock").unlink(missing_ok=True)  # torch's own baton, left behind by a build that was killed
+        return cpp_extension.load(name=NAME, sources=[str(source)], extra_cflags=list(CFLAGS),
+                                  extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=verbose)
+
+
+def build_folder(source: Path) -> Path:
+    """``<cache>/kernels/stream_linear-<digest>``: the digest of the source, the flags, torch and Python."""
+    key = "\n".join((source.read_text(encoding="utf-8"), " ".join(CFLAGS), torch.__version__, sys.version))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return _cache_root() / "kernels" / f"stream_linear-{digest}"
+
+
+def _check_tools() -> None:
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise KernelUnavailable(f"no C++ compiler ({compiler!r} is not on PATH)")
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        raise KernelUnavailable("ninja is not installed (pip install ninja)")
+
+
+def _cache_root() -> Path:
+    if os.environ.get("SPECFAMILY_CACHE"):
+        return Path(os.environ["SPECFAMILY_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "specfamily"
+
+
+def _short(error: BaseException, limit: int = 200) -> str:
+    """The error's first non-empty line, clipped: what the warning names."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

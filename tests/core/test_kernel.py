@@ -1,0 +1,190 @@
+"""The streaming few-row kernel (specfamily.core.kernel): built once per session, equal to F.linear up to float32
+rounding on every instruction set this CPU runs, its fallback when it cannot build, and stream targets' greedy text.
+
+Where the kernel cannot build (no compiler or ninja) its tests skip, naming why, and the fallback tests still run;
+``SPECFAMILY_REQUIRE_KERNEL=1`` turns that skip into a failure (for CI machines that must build it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specfamily as sf
+from specfamily.core import kernel, matmul
+from specfamily.core.kernel import DISABLE_ENV, KernelUnavailable, StreamKernel
+
+SHAPES = [(50, 96), (37, 33), (5, 7), (130, 576), (3, 1)]  # (out, in): odd sizes, tails shorter than a vector
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def module():
+    """The built extension (one build per session: stream_kernel is memoised)."""
+    built = kernel.stream_kernel()
+    if not built.available:
+        if os.environ.get("SPECFAMILY_REQUIRE_KERNEL"):
+            pytest.fail(f"the stream kernel must build here: {built.reason}")
+        pytest.skip(f"stream kernel unavailable: {built.reason}")
+    return built.module
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, width: int) -> None:
+    """Equal up to float32 rounding of a sum of ``width`` products of unit-scale numbers."""
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * max(width, 1) ** 0.5)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_row_count_equals_f_linear(module, isa, shape):
+    if isa not in module.supported_isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    out_features, in_features = shape
+    gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen)
+    for rows in range(1, 18):
+        x = torch.randn(rows, in_features, generator=gen)
+        for b in (None, bias):
+            out = module.linear_with(x, weight, b, isa)
+            assert out.shape == (rows, out_features) and out.is_contiguous()
+            if rows > module.MAX_ROWS:
+                assert torch.equal(out, F.linear(x, weight, b))  # F.linear's own result
+            else:
+                _close(out, F.linear(x, weight, b), in_features)
+
+
+def test_non_contiguous_3d_and_1d_inputs(module):
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    transposed = torch.randn(24, 5, generator=gen).t()  # (5, 24), not contiguous
+    assert not transposed.is_contiguous()
+    _close(module.linear(transposed, weight, bias), F.linear(transposed, weight, bias), 24)
+    batch = torch.randn(2, 3, 24, generator=gen)
+    out = module.linear(batch, weight)
+    assert out.shape == (2, 3, 40)
+    _close(out, F.linear(batch, weight), 24)
+    row = torch.randn(24, generator=gen)
+    assert module.linear(row, weight, bias).shape == (40,)
+    _close(module.linear(row, weight, bias), F.linear(row, weight, bias), 24)
+    assert module.linear(torch.empty(0, 24), weight).shape == (0, 40)
+
+
+def test_the_python_entry_points_reach_the_kernel(module):
+    gen = torch.Generator().manual_seed(1)
+    x, weight = torch.randn(3, 16, generator=gen), torch.randn(8, 16, generator=gen)
+    assert matmul.linear_for("stream") is module.linear
+    _close(matmul.stream_linear(x, weight), F.linear(x, weight), 16)
+    assert kernel.stream_kernel().isa == module.supported_isas()[0]
+
+
+def test_bad_inputs_are_named(module):
+    weight = torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="float32 tensors on the CPU, got BFloat16"):
+        module.linear(torch.randn(2, 16, dtype=torch.bfloat16), weight.bfloat16())
+    with pytest.raises(RuntimeError, match="weight's 16 input features, got x of shape \\[2, 15\\]"):
+        module.linear(torch.randn(2, 15), weight)
+    with pytest.raises(RuntimeError, match="bias must be float32 on the CPU with 8 elements"):
+        module.linear(torch.randn(2, 16), weight, torch.randn(7))
+    with pytest.raises(RuntimeError, match="instruction set 'sse9' is not supported"):
+        module.linear_with(torch.randn(2, 16), weight, None, "sse9")
+
+
+def test_autograd_inputs_go_to_f_linear(module):
+    weight = torch.randn(8, 16, requires_grad=True)
+    out = module.linear(torch.randn(2, 16), weight)
+    assert out.requires_grad  # at::linear's result, with its graph
+
+
+def _model(seed: int = 3) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.3)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    return model.eval()
+
+
+def test_stream_greedy_text_matches_transformers_generate(module):
+    model = _model()
+    prompt = torch.tensor([5, 9, 17, 33, 2, 40])
+    target = sf.load_target(model, matmul="stream")
+    assert target.matmul == "stream" and target.lean is not None
+    ours = sf.generate(target, None, prompt, max_new_tokens=24, sampling=sf.SamplingConfig(temperature=0.0)).tokens
+    theirs = model.generate(prompt[None], max_new_tokens=24, do_sample=False, pad_token_id=0,
+                            attention_mask=torch.ones_like(prompt[None]))[0, prompt.numel():]
+    assert list(ours) == theirs.tolist()
+
+
+def test_eagle_on_a_stream_target_keeps_its_greedy_text(module):
+    target = sf.load_target(_model(), matmul="stream")
+    drafter = sf.create_drafter("eagle", target, weights="random", mode="tree", gamma=3)
+    assert drafter.linear is module.linear
+    greedy = sf.SamplingConfig(temperature=0.0)
+    prompt = torch.tensor([5, 9, 17, 33, 2, 40, 5, 9])
+    plain = sf.generate(target, None, prompt, max_new_tokens=16, sampling=greedy)
+    result = sf.generate(target, drafter, prompt, max_new_tokens=16, sampling=greedy)
+    assert list(result.tokens) == list(plain.tokens) and result.metrics.draft_steps > 0
+
+
+@pytest.fixture
+def unbuilt(monkeypatch):
+    """A session where the kernel cannot build: no compiler (the real build stays memoised for later tests)."""
+
+    def fail(verbose: bool = False):
+        raise KernelUnavailable("no C++ compiler ('c++' is not on PATH)")
+
+    monkeypatch.setattr(kernel, "build_kernel", fail)
+    kernel.stream_kernel.cache_clear()
+    yield
+    kernel.stream_kernel.cache_clear()
+
+
+def test_a_failed_build_warns_once_naming_why(unbuilt, caplog):
+    with caplog.at_level(logging.WARNING, logger="specfamily.core.kernel"):
+        first, second = kernel.stream_kernel(), kernel.stream_kernel()
+    assert first is second and not first.available and first.isa is None
+    assert first.reason == "KernelUnavailable: no C++ compiler ('c++' is not on PATH)"
+    assert [r.getMessage() for r in caplog.records] == [
+        "matmul 'stream' unavailable (KernelUnavailable: no C++ compiler ('c++' is not on PATH)): "
+        "using the 'exact' and 'skinny' kinds"]
+    with pytest.raises(RuntimeError, match="stream matmul kernel is not available here: KernelUnavailable"):
+        matmul.linear_for("stream")
+
+
+def test_stream_falls_back_to_auto_over_the_other_kinds(unbuilt, monkeypatch):
+    timed = []
+    monkeypatch.setattr(matmul, "kind_seconds", lambda weights, kinds: timed.append(sorted(kinds)) or
+                        {"exact": 1.0, "skinny": 0.5})
+    choice = matmul.choose_matmul("stream", _model())
+    assert (choice.kind, choice.asked) == ("skinny", "stream") and timed == [["exact", "skinny"]]
+    assert choice.note == "stream kernel unavailable: KernelUnavailable: no C++ compiler ('c++' is not on PATH)"
+    assert sf.load_target(_model(), matmul="stream").matmul == "skinny"
+    assert matmul.choose_matmul("auto", _model()).seconds == {"exact": 1.0, "skinny": 0.5}
+
+
+def test_the_disable_switch_and_a_missing_compiler_are_reasons(monkeypatch):
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    kernel.stream_kernel.cache_clear()
+    try:
+        assert kernel.stream_kernel() == StreamKernel(None, f"KernelUnavailable: {DISABLE_ENV} is set")
+    finally:
+        kernel.stream_kernel.cache_clear()
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(KernelUnavailable, match="no C\\+\\+ compiler \\('no-such-compiler-here' is not on PATH\\)"):
+        kernel._check_tools()
+
+
+def test_the_source_ships_with_the_package_and_builds_in_a_keyed_folder(tmp_path, monkeypatch):
+    source = kernel.kernel_source()
+    assert source.is_file() and source.suffix == ".cpp"
+    monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))
+    folder = kernel.build_folder(source)
+    assert folder.parent == tmp_path / "kernels" and folder.name.startswith("stream_linear-")
