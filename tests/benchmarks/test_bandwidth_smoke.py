@@ -1,0 +1,51 @@
+"""benchmarks/bandwidth.py on tiny shapes: the report's plumbing (bandwidth, bytes, every kind by pass size), not
+its numbers."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def bandwidth(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("bandwidth", None)
+    threads = torch.get_num_threads()
+    yield importlib.import_module("bandwidth")
+    torch.set_num_threads(threads)  # the script fixes its own thread count
+    sys.modules.pop("bandwidth", None)
+
+
+def test_tiny_run_reports_every_kind_beside_the_floor(bandwidth, tmp_path, capsys):
+    out = tmp_path / "bandwidth.json"
+    report = bandwidth.main(["--shape", "tiny", "--weights", "random", "--gb", "0.001", "--repeats", "1",
+                             "--sizes", "1,3,17", "--threads", "1", "--json", str(out)])
+    tiny = bandwidth.SHAPES["tiny"]
+    assert report.bytes_read == 4 * sum(o * i for o, i in tiny.weights()) and len(tiny.weights()) == 2 * 7 + 1
+    assert report.bandwidth > 0 and report.floor > 0 and report.weights == "random, tiny shapes"
+    timed = set(report.seconds) | set(report.unavailable)
+    assert timed == {"exact", "skinny", "stream"}
+    assert all(sorted(by_k) == [1, 3, 17] and min(by_k.values()) > 0 for by_k in report.seconds.values())
+    printed = capsys.readouterr().out
+    assert "| floor |" in printed and "t(k) / t(1):" in printed and "| exact |" in printed
+    assert json.loads(out.read_text())["bytes_read"] == report.bytes_read
+
+
+def test_smollm2_shapes_read_what_its_pass_reads(bandwidth):
+    shapes = bandwidth.SHAPES["smollm2"].weights()
+    assert len(shapes) == 30 * 7 + 1 and shapes[-1] == (49152, 576)
+    layers = sum(o * i for o, i in shapes[:-1]) * 4
+    assert round(layers / 1e6) == 425  # the issue's 425 MB of decoder-layer weights
+
+
+def test_bad_sizes_are_refused(bandwidth):
+    with pytest.raises(SystemExit, match="--sizes must be positive integers"):
+        bandwidth.measure(bandwidth.parse_args(["--sizes", "0", "--shape", "tiny", "--gb", "0.001"]))
