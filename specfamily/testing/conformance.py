@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from specfamily.core.loop import generate
-from specfamily.core.sampling import warp
 from specfamily.core.types import SamplingConfig
 from specfamily.core.verify import DraftProbabilityError
 from specfamily.testing.depth import DepthRecorder, DepthStats
 from specfamily.testing.greedy import assert_greedy_equivalent
+from specfamily.testing.law import reference_warp
 from specfamily.testing.power import DEFAULT_DELTA, DEFAULT_SIGNIFICANCE, detection_power, run_samples
 from specfamily.testing.stats import ChiSquare, chi_square, impossible_samples, pool_cells, sequence_tests
 from specfamily.testing.tiny import FAMILIES, single_thread, tiny_model, tiny_target
@@ -88,7 +88,10 @@ class ConformanceError(AssertionError):
 @torch.inference_mode()
 def exact_distribution(target, prompt: Sequence[int], n_tokens: int, sampling: SamplingConfig,
                        chunk: int = 4096) -> torch.Tensor:
-    """(V ** n_tokens,) probability of each sequence of the next n_tokens under warped p."""
+    """(V ** n_tokens,) probability of each sequence of the next n_tokens under warped p.
+
+    The warp is :func:`specfamily.testing.law.reference_warp`, an independent implementation of the sampling
+    specification: a bug in the warp the decode loop uses moves the samples, not the law."""
     model, vocab = target.model, target.vocab_size
     probs = torch.ones(1, dtype=torch.float64)
     for length in range(n_tokens):
@@ -99,7 +102,7 @@ def exact_distribution(target, prompt: Sequence[int], n_tokens: int, sampling: S
         for batch in ids.split(chunk):
             batch = batch.to(model.device)
             logits = model(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[:, -1]
-            steps.append(warp(logits, sampling).double().cpu())  # (batch, V)
+            steps.append(reference_warp(logits, sampling))  # (batch, V): the law's own warp, not the loop's
         probs = (probs.view(-1, 1) * torch.cat(steps)).reshape(-1)
     return probs
 

@@ -1,0 +1,71 @@
+"""A second, deliberately plain implementation of the sampling warp, used only for the exact law.
+
+The conformance suite compares generated tokens with the exact law of the target. If that law were computed with
+:func:`specfamily.core.sampling.warp`, the function the decode loop uses, a temperature, top-k or top-p bug would
+move the loop and the law together and stay invisible. This module re-derives the same specification (DESIGN.md,
+"Sampling") without sharing any code with it: python floats in double precision, one row at a time, a loop over
+the probabilities sorted by hand.
+
+1. temperature 0: one-hot at the first largest logit;
+2. logits / temperature;
+3. top-k (k > 0): keep every logit >= the k-th largest (ties at the k-th value kept);
+4. softmax over what is kept;
+5. top-p (< 1): walk the tokens from the most probable down (ties in index order), keep each while the mass kept
+   before it is still below top_p (the crossing token kept), renormalise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specfamily.core.types import SamplingConfig
+
+
+def reference_probs(logits: list[float], sampling: SamplingConfig) -> list[float]:
+    """One row of logits -> its probabilities under ``sampling``, by the specification, in python floats."""
+    if sampling.greedy:
+        best = max(range(len(logits)), key=lambda i: (logits[i], -i))  # the first of the largest
+        return [1.0 if i == best else 0.0 for i in range(len(logits))]
+    scaled = [value / sampling.temperature for value in logits]
+    kept = _top_k(scaled, sampling.top_k)
+    probs = _softmax(scaled, kept)
+    return _top_p(probs, sampling.top_p)
+
+
+def _top_k(scaled: list[float], k: int) -> list[bool]:
+    """Which tokens top-k keeps: every value >= the k-th largest (all of them for k = 0 or k >= V)."""
+    if k <= 0 or k >= len(scaled):
+        return [True] * len(scaled)
+    kth = sorted(scaled, reverse=True)[k - 1]
+    return [value >= kth for value in scaled]
+
+
+def _softmax(scaled: list[float], kept: list[bool]) -> list[float]:
+    top = max(value for value, keep in zip(scaled, kept, strict=True) if keep)
+    weights = [math.exp(value - top) if keep else 0.0 for value, keep in zip(scaled, kept, strict=True)]
+    total = math.fsum(weights)
+    return [weight / total for weight in weights]
+
+
+def _top_p(probs: list[float], top_p: float) -> list[float]:
+    """Keep the most probable tokens while the mass before each is below top_p; renormalise."""
+    if top_p >= 1.0:
+        return probs
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    kept, mass = [0.0] * len(probs), 0.0
+    for i in order:
+        if mass >= top_p or probs[i] == 0.0:
+            break
+        kept[i] = probs[i]
+        mass += probs[i]
+    total = math.fsum(kept)
+    return [value / total for value in kept]
+
+
+def reference_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """(..., V) logits -> (..., V) float64 probabilities, row by row through :func:`reference_probs`."""
+    rows = logits.detach().double().cpu().reshape(-1, logits.shape[-1]).tolist()
+    probs = [reference_probs(row, sampling) for row in rows]
+    return torch.tensor(probs, dtype=torch.float64).reshape(logits.shape)

@@ -1,0 +1,74 @@
+"""The verifier gallery: the conformance kit, with its defaults, rejects every wrong verifier and a wrong warp."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfamily.core import loop, sampling, verify
+from specfamily.core.types import SamplingConfig
+from specfamily.testing import ConformanceError, assert_lossless
+from specfamily.testing import rogues as rogue_module
+from specfamily.testing.conformance import PROMPT, exact_distribution
+from specfamily.testing.mutants import verifier_gallery, warp_gallery
+from specfamily.testing.tiny import tiny_target
+
+VERIFIERS = verifier_gallery()
+WARPS = warp_gallery()
+
+
+def _controls() -> list[tuple[type, float, SamplingConfig]]:
+    """Each (honest drafter, tilt, config) a mutant is run with, once."""
+    runs: list[tuple[type, float, SamplingConfig]] = []
+    for mutant in VERIFIERS + WARPS:
+        if (mutant.drafter, mutant.noise, mutant.sampling) not in runs:
+            runs.append((mutant.drafter, mutant.noise, mutant.sampling))
+    return runs
+
+
+def test_the_gallery_covers_the_bugs_it_promises():
+    assert [mutant.name for mutant in VERIFIERS] == [
+        "resample_from_p", "row_off_by_one", "unwarped_p", "bonus_from_last_residual", "readmit_rejected_sibling",
+    ]
+    assert [mutant.name for mutant in WARPS] == ["top_p_before_temperature"]
+
+
+def test_installing_a_mutant_patches_and_restores():
+    walk, verify_draft, warp = verify._walk, loop.verify_draft, sampling.warp
+    with VERIFIERS[0].installed():
+        assert verify._walk is not walk
+    with VERIFIERS[2].installed():
+        assert loop.verify_draft is not verify_draft
+    with WARPS[0].installed():  # everywhere: the loop's and the drafters' imported names too
+        assert sampling.warp is not warp and loop.warp is sampling.warp and rogue_module.warp is sampling.warp
+    assert (verify._walk, loop.verify_draft, sampling.warp, loop.warp, rogue_module.warp) == (
+        walk, verify_draft, warp, warp, warp)
+
+
+@pytest.mark.parametrize("mutant", VERIFIERS, ids=lambda mutant: mutant.name)
+def test_the_kit_rejects_the_wrong_verifier(mutant):
+    with mutant.installed() as hits, pytest.raises(ConformanceError, match="not lossless under") as info:
+        assert_lossless(mutant.factory, configs=[mutant.sampling])
+    print(f"\n{mutant.name} ({mutant.bug}): {hits.count} hits; {info.value}")
+    assert hits.count >= 100, f"the wrong branch ran only {hits.count} times"
+
+
+@pytest.mark.parametrize("mutant", WARPS, ids=lambda mutant: mutant.name)
+def test_the_kit_rejects_a_wrong_warp_used_by_loop_and_drafter_alike(mutant):
+    """The loop stays self-consistent under a wrong warp (p and q move together); only the independent law sees it."""
+    target = tiny_target("llama")
+    law = exact_distribution(target, PROMPT, 3, mutant.sampling)
+    with mutant.installed() as hits:
+        assert torch.equal(exact_distribution(target, PROMPT, 3, mutant.sampling), law)
+        with pytest.raises(ConformanceError, match="not lossless under") as info:
+            assert_lossless(mutant.factory, configs=[mutant.sampling])
+    print(f"\n{mutant.name} ({mutant.bug}): {hits.count} hits; {info.value}")
+    assert hits.count >= 100, f"the wrong warp changed a support only {hits.count} times"
+
+
+@pytest.mark.parametrize(("honest", "noise", "config"), _controls(),
+                         ids=lambda value: getattr(value, "__name__", str(value)))
+def test_the_honest_twins_pass_with_the_real_verifier(honest, noise, config):
+    """The control: each drafter and config a mutant is caught with passes with the real verifier and warp."""
+    [fit] = assert_lossless(lambda target: honest(target, noise=noise), configs=[config])
+    assert fit.depth.deepest_verified == 3, fit.describe()
