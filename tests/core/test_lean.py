@@ -188,7 +188,7 @@ def test_greedy_generation_is_the_same_token_for_token(dtype, lean_calls):
     assert len(lean_calls) == 24  # the plain target never took the lean path
 
 
-def test_lean_forward_respects_a_changed_layer_count():
+def test_lean_forward_respects_a_changed_layer_count(lean_calls):
     """transformers' early exit shortens config.num_hidden_layers for a while; the lean forward follows it."""
     model = _model(kv_heads=2, num_hidden_layers=3)
     lean_target, plain = _targets(model)
@@ -197,6 +197,7 @@ def test_lean_forward_respects_a_changed_layer_count():
         _passes(lean_target, plain)
     finally:
         model.config.num_hidden_layers = 3
+    assert lean_calls == [9, 5, 6, 1, 1]  # the lean forward ran the shortened model, not the model's forward
 
 
 def test_a_hook_added_later_sends_passes_through_the_model(lean_calls):

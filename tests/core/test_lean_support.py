@@ -16,11 +16,12 @@ from transformers import (
 from specfamily.core.lean import LeanLlama
 from specfamily.core.lean_support import lean_unsupported
 from specfamily.core.target import Target
+from specfamily.core.types import Draft
 from specfamily.testing import tiny_model
 
 VOCAB = 64
 SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)
+             num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3)  # logits far from uniform
 
 
 def _build(model_class, config_class, attn: str = "sdpa", **overrides):
@@ -55,11 +56,50 @@ COVERED = {
 }
 
 
+@pytest.fixture
+def lean_calls(monkeypatch) -> list[int]:
+    """The number of tokens of each pass the lean forward ran (the lean path was taken, not only offered)."""
+    calls: list[int] = []
+    original = LeanLlama.__call__
+
+    def counted(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape[1])
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(LeanLlama, "__call__", counted)
+    return calls
+
+
+def _same_passes(model) -> None:
+    """A prefill, a chain, a tree and a decode step, lean and through the model: logits equal bit for bit."""
+    lean, plain = Target(model), Target(model, fast=False)
+    assert lean.lean is not None and lean.lean.ready() and plain.lean is None
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(0, VOCAB, (n,), generator=gen)  # noqa: E731
+    steps = [(ids(9), None, []), (ids(1), Draft.chain(ids(3)), [0]),
+             (ids(1), Draft(ids(4), torch.tensor([-1, 0, 0, -1])), [0, 2]), (ids(1), None, [])]
+    for pending, draft, accepted in steps:
+        a, b = lean.forward(pending, draft), plain.forward(pending, draft)
+        assert torch.equal(a.logits, b.logits)
+        lean.commit(accepted)
+        plain.commit(accepted)
+
+
 @pytest.mark.parametrize("name", list(COVERED))
-def test_covered_models(name):
+def test_covered_models_run_the_lean_forward_bit_for_bit(name, lean_calls):
     model = COVERED[name]()
     assert lean_unsupported(model) is None
-    assert Target(model).lean is not None
+    _same_passes(model)
+    assert lean_calls == [9, 4, 5, 1]  # every pass of the lean target went through the lean forward
+
+
+def test_the_rope_cases_scale_their_frequencies():
+    """The llama3 and linear cases really carry scaled rope frequencies (else they would test the default rope)."""
+    default = COVERED["llama-gqa"]().model.rotary_emb.inv_freq
+    linear = COVERED["linear-rope"]().model.rotary_emb
+    assert linear.rope_type == "linear" and torch.allclose(linear.inv_freq, default / 2.0)
+    llama3 = COVERED["llama3-rope"]().model.rotary_emb
+    assert llama3.rope_type == "llama3" and not torch.allclose(llama3.inv_freq, default)
 
 
 DECLINED = {
@@ -93,6 +133,13 @@ DECLINED = {
 }
 
 
+WRAPPER_REFUSES = {  # declined by the lean forward and refused by the target wrapper itself
+    "mistral-window": "MistralForCausalLM uses sliding_window=4096; sliding-window and chunked attention are not "
+                      "supported",
+    "qwen2-window": "Qwen2ForCausalLM uses sliding_window=16; sliding-window and chunked attention are not supported",
+}
+
+
 @pytest.mark.parametrize("name", list(DECLINED))
 def test_declined_models_use_the_model_forward_with_a_reason(name):
     build, reason = DECLINED[name]
@@ -100,8 +147,9 @@ def test_declined_models_use_the_model_forward_with_a_reason(name):
     assert reason in (lean_unsupported(model) or "")
     with pytest.raises(ValueError, match="the lean forward cannot run this model"):
         LeanLlama(model)
-    try:
-        target = Target(model)
-    except ValueError:  # the wrapper itself refuses some (sliding windows)
-        return
-    assert target.lean is None
+    if name in WRAPPER_REFUSES:
+        with pytest.raises(ValueError) as info:
+            Target(model)
+        assert str(info.value) == WRAPPER_REFUSES[name]
+    else:
+        assert Target(model).lean is None

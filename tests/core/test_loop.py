@@ -71,6 +71,8 @@ def test_same_seed_same_tokens_under_sampling():
     a = sf.generate(target, drafter, [1, 2], 12, sampling, seed=3).tokens
     b = sf.generate(target, drafter, [1, 2], 12, sampling, seed=3).tokens
     assert a == b
+    others = {tuple(sf.generate(target, drafter, [1, 2], 12, sampling, seed=seed).tokens) for seed in (4, 5, 6)}
+    assert others - {tuple(a)}, "other seeds gave the same tokens: the seed is not used"
 
 
 def test_features_reach_observe_aligned_with_positions():
