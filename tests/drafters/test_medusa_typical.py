@@ -1,5 +1,3 @@
-import math
-
 import torch
 
 import specfamily as sf
@@ -9,14 +7,18 @@ from specfamily.testing import tiny_target
 
 
 def test_threshold_is_min_of_epsilon_and_delta_times_exp_minus_entropy():
-    # row 0: p = (.5, .5): H = ln 2, delta * exp(-H) = .3 * .5 = .15 < epsilon = .2 -> threshold .15
-    # row 1 (after node 0): p = (.9, .1): H = .325, .3 * exp(-H) = .217 > .2 -> threshold .2
-    p = torch.tensor([[0.5, 0.5], [0.9, 0.1], [0.12, 0.88]])
+    # row 0: p = (.18, .82), H = .471, exp(-H) = .624; row 1 (after node 0): p = (.9, .1), H = .325, exp(-H) = .723
+    p = torch.tensor([[0.18, 0.82], [0.9, 0.1], [0.5, 0.5]])
     tokens, parents = torch.tensor([0, 1]), torch.tensor([-1, 0])
-    assert typical_pass(tokens, parents, p, epsilon=0.2, delta=0.3).tolist() == [True, False]
-    entropy = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
-    assert 0.3 * math.exp(-entropy) > 0.2
-    assert typical_pass(tokens, parents, p, epsilon=0.09, delta=0.3).tolist() == [True, True]
+    # delta .25, epsilon .2: the entropy term binds in both rows (.156 and .181): .18 clears .156 though it is
+    # below epsilon; .1 fails .181
+    assert typical_pass(tokens, parents, p, epsilon=0.2, delta=0.25).tolist() == [True, False]
+    # epsilon .09 binds in both rows: .1 clears it though it is below delta * exp(-H)
+    assert typical_pass(tokens, parents, p, epsilon=0.09, delta=0.25).tolist() == [True, True]
+    # delta .35: the entropy terms (.218, .253) exceed epsilon .2, which binds: .18 fails it
+    assert typical_pass(tokens, parents, p, epsilon=0.2, delta=0.35).tolist() == [False, False]
+    # the threshold is strict: p(x) equal to it does not pass
+    assert typical_pass(torch.tensor([1]), torch.tensor([-1]), p[2:], epsilon=0.5, delta=2.0).tolist() == [False]
 
 
 def test_longest_passing_path_prefers_depth_then_node_order():
