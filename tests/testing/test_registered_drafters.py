@@ -75,6 +75,8 @@ CASES = [
     Case("medusa", "chain", {"weights": "random", "gamma": DEPTH, "tree": "chain"}),
     Case("eagle", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30}),
     Case("eagle", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain"}),
+    Case("suffix", "chain", {"gamma": DEPTH, "mode": "chain"}, lambda: lookup_prompts()["chain"]),
+    Case("suffix", "tree", {"gamma": DEPTH, "max_spec_factor": 2.0}, lambda: lookup_prompts()["tree"]),
 ]
 PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
 PRUNED_CASES = [
@@ -87,7 +89,7 @@ PRUNED_CASES = [
 def test_every_registered_drafter_has_a_case_in_each_of_its_modes():
     assert set(sf.list_drafters()) <= {case.name for case in CASES}
     trees = {case.name for case in CASES if case.mode == "tree"}
-    assert {"prompt_lookup", "medusa", "eagle"} <= trees
+    assert {"prompt_lookup", "medusa", "eagle", "suffix"} <= trees
 
 
 def test_lookup_prompts_repeat_their_base():
