@@ -47,19 +47,28 @@ def test_eagle_trains_on_cuda(tmp_path, dtype, monkeypatch):
     assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in saved["model"].values())
 
 
+def _periodic(path, vocab: int, count: int, offset: int) -> str:
+    """A learnable corpus: token i is (5 i + offset) mod vocab, so every head's target follows from its input."""
+    np.save(path, ((np.arange(count) * 5 + offset) % vocab).astype(np.uint16))
+    return str(path)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_medusa_trains_on_cuda(tmp_path, dtype):
     target = load_target(tiny_model("llama", 64, dtype=torch.float32, spread=1.0), device="cuda")
-    _tokens(tmp_path / "train.npy", 64, 3000, 0)
-    _tokens(tmp_path / "heldout.npy", 64, 1000, 1)
+    _periodic(tmp_path / "train.npy", 64, 3000, 0)
+    _periodic(tmp_path / "heldout.npy", 64, 1000, 1)
     cfg = medusa_train.TrainConfig(target="tiny", zoo_dir=str(tmp_path), out=str(tmp_path / "run"), num_heads=3,
-                                   steps=4, batch=4, seq_len=32, warmup=1, eval_every=2, eval_windows=4,
+                                   steps=4, batch=4, seq_len=32, lr=1e-2, warmup=1, eval_every=2, eval_windows=4,
                                    eval_prompts=2, prompt_len=16, eval_tokens=16, ranks=4, max_nodes=8,
                                    save_dtype="float32", device="cuda", dtype=dtype)
     state = medusa_train.train(cfg, target=target)
     assert state.step == 4 and len(state.history) == 2
     assert all(math.isfinite(loss) for row in state.history for loss in row["loss"])
-    assert state.history[-1]["loss"][0] < state.history[0]["loss"][0] + 1.0  # no blow-up
+    first, last = state.history[0]["loss"], state.history[-1]["loss"]
+    # on this corpus every head's loss falls by about 0.45 between the two evaluations (measured on CPU in float32,
+    # bf16 and fp16 autocast, seeds 0-2); with no optimizer update it moves by under 0.02
+    assert all(after < before - 0.1 for before, after in zip(first, last, strict=True)), (first, last)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
