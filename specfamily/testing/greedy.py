@@ -10,9 +10,16 @@ when the gap is within ``TIE_ULPS`` ulps of the 16-bit format at those logits (e
 one ulp); :func:`assert_greedy_equivalent` in bf16 fails on any flip that is not a near-tie.
 
 Measured (tests/testing/test_greedy.py: bf16 Llama, hidden 64, 4 layers, vocabulary 256, 50 prompts x 24
-tokens, CPU): plain decoding 0/50 prompts; small_model 6/50 (0.52% of compared tokens); self_spec 5/50 (0.43%);
-medusa 4/50 (0.34%); eagle 4/50 (0.34%); prompt_lookup 0/50. Every flip was at a logit gap of 0 or 1 ulp. On the
-2-layer, 32-wide models of the lossless suite (vocabulary 64) no drafter flipped at all in 50 prompts.
+tokens, every drafter at gamma 3, CPU): plain decoding 0/50 prompts; small_model 4/50 (0.34% of compared tokens);
+self_spec 4/50 (0.34%); medusa 4/50 (0.34%); eagle 4/50 (0.34%); prompt_lookup 1/50 (0.08%). Every flip was at a
+logit gap of 0 or 1 ulp. On the 2-layer, 32-wide models of the lossless suite (vocabulary 64) no drafter flipped
+at all in 50 prompts.
+
+A greedy check proves only what it drafts: a drafter whose policy goes idle (the cost-aware default on random heads)
+compares plain decoding with itself. So the drafter runs wrapped in a :class:`DepthRecorder`, at the constant draft
+length ``gamma`` (:data:`GAMMA` unless given; ``gamma=None`` keeps the drafter's own policy, for policy tests), the
+report counts drafted passes, draft tokens and positions verified at each depth, and :func:`check_report` fails
+when a drafter drafted nothing.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from dataclasses import dataclass, field
 import torch
 
 from specfamily.core.loop import generate
+from specfamily.testing.depth import DepthRecorder, DepthStats
 from specfamily.testing.tiny import single_thread, tiny_target
 
 TIE_ULPS = 2
+GAMMA = 3  # the constant draft length (tree depth) greedy checks drive drafters at, as the conformance kit's GAMMA
 EXACT_DTYPES = (torch.float32, torch.float64)
 
 
@@ -55,6 +64,14 @@ class GreedyReport:
     prompts: int
     tokens: int  # tokens compared: each prompt's, up to and including its first flip
     flips: list[Flip] = field(default_factory=list)
+    drafter: str = "plain"  # the drafter's class name; "plain" for plain decoding
+    depth: DepthStats | None = None  # passes and positions verified by depth; None for plain decoding
+    proposed_tokens: int = 0  # draft tokens (tree nodes) proposed over all prompts
+    gamma: int | None = None  # the constant draft length it ran at; None: the drafter's own policy
+
+    @property
+    def drafted_passes(self) -> int:
+        return 0 if self.depth is None else self.depth.passes
 
     @property
     def prompt_flip_rate(self) -> float:
@@ -71,8 +88,13 @@ class GreedyReport:
 
     def describe(self) -> str:
         gaps = ", ".join(f"{flip.gap:.2e}" for flip in self.flips) or "none"
-        return (f"{self.family} {self.dtype}: {len(self.flips)}/{self.prompts} prompts flipped "
+        text = (f"{self.family} {self.dtype}: {len(self.flips)}/{self.prompts} prompts flipped "
                 f"({self.token_flip_rate:.2%} of {self.tokens} tokens); logit gaps at the flips: {gaps}")
+        if self.depth is None:
+            return text
+        length = "its own policy" if self.gamma is None else f"gamma {self.gamma}"
+        return (f"{text}; {self.drafter} at {length}: {self.drafted_passes} drafted passes, "
+                f"{self.proposed_tokens} draft tokens, positions verified by depth {self.depth.verified}")
 
 
 def ulp(value: float, dtype: torch.dtype) -> float:
@@ -129,12 +151,19 @@ def _first_flip(index: int, ours: list[int], reference: list[int], logits: torch
     return Flip(index, position, ours[position], reference[position], theirs - mine, tolerance)
 
 
-def compare_greedy(case: GreedyCase, drafter) -> GreedyReport:
-    """The drafter's greedy text on every prompt of ``case`` against the references."""
+def compare_greedy(case: GreedyCase, drafter, gamma: int | None = GAMMA) -> GreedyReport:
+    """The drafter's greedy text on every prompt of ``case`` against the references, drafting at the constant
+    length ``gamma`` (``None``: the drafter's own policy); the report counts what was drafted and verified."""
     dtype = case.target.dtype
     report = GreedyReport(case.family, dtype, len(case.prompts), 0)
+    recorder = None
+    if drafter is not None:
+        recorder = DepthRecorder(drafter, gamma=gamma)
+        report.drafter, report.depth, report.gamma = type(drafter).__name__, recorder.stats, gamma
     for index, (prompt, (reference, logits)) in enumerate(zip(case.prompts, case.references, strict=True)):
-        ours = generate(case.target, drafter, prompt, max_new_tokens=case.max_new_tokens).tokens
+        result = generate(case.target, recorder, prompt, max_new_tokens=case.max_new_tokens)
+        ours = result.tokens
+        report.proposed_tokens += result.metrics.proposed_tokens
         if len(ours) != len(reference):
             raise AssertionError(f"{case.family} prompt {index}: {len(ours)} tokens, the reference has "
                                  f"{len(reference)}")
@@ -146,14 +175,28 @@ def compare_greedy(case: GreedyCase, drafter) -> GreedyReport:
 
 
 def greedy_report(factory: Callable, *, family: str = "llama", dtype: torch.dtype = torch.bfloat16,
-                  vocab_size: int = 64, prompts: int = 50, max_new_tokens: int = 24, **model_options) -> GreedyReport:
+                  vocab_size: int = 64, prompts: int = 50, max_new_tokens: int = 24, gamma: int | None = GAMMA,
+                  **model_options) -> GreedyReport:
     """Measure how often, and at what logit gaps, the drafter's greedy text leaves transformers' greedy text."""
     case = greedy_case(family, dtype, vocab_size, prompts, max_new_tokens, **model_options)
-    return compare_greedy(case, factory(case.target))
+    return compare_greedy(case, factory(case.target), gamma=gamma)
+
+
+def check_drafted(report: GreedyReport) -> None:
+    """Raise when a drafter (not plain decoding) drafted nothing: its check compared plain decoding with itself."""
+    if report.depth is None or (report.drafted_passes and report.proposed_tokens):
+        return
+    length = "its own policy" if report.gamma is None else f"a constant gamma {report.gamma}"
+    raise AssertionError(
+        f"{report.drafter} drafted nothing on the {report.family} target ({report.drafted_passes} drafted passes, "
+        f"{report.proposed_tokens} draft tokens over {report.prompts} prompts at {length}): a greedy check that "
+        f"drafts nothing only compares plain decoding with itself"
+    )
 
 
 def check_report(report: GreedyReport) -> None:
-    """Raise unless the report is exact (float32/64) or every flip is a near-tie (16-bit)."""
+    """Raise unless the drafter drafted and the report is exact (float32/64) or every flip is a near-tie (16-bit)."""
+    check_drafted(report)
     if report.dtype in EXACT_DTYPES and report.flips:
         flip = report.flips[0]
         raise AssertionError(f"{report.family} prompt {flip.prompt}: greedy tokens differ at position "
@@ -170,14 +213,16 @@ def check_report(report: GreedyReport) -> None:
 
 def assert_greedy_equivalent(factory: Callable, *, families: Sequence[str] = ("llama", "gpt2"),
                              vocab_size: int = 64, prompts: int = 4, max_new_tokens: int = 24,
-                             dtype: torch.dtype = torch.float64, **model_options) -> list[GreedyReport]:
-    """Fail unless greedy generation with the drafter equals transformers' greedy generate, token for token
-    (float32/64), or leaves it only at near-ties (bf16/fp16; the reports say how often)."""
+                             dtype: torch.dtype = torch.float64, gamma: int | None = GAMMA,
+                             **model_options) -> list[GreedyReport]:
+    """Fail unless the drafter drafted (at the constant length ``gamma``; ``None``: its own policy) and greedy
+    generation with it equals transformers' greedy generate, token for token (float32/64), or leaves it only at
+    near-ties (bf16/fp16; the reports say how often, and how many positions were verified at each depth)."""
     reports = []
     for family in families:
         with single_thread():
             report = greedy_report(factory, family=family, dtype=dtype, vocab_size=vocab_size, prompts=prompts,
-                                   max_new_tokens=max_new_tokens, **model_options)
+                                   max_new_tokens=max_new_tokens, gamma=gamma, **model_options)
         check_report(report)
         reports.append(report)
     return reports

@@ -258,7 +258,9 @@ def test_the_loop_truncates_tokens_accepted_after_eos():
 
 @pytest.mark.parametrize("branches", [1, 3])
 def test_greedy_equals_transformers(branches):
-    assert_greedy_equivalent(lambda t: PromptLookupDrafter(t, branches=branches))
+    reports = assert_greedy_equivalent(lambda t: PromptLookupDrafter(t, branches=branches, gamma=4), gamma=4)
+    assert all(report.proposed_tokens > 0 for report in reports)
+    assert any(report.depth.trees > 0 for report in reports) == (branches > 1)
 
 
 def test_greedy_tree_equals_plain_decoding_with_trees_proposed():

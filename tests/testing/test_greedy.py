@@ -10,6 +10,7 @@ from specfamily.core.drafter import BaseDrafter
 from specfamily.core.types import Draft
 from specfamily.testing import draft_model_for
 from specfamily.testing.greedy import (
+    GAMMA,
     TIE_ULPS,
     GreedyReport,
     _first_flip,
@@ -53,6 +54,7 @@ def test_bf16_greedy_flips_only_at_near_ties(bf16_case, name):
         report = compare_greedy(bf16_case, DRAFTERS[name](bf16_case.target))
     print(f"\n{name}: {report.describe()}")
     assert report.prompts == 50 and report.tokens > 1000
+    assert (report.drafted_passes > 0) == (name != "plain")
     check_report(report)  # every flip within TIE_ULPS ulps of bf16 in the reference's own logits
 
 
@@ -99,4 +101,70 @@ def test_flip_gap_and_tolerance():
 def test_assert_greedy_equivalent_in_bf16_returns_the_measurement():
     [report] = assert_greedy_equivalent(DRAFTERS["self_spec"], families=("llama",), prompts=6,
                                         dtype=torch.bfloat16)
-    assert report.dtype == torch.bfloat16 and report.prompts == 6 and 0 <= report.prompt_flip_rate <= 1
+    assert report.dtype == torch.bfloat16 and report.prompts == 6
+    assert report.tokens == 6 * 24 - sum(24 - flip.position - 1 for flip in report.flips)
+    assert report.drafter == "SelfSpecDrafter" and report.drafted_passes > 0
+
+
+class NeverDrafts(BaseDrafter):
+    """Proposes nothing (as the cost-aware policy may on random heads): greedy text equal to plain, proving nothing."""
+
+    def propose(self, ctx, gamma):
+        return Draft.empty()
+
+
+def test_a_drafter_that_never_drafts_fails_naming_the_drafter():
+    with pytest.raises(AssertionError, match=r"NeverDrafts drafted nothing on the llama target \(0 drafted passes, "
+                                             r"0 draft tokens over 2 prompts at a constant gamma 3\)"):
+        assert_greedy_equivalent(lambda t: NeverDrafts(gamma=3), families=("llama",), prompts=2)
+
+
+class Idle:
+    """A draft-length policy that always decides drafting does not pay (as "auto" may on random heads)."""
+
+    def reset(self):
+        pass
+
+    def next_gamma(self):
+        return 0
+
+    def update(self, *args, **kwargs):
+        pass
+
+
+def test_the_drafters_policy_is_overridden_unless_gamma_is_none():
+    def factory(t):
+        drafter = Chain(gamma=4)
+        drafter.policy = Idle()
+        return drafter
+    [report] = assert_greedy_equivalent(factory, families=("llama",), prompts=2)
+    assert report.gamma == GAMMA and report.depth.deepest_drafted == GAMMA
+    with pytest.raises(AssertionError, match=r"Chain drafted nothing .* at its own policy\)"):
+        assert_greedy_equivalent(factory, families=("llama",), prompts=2, gamma=None)
+
+
+class Chain(BaseDrafter):
+    """Proposes ``gamma`` copies of a fixed token: every pass drafts exactly gamma tokens, a chain."""
+
+    def propose(self, ctx, gamma):
+        return Draft.chain([5] * gamma)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5])
+def test_the_report_counts_passes_tokens_and_positions_verified_by_depth(gamma):
+    [report] = assert_greedy_equivalent(lambda t: Chain(policy="auto"), families=("llama",), prompts=3,
+                                        max_new_tokens=10, gamma=gamma)
+    stats = report.depth
+    assert stats.requests == 3 and stats.trees == 0
+    assert stats.deepest_drafted == gamma and stats.drafted[0] == stats.passes  # the budget caps the last passes
+    assert report.proposed_tokens == sum(stats.drafted)
+    assert len(stats.verified) >= 1 and stats.verified[0] == stats.passes  # depth 1 is verified in every pass
+    assert f"{report.proposed_tokens} draft tokens" in report.describe()
+    assert f"positions verified by depth {stats.verified}" in report.describe()
+    assert f"Chain at gamma {gamma}: {stats.passes} drafted passes" in report.describe()
+
+
+def test_plain_decoding_is_not_asked_to_draft(bf16_case):
+    report = compare_greedy(bf16_case, None)
+    assert report.drafter == "plain" and report.depth is None and report.drafted_passes == 0
+    check_report(report)

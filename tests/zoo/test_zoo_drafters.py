@@ -1,5 +1,9 @@
 """Every shipped drafter on the shipped zoo target: greedy output identical to plain decoding, token for token,
-on the zoo's held-out prompts (a spread of them here; every prompt of both sets under ``-m slow``)."""
+on the zoo's held-out prompts (a spread of them here; every prompt of both sets under ``-m slow``).
+
+Each arm is built with its shipped defaults (weights, trees, skip set) and driven at a constant draft length (its
+own ``gamma``, else the kit's GAMMA): the cost-aware policy may draft nothing, and a check that drafts nothing
+compares plain decoding with itself. Every arm asserts that it drafted and that drafts were verified."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import pytest
 import torch
 
 import specfamily as sf
+from specfamily.testing.depth import DepthRecorder
+from specfamily.testing.greedy import GAMMA
 from specfamily.zoo.prompts import prompt_ids
 
 DRAFTERS = {
@@ -51,13 +57,17 @@ def plain_outputs(target):
 
 
 def _check(target, plain_outputs, label: str, prompts: list[list[int]], max_new_tokens: int) -> None:
-    name = label.split()[0]
-    drafter = sf.create_drafter(name, target, **DRAFTERS[label])
+    name, options = label.split()[0], DRAFTERS[label]
+    drafter = DepthRecorder(sf.create_drafter(name, target, **options), gamma=options.get("gamma", GAMMA))
+    proposed = 0
     for i, prompt in enumerate(prompts):
         ours = sf.generate(target, drafter, prompt, max_new_tokens=max_new_tokens)
         assert ours.tokens == plain_outputs(prompt, max_new_tokens), (
             f"{label}, prompt {i}: greedy output differs from plain decoding")
         assert not ours.lossy
+        proposed += ours.metrics.proposed_tokens
+    assert proposed > 0 and drafter.stats.passes > 0, f"{label} drafted nothing: {drafter.stats.summary()}"
+    assert drafter.stats.deepest_accepted >= 1, f"{label} never had a draft token accepted: {drafter.stats.summary()}"
 
 
 def test_plain_decoding_equals_transformers_on_held_out_prompts(target):
