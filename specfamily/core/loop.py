@@ -89,12 +89,13 @@ def generate(
     accept = _acceptance(drafter)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     clock = device_clock(device)
-    started = clock()
     if drafter is not None:
-        _bind_costs(drafter, target, ids)
+        recorder.calibration_seconds = _bind_costs(drafter, target, ids, clock)
+    started = clock()  # after the one-time cost measurement, which the metrics keep apart
+    if drafter is not None:
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
     target.reset()
-    pending = ids.to(device)
+    pending, drafted_before = ids.to(device), False
     try:
         while len(new_tokens) < max_new_tokens:
             remaining = max_new_tokens - len(new_tokens)
@@ -107,7 +108,8 @@ def generate(
             target.commit(accepted)
             t2 = clock()
             depth = _depth(draft)
-            recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft))
+            recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft),
+                                 catch_up_seconds=draft.catch_up_seconds)
             committed = [*_tokens_at(draft, accepted), next_token]
             kept, finished = truncate(committed, remaining, target.eos_token_ids)
             new_tokens += kept
@@ -115,22 +117,40 @@ def generate(
             if finished:
                 break
             if drafter is not None:
-                drafter.policy.update(depth, len(accepted), recorder.running_c(), tokens=len(draft))
+                _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, drafted_before)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
-            pending = torch.tensor([next_token], dtype=torch.long, device=device)
+            pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0
     finally:
         if drafter is not None and hasattr(drafter, "end"):
             drafter.end()
     lossy = bool(drafter is not None and drafter.lossy)
-    metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy)
+    note = getattr(drafter.policy, "describe", None) if drafter is not None else None
+    metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy,
+                              policy_note=note() if callable(note) else "")
     return GenerationResult(new_tokens, metrics, lossy)
 
 
-def _bind_costs(drafter: Drafter, target: Target, ids: torch.Tensor) -> None:
-    """Give a cost-aware policy (one with ``bind`` and no curve yet) the target's measured verify-cost curve."""
+def _bind_costs(drafter: Drafter, target: Target, ids: torch.Tensor, clock) -> float:
+    """Give a cost-aware policy (one with ``bind`` and no curve yet) the target's measured verify-cost curve;
+    the seconds it took (0 when nothing was measured: the curve is measured once per target)."""
     policy = drafter.policy
-    if callable(getattr(policy, "bind", None)) and getattr(policy, "verify_cost", None) is None:
-        policy.bind(target_cost_curve(target, ids.tolist()))
+    if not callable(getattr(policy, "bind", None)) or getattr(policy, "verify_cost", None) is not None:
+        return 0.0
+    start = clock()
+    policy.bind(target_cost_curve(target, ids.tolist()))
+    return clock() - start
+
+
+def _report(policy, draft: Draft, depth: int, accepted: list[int], draft_seconds: float, verify_seconds: float,
+            steady: bool) -> None:
+    """Tell the policy about one verification: this pass's own c (one draft step, catch-up left out, over this
+    verification) and, after a drafted pass (a steady backlog, not an idle stretch's), the catch-up over it."""
+    c = overhead = None
+    if depth and verify_seconds > 0:
+        c = max(0.0, draft_seconds - draft.catch_up_seconds) / depth / verify_seconds
+        overhead = draft.catch_up_seconds / verify_seconds if steady else None
+    verified = draft.verified_depth(accepted) if depth else 0
+    policy.update(depth, len(accepted), c, tokens=len(draft), verified=verified, overhead=overhead)
 
 
 def _tokens_at(draft: Draft, nodes: list[int]) -> list[int]:

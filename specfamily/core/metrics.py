@@ -34,6 +34,10 @@ class Metrics:
     total_seconds: float
     c: float  # one draft step's time / one verification pass's time (prefill and passes without a proposal left out)
     lossy: bool = False
+    catch_up_seconds: float = 0.0  # of draft_seconds, feeding drafters context they had not seen (not in c)
+    calibration_seconds: float = 0.0  # one-time verify-cost measurement before this request (not in total_seconds)
+    drafted_share: float = NAN  # passes after the prefill that verified a draft / passes after the prefill
+    policy_note: str = ""  # the draft-length policy's own account (the cost-aware one says why it drafts or not)
 
     def as_dict(self) -> dict[str, Any]:
         """Flat and JSON-friendly: nan becomes None."""
@@ -108,6 +112,8 @@ class MetricsRecorder:
     c_draft_seconds: float = 0.0  # their time,
     c_verify_passes: int = 0  # passes that verified a proposal,
     c_verify_seconds: float = 0.0  # and their time
+    catch_up_seconds: float = 0.0
+    calibration_seconds: float = 0.0
     proposed_at: list[int] = field(default_factory=list)  # proposals with depth > i
     accepted_at: list[int] = field(default_factory=list)  # of those, accepted at depth i + 1
 
@@ -119,6 +125,7 @@ class MetricsRecorder:
         verify_seconds: float,
         draft_steps: int | None = None,
         proposed_tokens: int | None = None,
+        catch_up_seconds: float = 0.0,
     ) -> None:
         """One target pass: draft depth verified (0: none), draft tokens accepted, times.
 
@@ -136,9 +143,11 @@ class MetricsRecorder:
             raise ValueError(f"proposed_tokens ({proposed_tokens}) cannot be below proposed_depth ({proposed_depth})")
         draft_seconds = _check_seconds(draft_seconds, "draft_seconds")
         verify_seconds = _check_seconds(verify_seconds, "verify_seconds")
+        catch_up_seconds = min(_check_seconds(catch_up_seconds, "catch_up_seconds"), draft_seconds)
 
+        self.catch_up_seconds += catch_up_seconds
         if self.target_passes > 0:
-            self._count_cost(proposed_depth, draft_steps, draft_seconds, verify_seconds)
+            self._count_cost(proposed_depth, draft_steps, draft_seconds - catch_up_seconds, verify_seconds)
         self.target_passes += 1
         self.draft_steps += draft_steps
         self.proposed_tokens += proposed_tokens
@@ -175,7 +184,7 @@ class MetricsRecorder:
     def _c(self) -> float:
         return cost_ratio(self.c_draft_seconds, self.c_draft_steps, self.c_verify_seconds, self.c_verify_passes)
 
-    def finish(self, new_tokens: int, total_seconds: float, lossy: bool = False) -> Metrics:
+    def finish(self, new_tokens: int, total_seconds: float, lossy: bool = False, policy_note: str = "") -> Metrics:
         """The request's Metrics; other_seconds = total - draft - verify (floored at 0)."""
         new_tokens = _check_count(new_tokens, "new_tokens")
         total_seconds = _check_seconds(total_seconds, "total_seconds")
@@ -195,4 +204,8 @@ class MetricsRecorder:
             total_seconds=total_seconds,
             c=self._c(),
             lossy=bool(lossy),
+            catch_up_seconds=self.catch_up_seconds,
+            calibration_seconds=self.calibration_seconds,
+            drafted_share=ratio(self.proposals, self.target_passes - 1),
+            policy_note=policy_note,
         )

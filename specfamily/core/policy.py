@@ -24,9 +24,11 @@ class Policy(Protocol):
     def next_gamma(self) -> int:
         """Draft length for the next proposal (>= 0: 0 is a plain pass; a drafter may propose fewer)."""
 
-    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
-        """Report one verification: draft depth, draft tokens accepted, running cost ratio c (one draft step's
-        time over one verification pass's), and the draft's token count (more than its depth for a tree)."""
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
+               verified: int | None = None, overhead: float | None = None) -> None:
+        """Report one verification: draft depth, draft tokens accepted, this pass's cost ratio c (one draft step's
+        time over this verification pass's), the draft's token count (more than its depth for a tree), the levels
+        the verifier tried, and the drafter's catch-up time over the verification's."""
 
 
 def _check_int(value: Any, name: str, minimum: int) -> int:
@@ -64,7 +66,8 @@ class ConstantPolicy:
     def next_gamma(self) -> int:
         return self.gamma
 
-    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
+               verified: int | None = None, overhead: float | None = None) -> None:
         _check_update(proposed, accepted)
 
 
@@ -93,7 +96,8 @@ class HeuristicPolicy:
     def next_gamma(self) -> int:
         return self.current
 
-    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
+               verified: int | None = None, overhead: float | None = None) -> None:
         proposed, accepted = _check_update(proposed, accepted)
         if proposed == 0:
             return
@@ -164,7 +168,8 @@ class OptimalPolicy:
             return min(self.gamma, self.max_gamma)
         return optimal_gamma(self.alpha, self.c_estimate, self.verify_cost, self.max_gamma)
 
-    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
+               verified: int | None = None, overhead: float | None = None) -> None:
         proposed, accepted = _check_update(proposed, accepted)
         self.accepted += accepted
         self.rejections += int(accepted < proposed)
@@ -178,15 +183,20 @@ class AutoPolicy:
     """Cost-aware draft length: the gamma (0: draft nothing) with the best expected speedup at the running
     per-depth acceptance, the running c and the target's measured verify-cost curve (``theory.best_draft_length``).
 
-    Acceptance is counted per depth (a depth-d token is tried when every shallower one was accepted), each depth
-    smoothed towards the one above it (depth 1 towards ``prior_alpha``) with ``prior_weight`` pseudo-observations,
-    so a deeper draft is predicted from what was measured, not from an i.i.d. assumption. ``bind(verify_cost)``
-    gives it t(g + 1) / t(1) (the loop binds the target's measured curve); until c is known it drafts ``gamma``.
-    It drafts only when the predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it
-    still probes, first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every`` (a probe
-    of a costly drafter is not free), so the estimates can recover. Estimates carry over to the
-    next request (a drafter object serves a run), down-weighted to ``memory`` of their counts.
-    ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
+    Acceptance is counted per depth, as the verifier tried them: depth d is tried when the accepted path reached
+    d - 1 and its last node has children there (``verified``; a chain: every shallower token accepted). Each depth
+    is smoothed towards the one above it (depth 1 towards ``prior_alpha``) with ``prior_weight`` pseudo-observations,
+    so a deeper draft is predicted from what was measured, not from an i.i.d. assumption. c is one draft step's
+    time over one one-token target pass, each pass's own ratio converted with that pass's own size; a drafter's
+    per-pass ``overhead`` (feeding what it had not seen, measured only on a pass that follows a drafted pass, so an
+    idle stretch's backlog is not counted) is added to each drafted pass's cost. A probe's c replaces the estimate
+    (the newest evidence about a cost that made it idle: one dear cold start must not silence a run).
+    ``bind(verify_cost)`` gives it t(g + 1) / t(1); until c is known it drafts ``gamma``. It drafts only when the
+    predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes, first after
+    ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the passes of
+    the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only after a
+    probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
+    their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
     """
 
     gamma: int
@@ -202,10 +212,14 @@ class AutoPolicy:
     tried: list[float] = field(init=False, repr=False)
     accepted: list[float] = field(init=False, repr=False)
     c_estimate: float | None = field(init=False, default=None)
+    overhead: float = field(init=False, default=0.0)  # per drafted pass, in one-token target passes
     width: float = field(init=False, default=1.0)  # draft tokens per depth (1 for chains)
-    idle: int = field(init=False, default=0)
+    idle: int = field(init=False, default=0)  # passes since the last draft, across requests
     interval: int = field(init=False, default=0)  # passes between probes while drafting nothing
-    _choice: tuple[int, int] | None = field(init=False, default=None, repr=False)  # (best, probe) until an update
+    passes: int = field(init=False, default=0)  # passes asked about, and of those
+    drafted: int = field(init=False, default=0)  # the ones given a draft length > 0
+    _probing: bool = field(init=False, default=False, repr=False)
+    _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
     def __post_init__(self) -> None:
         self.gamma = _check_int(self.gamma, "gamma", 1)
@@ -235,51 +249,87 @@ class AutoPolicy:
 
     def _cost(self, gamma: int) -> float:
         """Verify cost of a draft of depth gamma, at the running width (tokens per depth)."""
+        return self._cost_of(gamma * self.width)
+
+    def _cost_of(self, tokens: float) -> float:
+        """t(tokens + 1) / t(1)."""
         cost = self.verify_cost
-        return 1.0 if cost is None else float(cost(gamma * self.width) if callable(cost) else cost)
+        return 1.0 if cost is None else float(cost(tokens) if callable(cost) else cost)
 
     def reset(self) -> None:
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
-        self.idle, self._choice = 0, None
+        self._choice = None
 
     def next_gamma(self) -> int:
+        self.passes += 1
+        gamma = self._next()
+        self.drafted += gamma > 0
+        return gamma
+
+    def _next(self) -> int:
         if self.c_estimate is None:
             return min(self.gamma, self.max_gamma)
-        gamma, probe = self._choose()
+        gamma, probe, _ = self._choose()
         if gamma:
-            self.idle, self.interval = 0, self.probe_every
+            self.idle, self.interval, self._probing = 0, self.probe_every, False
             return gamma
-        self.idle += 1
-        if self.idle < self.interval:
+        if self.idle + 1 < self.interval:
+            self.idle += 1
             return 0
-        self.idle, self.interval = 0, min(2 * self.interval, self.max_probe_every)
+        self._probing = True  # until a probe is verified: one cut to 0 at a request's end is asked again
         return probe
 
-    def _choose(self) -> tuple[int, int]:
-        """(the draft length to use, 0 when none pays; the one to probe with), kept until the estimates change:
-        while it drafts nothing a pass costs no arithmetic."""
+    def _choose(self) -> tuple[int, int, float]:
+        """(the draft length to use, 0 when none pays; the one to probe with; its predicted speedup), kept until the
+        estimates change: while it drafts nothing a pass costs no arithmetic."""
         if self._choice is None:
             acceptance = self.acceptance()
-            gamma, _ = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup)
-            probe = gamma or max(1, best_draft_length(acceptance, self.c_estimate, self._cost, 0.0)[0])
-            self._choice = (gamma, probe)
+            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup,
+                                               self.overhead)
+            best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, self.overhead)
+            self._choice = (gamma, gamma or max(1, best[0]), speedup if gamma else best[1])
         return self._choice
 
-    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None) -> None:
+    def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
+               verified: int | None = None, overhead: float | None = None) -> None:
+        """One verification. ``c``: this pass's draft-step time over its own verification time (catch-up left out);
+        ``verified``: the levels the verifier tried (None: a chain's ``min(proposed, accepted + 1)``);
+        ``overhead``: this pass's catch-up time over its verification time (None: not measured)."""
         proposed, accepted = _check_update(proposed, accepted)
         if proposed == 0:
             return
         self._choice = None
-        for depth in range(min(proposed, accepted + 1, self.max_gamma)):
+        tokens = tokens or proposed
+        levels = min(proposed, accepted + 1) if verified is None else max(accepted, min(verified, proposed))
+        for depth in range(min(levels, self.max_gamma)):
             self.tried[depth] += 1
             self.accepted[depth] += int(depth < accepted)
-        width = (tokens or proposed) / proposed
-        self.width += self.c_smoothing * (width - self.width)
-        if c is not None and math.isfinite(c) and c >= 0:
-            c = c * self._cost(proposed)  # per verification pass -> per one-token pass, as the theory counts it
-            previous = self.c_estimate
-            self.c_estimate = c if previous is None else previous + self.c_smoothing * (c - previous)
+        self.width += self.c_smoothing * (tokens / proposed - self.width)
+        pass_cost = self._cost_of(tokens)  # this pass's verification, in one-token passes
+        if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
+            self.c_estimate = c * pass_cost if self._probing else self._smooth(self.c_estimate, c * pass_cost)
+        if overhead is not None and math.isfinite(overhead) and overhead >= 0:
+            self.overhead = self._smooth(self.overhead, overhead * pass_cost)
+        if self._probing:
+            self._probing, self.idle = False, 0
+            if not self._choose()[0]:
+                self.interval = min(2 * self.interval, self.max_probe_every)
+
+    def _smooth(self, previous: float | None, value: float) -> float:
+        return value if previous is None else previous + self.c_smoothing * (value - previous)
+
+    def describe(self) -> str:
+        """Why it drafts what it drafts, for results and reports."""
+        share = self.drafted / self.passes if self.passes else 0.0
+        if self.c_estimate is None:
+            return f"drafted in {share:.0%} of passes; c not measured yet"
+        gamma, _, speedup = self._choose()
+        alpha = self.acceptance()[0]
+        verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
+                   f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
+        return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
+                f"overhead {self.overhead:.2f}")
 
 
 POLICIES: dict[str, type] = {

@@ -36,10 +36,10 @@ def _check_gamma(gamma: int, name: str = "gamma", minimum: int = 0) -> int:
     return gamma
 
 
-def _check_c(c: float) -> float:
+def _check_c(c: float, name: str = "c") -> float:
     c = float(c)
     if not (math.isfinite(c) and c >= 0.0):
-        raise ValueError(f"c must be a finite number >= 0, got {c!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {c!r}")
     return c
 
 
@@ -112,17 +112,20 @@ def expected_tokens_by_depth(acceptance: Sequence[float], gamma: int) -> float:
 
 
 def best_draft_length(
-    acceptance: Sequence[float], c: float, verify_cost: VerifyCost = None, min_speedup: float = 1.0
+    acceptance: Sequence[float], c: float, verify_cost: VerifyCost = None, min_speedup: float = 1.0,
+    overhead: float = 0.0,
 ) -> tuple[int, float]:
-    """(gamma, expected speedup) maximising tokens per pass / (gamma c + verify_cost(gamma)) over
-    gamma in [0, len(acceptance)]; gamma 0 (plain decoding, speedup 1) unless some gamma beats ``min_speedup``."""
+    """(gamma, expected speedup) maximising tokens per pass / (gamma c + overhead + verify_cost(gamma)) over
+    gamma in [0, len(acceptance)]; gamma 0 (plain decoding, speedup 1) unless some gamma beats ``min_speedup``.
+    ``overhead``: a drafter's fixed cost per drafted pass, in one-token target passes (0: none)."""
     c = _check_c(c)
+    overhead = _check_c(overhead, "overhead")
     best, best_speedup = 0, 1.0
     tokens, reach = 1.0, 1.0  # expected_tokens_by_depth, accumulated one depth at a time
     for gamma, a in enumerate(acceptance, start=1):
         reach *= _check_alpha(a)
         tokens += reach
-        speedup = tokens / (gamma * c + _verify_cost_at(verify_cost, gamma))
+        speedup = tokens / (gamma * c + overhead + _verify_cost_at(verify_cost, gamma))
         if speedup > best_speedup:
             best, best_speedup = gamma, speedup
     return (best, best_speedup) if best_speedup > min_speedup else (0, 1.0)

@@ -46,6 +46,7 @@ class Draft:
     tokens: torch.Tensor  # (n,) long
     parents: torch.Tensor  # (n,) long, -1 for children of the root, parents[i] < i
     q: torch.Tensor | None = None  # (n, V)
+    catch_up_seconds: float = 0.0  # of the proposal's time, spent feeding context the drafter had not seen yet
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
@@ -73,6 +74,12 @@ class Draft:
     @property
     def is_chain(self) -> bool:
         return bool((self.parents == torch.arange(len(self)) - 1).all())
+
+    def verified_depth(self, path: list[int]) -> int:
+        """Levels the verifier tried for an accepted ``path`` (node indices from the root down): the path, plus one
+        when its last node (or the root, for an empty path) has children."""
+        node = path[-1] if path else -1
+        return len(path) + int(node in set(self.parents.tolist()))
 
     def depths(self) -> torch.Tensor:
         """(n,) depth of each node; children of the root have depth 1."""

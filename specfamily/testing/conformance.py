@@ -31,12 +31,22 @@ from specfamily.core.verify import DraftProbabilityError
 from specfamily.testing.depth import DepthRecorder, DepthStats
 from specfamily.testing.greedy import assert_greedy_equivalent
 from specfamily.testing.law import reference_warp
-from specfamily.testing.power import DEFAULT_DELTA, DEFAULT_SIGNIFICANCE, detection_power, run_samples
+from specfamily.testing.power import (
+    DEFAULT_DELTA,
+    DEFAULT_DEPTH_POWER,
+    DEFAULT_SIGNIFICANCE,
+    depth_samples,
+    detection_power,
+    run_samples,
+    share_for_power,
+    share_lower_bound,
+    tests_per_run,
+)
 from specfamily.testing.stats import ChiSquare, chi_square, impossible_samples, pool_cells, sequence_tests
 from specfamily.testing.tiny import FAMILIES, single_thread, tiny_model, tiny_target
 
 __all__ = [
-    "N_TOKENS", "PROMPT", "SAMPLING_MATRIX", "ConformanceError", "FitResult", "assert_greedy_equivalent",
+    "GAMMA", "N_TOKENS", "PROMPT", "SAMPLING_MATRIX", "ConformanceError", "FitResult", "assert_greedy_equivalent",
     "assert_lossless", "check_fit", "chi_square", "draft_model_for", "exact_distribution", "pool_cells",
     "sample_sequences", "single_thread",
 ]
@@ -48,6 +58,10 @@ SAMPLING_MATRIX = (
 )
 PROMPT = (1, 2, 3)
 N_TOKENS = 5  # a depth-3 draft after the warm-up pass, plus its bonus position
+GAMMA = 3  # the constant draft length (tree depth) the kit drives every drafter at, and the depth it must reach
+PILOT_SAMPLES = 200  # a pilot run (its own seeds) measures how often drafts reach min_depth, to size the main run
+PILOT_SEED = 1_000_000
+MAX_SAMPLES = 8000
 
 
 @dataclass
@@ -64,6 +78,11 @@ class FitResult:
     samples: int
     n_tokens: int
     power: float  # lower bound on the power against a deviation of delta at one position
+    min_depth: int = 0
+    depth_share: float | None = None  # share of samples whose verifier tried a node min_depth deep (None: no drafter)
+    depth_power: float | None = None  # power against an error only at min_depth: deviation diluted by depth_share
+    delta: float = DEFAULT_DELTA
+    vocab: int = 8
 
     @property
     def worst(self) -> ChiSquare:
@@ -72,6 +91,9 @@ class FitResult:
     def describe(self) -> str:
         worst = self.worst
         depth = "no drafter" if self.depth is None else self.depth.summary()
+        if self.depth_power is not None and self.min_depth:
+            depth += (f"; power {self.depth_power:.2f} against an error only at depth {self.min_depth} "
+                      f"(conditional TV {self.delta}, reached by {self.depth_share:.0%} of samples)")
         return (f"{self.sampling}: {self.samples} samples of {self.n_tokens} tokens; most significant: "
                 f"{worst.name}, chi2 {worst.chi2:.1f} over {worst.cells} cells, p {worst.p_value:.2e} "
                 f"(adjusted {self.p_value:.2e}); {self.impossible} impossible samples; {depth}")
@@ -107,12 +129,13 @@ def exact_distribution(target, prompt: Sequence[int], n_tokens: int, sampling: S
     return probs
 
 
-def sample_sequences(target, drafter, prompt: Sequence[int], n_tokens: int, sampling: SamplingConfig,
-                     samples: int) -> tuple[torch.Tensor, DepthStats | None]:
-    """(samples, n_tokens) generated tokens (seed i for row i) and the depths the drafter reached."""
-    recorder = None if drafter is None else DepthRecorder(drafter)
+def sample_sequences(target, drafter, prompt: Sequence[int], n_tokens: int, sampling: SamplingConfig, samples: int,
+                     gamma: int | None = None, first_seed: int = 0) -> tuple[torch.Tensor, DepthStats | None]:
+    """(samples, n_tokens) generated tokens (seed ``first_seed + i`` for row i) and the depths the drafter reached;
+    ``gamma``: drive the drafter at that constant draft length (None: its own policy)."""
+    recorder = None if drafter is None else DepthRecorder(drafter, gamma=gamma)
     rows = []
-    for seed in range(samples):
+    for seed in range(first_seed, first_seed + samples):
         tokens = generate(target, recorder, list(prompt), max_new_tokens=n_tokens, sampling=sampling,
                           seed=seed).tokens
         if len(tokens) != n_tokens:
@@ -124,45 +147,82 @@ def sample_sequences(target, drafter, prompt: Sequence[int], n_tokens: int, samp
 
 def check_fit(factory: Callable, sampling: SamplingConfig, *, family: str = "llama", n_tokens: int = N_TOKENS,
               samples: int | None = None, prompt: Sequence[int] = PROMPT,
-              significance: float = DEFAULT_SIGNIFICANCE, delta: float = DEFAULT_DELTA) -> FitResult:
-    """Sample with ``factory``'s drafter on a fresh tiny target and test marginals, pairs and the joint."""
+              significance: float = DEFAULT_SIGNIFICANCE, delta: float = DEFAULT_DELTA, gamma: int | None = GAMMA,
+              min_depth: int = GAMMA, depth_power: float = DEFAULT_DEPTH_POWER,
+              max_samples: int = MAX_SAMPLES) -> FitResult:
+    """Sample with ``factory``'s drafter on a fresh tiny target and test marginals, pairs and the joint.
+
+    ``gamma``: the constant draft length the drafter is driven at (None: its own policy, which may draft nothing).
+    ``samples`` None: the marginal power default, raised (up to ``max_samples``) to what ``depth_power`` against a
+    ``min_depth``-only error needs at the share of samples a pilot run (other seeds) verified that deep."""
     with single_thread():
         target = tiny_target(family)
-        vocab = target.vocab_size
-        samples = run_samples(vocab, n_tokens, significance, delta) if samples is None else samples
+        vocab, level = target.vocab_size, significance / tests_per_run(n_tokens)
         drafter = factory(target)
+        if samples is None:
+            samples = run_samples(vocab, n_tokens, significance, delta)
+            if drafter is not None and min_depth > 0:
+                _, pilot = sample_sequences(target, drafter, prompt, n_tokens, sampling, PILOT_SAMPLES, gamma,
+                                            first_seed=PILOT_SEED)
+                share = share_lower_bound(pilot.share_verified(min_depth), PILOT_SAMPLES)
+                needed = max_samples + 1 if share <= 0 else depth_samples(share, delta, vocab, level, depth_power)
+                samples = max(samples, needed) if needed <= max_samples else samples  # hopeless: fail on the base
         joint = exact_distribution(target, prompt, n_tokens, sampling)
-        sequences, depth = sample_sequences(target, drafter, prompt, n_tokens, sampling, samples)
+        sequences, depth = sample_sequences(target, drafter, prompt, n_tokens, sampling, samples, gamma)
     tests = sequence_tests(sequences, joint, vocab)
     worst = min(tests, key=lambda test: test.p_value)
     adjusted = min(1.0, len(tests) * worst.p_value)
-    power = detection_power(samples, delta, vocab, significance / len(tests))
+    power = detection_power(samples, delta, vocab, level)
+    share = None if depth is None else depth.share_verified(min_depth)
+    reach = None if share is None else detection_power(samples, share * delta, vocab, level)
     return FitResult(sampling, worst.chi2, adjusted, impossible_samples(sequences, joint, vocab), worst.cells,
-                     tests, depth, samples, n_tokens, power)
+                     tests, depth, samples, n_tokens, power, min_depth, share, reach, delta, vocab)
 
 
 def assert_lossless(factory: Callable, *, configs: Sequence[SamplingConfig] = SAMPLING_MATRIX,
                     family: str = "llama", n_tokens: int = N_TOKENS, samples: int | None = None,
-                    significance: float = DEFAULT_SIGNIFICANCE, min_depth: int = 1,
+                    significance: float = DEFAULT_SIGNIFICANCE, gamma: int | None = GAMMA, min_depth: int = GAMMA,
+                    depth_power: float = DEFAULT_DEPTH_POWER, max_samples: int = MAX_SAMPLES,
                     prompt: Sequence[int] = PROMPT) -> list[FitResult]:
-    """Fail unless generations with the drafter follow the target's exact law under each config, and the
-    verifier tried draft nodes ``min_depth`` deep (plain decoding, ``factory`` returning None, is not checked)."""
+    """Fail unless generations with the drafter follow the target's exact law under each config, and the run had
+    ``depth_power`` against an error that appears only ``min_depth`` deep (plain decoding, ``factory`` returning
+    None, is not checked for depth).
+
+    The drafter is driven at the constant draft length ``gamma`` whatever its own policy (a cost-aware policy that
+    drafts nothing would leave nothing to test); ``gamma=None`` keeps its policy. ``min_depth=0`` skips the depth
+    check."""
+    if gamma is not None and min_depth > gamma:
+        raise ValueError(f"min_depth ({min_depth}) cannot exceed the draft length gamma ({gamma})")
     results = []
     for sampling in configs:
         try:
             fit = check_fit(factory, sampling, family=family, n_tokens=n_tokens, samples=samples, prompt=prompt,
-                            significance=significance)
+                            significance=significance, gamma=gamma, min_depth=min_depth, depth_power=depth_power,
+                            max_samples=max_samples)
         except DraftProbabilityError as err:  # the verifier met a token the drafter's own q rules out
             raise ConformanceError(f"not lossless under {sampling}: {err}", None) from err
         if fit.impossible or not fit.p_value >= significance:  # a nan p-value fails too
             raise ConformanceError(f"not lossless under {fit.describe()} (significance {significance})", fit)
-        if fit.depth is not None and fit.depth.deepest_verified < min_depth:
-            raise ConformanceError(
-                f"the run verified draft nodes only {fit.depth.deepest_verified} deep, not {min_depth}: it proves "
-                f"nothing deeper (raise n_tokens, or a drafter option that limits the depth). {fit.describe()}", fit
-            )
+        if fit.depth is not None and min_depth > 0 and not fit.depth_power >= depth_power:
+            raise ConformanceError(_shallow_message(fit, depth_power, significance), fit)
         results.append(fit)
     return results
+
+
+def _share_needed(samples: int, share: float) -> str:
+    if share > 1:
+        return f"no share of {samples} samples suffices"
+    return f"{samples} samples need a share >= {share:.0%}"
+
+
+def _shallow_message(fit: FitResult, depth_power: float, significance: float) -> str:
+    level = significance / tests_per_run(fit.n_tokens)
+    needed = share_for_power(fit.samples, fit.delta, fit.vocab, level, depth_power)
+    return (f"only {fit.depth_share:.1%} of {fit.samples} samples verified a draft node {fit.min_depth} deep: against "
+            f"an error that appears only at depth {fit.min_depth} (conditional total variation {fit.delta}, diluted "
+            f"to {fit.depth_share * fit.delta:.3f} at its position) the run's power is {fit.depth_power:.2f} < "
+            f"{depth_power}; {_share_needed(fit.samples, needed)}. Draft deeper drafts that "
+            f"are accepted more often, raise max_samples, or lower min_depth. {fit.describe()}")
 
 
 def draft_model_for(target, seed: int = 1):

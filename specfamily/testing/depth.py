@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specfamily.core.policy import ConstantPolicy
 from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
 
 
@@ -26,14 +27,29 @@ class DepthStats:
     drafted: list[int] = field(default_factory=list)
     verified: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    requests: int = 0  # requests begun (a conformance sample is one request)
+    requests_verified: list[int] = field(default_factory=list)  # d - 1: requests that verified a node d deep
+    _request_depth: int = field(default=0, repr=False)  # deepest verified in the current request
 
     def add(self, drafted: int, verified: int, accepted: int, tree: bool = False) -> None:
         self.passes += 1
         self.trees += tree
         for counts, depth in ((self.drafted, drafted), (self.verified, verified), (self.accepted, accepted)):
-            counts.extend([0] * (depth - len(counts)))
-            for d in range(depth):
-                counts[d] += 1
+            _count_to(counts, depth)
+        if verified > self._request_depth and self.requests:
+            _count_to(self.requests_verified, verified, start=self._request_depth)
+            self._request_depth = verified
+
+    def begin_request(self) -> None:
+        self.requests += 1
+        self._request_depth = 0
+
+    def share_verified(self, depth: int) -> float:
+        """Share of the requests that verified a draft node ``depth`` deep (0 when none was recorded)."""
+        if depth < 1 or not self.requests:
+            return 0.0
+        reached = self.requests_verified[depth - 1] if depth <= len(self.requests_verified) else 0
+        return reached / self.requests
 
     @property
     def deepest_drafted(self) -> int:
@@ -49,8 +65,17 @@ class DepthStats:
         return len(self.accepted)
 
     def summary(self) -> str:
+        shares = ", ".join(f"{reached / self.requests:.0%}" for reached in self.requests_verified) or "none"
         return (f"{self.passes} passes with a draft ({self.trees} trees); verified by depth {self.verified}, "
-                f"accepted by depth {self.accepted}")
+                f"accepted by depth {self.accepted}; share of {self.requests} requests verified at depth 1, 2, ...: "
+                f"{shares}")
+
+
+def _count_to(counts: list[int], depth: int, start: int = 0) -> None:
+    """Add one to ``counts[start:depth]``, growing the list as needed."""
+    counts.extend([0] * (depth - len(counts)))
+    for d in range(start, depth):
+        counts[d] += 1
 
 
 def _children(parents: list[int]) -> dict[int, list[int]]:
@@ -82,16 +107,20 @@ def path_from_tokens(draft: Draft, committed: list[int]) -> list[int]:
 
 def verified_depth(draft: Draft, path: list[int]) -> int:
     """Levels the verifier tried: the accepted path, plus one when its last node (or the root) has children."""
-    node = path[-1] if path else -1
-    return len(path) + (1 if node in _children(draft.parents.tolist()) else 0)
+    return draft.verified_depth(path)
 
 
 class DepthRecorder:
-    """Wraps a drafter (protocol forwarded unchanged) and records the depth of every verified draft in ``stats``."""
+    """Wraps a drafter (protocol forwarded unchanged) and records the depth of every verified draft in ``stats``.
 
-    def __init__(self, inner: Any, stats: DepthStats | None = None) -> None:
+    ``gamma``: drive the drafter at this constant draft length (tree depth), whatever its own policy would choose
+    (the conformance kit tests proposals, not a policy's decision to make them).
+    """
+
+    def __init__(self, inner: Any, stats: DepthStats | None = None, gamma: int | None = None) -> None:
         self.inner = inner
         self.stats = DepthStats() if stats is None else stats
+        self._override = None if gamma is None else ConstantPolicy(gamma)
         self._ctx: DecodeContext | None = None
         self._pending: tuple[Draft, int] | None = None  # the last draft and the context length it was drafted at
 
@@ -105,7 +134,7 @@ class DepthRecorder:
 
     @property
     def policy(self):
-        return self.inner.policy
+        return self.inner.policy if self._override is None else self._override
 
     def __getattr__(self, name: str):  # anything else (``accept``, options) is the wrapped drafter's
         if name == "inner":
@@ -114,6 +143,7 @@ class DepthRecorder:
 
     def begin(self, ctx: DecodeContext) -> None:
         self._ctx, self._pending = ctx, None
+        self.stats.begin_request()
         self.inner.begin(ctx)
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:

@@ -10,6 +10,13 @@ noncentral chi-square with V - 1 degrees of freedom and noncentrality N * chi2(p
 chi2(p' || p) = sum_i (p'_i - p_i)^2 / p_i >= (sum_i |p'_i - p_i|)^2 = 4 delta^2 (Cauchy-Schwarz with sum p_i = 1).
 Power grows with the noncentrality, so ``ncx2.sf(critical value, V - 1, 4 N delta^2)`` is a lower bound on the
 power against every alternative at distance delta.
+
+**An error that appears only at depth d.** A drafter whose q is wrong only at draft depth d changes the law only in
+the samples whose verifier tried a node d deep: if a share ``f`` of the samples did, a conditional deviation of
+total variation delta reaches the marginal of its position diluted to about ``f * delta``. The power against it is
+then ``detection_power(N, f * delta, V, level)``, which falls with f squared: at N = 1339 (the default for V = 8,
+n = 5) it is 0.99 at f = 1, 0.95 at f = 0.9, 0.72 at f = 0.75 and 0.13 at f = 0.5. :func:`depth_samples` sizes
+N for a measured share, :func:`share_for_power` gives the smallest share a given N can afford.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from scipy import optimize, stats
 DEFAULT_DELTA = 0.1  # total variation at one position the suite is sized to catch
 DEFAULT_POWER = 0.99
 DEFAULT_SIGNIFICANCE = 1e-3  # family-wise, per sampling config
+DEFAULT_DEPTH_POWER = 0.9  # against an error that appears only at the deepest tested depth
 
 
 def tests_per_run(n_tokens: int) -> int:
@@ -55,3 +63,37 @@ def run_samples(vocab: int, n_tokens: int, significance: float = DEFAULT_SIGNIFI
     """Samples per sampling config of a conformance run: a position's marginal (``vocab`` cells) at the
     Bonferroni level ``significance / tests_per_run(n_tokens)``."""
     return samples_for_power(delta, vocab, significance / tests_per_run(n_tokens), power)
+
+
+def noncentrality_for_power(cells: int, alpha: float, power: float) -> float:
+    """The noncentrality at which a level-``alpha`` chi-square test over ``cells`` cells has ``power``."""
+    df = cells - 1
+    critical = stats.chi2.isf(alpha, df)
+    return optimize.brentq(lambda lam: stats.ncx2.sf(critical, df, lam) - power, 1e-9, 1e6)
+
+
+def share_for_power(samples: int, delta: float, cells: int, alpha: float, power: float = DEFAULT_DEPTH_POWER) -> float:
+    """The smallest share f of samples reaching a depth for which ``samples`` samples catch an error of conditional
+    total variation ``delta`` at that depth (diluted to f * delta) with ``power`` (> 1: no share suffices)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    return (noncentrality_for_power(cells, alpha, power) / (4.0 * samples)) ** 0.5 / delta
+
+
+def depth_samples(share: float, delta: float, cells: int, alpha: float, power: float = DEFAULT_DEPTH_POWER) -> int:
+    """Samples needed to catch an error of conditional total variation ``delta`` that appears only at a depth
+    reached by a share ``share`` of the samples, with ``power`` (a share of 0 needs infinitely many: raises)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"no sample count has power at a depth reached by a share {share!r} of the samples")
+    return samples_for_power(min(1.0, share * delta), cells, alpha, power)
+
+
+def share_lower_bound(share: float, samples: int, z: float = 2.0) -> float:
+    """Wilson score lower bound on a share measured over ``samples`` samples (``z`` standard errors): a pilot
+    run's estimate, taken low, so the run it sizes does not fall short by the pilot's own noise."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    z2 = z * z / samples
+    centre = share + z2 / 2
+    spread = z * (share * (1 - share) / samples + z2 / (4 * samples)) ** 0.5
+    return max(0.0, (centre - spread) / (1 + z2))

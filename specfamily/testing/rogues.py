@@ -100,6 +100,22 @@ class LateMisreport(HonestChain):
         return _normalised(law * torch.exp(self.strength * self.skew))
 
 
+def cost_aware(drafter: BaseDrafter) -> BaseDrafter:
+    """The drafter with the default policy of a drafter written as the README shows (no gamma, no policy: the
+    cost-aware ``auto``, which may decide to draft nothing)."""
+    BaseDrafter.__init__(drafter, None, None)
+    return drafter
+
+
+class DefaultPolicyMisreport(LateMisreport):
+    """:class:`LateMisreport` on the default (cost-aware) policy: a kit that let the policy choose the draft length
+    would mostly test plain decoding and pass it."""
+
+    def __init__(self, target, **kw) -> None:
+        super().__init__(target, **kw)
+        cost_aware(self)
+
+
 class MixtureReport(HonestChain):
     """Samples from q but reports 0.7 q + 0.3 uniform."""
 
@@ -268,6 +284,8 @@ def rogue_gallery() -> list[Rogue]:
     t1, t07, k5 = SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=5)
     return [
         Rogue("late_misreport", "q misreported only from depth 3", LateMisreport, t1),
+        Rogue("default_policy_misreport", "q misreported from depth 3, on the cost-aware default policy",
+              DefaultPolicyMisreport, t1),
         Rogue("mixture_report", "reports 0.7 q + 0.3 uniform", MixtureReport, k5),
         Rogue("siblings_without_replacement", "siblings drawn without replacement, reported i.i.d.",
               SiblingsWithoutReplacement, k5),

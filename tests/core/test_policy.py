@@ -207,9 +207,78 @@ def test_auto_verify_cost_scales_with_tree_width():
     seen = []
     policy = AutoPolicy(2, max_gamma=4, verify_cost=lambda g: seen.append(g) or 1.0)
     policy.update(2, 1, 0.1, tokens=6)
-    assert seen[-1] == pytest.approx(2 * (1 + 0.3 * 2))  # width moves 30% (c_smoothing) of the way from 1 to 3
+    assert seen[-1] == 6  # the pass just verified is costed at its own size
     policy.next_gamma()
     assert max(seen[-4:]) == pytest.approx(4 * 1.6)  # gamma 4 is costed at 4 x the width
+
+
+def test_auto_converts_each_pass_c_at_that_pass_size():
+    """c is reported per pass (draft step / that pass's verification) and converted with that pass's own cost:
+    a 1-token pass at c 0.2 and an 8-token pass (t = 2 t(1)) at c 0.1 both mean a step costs 0.2 one-token passes."""
+    policy = AutoPolicy(2, max_gamma=8, verify_cost=lambda g: 1.0 + g / 8, c_smoothing=0.5)
+    policy.update(1, 1, 0.2, tokens=0 or 1)
+    first = policy.c_estimate
+    policy.update(8, 8, 0.2 / (1 + 8 / 8), tokens=8)
+    assert first == pytest.approx(0.2 * 1.125) and policy.c_estimate == pytest.approx(0.2 * 1.125 / 2 + 0.2 / 2)
+
+
+def test_auto_counts_a_tree_as_the_verifier_tried_it():
+    """A tree of depth 3 whose accepted depth-1 node is a leaf: depth 2 was never tried (not a rejection there)."""
+    policy = AutoPolicy(2, max_gamma=3, prior_weight=1e-9)
+    policy.update(3, 1, 0.1, tokens=5, verified=1)
+    assert policy.tried == [1, 0, 0] and policy.accepted == [1, 0, 0]
+    policy.update(3, 1, 0.1, tokens=5, verified=2)  # the accepted node had children: depth 2 tried and rejected
+    assert policy.tried == [2, 1, 0] and policy.accepted == [2, 0, 0]
+
+
+def test_auto_adds_the_drafters_overhead_to_each_drafted_pass():
+    cheap = AutoPolicy(2, max_gamma=4, verify_cost=1.0)
+    dear = AutoPolicy(2, max_gamma=4, verify_cost=1.0)
+    for policy, overhead in ((cheap, 0.0), (dear, 1.5)):
+        for _ in range(50):
+            policy.update(2, 1, 0.05, tokens=2, overhead=overhead)
+    assert cheap.next_gamma() > 0 and dear.next_gamma() == 0  # alpha ~0.5 pays 1.4x, not with 1.5 passes' overhead
+    assert "drafted in" in dear.describe() and "predicted gain below" in dear.describe()
+
+
+def run_requests(policy: AutoPolicy, requests: int, passes: int, accepted_of, c_of) -> list[list[int]]:
+    """Requests of ``passes`` passes each, as the loop drives them (the last pass of a request is not reported)."""
+    asked = []
+    for _ in range(requests):
+        policy.reset()
+        lengths = []
+        for index in range(passes):
+            gamma = min(policy.next_gamma(), passes - index - 1)  # the loop's cut at the token budget
+            lengths.append(gamma)
+            if index < passes - 1 and gamma:
+                policy.update(gamma, accepted_of(gamma), c_of(gamma), tokens=gamma)
+        asked.append(lengths)
+    return asked
+
+
+def test_auto_drafts_again_in_later_requests_after_an_expensive_first_probe():
+    """The issue's scenario: the first draft costs 5 passes a step (a cold start), every later one 0.05 and is
+    accepted whole. The probe schedule counts passes across requests, so a later request probes and drafting
+    resumes; a request-local count (passes per request < the interval) never probed again."""
+    policy = AutoPolicy(2, max_gamma=4, verify_cost=1.0)
+    costs = iter([5.0])
+    asked = run_requests(policy, 40, 6, lambda g: g, lambda g: next(costs, 0.05))
+    assert sum(asked[1]) == 0  # idle after the expensive draft
+    drafting = [i for i, lengths in enumerate(asked) if any(lengths)]
+    assert drafting[0] == 0 and len(drafting) >= 30, asked
+    assert all(any(lengths) for lengths in asked[-10:])
+
+
+def test_a_probe_cut_at_the_end_of_a_request_is_asked_again_and_does_not_double_the_interval():
+    policy = AutoPolicy(1, max_gamma=2, probe_every=3, verify_cost=1.0)
+    policy.update(1, 0, 2.0, tokens=1)  # nothing accepted, dear: idle from here
+    assert [policy.next_gamma() for _ in range(2)] == [0, 0]
+    assert policy.next_gamma() == 1  # the probe ... cut to 0 by the loop: never verified
+    interval = policy.interval
+    policy.reset()
+    assert policy.next_gamma() == 1 and policy.interval == interval  # asked again in the next request
+    policy.update(1, 0, 2.0, tokens=1)  # verified, still does not pay: now the interval doubles
+    assert policy.interval == 2 * interval and policy.next_gamma() == 0
 
 
 def test_auto_keeps_part_of_its_estimates_across_requests():

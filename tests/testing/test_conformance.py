@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import specfamily as sf
+from specfamily.core.policy import ConstantPolicy
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.testing import (
     SAMPLING_MATRIX,
@@ -16,9 +17,9 @@ from specfamily.testing import (
     samples_for_power,
     tiny_target,
 )
-from specfamily.testing.conformance import chi_square
-from specfamily.testing.depth import path_from_tokens, verified_depth
-from specfamily.testing.power import run_samples
+from specfamily.testing.conformance import PROMPT, chi_square, sample_sequences
+from specfamily.testing.depth import DepthStats, path_from_tokens, verified_depth
+from specfamily.testing.power import depth_samples, run_samples, share_for_power, share_lower_bound
 from specfamily.testing.stats import marginal_law, sequence_index, sequence_tests
 
 
@@ -93,6 +94,59 @@ def test_power_calculation_numbers():
     assert detection_power(1339, 0.1, 8, 1e-4) >= 0.99 > detection_power(1338, 0.1, 8, 1e-4)
     assert samples_for_power(0.05, 8, 1e-4) == 5355  # half the deviation: four times the samples
     assert detection_power(1000, 0.1, 8, 1e-4) == pytest.approx(0.915, abs=1e-3)
+
+
+def test_power_against_an_error_only_at_one_depth_falls_with_the_share_that_reaches_it():
+    """A conditional TV of 0.1 at a depth reached by a share f of the samples shows as about f * 0.1 at its position:
+    at the default 1339 samples the power is 0.99 at f = 1 and 0.13 at f = 0.5; f = 0.5 needs 3883 samples."""
+    level = 1e-4
+    assert detection_power(1339, 0.5 * 0.1, 8, level) == pytest.approx(0.128, abs=2e-3)
+    assert depth_samples(0.5, 0.1, 8, level) == samples_for_power(0.05, 8, level, 0.9) == 3883
+    assert depth_samples(1.0, 0.1, 8, level) == 971  # power 0.9 (the depth default), not the marginals' 0.99
+    share = share_for_power(1339, 0.1, 8, level)
+    assert detection_power(1339, share * 0.1, 8, level) == pytest.approx(0.9, abs=1e-6) and share == pytest.approx(
+        0.851, abs=1e-3)
+    with pytest.raises(ValueError, match="no sample count has power at a depth reached by a share 0"):
+        depth_samples(0.0, 0.1, 8, level)
+
+
+def test_the_pilot_share_is_taken_at_its_lower_bound():
+    assert share_lower_bound(0.5, 200) == pytest.approx(0.430, abs=1e-3)  # Wilson, two standard errors
+    assert share_lower_bound(1.0, 200) < 1.0 and share_lower_bound(0.0, 200) == 0.0
+    assert share_lower_bound(0.5, 20000) == pytest.approx(0.493, abs=1e-3)
+
+
+def test_depth_stats_count_requests_that_reached_each_depth():
+    stats = DepthStats()
+    stats.begin_request()
+    stats.add(3, 1, 0)  # a pass verified to depth 1, then one to depth 3 in the same request: counted once
+    stats.add(3, 3, 2)
+    stats.begin_request()
+    stats.add(2, 2, 2)
+    stats.begin_request()
+    assert stats.requests_verified == [2, 2, 1]
+    assert [stats.share_verified(d) for d in (1, 2, 3, 4)] == pytest.approx([2 / 3, 2 / 3, 1 / 3, 0])
+
+
+def test_the_kit_drives_the_drafter_at_its_own_length_whatever_the_policy():
+    """A cost-aware drafter told by its policy to draft nothing is driven at gamma 3 by the kit."""
+
+    class Idle(RandomTreeDrafter):
+        def __init__(self, target):
+            super().__init__(target, nodes=6, sampled=True)
+            self.policy = ConstantPolicy(1)
+            self.asked = []
+
+        def propose(self, ctx, gamma):
+            self.asked.append(gamma)
+            return super().propose(ctx, gamma)
+
+    target = tiny_target("llama")
+    drafter = Idle(target)
+    _, stats = sample_sequences(target, drafter, PROMPT, 5, SAMPLING_MATRIX[0], 20, gamma=3)
+    assert set(drafter.asked) <= {3, 2, 1} and drafter.asked.count(3) >= 20  # the loop caps at the budget's end
+    _, own = sample_sequences(target, drafter, PROMPT, 5, SAMPLING_MATRIX[0], 5, gamma=None)
+    assert set(drafter.asked[-own.passes:]) == {1}
 
 
 def test_power_bound_holds_empirically():
@@ -171,7 +225,7 @@ def test_depth_recorder_agrees_with_the_loops_acceptance_counts():
 
 
 def test_a_run_that_does_not_reach_the_required_depth_fails():
-    with pytest.raises(ConformanceError, match="verified draft nodes only 1 deep, not 3"):
+    with pytest.raises(ConformanceError, match=r"only 0\.\d% of 200 samples verified a draft node 3 deep.* power is 0\.00 < 0\.9"):
         assert_lossless(lambda target: RandomTreeDrafter(target, gamma=1, nodes=3), configs=SAMPLING_MATRIX[:1],
                         samples=200, min_depth=3)
 

@@ -9,7 +9,7 @@ import specfamily as sf
 from specfamily.core.types import SamplingConfig
 from specfamily.testing import SAMPLING_MATRIX, ConformanceError, assert_lossless, rogue_gallery
 from specfamily.testing.conformance import PROMPT
-from specfamily.testing.rogues import FeatureHeads, HonestChain, HonestTree, top_p_without_crossing
+from specfamily.testing.rogues import FeatureHeads, HonestChain, HonestTree, cost_aware, top_p_without_crossing
 from specfamily.testing.tiny import tiny_target
 
 GALLERY = rogue_gallery()
@@ -24,8 +24,8 @@ def _position(test_name: str) -> int:
 
 def test_the_gallery_covers_the_bugs_it_promises():
     assert [rogue.name for rogue in GALLERY] == [
-        "late_misreport", "mixture_report", "siblings_without_replacement", "temperature_mismatch",
-        "top_p_mismatch", "shifted_features", "off_by_one_parent",
+        "late_misreport", "default_policy_misreport", "mixture_report", "siblings_without_replacement",
+        "temperature_mismatch", "top_p_mismatch", "shifted_features", "off_by_one_parent",
     ]
 
 
@@ -35,7 +35,7 @@ def test_the_suite_rejects_the_rogue(rogue):
         assert_lossless(rogue.build, configs=[rogue.sampling])
     fit = info.value.fit
     print(f"\n{rogue.name} ({rogue.bug}): {fit.describe()}")
-    if rogue.name == "late_misreport":  # wrong only from depth 3 (= position 3 on its first pass): seen there
+    if rogue.name in ("late_misreport", "default_policy_misreport"):  # wrong only from depth 3: seen at position 3+
         failing = [test for test in fit.tests if test.p_value * len(fit.tests) < 1e-3]
         assert failing and all(_position(test.name) >= 3 for test in failing), fit.describe()
         assert fit.depth.deepest_verified == 3
@@ -49,6 +49,19 @@ def test_the_suite_rejects_the_rogue(rogue):
 def test_the_honest_twins_pass(honest, sampling):
     [fit] = assert_lossless(honest, configs=[sampling], min_depth=3)
     print(f"\n{honest.__name__}: {fit.describe()}")
+
+
+def test_an_honest_drafter_on_the_default_policy_passes():
+    [fit] = assert_lossless(lambda target: cost_aware(HonestChain(target)), configs=[SAMPLING_MATRIX[0]])
+    assert fit.depth.deepest_verified == 3 and fit.depth_power >= 0.9, fit.describe()
+
+
+def test_the_default_policy_rogue_is_caught_only_because_the_kit_drives_its_length():
+    """Left to its cost-aware policy the depth-3 rogue drafts almost nothing, and the depth check says so."""
+    rogue = next(rogue for rogue in GALLERY if rogue.name == "default_policy_misreport")
+    with pytest.raises(ConformanceError, match="samples verified a draft node 3 deep") as info:
+        assert_lossless(rogue.build, configs=[rogue.sampling], gamma=None, samples=400)
+    assert info.value.fit.depth_share < 0.5
 
 
 def test_rogues_that_need_a_warp_are_exact_without_it():

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from specfamily import zoo
+from specfamily.core.costs import device_clock
 from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.matmul import linear_for
@@ -112,10 +113,13 @@ class EagleDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         if self.state.pending_rows == 0:  # first pass: no features yet
             return Draft.empty()
+        clock = device_clock(ctx.target.device)
+        start = clock()
         root = self._catch_up(ctx)  # (H,) predicted feature at the root
-        if self.mode == "chain":
-            return self._chain(ctx, root, gamma)
-        return self._tree(ctx, root, gamma)
+        catch_up = clock() - start
+        draft = self._chain(ctx, root, gamma) if self.mode == "chain" else self._tree(ctx, root, gamma)
+        draft.catch_up_seconds = catch_up
+        return draft
 
     def _catch_up(self, ctx: DecodeContext) -> torch.Tensor:
         """Feed the queued (feature, next token) pairs; return the last output, the prediction at the root."""

@@ -5,10 +5,13 @@ from __future__ import annotations
 import torch
 
 from specfamily import zoo
+from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+
+CATCH_UP_TOKENS = 2  # more unseen tokens than a drafted pass leaves (the last draft token and the bonus): a backlog
 
 
 def _vocab_size(model) -> int:
@@ -50,6 +53,13 @@ class SmallModelDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         runner = self.runner
         feed = torch.tensor(ctx.tokens[runner.cached_length :], dtype=torch.long, device=runner.device)
+        catch_up = 0.0
+        if len(feed) > CATCH_UP_TOKENS:  # a backlog (the prompt, or tokens committed while it drafted nothing)
+            clock = device_clock(runner.device)
+            start = clock()
+            runner.forward(feed[:-1])
+            runner.commit([])
+            feed, catch_up = feed[-1:], clock() - start
         tokens, qs = [], []
         for _ in range(gamma):
             logits = runner.forward(feed).logits[-1]
@@ -67,7 +77,9 @@ class SmallModelDrafter(BaseDrafter):
             if not sure:  # the draft doubts this token: stop here (the draft length depends on q only: lossless)
                 break
         self._base, self._gamma = len(ctx.tokens), len(tokens)
-        return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
+        draft = Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
+        draft.catch_up_seconds = catch_up
+        return draft
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Keep the cache up to the last accepted draft token it holds; drop the rest (nothing after a pass
