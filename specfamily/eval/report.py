@@ -31,8 +31,8 @@ from specfamily.eval.summary import SummaryRow, run_name, summarize_run
 
 SUMMARY = "summary.csv"
 REPORT = "report.md"
-COLUMNS = ("drafter", "gamma", "status", "prompts", "tau", "tau 95% CI", "alpha", "speedup", "speedup 95% CI",
-           "predicted_speedup", "identical", "c", "verify_cost", "lossy")
+COLUMNS = ("drafter", "gamma", "status", "prompts", "tau", "tau 95% CI", "drafted", "alpha", "speedup",
+           "speedup 95% CI", "predicted_speedup", "identical", "c", "verify_cost", "lossy")
 RUN_COLUMNS = ("run", "dataset", "sampling")
 
 
@@ -104,6 +104,8 @@ def _display(row: SummaryRow, column: str) -> str:
         return str(row.speedup_ci)
     if column == "identical":
         return "-" if row.identical is None else f"{row.identical}/{row.compared}"
+    if column == "drafted":
+        return "-" if not math.isfinite(row.drafted) else f"{row.drafted:.0%}"
     return _cell(getattr(row, column))
 
 
@@ -209,6 +211,15 @@ own earlier answers.
 """
 
 
+def policy_notes(rows: list[SummaryRow]) -> str:
+    """What each drafter's draft-length policy said at the end of its run, for those that drafted in fewer than
+    every pass (a cost-aware policy that drafts nothing says why, next to the tau it measured)."""
+    lines = [f"- `{row.drafter}`" + (f" [{row.run}]" if row.run != "." else "") + f" (tau {row.tau:.2f}): "
+             f"{row.policy_note}" for row in rows
+             if row.policy_note and math.isfinite(row.drafted) and row.drafted < 1.0]
+    return "## Draft-length policy\n\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 def render(
     rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureRecord], plots: list[Path],
     groups: list[GroupRow] | None = None, noise: dict[str, list[NoiseCheck]] | None = None,
@@ -218,6 +229,9 @@ def render(
     if noise and unstable_warning(noise):
         parts.append(unstable_warning(noise))
     parts += [markdown_table(rows), NOTES]
+    notes = policy_notes(rows)
+    if notes:
+        parts.append(notes)
     if groups:
         parts += [breakdown_markdown(groups), GROUP_NOTES]
     if noise:

@@ -59,6 +59,8 @@ class SummaryRow:
     speedup_high: float = NAN
     identical: int | None = None  # prompts whose tokens equal plain decoding's (greedy runs; None otherwise)
     compared: int = 0  # prompts compared with plain decoding
+    drafted: float = NAN  # share of the passes after each prefill that verified a draft
+    policy_note: str = ""  # the draft-length policy's account at the end of the run (cost-aware: why it drafts or not)
 
     @property
     def tau_ci(self) -> Interval:
@@ -166,6 +168,16 @@ def _prediction(
     return fed, verify, predicted_speedup(alpha, gamma if gamma is not None else round(fed), c, verify)
 
 
+def drafted_share(records: list[PromptRecord]) -> float:
+    """Passes that verified a draft over the passes after each prompt's prefill, over all prompts."""
+    drafted = after = 0.0
+    for record in records:
+        share, passes = record.metrics.get("drafted_share"), record.metrics["target_passes"] - 1
+        if share is not None and passes > 0:
+            drafted, after = drafted + share * passes, after + passes
+    return drafted / after if after else NAN
+
+
 def _status(n_done: int, n_prompts: int, failure: FailureRecord | None) -> str:
     if n_done >= n_prompts and n_done > 0:
         return "ok"
@@ -196,6 +208,8 @@ def summarize(
         error="" if failure is None or status == "ok" else f"{failure.stage}: {failure.error}",
         tau_low=tau_ci.low, tau_high=tau_ci.high, speedup_low=spread.low, speedup_high=spread.high,
         identical=identical if info.sampling == "greedy" and label != PLAIN else None, compared=compared,
+        drafted=NAN if label == PLAIN else drafted_share(records),
+        policy_note=records[-1].metrics.get("policy_note", "") if records else "",
     )
 
 

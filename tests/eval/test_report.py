@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -68,7 +69,7 @@ def test_report_from_saved_results(tmp_path, capsys):
     assert json.loads(small["per_position"]) == pytest.approx([0.8, 0.6])
     assert (rows["plain"]["tau"], rows["plain"]["speedup"], rows["plain"]["status"]) == ("1.0", "1.0", "ok")
     assert rows["eagle"]["status"] == "failed" and rows["eagle"]["prompts"] == "0"
-    row = f"| small_model | 2 | ok | 2 | 2.00 | - | 0.70 | 2.00 | - | {expected:.2f} | 2/2 | 0.20 | 1.20 | no |"
+    row = f"| small_model | 2 | ok | 2 | 2.00 | - | - | 0.70 | 2.00 | - | {expected:.2f} | 2/2 | 0.20 | 1.20 | no |"
     assert row in table  # two prompts: too few for an interval
     report = (tmp_path / "report.md").read_text()
     assert "- `eagle`: create: FileNotFoundError: zoo model 'zoo:code-eagle' is not shipped" in report
@@ -143,15 +144,32 @@ def test_report_columns_identical_share_and_intervals(tmp_path):
     line = next(line for line in report.table.splitlines() if line.startswith("| small_model"))
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     assert cells[:6] == ["small_model", "3", "ok", "8", f"{small.tau:.2f}", f"{small.tau_low:.2f}-{small.tau_high:.2f}"]
-    assert cells[8] == f"{small.speedup_low:.2f}-{small.speedup_high:.2f}" and cells[10] == "7/8"
+    assert cells[9] == f"{small.speedup_low:.2f}-{small.speedup_high:.2f}" and cells[11] == "7/8"
     assert report.table.splitlines()[0] == (
-        "| drafter | gamma | status | prompts | tau | tau 95% CI | alpha | speedup | speedup 95% CI "
+        "| drafter | gamma | status | prompts | tau | tau 95% CI | drafted | alpha | speedup | speedup 95% CI "
         "| predicted_speedup | identical | c | verify_cost | lossy |")
     plain = next(line for line in report.table.splitlines() if line.startswith("| plain"))
-    assert plain == "| plain | - | ok | 8 | 1.00 | 1.00-1.00 | - | 1.00 | - | 1.00 | - | - | 1.00 | no |"
+    assert plain == "| plain | - | ok | 8 | 1.00 | 1.00-1.00 | - | - | 1.00 | - | 1.00 | - | - | 1.00 | no |"
     rows = {row["drafter"]: row for row in csv.DictReader((tmp_path / "summary.csv").open())}
     assert float(rows["small_model"]["speedup_low"]) == pytest.approx(small.speedup_low)
     assert (rows["small_model"]["identical"], rows["small_model"]["compared"]) == ("7", "8")
+
+
+def test_the_report_says_how_often_a_drafter_drafted_and_why_its_policy_did_not(tmp_path):
+    from specfamily.eval.report import policy_notes
+    from specfamily.eval.summary import drafted_share
+
+    records = [SimpleNamespace(metrics={"drafted_share": share, "target_passes": passes})
+               for share, passes in ((0.5, 11), (0.0, 21), (None, 5))]
+    assert drafted_share(records) == pytest.approx(5 / 30)  # passes after each prefill; no share: not counted
+    _synthetic(tmp_path)
+    rows = write_report(tmp_path, plots=False).rows
+    small = next(row for row in rows if row.drafter == "small_model")
+    small.drafted, small.policy_note = 0.03, "drafted in 3% of passes; predicted gain below 1.02 (best 0.95)"
+    assert policy_notes(rows) == (f"## Draft-length policy\n\n- `small_model` (tau {small.tau:.2f}): drafted in 3% "
+                                  "of passes; predicted gain below 1.02 (best 0.95)\n")
+    small.drafted = 1.0
+    assert policy_notes(rows) == ""
 
 
 def test_identical_share_is_only_reported_for_greedy_runs(tmp_path):
