@@ -53,20 +53,23 @@ def tiny_llama(seed: int, layers: int) -> LlamaForCausalLM:
         return LlamaForCausalLM(config).eval()
 
 
-def _run_overrides(target: Path, draft: Path) -> list[str]:
-    """Model, drafters and run settings that keep a run on the tiny models to seconds."""
+def _run_overrides(target: Path, draft: Path, matmul: str) -> list[str]:
+    """Model, drafters and run settings that keep a run on the tiny models to seconds. ``matmul`` is pinned (the
+    model configs say ``auto``, which times every kernel kind in each run and picks by the clock)."""
     return [
         f"model.target={target}", f"model.draft={draft}", "model.medusa=null", "model.eagle=null",
-        "model.device=cpu", "drafter.names=[small_model]", "verify_cost.sizes=[0,1,2]", "verify_cost.repeats=1",
-        "verify_cost.context=8", "warmup_tokens=2", "progress=false", "plots=false", "threads=1",
+        "model.device=cpu", f"model.matmul={matmul}", "drafter.names=[small_model]", "verify_cost.sizes=[0,1,2]",
+        "verify_cost.repeats=1", "verify_cost.context=8", "warmup_tokens=2", "progress=false", "plots=false",
+        "threads=1",
     ]
 
 
-def tiny_overrides(pair: dict[str, Path], *extra: str) -> list[str]:
+def tiny_overrides(pair: dict[str, Path], *extra: str, matmul: str = "exact") -> list[str]:
     """Overrides that point the default config at the tiny pair and keep the run to seconds."""
     return [
-        *_run_overrides(pair["target"], pair["draft"]), "dataset=jsonl", f"dataset.data_files={pair['prompts']}",
-        "dataset.field=text", "dataset.id_field=id", "dataset.num_examples=3", "dataset.max_new_tokens=10", *extra,
+        *_run_overrides(pair["target"], pair["draft"], matmul), "dataset=jsonl",
+        f"dataset.data_files={pair['prompts']}", "dataset.field=text", "dataset.id_field=id",
+        "dataset.num_examples=3", "dataset.max_new_tokens=10", *extra,
     ]
 
 
@@ -77,9 +80,9 @@ QUESTIONS = [
 ]
 
 
-def chat_overrides(pair: dict[str, Path], *extra: str) -> list[str]:
+def chat_overrides(pair: dict[str, Path], *extra: str, matmul: str = "exact") -> list[str]:
     """``dataset=spec_bench`` on the chat target's local questions; the draft model is the target itself."""
     return [
-        *_run_overrides(pair["target"], pair["target"]), "dataset=spec_bench", "dataset.path=json",
+        *_run_overrides(pair["target"], pair["target"], matmul), "dataset=spec_bench", "dataset.path=json",
         f"dataset.data_files={pair['questions']}", "dataset.num_examples=null", "dataset.max_new_tokens=10", *extra,
     ]
