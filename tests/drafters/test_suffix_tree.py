@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specfamily.drafters.suffix.cache import FORMAT, GlobalCache, read_sequences
-from specfamily.drafters.suffix.speculate import Speculation, better, grow, spec_limit
+from specfamily.drafters.suffix.speculate import Limits, Speculation, best_match, better, grow, spec_limit
 from specfamily.drafters.suffix.tree import NONE, ROOT, Cursor, Matcher, SuffixTrie
 
 # --- brute force ---------------------------------------------------------------------------------
@@ -162,17 +162,17 @@ def test_speculation_follows_frequencies_and_the_match_length():
     limit = spec_limit(2, 1.0, 0.0, 16)
     assert limit == 2
     spec = grow(trie, node, limit, depth=8, min_prob=0.1)
-    # 3 (p 2/3); then "1 2 3" -> 1 (2/3 * 1) beats 4 (1/3)
+    # "1 2" occurs 4 times (the last with nothing after it yet): 3 (p 2/4); then "1 2 3" -> 1 (1/2 * 2/2) beats 4 (1/4)
     assert (spec.tokens, spec.parents) == ([3, 1], [-1, 0])
-    assert spec.probs == pytest.approx([2 / 3, 2 / 3])
+    assert spec.probs == pytest.approx([0.5, 0.5])
     wide = grow(trie, node, 3, depth=1, min_prob=0.1)  # depth 1: only the root's children
     assert (wide.tokens, wide.parents) == ([3, 4], [-1, -1])
-    assert wide.score == pytest.approx(1.0)
+    assert wide.score == pytest.approx(0.75)
 
 
 def test_min_token_prob_and_stop_tokens_prune_the_tree():
     trie, node = _request_trie(REPEATS)
-    assert grow(trie, node, 8, depth=1, min_prob=0.5).tokens == [3]  # 4 has 1/3
+    assert grow(trie, node, 8, depth=1, min_prob=0.5).tokens == [3]  # 4 has 1/4
     stopped = grow(trie, node, 8, depth=4, min_prob=0.1, stop=frozenset({3}))
     assert (stopped.tokens, stopped.parents) == ([3, 4, 1, 2], [-1, -1, 1, 2])  # nothing below 3; "4 1 2" below 4
     assert grow(trie, node, 8, depth=4, min_prob=0.1, chain=True).parents == [-1, 0, 1, 2]
@@ -205,6 +205,21 @@ def test_speculation_trees_are_tries_of_seen_continuations(seed):
         assert len(path) <= 5 and trie.find(match + path[::-1]) != NONE  # every path continues the match in the trie
     assert spec.probs == sorted(spec.probs, reverse=True)  # grown most probable first
     assert all(p >= 0.05 for p in spec.probs)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_match_is_the_best_scored_tree_over_every_matched_length(seed):
+    seq = _random_sequences(seed + 60, count=1, length=120)[0]
+    trie = SuffixTrie(8)
+    cursor = Cursor(trie)
+    cursor.extend(seq)
+    limits = Limits(max_spec_factor=1.0, max_spec_offset=1.0, max_tree_size=6, min_token_prob=0.05)
+    best = best_match(trie, cursor.suffixes(), 4, limits)
+    each = [grow(trie, n, spec_limit(trie.depth[n], 1.0, 1.0, 6), 4, 0.05) for n in cursor.suffixes()]
+    top = max((s.score for s in each if s.tokens), default=0.0)
+    assert best.score == top
+    if best.tokens:  # a tie goes to the longest match
+        assert best.match_length == max(s.match_length for s in each if s.tokens and s.score == top)
 
 
 def test_better_takes_the_higher_score_and_the_first_on_a_tie():

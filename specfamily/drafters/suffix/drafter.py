@@ -19,7 +19,7 @@ from specfamily.core.target import Target
 from specfamily.core.types import DecodeContext, Draft
 from specfamily.drafters.suffix.cache import GlobalCache
 from specfamily.drafters.suffix.config import SuffixConfig
-from specfamily.drafters.suffix.speculate import Speculation, better, grow, spec_limit
+from specfamily.drafters.suffix.speculate import Limits, Speculation, best_match, better
 from specfamily.drafters.suffix.tree import Cursor, Matcher, SuffixTrie
 
 
@@ -74,6 +74,7 @@ class SuffixDrafter(BaseDrafter):
         self.config = SuffixConfig(gamma, policy, mode, max_depth, max_spec_factor, max_spec_offset, min_token_prob,
                                    max_tree_size, max_cached_tokens, cache_prompts, cache)
         super().__init__(gamma, policy)
+        self.limits = Limits(max_spec_factor, max_spec_offset, max_tree_size, min_token_prob, mode == "chain")
         self.stop: frozenset[int] = frozenset(target.eos_token_ids) if target is not None else frozenset()
         self.vocab_size: int | None = target.vocab_size if target is not None else None
         self.global_cache = GlobalCache(max_depth, max_cached_tokens)
@@ -94,19 +95,14 @@ class SuffixDrafter(BaseDrafter):
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         state = self._sync(ctx)
-        config = self.config
-        chain = config.mode == "chain"
-        candidates = []
-        for trie, node in ((state.trie, state.cursor.longest_with_continuation()),
-                           (self.global_cache.trie, state.matcher.longest_with_continuation())):
-            limit = spec_limit(trie.depth[node], config.max_spec_factor, config.max_spec_offset,
-                               config.max_tree_size)
-            candidates.append(grow(trie, node, limit, gamma, config.min_token_prob, chain=chain, stop=self.stop))
-        self.last = best = better(*candidates)
+        limits = self.limits
+        own = best_match(state.trie, state.cursor.suffixes(), gamma, limits, self.stop)
+        cached = best_match(self.global_cache.trie, state.matcher.suffixes(), gamma, limits, self.stop)
+        self.last = best = better(own, cached)
         if not best.tokens:
             return Draft.empty()
         tokens = torch.tensor(best.tokens, dtype=torch.long)
-        return Draft.chain(tokens) if chain else Draft(tokens, torch.tensor(best.parents, dtype=torch.long))
+        return Draft.chain(tokens) if limits.chain else Draft(tokens, torch.tensor(best.parents, dtype=torch.long))
 
     def _sync(self, ctx: DecodeContext) -> RequestState:
         """Catch up with the committed tokens; start over when the context is not an extension of what was seen."""

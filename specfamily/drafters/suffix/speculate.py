@@ -1,17 +1,20 @@
 """Speculation trees grown from a matched trie node, scored as in SuffixDecoding (Oliaro et al., NeurIPS 2025).
 
-From the node of the longest matched suffix, every continuation seen in the trie is a candidate; a candidate's
-probability is the product of the empirical continuation frequencies on its path (a child's count over the sum of
-its siblings' counts). The tree grows greedily, most probable candidate first, while the probability stays at or
-above ``min_token_prob``, up to ``max_spec_factor * match_length + max_spec_offset`` nodes (and ``max_tree_size``)
-and ``depth`` levels. The tree's score is the sum of its nodes' probabilities: the expected number of accepted
-tokens if the frequencies were the target's own. Chain mode takes the most frequent child at every level.
+From the node of a matched suffix of the context, every continuation seen in the trie is a candidate; a
+candidate's probability is the product of the empirical continuation frequencies on its path (a child's count over
+its parent's count, as in ArcticInference). The tree grows greedily, most probable candidate first, while the
+probability stays at or above ``min_token_prob``, up to ``max_spec_factor * match_length + max_spec_offset`` nodes
+(and ``max_tree_size``) and ``depth`` levels. The tree's score is the sum of its nodes' probabilities: the expected
+number of accepted tokens if the frequencies were the target's own. Chain mode takes the most frequent child at
+every level. Every matched suffix length is tried and the best-scored tree kept (:func:`best_match`): a short match
+has more data, a long one a larger budget.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from specfamily.drafters.suffix.tree import ROOT, SuffixTrie
@@ -38,14 +41,14 @@ def spec_limit(match_length: int, max_spec_factor: float, max_spec_offset: float
     """How many tokens a match of ``match_length`` may propose: floor(factor * length + offset), capped, >= 0."""
     if match_length <= 0:
         return 0
-    return max(0, min(max_tree_size, math.floor(max_spec_factor * match_length + max_spec_offset)))
+    return max(0, min(max_tree_size, math.floor(max_spec_factor * match_length + max_spec_offset + 1e-6)))
 
 
 def continuations(trie: SuffixTrie, node: int) -> list[tuple[float, int]]:
-    """(frequency, child) of every child of ``node``, most frequent first (ties: smaller token first)."""
-    children = list(trie.children(node))
-    total = sum(trie.count[c] for c in children)
-    ranked = sorted(children, key=lambda c: (-trie.count[c], trie.token[c]))
+    """(frequency, child) of every child of ``node``: its count over the node's, most frequent first (ties: smaller
+    token first). The node's count includes occurrences with nothing after them yet, as ArcticInference counts."""
+    total = trie.count[node]
+    ranked = sorted(trie.children(node), key=lambda c: (-trie.count[c], trie.token[c]))
     return [(trie.count[c] / total, c) for c in ranked]
 
 
@@ -76,6 +79,32 @@ def grow(trie: SuffixTrie, node: int, limit: int, depth: int, min_prob: float, *
         if level < depth and trie.token[child] not in stop:
             push(child, len(out) - 1, -neg, level + 1)
     return out
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How far a speculation may grow (see :func:`spec_limit` and :func:`grow`)."""
+
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    max_tree_size: int = 16
+    min_token_prob: float = 0.1
+    chain: bool = False
+
+
+def best_match(trie: SuffixTrie, nodes: Iterable[int], depth: int, limits: Limits,
+               stop: frozenset[int] = frozenset()) -> Speculation:
+    """The best-scored speculation grown from any of ``nodes`` (matched suffixes, shortest first; a longer match
+    wins a tie); nodes without children are skipped."""
+    best = Speculation()
+    for node in nodes:
+        if node == ROOT or not trie.has_children(node):
+            continue
+        limit = spec_limit(trie.depth[node], limits.max_spec_factor, limits.max_spec_offset, limits.max_tree_size)
+        spec = grow(trie, node, limit, depth, limits.min_token_prob, chain=limits.chain, stop=stop)
+        if spec.tokens and spec.score >= best.score:
+            best = spec
+    return best
 
 
 def better(first: Speculation, second: Speculation) -> Speculation:

@@ -178,6 +178,10 @@ class Cursor:
         for token in tokens:
             self.append(token)
 
+    def suffixes(self) -> list[int]:
+        """The nodes of this sequence's suffixes of 1 .. max_depth - 1 tokens, shortest first."""
+        return self.active[1:]
+
     def longest_with_continuation(self) -> int:
         """The deepest suffix node of this sequence that has a child (an earlier occurrence went on); ROOT if none."""
         trie = self.trie
@@ -209,6 +213,14 @@ class Matcher:
     def extend(self, tokens: Iterable[int]) -> None:
         for token in tokens:
             self.append(token)
+
+    def suffixes(self) -> list[int]:
+        """The nodes of every suffix of the context the trie holds, shortest first (along the suffix links)."""
+        trie, node, out = self.trie, self.node, []
+        while node != ROOT:
+            out.append(node)
+            node = trie.link[node]
+        return out[::-1]
 
     def longest_with_continuation(self) -> int:
         """The deepest suffix of the context whose node has a child; ROOT if none."""
