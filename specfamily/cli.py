@@ -6,7 +6,9 @@ config groups (``drafter=eagle drafter.gamma=6 sampling=t07 dataset=continue``),
 sweeps, and ``torchrun --nproc_per_node N -m specfamily.cli ...`` shards the prompts over ranks.
 ``--config-dir DIR`` or ``hydra.searchpath=[DIR]`` adds the user's own config folders, ahead of
 the shipped configs (:mod:`specfamily.eval.searchpath`). The whole config is checked before any
-model loads; a config error exits with status 2 and one line naming the key.
+model loads; a config error exits with status 2 and one line naming the key. A run in which every drafter arm
+failed (each recorded in results.jsonl and the report) exits with status 1 after writing its report; in a
+``--multirun`` sweep such a job prints the same line and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from specfamily.eval.searchpath import ENTRY
 # Ranks other than 0 write into rank 0's folder; they keep no Hydra outputs of their own.
 _FOLLOWER_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled")
 CONFIG_ERROR_STATUS = 2
+ARMS_FAILED_STATUS = 1
 MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep's own config, in the sweep folder
 
 
@@ -34,6 +37,13 @@ def sweep_overrides(job: list[str], sweep: list[str]) -> list[str]:
     fixed = {o.get_key_element() for o in parser.parse_overrides(sweep) if not o.is_sweep_override()}
     parsed = parser.parse_overrides(job)
     return [line for line, o in zip(job, parsed, strict=True) if o.get_key_element() not in fixed]
+
+
+def _in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _job_label() -> str | None:
@@ -83,6 +93,11 @@ def app(cfg: DictConfig) -> None:
         print(f"\n{outcome.table}\nreport: {outcome.out_dir / 'report.md'}")
     elif own_dir.resolve() != outcome.out_dir.resolve() and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()
+    if outcome.every_drafter_failed:
+        print(f"specfamily: every drafter arm failed ({', '.join(outcome.failed_drafters)}); the errors are in "
+              f"{outcome.out_dir / 'results.jsonl'}", file=sys.stderr)
+        if not _in_sweep():
+            raise SystemExit(ARMS_FAILED_STATUS)
 
 
 def main() -> None:

@@ -63,6 +63,18 @@ class RunOutcome:
     rank: int
     records: list[Record] = field(default_factory=list)
     table: str = ""  # the report's Markdown table (rank 0)
+    drafters: list[str] = field(default_factory=list)  # the labels of the run's drafter arms (not plain decoding)
+
+    @property
+    def failed_drafters(self) -> list[str]:
+        """The drafter arms with a failure record (dropped while being built, warming up or generating)."""
+        failed = {record.drafter for record in self.records if isinstance(record, FailureRecord)}
+        return [label for label in self.drafters if label in failed]
+
+    @property
+    def every_drafter_failed(self) -> bool:
+        """True when the run had drafter arms and every one of them failed (rank 0, which holds the records)."""
+        return bool(self.drafters) and self.failed_drafters == self.drafters
 
 
 def _failure(
@@ -245,9 +257,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
         _set_threads(cfg.get("threads"), info, device)
         out_dir = Path(distributed.broadcast(info, str(out_dir)))
         labels, plots = [spec.label for spec in specs], bool(cfg.get("plots", True))
+        drafters = [spec.label for spec in specs if not spec.plain]
         if distributed.broadcast(info, info.is_main and is_finished(out_dir, specs, resolved)):
             log.info("%s holds this run, finished: nothing to run", out_dir)
-            return _finish(out_dir, info.rank, labels, plots)
+            return _finish(out_dir, info.rank, labels, plots, drafters)
         tokenizer = load_model_tokenizer(cfg.model)
         prompts = load_prompts(dataset, tokenizer)  # a missing or malformed prompt file fails before the model loads
         target = load_model_target(cfg.model, device, tokenizer=tokenizer)
@@ -258,19 +271,19 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
         finally:
             writer.close()
         distributed.barrier(info)
-        return _finish(out_dir, info.rank, labels, plots)
+        return _finish(out_dir, info.rank, labels, plots, drafters)
     finally:
         distributed.teardown(info)
 
 
-def _finish(out_dir: Path, rank: int, labels: list[str], plots: bool) -> RunOutcome:
+def _finish(out_dir: Path, rank: int, labels: list[str], plots: bool, drafters: list[str]) -> RunOutcome:
     """Rank 0 merges the results into one file and writes the report."""
     if rank != 0:
-        return RunOutcome(out_dir, rank)
+        return RunOutcome(out_dir, rank, drafters=drafters)
     from specfamily.eval.report import write_report
 
     records = consolidate(out_dir, labels)
     record_noise(out_dir)
     report = write_report(out_dir, plots=plots)
     log.info("results in %s (%s)", out_dir, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    return RunOutcome(out_dir, rank, records, report.table)
+    return RunOutcome(out_dir, rank, records, report.table, drafters)

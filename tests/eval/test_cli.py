@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from eval_helpers import tiny_overrides
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from specfamily.cli import CONFIG_ERROR_STATUS, sweep_overrides
-from specfamily.eval.results import PromptRecord, RunInfo, read_records
-from specfamily.eval.runner import run_experiment
+from specfamily.cli import ARMS_FAILED_STATUS, CONFIG_ERROR_STATUS, sweep_overrides
+from specfamily.eval.results import FailureRecord, PromptRecord, RunInfo, read_records
+from specfamily.eval.runner import RunOutcome, run_experiment
 
 
 def _run(args: list[str], cwd, status: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -126,3 +128,31 @@ def test_labelled_arms_from_a_users_config_folder(tiny_pair, tmp_path):
     assert [(r.drafter, r.gamma) for r in records] == arms * 2
     assert "| small_model:mine | 3 | ok | 2 |" in done.stdout and "| small_model:g1 | 1 | ok | 2 |" in done.stdout
     assert RunInfo.load(out).drafters == ["plain", "small_model:mine", "small_model:g1"]
+
+
+def test_a_run_whose_every_drafter_arm_failed_exits_non_zero(tiny_pair, tmp_path):
+    """The only drafter arm cannot be built (its draft model has another vocabulary): the run still writes its
+    results and report (plain decoding ran), then exits with status 1 and one line naming the failed arm."""
+    draft = tmp_path / "other_vocab"
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(draft)
+    out = tmp_path / "run"
+    overrides = [o for o in tiny_overrides(tiny_pair, "dataset.num_examples=1") if not o.startswith("model.draft=")]
+    done = _run([sys.executable, "-m", "specfamily.cli", f"model.draft={draft}", f"hydra.run.dir={out}", *overrides],
+                cwd=tmp_path, status=ARMS_FAILED_STATUS)
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"specfamily: every drafter arm failed (small_model); the errors are in {out / 'results.jsonl'}")
+    records = read_records(out / "results.jsonl")
+    assert [(type(r).__name__, r.drafter) for r in records] == [
+        ("FailureRecord", "small_model"), ("PromptRecord", "plain")]  # the arm failed while being built
+    assert (out / "report.md").is_file()
+
+
+def test_every_drafter_failed_needs_a_drafter_arm_and_a_failure_for_each():
+    plain = PromptRecord(drafter="plain", dataset="d", sampling="greedy", prompt_id="p0", index=0, seed=0, gamma=None,
+                         prompt_tokens=1, tokens=[1], wall_seconds=0.1, lossy=False, metrics={})
+    failure = FailureRecord(drafter="a", stage="create", error="ValueError: no")
+    assert RunOutcome(Path("."), 0, [plain, failure], drafters=["a"]).every_drafter_failed
+    assert not RunOutcome(Path("."), 0, [plain, failure], drafters=["a", "b"]).every_drafter_failed
+    assert not RunOutcome(Path("."), 0, [plain], drafters=[]).every_drafter_failed  # plain decoding only
+    assert not RunOutcome(Path("."), 1, [], drafters=["a"]).every_drafter_failed  # a follower rank holds no records
