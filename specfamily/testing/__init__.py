@@ -2,7 +2,8 @@
 
 ``assert_lossless(factory)`` and ``assert_greedy_equivalent(factory)`` take ``factory(target) -> Drafter`` and
 build their own tiny random targets. ``specfamily.testing.rogues`` is a gallery of subtly wrong drafters the
-suite rejects: run your own tests against them to see that they have power. Names load lazily so the pytest
+suite rejects: run your own tests against them to see that they have power; ``specfamily.testing.mutants`` is
+its counterpart for wrong verifiers and a wrong warp. Names load lazily so the pytest
 plugin costs nothing at start-up.
 """
 
@@ -26,6 +27,8 @@ _EXPORTS = {
     "detection_power": "power",
     "samples_for_power": "power",
     "rogue_gallery": "rogues",
+    "verifier_gallery": "mutants",
+    "warp_gallery": "mutants",
     "OracleDrafter": "drafters",
     "RandomTreeDrafter": "drafters",
     "WrongDrafter": "drafters",
