@@ -32,6 +32,9 @@ DRAFTERS = {
     "medusa chain gamma=3": {"tree": "chain", "gamma": 3},
     "small_model": {},
     "small_model gamma=2": {"gamma": 2},
+    "suffix": {},
+    "suffix gamma=4": {"gamma": 4},  # one drafter over every prompt: its global cache grows across them
+    "suffix chain gamma=4": {"mode": "chain", "gamma": 4},
 }
 SKINNY_DRAFTERS = ("prompt_lookup gamma=4", "eagle chain gamma=3", "eagle tree gamma=4", "medusa chain gamma=3",
                    "small_model gamma=2")
