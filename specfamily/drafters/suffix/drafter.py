@@ -79,6 +79,7 @@ class SuffixDrafter(BaseDrafter):
         self.vocab_size: int | None = target.vocab_size if target is not None else None
         self.global_cache = GlobalCache(max_depth, max_cached_tokens)
         self.request: RequestState | None = None
+        self._ctx: DecodeContext | None = None  # the request begun, whose tokens end() adds to the global cache
         self.last: Speculation | None = None  # the latest proposal, with its match length and score
         if cache is not None:
             self.load_cache(cache)
@@ -115,7 +116,7 @@ class SuffixDrafter(BaseDrafter):
 
     def end(self) -> None:
         """Add the finished request to the global cache (its output, and its prompt with ``cache_prompts``)."""
-        state, ctx = self.request, getattr(self, "_ctx", None)
+        state, ctx = self.request, self._ctx
         self.request, self._ctx = None, None
         if state is None or ctx is None:
             return
