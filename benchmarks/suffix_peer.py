@@ -3,10 +3,10 @@
 Both structures get the same token sequences (held-out zoo-corpus functions through a tokenizer, or random tokens);
 then, at every ``--stride``-th position of a held-out sequence, both speculate from the same context with the same
 options (tree mode, paper defaults) and the trees are compared: identical (same tokens, parents, order), identical
-as sets of root-to-node paths (the order of equal-probability nodes differs: their heap is not stable), or
-different. Also printed: the time per speculation and the memory per 1k tokens of each. Known differences: their
-speculate never matches the whole context (match_len < len(context)), which shows only with contexts shorter than
-max_depth, and equal-probability nodes cut at the size limit may be others.
+as sets of root-to-node paths, a tie (same size and score, other equal-probability nodes chosen: their heap is not
+stable and their probabilities are float32), or different. Also printed: the time per speculation and the memory
+per 1k tokens of each. Their speculate never matches the whole context it is given (match_len < len(context)); ours
+is held to the same rule here (in the drafter it matters only for contexts shorter than max_depth).
 
 ArcticInference is optional (not a dependency). Its suffix-decoding extension builds with CMake and nanobind
 alone (no vLLM, no CUDA): ``pip download --no-deps arctic-inference``, then build ``csrc/suffix_decoding`` and put
@@ -38,9 +38,11 @@ def paths(tokens: Sequence[int], parents: Sequence[int]) -> set[tuple[int, ...]]
 
 
 def ours(trie: SuffixTrie, context: Sequence[int], limits: Limits, depth: int) -> Speculation:
+    """Our speculation for ``context``, under their rule that a match is shorter than the context given."""
     matcher = Matcher(trie)
-    matcher.extend(context[-trie.max_depth :])
-    return best_match(trie, matcher.suffixes(), depth, limits)
+    context = context[-trie.max_depth :]
+    matcher.extend(context)
+    return best_match(trie, [n for n in matcher.suffixes() if trie.depth[n] < len(context)], depth, limits)
 
 
 def compare(history: list[list[int]], queries: list[list[int]], stride: int, max_depth: int, arctic) -> dict:
@@ -50,7 +52,7 @@ def compare(history: list[list[int]], queries: list[list[int]], stride: int, max
     for seq_id, seq in enumerate(history):
         trie.insert(seq)
         theirs.extend(seq_id, seq)
-    counts = {"calls": 0, "proposed": 0, "identical": 0, "same_paths": 0, "different": 0}
+    counts = {"calls": 0, "proposed": 0, "identical": 0, "same_paths": 0, "tie": 0, "different": 0}
     our_seconds = their_seconds = 0.0
     for query in queries:
         for end in range(stride, len(query), stride):
@@ -67,6 +69,8 @@ def compare(history: list[list[int]], queries: list[list[int]], stride: int, max
                 counts["identical"] += 1
             elif paths(mine.tokens, mine.parents) == paths(draft.token_ids, draft.parents):
                 counts["same_paths"] += 1
+            elif abs(mine.score - draft.score) < 1e-5 and len(mine.tokens) == len(draft.token_ids):
+                counts["tie"] += 1  # another choice among equal-probability nodes, same size and score
             else:
                 counts["different"] += 1
     tokens = sum(len(s) for s in history)
