@@ -237,3 +237,15 @@ def test_lossless_full_matrix(family, mode, options):
     fits = assert_lossless(lambda t: SuffixDrafter(t, gamma=3, mode=mode, **options), family=family, min_depth=3,
                            prompt=likely_prompts(family)[mode])
     assert all(fit.depth.deepest_verified == 3 for fit in fits)
+
+
+def test_shipped_config_lists_every_option_with_its_default():
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from specfamily.eval.config import configs_dir
+
+    shipped = OmegaConf.to_container(OmegaConf.load(configs_dir() / "drafter" / "suffix.yaml"))
+    assert shipped.pop("name") == "suffix"
+    assert shipped == {f.name: f.default for f in dataclasses.fields(SuffixConfig)}
