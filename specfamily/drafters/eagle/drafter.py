@@ -19,6 +19,7 @@ from specfamily import zoo
 from specfamily.core.costs import device_clock
 from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
+from specfamily.core.dynamic_tree import grow_tree
 from specfamily.core.matmul import linear_for
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
@@ -26,7 +27,6 @@ from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
 from specfamily.drafters.eagle.checkpoint import load_eagle
 from specfamily.drafters.eagle.config import EagleConfig
-from specfamily.drafters.eagle.dynamic_tree import grow_tree
 from specfamily.drafters.eagle.lean import LeanEagleLayer, lean_eagle_unsupported
 from specfamily.drafters.eagle.model import EagleModel, build_model
 
