@@ -12,13 +12,15 @@ from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
 class Drafter(Protocol):
     """begin once per request, propose per step, observe what was committed, optional end.
 
-    Class attributes the loop reads: ``needs_features`` (hand target features to ``observe``),
+    Class attributes the loop reads: ``needs_features`` (hand target features to ``observe``: True for the last
+    hidden state after the final norm, or a tuple of layer ids for those layers' hidden states concatenated, as
+    ``Target.forward`` takes them),
     ``lossy`` (results are marked lossy), ``policy`` (a draft-length Policy). A lossy drafter may
     define ``accept(draft, logits, sampling, generator) -> (accepted nodes, next token)``: the loop
     then uses it in place of the exact verifier (Medusa's typical acceptance).
     """
 
-    needs_features: bool
+    needs_features: bool | tuple[int, ...]
     lossy: bool
     policy: Policy
 

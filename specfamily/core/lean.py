@@ -209,12 +209,14 @@ class LeanLlama:
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache, keep: int,
-        features: bool = False,
+        features: bool | tuple[int, ...] = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits (1, keep, V) of the last ``keep`` positions, last hidden state after the norm (1, q, H) or None).
 
         ``mask``: a 4D mask over the cached and fed positions, or None for one token (it sees the whole cache) or
-        a causal pass over an empty cache.
+        a causal pass over an empty cache. ``features`` a tuple of layer ids: the hidden states of those layers
+        (transformers' ``hidden_states`` indexing: i < L the input of layer i, L after the final norm)
+        concatenated, (1, q, k * H).
         """
         q_len = input_ids.shape[1]
         if mask is None and q_len > 1 and cache.get_seq_length() > 0:
@@ -222,8 +224,14 @@ class LeanLlama:
         hidden = self._embed(input_ids)  # (1, q, H)
         cos, sin = rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe)
+        states = []  # transformers' hidden_states, kept only when layer features are asked for
         for layer in self._layers[: self._config.num_hidden_layers]:
+            if isinstance(features, tuple):
+                states.append(hidden)
             hidden = layer(hidden, cos, sin, attend, cache)
         hidden = rms_norm(hidden, *self._norm)
         logits = self._linear(hidden[:, -keep:, :], *self._head)
+        if isinstance(features, tuple):
+            states.append(hidden)
+            return logits, torch.cat([states[i] for i in features], dim=-1)
         return logits, (hidden if features else None)

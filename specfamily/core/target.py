@@ -34,7 +34,8 @@ class TargetOutput:
     """What one target pass returns (inference-mode tensors: clone them before using them in autograd)."""
 
     logits: torch.Tensor  # (n + 1, V): row 0 at the root (last pending token), row i + 1 after draft node i
-    features: torch.Tensor | None = None  # (m + n, H): last hidden state after the final norm, every fed position
+    # (m + n, H): last hidden state after the final norm, every fed position; (m + n, k * H) for k feature layers
+    features: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,16 @@ class Target:
         return ids.to(device=self.device, dtype=torch.long)
 
     @torch.inference_mode()
-    def forward(self, pending: torch.Tensor, draft: Draft | None = None, features: bool = False) -> TargetOutput:
-        """Score the pending tokens (the root last) and a draft tree over them in one model call."""
+    def forward(
+        self, pending: torch.Tensor, draft: Draft | None = None, features: bool | tuple[int, ...] = False
+    ) -> TargetOutput:
+        """Score the pending tokens (the root last) and a draft tree over them in one model call.
+
+        ``features``: True for the last hidden state after the final norm at every fed position; a tuple of layer
+        ids (:meth:`check_feature_layers`) for those layers' hidden states concatenated (EAGLE-3's low, middle and
+        high features)."""
+        if isinstance(features, tuple):
+            self.check_feature_layers(features)
         if self._last is not None:
             raise RuntimeError("commit() the previous forward before the next one")
         if pending.dim() != 1 or pending.numel() == 0:
@@ -146,11 +155,24 @@ class Target:
             _truncate(self.cache, start)  # a failed pass (bad id, out of memory) leaves the cache as it was
             raise
         self._last = _Pass(start, m, parents)
-        feats = hidden[0] if features else None  # (m + n, H), after the final norm
+        feats = hidden[0] if features else None  # (m + n, H) after the final norm, or (m + n, k * H)
         return TargetOutput(logits[0, -(n + 1) :], feats)
 
-    def _model_call(self, ids, positions, mask, keep: int, features: bool):
-        """(logits (1, >= keep, V), last hidden state after the final norm (1, q, H) or None): lean or the model."""
+    def check_feature_layers(self, layers: tuple[int, ...]) -> tuple[int, ...]:
+        """Layer ids a drafter may ask features of, as transformers indexes ``hidden_states``: 0 the embeddings,
+        i < L the input of decoder layer i (the output of layer i - 1), L the last hidden state after the final
+        norm. A ValueError names the ids outside [0, L]."""
+        if not layers or any(isinstance(i, bool) or not isinstance(i, int) for i in layers):
+            raise ValueError(f"feature layers must be a non-empty tuple of layer ids, got {layers!r}")
+        bad = [i for i in layers if not 0 <= i <= self.num_layers]
+        if bad:
+            raise ValueError(f"feature layers {list(layers)}: {bad} outside [0, {self.num_layers}] for a target "
+                             f"of {self.num_layers} layers")
+        return layers
+
+    def _model_call(self, ids, positions, mask, keep: int, features: bool | tuple[int, ...]):
+        """(logits (1, >= keep, V), last hidden state after the final norm (1, q, H) or the layers' (1, q, k * H),
+        or None): lean or the model."""
         if self.lean is not None and self.lean.ready():
             return self.lean(ids, positions, mask, self.cache, keep, features)
         extra = {"logits_to_keep": keep} if self._keep_logits else {}
@@ -159,10 +181,12 @@ class Target:
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            output_hidden_states=features,
+            output_hidden_states=bool(features),
             **{self._cache_kw: self.cache},
             **extra,
         )
+        if isinstance(features, tuple):
+            return out.logits, torch.cat([out.hidden_states[i] for i in features], dim=-1)
         return out.logits, (out.hidden_states[-1] if features else None)
 
     @torch.inference_mode()

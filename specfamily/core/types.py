@@ -98,13 +98,13 @@ class VerifyOutcome:
     processed in this pass that lie on the committed path, in order; row j is the feature at
     absolute position ``feature_start + j``, i.e. the one that produced the token at position
     ``feature_start + j + 1``. Usually the root and the accepted nodes; on the first pass the
-    whole prompt.
+    whole prompt. A drafter whose ``needs_features`` names k layers gets (m, k * H), those layers concatenated.
     """
 
     tokens: list[int]
     accepted_nodes: list[int]
     draft_size: int
-    features: torch.Tensor | None = None  # (m, H)
+    features: torch.Tensor | None = None  # (m, H) or (m, k * H)
     feature_start: int = 0
 
 
