@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks, as one prepared script for a lent GPU machine (about 5 minutes on an H200; each step has a
 # time limit, so the whole script ends within 10):
-#   1. the CUDA test subset (pytest -m cuda tests/gpu): greedy identity (fp32) and near-ties only (bf16) of plain
-#      decoding and every drafter against transformers' generate, the verifier and whole generations against the
-#      exact law (chi-square), a training step of each trainer in fp32 and bf16;
+#   1. the CUDA test subset (pytest -m "cuda and not slow" tests/gpu): greedy identity (fp32) and near-ties only
+#      (bf16) of plain decoding and every drafter against transformers' generate, the verifier and whole
+#      generations of every registered drafter (chain and tree modes, each sampling setting in rotation) against
+#      the exact law (chi-square), a tree commit on a cache split over CPU and GPU, a training step of each trainer
+#      in fp32 and bf16. The whole CUDA matrix (every drafter x mode x sampling setting): pytest -m cuda tests/gpu.
 #   2. the verifier's time per pass on CUDA tensors (informational: host walk vs the old per-node path);
 #   3. one benchmark: benchmarks/peer.py on zoo:code-target (shipped in the repository) on the GPU in float32.
 # Then a summary; the exit status is non-zero when a check failed.
@@ -56,8 +58,8 @@ record environment PASS $((SECONDS - STARTED)) "$(tail -n 1 "$LOGS/environment.l
 
 echo "== 1. CUDA test subset"
 t0=$SECONDS
-timeout 330 "$PY" -m pytest -m cuda tests/gpu -q -rfEs -p no:cacheprovider --junitxml="$LOGS/cuda-tests.xml" \
-    2>&1 | tee "$LOGS/cuda-tests.log"
+timeout 330 "$PY" -m pytest -m "cuda and not slow" tests/gpu -q -rfEs -p no:cacheprovider \
+    --junitxml="$LOGS/cuda-tests.xml" 2>&1 | tee "$LOGS/cuda-tests.log"
 rc=$?
 line=$(grep -E '^[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$LOGS/cuda-tests.log" | tail -n 1)
 if [ "$rc" = 0 ] && ! grep -qE '[0-9]+ skipped' <<<"$line"; then

@@ -3,28 +3,29 @@
 The verifier on CUDA tensors with a CPU generator gives exactly the CPU result; with the GPU's own generator it
 draws its uniforms as one block per pass, so only the law can be compared: the textbook example, and the
 conformance suite's chi-square tests (marginals, pairs, joint) of generations with drafters at full depth, on a
-tiny float64 target on the GPU.
+tiny float64 target on the GPU: every registered drafter in each of its modes (the cases of
+tests/testing/test_registered_drafters.py) under the three sampling settings of the suite.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_registered_drafters import CASES, DEPTH, SAMPLING_IDS, Case
 
 import specfamily as sf
 from specfamily.core.target import load_target
-from specfamily.core.types import SamplingConfig
 from specfamily.core.verify import verify_chain, verify_tree
-from specfamily.testing import draft_model_for, tiny_model
+from specfamily.testing import SAMPLING_MATRIX, draft_model_for, tiny_model
 from specfamily.testing.conformance import N_TOKENS, PROMPT, exact_distribution, sample_sequences
 from specfamily.testing.power import DEFAULT_SIGNIFICANCE, run_samples
 from specfamily.testing.stats import impossible_samples, sequence_tests
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                   reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
 
 P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
 Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
-DEPTH = 3
 
 
 def _random_tree(gen: torch.Generator, vocab: int = 50):
@@ -70,34 +71,45 @@ def test_cuda_generator_keeps_a_deterministic_trees_law():
     assert torch.allclose(counts / n, P.float(), atol=0.015)
 
 
-FACTORIES = {
-    "plain": lambda t: None,
-    "small_model": lambda t: sf.create_drafter("small_model", t, model=draft_model_for(t).to(t.device), gamma=DEPTH),
-    "eagle_tree": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=DEPTH, top_k=4, total_tokens=30),
-    "medusa_tree": lambda t: sf.create_drafter("medusa", t, weights="random", gamma=DEPTH,
-                                               tree=[(a,) for a in range(8)] + [(a, b) for a in range(8)
-                                                                                for b in range(4)]
-                                               + [(a, b, c) for a in range(8) for b in range(4) for c in range(2)]),
-}
-CONFIGS = {"plain": SamplingConfig(temperature=1.0), "small_model": SamplingConfig(temperature=1.0),
-           "eagle_tree": SamplingConfig(temperature=0.7, top_p=0.9), "medusa_tree": SamplingConfig(temperature=1.0,
-                                                                                                  top_k=5)}
+def _drafter(case: Case | None, target):
+    """The case's drafter on the CUDA target (the small model moved to the GPU too); None for plain decoding."""
+    if case is None:
+        return None
+    if case.name == "small_model":
+        return sf.create_drafter("small_model", target, **case.options, model=draft_model_for(target).to(target.device))
+    return case.factory(target)
 
 
-@pytest.mark.parametrize("name", FACTORIES)
-def test_generations_on_cuda_follow_the_exact_law(name):
-    """The conformance suite's tests on a CUDA target (its generator, warping and verifier on the GPU)."""
+def _matrix() -> list:
+    """Every registered drafter's case (chain and tree modes) and plain decoding under each of the three sampling
+    settings. A rotation (case i with setting i mod 3) runs by default, which gives every drafter, mode and setting;
+    the rest of the cross product is marked slow (benchmarks/gpu_check.sh runs ``-m "cuda and not slow"``, the
+    rotation; ``pytest -m cuda tests/gpu`` runs all of it)."""
+    params = []
+    for i, case in enumerate([None, *CASES]):
+        for j, (sampling, label) in enumerate(zip(SAMPLING_MATRIX, SAMPLING_IDS, strict=True)):
+            marks = () if j == i % len(SAMPLING_MATRIX) else (pytest.mark.slow,)
+            params.append(pytest.param(case, sampling, id=f"{case or 'plain'}-{label}", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("case, sampling", _matrix())
+def test_generations_on_cuda_follow_the_exact_law(case, sampling):
+    """The conformance suite's tests on a CUDA target (its generator, warping and verifier on the GPU), each
+    drafter driven at depth 3 and asserted to have verified that deep, in the mode (chain or tree) of its case."""
     target = load_target(tiny_model("llama", 8, seed=0, dtype=torch.float64), device="cuda")
-    sampling, vocab = CONFIGS[name], target.vocab_size
+    prompt, vocab = (PROMPT if case is None else case.prompt()), target.vocab_size
     samples = run_samples(vocab, N_TOKENS)
-    joint = exact_distribution(target, PROMPT, N_TOKENS, sampling)
-    sequences, depth = sample_sequences(target, FACTORIES[name](target), PROMPT, N_TOKENS, sampling, samples)
+    joint = exact_distribution(target, prompt, N_TOKENS, sampling)
+    sequences, depth = sample_sequences(target, _drafter(case, target), prompt, N_TOKENS, sampling, samples,
+                                        gamma=DEPTH)
     tests = sequence_tests(sequences, joint, vocab)
     worst = min(tests, key=lambda test: test.p_value)
     adjusted = min(1.0, len(tests) * worst.p_value)
-    print(f"\n{name} {sampling}: {samples} samples, worst {worst.name} p {worst.p_value:.2e} (adjusted {adjusted:.2e})"
-          + ("" if depth is None else f"; {depth.summary()}"))
+    print(f"\n{case or 'plain'} {sampling}: {samples} samples, worst {worst.name} p {worst.p_value:.2e} "
+          f"(adjusted {adjusted:.2e})" + ("" if depth is None else f"; {depth.summary()}"))
     assert impossible_samples(sequences, joint, vocab) == 0
     assert adjusted >= DEFAULT_SIGNIFICANCE
     if depth is not None:
-        assert depth.deepest_verified == DEPTH, depth.summary()
+        assert depth.deepest_verified == depth.deepest_drafted == DEPTH, depth.summary()
+        assert (depth.trees > 0) == (case.mode == "tree"), depth.summary()
