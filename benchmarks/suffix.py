@@ -71,13 +71,16 @@ class ArmResult:
     by_category: dict[str, Totals] = field(default_factory=dict)
 
 
-def make_drafter(target, name: str, gamma: int | None, options: dict | None = None):
+def make_drafter(target, name: str, gamma: int | None, options: dict | None = None, suffix: dict | None = None):
     """An arm's drafter: ``plain`` (None), ``prompt_lookup``, ``suffix`` or ``suffix:chain``; ``gamma`` is the
-    maximum draft size of each (prompt lookup's chain length, suffix's depth cap and tree size)."""
+    maximum draft size of each (prompt lookup's chain length, suffix's depth cap and tree size); ``suffix``: options
+    of the suffix arms only."""
     if name == PLAIN:
         return None
     drafter, _, mode = name.partition(":")
     options = dict(options or {})
+    if drafter == "suffix":
+        options.update(suffix or {})
     if gamma is not None:
         options["gamma"] = gamma
         if drafter == "suffix":
@@ -103,9 +106,10 @@ def run_workload(target, arms: dict[str, object], items: Sequence[Item], max_new
     return list(results.values())
 
 
-def warm_cache(target, items: Sequence[Item], max_new_tokens: int, path: Path, gamma: int | None) -> Path:
+def warm_cache(target, items: Sequence[Item], max_new_tokens: int, path: Path, gamma: int | None,
+               suffix: dict | None = None) -> Path:
     """Run a suffix drafter over ``items`` (untimed) and save its global cache to ``path``."""
-    drafter = make_drafter(target, "suffix", gamma)
+    drafter = make_drafter(target, "suffix", gamma, suffix=suffix)
     for item in items:
         sf.generate(target, drafter, item.ids, max_new_tokens=max_new_tokens)
     return drafter.save_cache(path)
@@ -160,20 +164,25 @@ def repeated_items(tokenizer, tasks: int, offset: int) -> list[Item]:
 
 
 def spec_bench_workload(target, items: list[Item], args) -> dict:
-    arms = {name: make_drafter(target, name, args.gamma) for name in (PLAIN, "prompt_lookup", "suffix",
-                                                                      "suffix:chain")}
+    names = (PLAIN, "prompt_lookup", "suffix", "suffix:chain")
+    arms = {name: make_drafter(target, name, args.gamma, suffix=suffix_options(args)) for name in names}
     results = run_workload(target, arms, items, args.max_new_tokens)
     return {"rows": summary_rows(results), "memory": cache_memory(arms["suffix"])}
 
 
 def repeated_workload(target, items: list[Item], warm_items: list[Item], args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
-        path = warm_cache(target, warm_items, args.max_new_tokens, Path(folder) / "warm.safetensors", args.gamma)
+        path = warm_cache(target, warm_items, args.max_new_tokens, Path(folder) / "warm.safetensors", args.gamma,
+                          suffix_options(args))
         arms = {PLAIN: None, "prompt_lookup": make_drafter(target, "prompt_lookup", args.gamma),
-                "suffix cold": make_drafter(target, "suffix", args.gamma),
-                "suffix warm": make_drafter(target, "suffix", args.gamma, {"cache": str(path)})}
+                "suffix cold": make_drafter(target, "suffix", args.gamma, suffix=suffix_options(args)),
+                "suffix warm": make_drafter(target, "suffix", args.gamma, {"cache": str(path)}, suffix_options(args))}
         results = run_workload(target, arms, items, args.max_new_tokens)
     return {"rows": summary_rows(results), "memory": cache_memory(arms["suffix warm"])}
+
+
+def suffix_options(args: argparse.Namespace) -> dict:
+    return {"max_spec_offset": args.suffix_offset} if args.suffix_offset else {}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -185,6 +194,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=4, help="functions per instruction in the repeated workload")
     parser.add_argument("--gamma", type=int, default=None,
                         help="maximum draft size of every drafter (constant policy); default: each one's own")
+    parser.add_argument("--suffix-offset", type=float, default=0.0,
+                        help="the suffix arms' max_spec_offset (paper: 0): tokens a match proposes beyond its length")
     parser.add_argument("--workloads", default="spec_bench,repeated")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     return parser.parse_args(argv)
