@@ -79,6 +79,39 @@ class DraftVocab:
         return out.index_copy_(q.dim() - 1, self.ids.to(q.device), q)
 
 
+def d2t_of(vocab: DraftVocab) -> torch.Tensor:
+    """EAGLE-3's (N,) long offsets: target id = draft index + d2t[draft index]."""
+    return vocab.ids - torch.arange(vocab.size, device=vocab.ids.device)
+
+
+def t2d_of(vocab: DraftVocab) -> torch.Tensor:
+    """EAGLE-3's (V,) bool mask of the target ids inside the draft vocabulary."""
+    mask = torch.zeros(vocab.vocab_size, dtype=torch.bool, device=vocab.ids.device)
+    mask[vocab.ids] = True
+    return mask
+
+
+def vocab_from_d2t(
+    d2t: torch.Tensor, vocab_size: int, t2d: torch.Tensor | None = None
+) -> tuple[DraftVocab, torch.Tensor]:
+    """The draft vocabulary an EAGLE-3 ``d2t`` (N,) maps to, and the (N,) order that sorts its draft indices by
+    target id (apply it to the LM head's rows). ``t2d`` (V,) bool, when given, must mark exactly those ids."""
+    if d2t.dim() != 1 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        raise ValueError(f"d2t must be a 1-d integer tensor, got {d2t.dtype} {tuple(d2t.shape)}")
+    ids = torch.arange(d2t.numel()) + d2t.long().cpu()
+    order = torch.argsort(ids)
+    sorted_ids = ids[order]
+    if sorted_ids.numel() > 1 and bool((sorted_ids[1:] == sorted_ids[:-1]).any()):
+        raise ValueError("d2t maps two draft indices to the same target id")
+    vocab = DraftVocab(sorted_ids, vocab_size)  # refuses ids outside [0, vocab_size)
+    if t2d is not None:
+        if t2d.shape != (vocab_size,):
+            raise ValueError(f"t2d has shape {tuple(t2d.shape)}; the target's vocabulary needs ({vocab_size},)")
+        if not torch.equal(t2d.bool().cpu(), t2d_of(vocab)):
+            raise ValueError("t2d does not mark the target ids d2t maps to")
+    return vocab, order
+
+
 def frequent_tokens(tokens: np.ndarray | torch.Tensor, size: int, vocab_size: int,
                     always: tuple[int, ...] = ()) -> DraftVocab:
     """The ``size`` most frequent ids of ``tokens`` (ties: lower id first), plus ``always`` (e.g. EOS)."""

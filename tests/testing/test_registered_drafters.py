@@ -75,6 +75,8 @@ CASES = [
     Case("medusa", "chain", {"weights": "random", "gamma": DEPTH, "tree": "chain"}),
     Case("eagle", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30}),
     Case("eagle", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain"}),
+    Case("eagle3", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30}),
+    Case("eagle3", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain"}),
     Case("suffix", "chain", {"gamma": DEPTH, "mode": "chain"}, lambda: lookup_prompts()["chain"]),
     Case("suffix", "tree", {"gamma": DEPTH, "max_spec_factor": 2.0}, lambda: lookup_prompts()["tree"]),
 ]
@@ -83,6 +85,9 @@ PRUNED_CASES = [
     Case("eagle", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30,
                            "draft_vocab": list(PRUNED)}),
     Case("eagle", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain", "draft_vocab": list(PRUNED)}),
+    Case("eagle3", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30,
+                            "draft_vocab": list(PRUNED)}),
+    Case("eagle3", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain", "draft_vocab": list(PRUNED)}),
 ]
 
 
