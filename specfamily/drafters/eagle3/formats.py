@@ -1,0 +1,199 @@
+"""EAGLE-3 checkpoints on disk, read and written in the field's two layouts.
+
+- ``eagle``: the EAGLE repository / SpecForge layout SGLang loads: ``config.json`` with architectures
+  ``LlamaForCausalLMEagle3``, the draft layer's Llama dimensions, ``vocab_size`` (the target's) and
+  ``draft_vocab_size``; tensors ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``
+  (optionally ``embed_tokens.weight``). Feature layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` when
+  present (SpecForge), else the reference's (2, L // 2, L - 3).
+- ``speculators``: vLLM's ``speculators`` layout: ``config.json`` with ``speculators_model_type: eagle3``,
+  ``transformer_layer_config``, ``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids`` and
+  ``speculators_config``; tensors as above with ``layers.0.*`` for ``midlayer.*``.
+
+Tensors come from ``model.safetensors`` (sharded with an index too) or ``pytorch_model.bin`` loaded with
+``weights_only=True`` only. What we write is the ``eagle`` layout unless asked otherwise, with a ``specfamily``
+entry naming the target it was trained for (checked on load; the reference packages ignore it). A checkpoint
+that does not fit the target is refused in one line naming both sides' shapes. Folders are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig
+
+from specfamily.core.draft_vocab import d2t_of, t2d_of, vocab_from_d2t
+from specfamily.core.target import Target
+from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers
+from specfamily.files import write_folder_atomically
+from specfamily.identity import check_identity, target_identity
+
+LAYOUTS = ("eagle", "speculators")
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
+LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "rms_norm_eps", "max_position_embeddings", "hidden_act", "attention_bias", "mlp_bias")
+UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+
+
+def detect_layout(config: dict[str, Any], where: str) -> str:
+    """``speculators`` or ``eagle`` from a checkpoint's config.json; a ValueError for anything else."""
+    if config.get("speculators_model_type") is not None or "speculators_config" in config:
+        if config.get("speculators_model_type") != "eagle3":
+            raise ValueError(f"{where}: a speculators checkpoint of type {config.get('speculators_model_type')!r}, "
+                             "not eagle3")
+        return "speculators"
+    if ARCHITECTURE in (config.get("architectures") or []):
+        return "eagle"
+    raise ValueError(f"{where}: not an EAGLE-3 checkpoint (architectures {config.get('architectures')!r}; expected "
+                     f"{ARCHITECTURE!r} or a speculators config)")
+
+
+def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder: safetensors (single or sharded), else pytorch_model.bin (weights only)."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(str(single))
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
+    pickled = folder / "pytorch_model.bin"
+    if pickled.is_file():
+        return torch.load(pickled, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no weights in {str(folder)!r} (model.safetensors, its index, or pytorch_model.bin)")
+
+
+def load_eagle3(source: str | Path, target: Target) -> Eagle3Model:
+    """The EAGLE-3 drafter stored in folder ``source`` (either layout) for ``target``, refused if it does not fit."""
+    folder = Path(source)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no eagle3 checkpoint at {str(folder)!r} (expected config.json and weights)")
+    config = json.loads((folder / "config.json").read_text())
+    layout = detect_layout(config, str(folder))
+    if "specfamily" in config:
+        check_identity(config["specfamily"].get("target", {}), target.model, f"eagle3 weights {str(folder)!r}")
+    layer_config, layers, before = _read_config(config, layout, target, str(folder))
+    tensors = {_our_name(k): v for k, v in read_tensors(folder).items() if not k.startswith("verifier")}
+    return _assemble(tensors, Eagle3Shape(layer_config, layers, before), target, str(folder))
+
+
+def _read_config(config: dict, layout: str, target: Target, where: str) -> tuple[LlamaConfig, tuple[int, ...], bool]:
+    """(the draft layer's config, the feature layers, norm_before_residual), checked against the target."""
+    if layout == "speculators":
+        flags = [flag for flag in UNSUPPORTED_FLAGS if config.get(flag)]
+        if flags:
+            raise ValueError(f"{where}: speculators options {flags} are not supported yet")
+        layer, ids = dict(config["transformer_layer_config"]), config.get("eagle_aux_hidden_state_layer_ids")
+    else:
+        layer, ids = config, (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    layers = tuple(int(i) for i in ids) if ids else default_layers(target.num_layers)
+    if int(layer.get("num_hidden_layers", 1)) != 1:
+        raise ValueError(f"{where}: {layer['num_hidden_layers']} draft layers; eagle3 here runs exactly 1")
+    sizes = {"hidden size": (int(layer["hidden_size"]), target.hidden_size),
+             "vocabulary": (int(layer.get("vocab_size", target.vocab_size)), target.vocab_size)}
+    for what, (saved, ours) in sizes.items():
+        if saved != ours:
+            raise ValueError(f"{where}: checkpoint {what} {saved} does not fit the target's {ours}")
+    if any(not 0 <= i <= target.num_layers for i in layers):
+        raise ValueError(f"{where}: checkpoint feature layers {list(layers)} do not fit a target of "
+                         f"{target.num_layers} layers (ids in [0, {target.num_layers}])")
+    options = {key: layer[key] for key in LAYER_KEYS if layer.get(key) is not None}
+    llama = LlamaConfig(**options, vocab_size=target.vocab_size, num_hidden_layers=1, tie_word_embeddings=False,
+                        rope_parameters=_rope(layer))
+    return llama, layers, bool(config.get("norm_before_residual", False))
+
+
+def _rope(layer: dict) -> dict:
+    """transformers 5's rope_parameters from a v4-style config (rope_theta, rope_scaling) or a v5 one."""
+    if isinstance(layer.get("rope_parameters"), dict):
+        return dict(layer["rope_parameters"])
+    scaling = dict(layer.get("rope_scaling") or {})
+    kind = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    return {**scaling, "rope_type": kind, "rope_theta": float(layer.get("rope_theta", 10000.0))}
+
+
+def _our_name(key: str) -> str:
+    return "midlayer." + key[len("layers.0."):] if key.startswith("layers.0.") else key
+
+
+def _assemble(tensors: dict[str, torch.Tensor], shape: Eagle3Shape, target: Target, where: str) -> Eagle3Model:
+    """Build the model, check each tensor's shape against it (one line naming both), sort the head by target id."""
+    d2t, t2d = tensors.pop("d2t", None), tensors.pop("t2d", None)
+    vocab, order = (None, None) if d2t is None else vocab_from_d2t(d2t, target.vocab_size, t2d)
+    if vocab is not None and vocab.size == target.vocab_size:
+        vocab = None if bool((vocab.ids == torch.arange(target.vocab_size)).all()) else vocab
+    if order is not None and "lm_head.weight" in tensors:
+        tensors["lm_head.weight"] = tensors["lm_head.weight"][order]
+    model = build_model(target.model, shape, vocab, seed=None)
+    embed = tensors.get("embed_tokens.weight")
+    if embed is not None:
+        model.embed_tokens = torch.nn.Embedding(*embed.shape).to(target.device, target.dtype)
+    expected = model.state_dict()
+    for name, tensor in tensors.items():
+        if name not in expected:
+            raise ValueError(f"{where}: unexpected tensor {name!r} {tuple(tensor.shape)} in an eagle3 checkpoint")
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(f"{where}: {name} has shape {tuple(tensor.shape)}; this target needs "
+                             f"{tuple(expected[name].shape)}")
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ValueError(f"{where}: eagle3 checkpoint lacks {missing}")
+    model.load_state_dict({k: v.to(target.device, target.dtype) for k, v in tensors.items()}, strict=True)
+    return model.eval()
+
+
+def save_eagle3(model: Eagle3Model, folder: str | Path, target: Target, layout: str = "eagle",
+                dtype: torch.dtype | None = None) -> Path:
+    """Write ``model`` (a drafter's ``.model``) in ``layout`` (``eagle`` or ``speculators``), atomically; cast to
+    ``dtype`` on save when given (e.g. torch.float16)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"eagle3 layout must be one of {LAYOUTS}, got {layout!r}")
+    tensors = {_their_name(k, layout): v.detach().to("cpu", dtype or v.dtype).contiguous()
+               for k, v in model.state_dict().items()}
+    vocab = model.vocab
+    if vocab is not None:
+        tensors["d2t"], tensors["t2d"] = d2t_of(vocab).cpu().contiguous(), t2d_of(vocab).cpu().contiguous()
+    config = _write_config(model, target, layout, dtype or next(model.parameters()).dtype)
+
+    def fill(tmp: Path) -> None:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    return write_folder_atomically(Path(folder), fill)
+
+
+def _their_name(key: str, layout: str) -> str:
+    return "layers.0." + key[len("midlayer."):] if layout == "speculators" and key.startswith("midlayer.") else key
+
+
+def _write_config(model: Eagle3Model, target: Target, layout: str, dtype: torch.dtype) -> dict[str, Any]:
+    layer = model.shape.config
+    dims = {key: getattr(layer, key) for key in LAYER_KEYS if getattr(layer, key, None) is not None}
+    rope = dict(layer.rope_parameters or {})
+    llama = {"model_type": "llama", **dims, "num_hidden_layers": 1, "vocab_size": target.vocab_size,
+             "rope_theta": rope.get("rope_theta", 10000.0), "tie_word_embeddings": False,
+             "torch_dtype": str(dtype).removeprefix("torch.")}
+    if rope.get("rope_type", "default") != "default":
+        llama["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    draft_vocab = target.vocab_size if model.vocab is None else model.vocab.size
+    layers = list(model.shape.layers)
+    ours = {"target": target_identity(target.model)}
+    if layout == "eagle":
+        return {"architectures": [ARCHITECTURE], **llama, "draft_vocab_size": draft_vocab,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
+                "specfamily": ours}
+    verifier = {"name_or_path": getattr(target.model.config, "_name_or_path", None) or None,
+                "architectures": list(getattr(target.model.config, "architectures", None) or [])}
+    return {"architectures": [SPECULATORS_ARCHITECTURE], "speculators_model_type": "eagle3",
+            "transformer_layer_config": llama, "draft_vocab_size": draft_vocab,
+            "norm_before_residual": model.shape.norm_before_residual, "target_hidden_size": target.hidden_size,
+            "eagle_aux_hidden_state_layer_ids": layers, "norm_before_fc": False, "fc_norm": False,
+            "norm_output": False,
+            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                                         "verifier_accept_k": 1}],
+                                   "verifier": verifier},
+            "specfamily": ours}
