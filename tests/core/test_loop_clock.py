@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 import torch
 
 import specfamily as sf
@@ -75,3 +76,44 @@ def test_the_clock_is_read_at_every_timed_boundary(monkeypatch):
     assert body.count("propose") >= passes - 1
     assert result.metrics.draft_seconds == passes and result.metrics.verify_seconds == passes
     assert result.metrics.total_seconds == events.count("sync") - 1
+
+
+def test_the_first_request_clock_starts_after_the_one_time_cost_measurement():
+    target = tiny_target("llama", vocab_size=32, dtype=torch.float32)
+    drafter = sf.create_drafter("prompt_lookup", target)  # cost-aware: the loop measures t(g + 1) / t(1) once
+    assert target.verify_costs is None
+    start = time.perf_counter()
+    first = sf.generate(target, drafter, [1, 2, 3, 1, 2], max_new_tokens=6)
+    wall = time.perf_counter() - start
+    assert target.verify_costs is not None and first.metrics.calibration_seconds > 0
+    assert first.metrics.total_seconds <= wall - first.metrics.calibration_seconds
+    again = sf.generate(target, drafter, [1, 2, 3, 1, 2], max_new_tokens=6)
+    assert again.metrics.calibration_seconds == 0.0  # measured once per target
+
+
+class _Recorder:
+    def __init__(self):
+        self.updates = []
+
+    def update(self, *args, **kwargs):
+        self.updates.append((args, kwargs))
+
+
+def test_c_leaves_catch_up_out_and_overhead_counts_only_a_steady_backlog():
+    draft = sf.Draft.chain([4, 5, 6])
+    draft.catch_up_seconds = 0.5
+    policy = _Recorder()
+    loop._report(policy, draft, 3, [0], draft_seconds=0.8, verify_seconds=0.1, steady=False)
+    (args, kwargs), = policy.updates
+    assert args[:2] == (3, 1)
+    assert args[2] == pytest.approx((0.8 - 0.5) / 3 / 0.1) and kwargs["overhead"] is None and kwargs["verified"] == 2
+    loop._report(policy, draft, 3, [0, 1, 2], draft_seconds=0.8, verify_seconds=0.1, steady=True)
+    assert policy.updates[-1][1]["overhead"] == pytest.approx(5.0) and policy.updates[-1][1]["verified"] == 3
+
+
+def test_eagle_reports_its_catch_up_apart_from_its_draft_steps():
+    target = tiny_target("llama", vocab_size=32, dtype=torch.float32)
+    drafter = sf.create_drafter("eagle", target, weights="random", gamma=2, mode="chain")
+    result = sf.generate(target, drafter, list(range(1, 30)), max_new_tokens=8)
+    metrics = result.metrics
+    assert 0 < metrics.catch_up_seconds < metrics.draft_seconds
