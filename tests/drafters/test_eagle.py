@@ -53,19 +53,23 @@ def test_greedy_equals_transformers_generate_on_qwen2_and_mistral(mode):
     assert all(report.proposed_tokens > 0 and report.depth.deepest_drafted >= 2 for report in reports)
 
 
+# A 6-node tree of random heads on the tiny target is verified 2 deep in 30-40% of samples and 3 deep in under 1%:
+# these runs hold depth 1 to power 0.9 (deterministic trees, q = None: nothing to misreport deeper; the 30-node
+# trees of tests/testing/test_registered_drafters.py hold depth 2); the chain reports a sampled q.
 def test_lossless_tree():
     assert_lossless(lambda t: EagleDrafter(t, weights="random", gamma=3, top_k=3, total_tokens=6),
-                    configs=SAMPLING_MATRIX[:1], samples=1000)
+                    configs=SAMPLING_MATRIX[:1], min_depth=1)
 
 
 def test_lossless_tree_on_qwen2():
     assert_lossless(lambda t: EagleDrafter(t, weights="random", gamma=3, top_k=3, total_tokens=6),
-                    configs=SAMPLING_MATRIX[:1], samples=1000, family="qwen2")
+                    configs=SAMPLING_MATRIX[:1], min_depth=1, family="qwen2")
 
 
 def test_lossless_chain():
-    assert_lossless(lambda t: EagleDrafter(t, weights="random", mode="chain", gamma=2),
-                    configs=SAMPLING_MATRIX[1:2], samples=1000)
+    [fit] = assert_lossless(lambda t: EagleDrafter(t, weights="random", mode="chain", gamma=2),
+                            configs=SAMPLING_MATRIX[1:2], min_depth=2)  # depth 3 in ~40% of samples
+    assert fit.depth.deepest_verified == 3
 
 
 @pytest.mark.slow
@@ -73,7 +77,7 @@ def test_lossless_chain():
 @pytest.mark.parametrize("mode", ["tree", "chain"])
 def test_lossless_full_matrix(family, mode):
     assert_lossless(lambda t: EagleDrafter(t, weights="random", mode=mode, gamma=3, top_k=3, total_tokens=6),
-                    family=family)
+                    family=family, min_depth=2 if mode == "chain" else 1)  # random heads: see above
 
 
 def test_first_pass_has_no_draft_and_features_are_required():

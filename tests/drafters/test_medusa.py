@@ -143,7 +143,8 @@ def test_training_on_the_targets_text_raises_tau():
 
 
 def test_lossless_tree_sampling():
-    assert_lossless(lambda t: _perturbed(t, scale=0.1), configs=SAMPLING_MATRIX[:1])
+    # its calibrated tree reaches depth 3 in ~5% of samples on the tiny target: depth 2 held to power 0.9
+    assert_lossless(lambda t: _perturbed(t, scale=0.1), configs=SAMPLING_MATRIX[:1], min_depth=2)
 
 
 @pytest.mark.slow
@@ -151,7 +152,8 @@ def test_lossless_tree_sampling():
 @pytest.mark.parametrize("tree", [None, "chain"])
 def test_lossless_full_matrix(family, tree):
     assert_lossless(lambda t: _perturbed(t, scale=0.1) if tree is None else MedusaDrafter(t, weights="random",
-                                                                                          tree=tree), family=family)
+                                                                                          tree=tree), family=family,
+                    min_depth=2 if tree is None else 1)  # random heads: a chain's depth 2 in ~35% of samples
 
 
 def test_registered_with_its_schema():

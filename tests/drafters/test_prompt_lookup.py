@@ -279,7 +279,7 @@ def test_greedy_tree_equals_plain_decoding_with_trees_proposed():
 
 def test_lossless_chain_on_the_conformance_prompt_with_drafts():
     cls, factory = _recording()
-    assert_lossless(factory, configs=SAMPLING_MATRIX[:1])
+    assert_lossless(factory, configs=SAMPLING_MATRIX[:1], min_depth=1)  # deterministic copies: depth 2+ is rare here
     assert cls.drafts > 500  # about a third of the 2000 generations drafted in their second pass
 
 
@@ -293,7 +293,7 @@ def test_lossless_tree_from_the_first_pass():
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("branches", [1, 3])
 def test_lossless_full_matrix(family, branches):
-    assert_lossless(lambda t: PromptLookupDrafter(t, branches=branches), family=family)
+    assert_lossless(lambda t: PromptLookupDrafter(t, branches=branches), family=family, min_depth=1)
 
 
 @pytest.mark.slow

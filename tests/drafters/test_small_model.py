@@ -42,7 +42,9 @@ def test_lossless_chain_sampling():
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_lossless_full_matrix(family):
-    assert_lossless(lambda t: SmallModelDrafter(t, model=draft_model_for(t), gamma=2), family=family)
+    # driven at the kit's gamma 3; depth 3 is reached by 40-75% of samples on llama: depth 2 held to power 0.9 here,
+    # depth 3 by tests/testing/test_registered_drafters.py
+    assert_lossless(lambda t: SmallModelDrafter(t, model=draft_model_for(t), gamma=2), family=family, min_depth=2)
 
 
 def test_confidence_ends_drafts_early_and_keeps_greedy_text():
@@ -76,7 +78,7 @@ def test_lossless_with_confidence():
     target = tiny_target("llama", vocab_size=8)
     result = sf.generate(target, factory(target), [1, 2, 3], max_new_tokens=40, sampling=SAMPLING_MATRIX[0], seed=0)
     assert result.metrics.proposed_tokens < 3 * (result.metrics.target_passes - 2)  # the stop fires here
-    assert_lossless(factory, configs=SAMPLING_MATRIX[:1])
+    assert_lossless(factory, configs=SAMPLING_MATRIX[:1], min_depth=1)  # confidence ends most drafts at 1 token
 
 
 def test_confidence_out_of_range_is_refused():

@@ -64,7 +64,7 @@ def test_plain_decoding_is_lossless():
 
 def test_deterministic_random_tree_is_lossless():
     [fit] = assert_lossless(lambda target: RandomTreeDrafter(target, nodes=6), configs=SAMPLING_MATRIX[2:3],
-                            min_depth=2)
+                            min_depth=1)  # 6 random nodes: depth 2 in ~40% of samples
     assert fit.depth.trees > 0
 
 
