@@ -115,16 +115,23 @@ def _fixed_gamma(drafter, given: int | None) -> int | None:
     return None if isinstance(policy, AutoPolicy) else getattr(policy, "gamma", given)
 
 
-def _generate(plan: RunPlan, arm: Arm, ids: list[int], max_new_tokens: int, seed: int):
+def _generate(plan: RunPlan, arm: Arm, ids: list[int], max_new_tokens: int, seed: int, drafter: Any = None):
     import specfamily as sf
 
-    return sf.generate(plan.target, arm.drafter, ids, max_new_tokens, plan.sampling, seed=seed)
+    drafter = arm.drafter if drafter is None else drafter
+    return sf.generate(plan.target, drafter, ids, max_new_tokens, plan.sampling, seed=seed)
 
 
 def _warm_up(plan: RunPlan, arm: Arm, prompt: Prompt, writer: ResultWriter) -> None:
+    """Untimed generations on a drafter object of their own: a drafter that learns across requests (suffix's global
+    cache, the cost-aware policy's estimates) starts the timed prompts as it would start any run, not primed with
+    the first prompt's answer."""
+    from specfamily.core.plugins import create_drafter
+
     for _ in range(plan.warmup):
         try:
-            _generate(plan, arm, prompt.ids, plan.warmup_tokens, plan.seed + prompt.index)
+            warm = None if arm.spec.plain else create_drafter(arm.spec.name, plan.target, **arm.spec.options)
+            _generate(plan, arm, prompt.ids, plan.warmup_tokens, plan.seed + prompt.index, drafter=warm)
         except Exception as err:
             writer.write(_failure(arm, "warmup", err, plan.info.rank, prompt))
             _drop(arm, plan)

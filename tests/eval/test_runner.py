@@ -87,7 +87,8 @@ class BrokenDrafter(BaseDrafter):
 
 
 class LateFailingDrafter(BaseDrafter):
-    """Drafts nothing useful and raises on its third request (warm-up, prompt 0, then prompt 1)."""
+    """Drafts nothing useful and raises on its second request (prompt 0, then prompt 1: the warm-up runs on a
+    drafter object of its own)."""
 
     def __init__(self, target, **options):
         super().__init__(gamma=2)
@@ -96,7 +97,7 @@ class LateFailingDrafter(BaseDrafter):
     def begin(self, ctx):
         super().begin(ctx)
         self.requests += 1
-        if self.requests == 3:
+        if self.requests == 2:
             raise RuntimeError("boom on the second prompt")
 
     def propose(self, ctx, gamma):
@@ -227,3 +228,25 @@ def test_first_turns_only(chat_pair, compose_config, tmp_path):
     records = read_records(tmp_path / "results.jsonl")
     assert [(r.prompt_id, r.turn) for r in records] == [("7", 1), ("7", 1), ("8", 1), ("8", 1)]
     assert "## By turn" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_warm_up_runs_on_a_drafter_object_of_its_own(monkeypatch):
+    """A drafter that learns across requests (suffix's global cache) must not start the timed prompts primed with
+    the warm-up's answer: the warm-up builds its own drafter from the arm's options."""
+    from types import SimpleNamespace
+
+    import specfamily as sf
+    from specfamily.eval import runner
+    from specfamily.testing import tiny_target
+
+    target = tiny_target("llama", vocab_size=16)
+    spec = SimpleNamespace(plain=False, name="suffix", options={"gamma": 2}, label="suffix")
+    timed = sf.create_drafter("suffix", target, gamma=2)
+    arm = runner.Arm(spec, drafter=timed)
+    used = []
+    monkeypatch.setattr(sf, "generate", lambda target, drafter, *args, **kwargs: used.append(drafter))
+    plan = SimpleNamespace(warmup=2, target=target, warmup_tokens=4, seed=0, sampling=sf.SamplingConfig(),
+                           info=SimpleNamespace(rank=0))
+    runner._warm_up(plan, arm, SimpleNamespace(ids=[1, 2, 3], index=0), writer=None)
+    assert len(used) == 2 and all(type(d) is type(timed) and d is not timed for d in used)
+    assert arm.drafter is timed and not arm.failed
