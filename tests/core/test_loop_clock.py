@@ -111,9 +111,10 @@ def test_c_leaves_catch_up_out_and_overhead_counts_only_a_steady_backlog():
     assert policy.updates[-1][1]["overhead"] == pytest.approx(5.0) and policy.updates[-1][1]["verified"] == 3
 
 
-def test_eagle_reports_its_catch_up_apart_from_its_draft_steps():
+@pytest.mark.parametrize("name", ["eagle", "eagle3"])
+def test_eagle_reports_its_catch_up_apart_from_its_draft_steps(name):
     target = tiny_target("llama", vocab_size=32, dtype=torch.float32)
-    drafter = sf.create_drafter("eagle", target, weights="random", gamma=2, mode="chain")
+    drafter = sf.create_drafter(name, target, weights="random", gamma=2, mode="chain")
     result = sf.generate(target, drafter, list(range(1, 30)), max_new_tokens=8)
     metrics = result.metrics
     assert 0 < metrics.catch_up_seconds < metrics.draft_seconds

@@ -5,10 +5,12 @@ import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import specfamily as sf
+import specfamily.core.feature_drafting as feature_drafting
 import specfamily.drafters.eagle.drafter as eagle_drafter
+from specfamily.core.feature_drafting import TreeFeeder
 from specfamily.core.tree_mask import additive
 from specfamily.core.types import VerifyOutcome
-from specfamily.drafters.eagle.drafter import EagleDrafter, TreeFeeder
+from specfamily.drafters.eagle.drafter import EagleDrafter
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
@@ -164,7 +166,7 @@ def test_tree_nodes_match_a_causal_recomputation_along_their_path(monkeypatch, f
     """Each fed node's output equals one causal pass over the committed pairs then the pairs of its own path."""
     target = tiny_target(family, vocab_size=32, spread=1.0)
     drafter = EagleDrafter(target, weights="random", gamma=4, top_k=3, total_tokens=20)
-    monkeypatch.setattr(eagle_drafter, "TreeFeeder", RecordingFeeder)
+    monkeypatch.setattr(feature_drafting, "TreeFeeder", RecordingFeeder)
     prompt = [3, 1, 4, 1, 5, 9, 2]
     ctx = sf.DecodeContext(target, torch.tensor(prompt), sf.SamplingConfig(), torch.Generator(), list(prompt))
     drafter.begin(ctx)

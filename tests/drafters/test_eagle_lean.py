@@ -15,8 +15,8 @@ from transformers import (
 )
 
 import specfamily.core.lean as core_lean
+from specfamily.core.feature_drafting import crop
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
-from specfamily.drafters.eagle.drafter import crop
 from specfamily.drafters.eagle.lean import LeanEagleLayer, lean_eagle_unsupported
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.testing import tiny_model
