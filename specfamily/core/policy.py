@@ -192,16 +192,11 @@ class AutoPolicy:
     idle stretch's backlog is not counted) is added to each drafted pass's cost. A probe's c replaces the estimate
     (the newest evidence about a cost that made it idle: one dear cold start must not silence a run).
     ``bind(verify_cost)`` gives it t(g + 1) / t(1); until c is known it drafts ``gamma``. It drafts only when the
-    predicted speedup beats ``min_speedup`` (a noise margin), and starts again after it stopped only when it beats
-    ``resume_speedup`` (hysteresis: near break-even, flipping on every few accepted tokens drafts at the noisy
-    estimate's peaks and pays for it; measured on SmolLM2's Spec-Bench). While it drafts nothing it still probes,
-    first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts
-    the passes of the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles
-    only after a probe was verified and did not pay. Estimates carry over to the next request (down-weighted to
-    ``memory`` of their counts; 1 by default: a request boundary is no evidence, and halving the counts there let
-    the prior pull a drafter that does not pay back into drafting at every request) and forget smoothly instead:
-    the counts are scaled so no depth holds more than ``window`` tries. ``max_gamma`` caps the draft length (tree
-    drafters cap it at their calibrated depth).
+    predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes, first after
+    ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the passes of
+    the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only after a
+    probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
+    their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
     """
 
     gamma: int
@@ -210,11 +205,9 @@ class AutoPolicy:
     prior_alpha: float = 0.6
     prior_weight: float = 2.0
     min_speedup: float = 1.02
-    resume_speedup: float = 1.05  # hysteresis: what it takes to start drafting again once it has stopped
     probe_every: int = 16
     max_probe_every: int = 256
-    memory: float = 1.0
-    window: float = 64.0  # the most tries a depth's estimate holds: older evidence fades as newer arrives
+    memory: float = 0.5
     c_smoothing: float = 0.3
     tried: list[float] = field(init=False, repr=False)
     accepted: list[float] = field(init=False, repr=False)
@@ -227,7 +220,6 @@ class AutoPolicy:
     drafted: int = field(init=False, default=0)  # the ones given a draft length > 0
     _probing: bool = field(init=False, default=False, repr=False)
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
-    _drafting: bool = field(init=False, default=True, repr=False)  # the last choice drafted (hysteresis state)
 
     def __post_init__(self) -> None:
         self.gamma = _check_int(self.gamma, "gamma", 1)
@@ -240,10 +232,6 @@ class AutoPolicy:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
             raise ValueError(f"prior_weight must be a finite number > 0, got {self.prior_weight!r}")
-        if not (math.isfinite(self.window) and self.window >= 1):
-            raise ValueError(f"window must be a finite number >= 1, got {self.window!r}")
-        if not self.resume_speedup >= self.min_speedup:
-            raise ValueError(f"resume_speedup ({self.resume_speedup!r}) must be >= min_speedup ({self.min_speedup!r})")
         self.tried, self.accepted = [0.0] * self.max_gamma, [0.0] * self.max_gamma
 
     def bind(self, verify_cost: VerifyCost) -> None:
@@ -283,8 +271,6 @@ class AutoPolicy:
         if self.c_estimate is None:
             return min(self.gamma, self.max_gamma)
         gamma, probe, _ = self._choose()
-        if bool(gamma) != self._drafting:
-            self._drafting, self._choice = bool(gamma), None  # the other threshold applies from the next choice
         if gamma:
             self.idle, self.interval, self._probing = 0, self.probe_every, False
             return gamma
@@ -299,8 +285,8 @@ class AutoPolicy:
         estimates change: while it drafts nothing a pass costs no arithmetic."""
         if self._choice is None:
             acceptance = self.acceptance()
-            threshold = self.min_speedup if self._drafting else self.resume_speedup
-            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, threshold, self.overhead)
+            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup,
+                                               self.overhead)
             best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, self.overhead)
             self._choice = (gamma, gamma or max(1, best[0]), speedup if gamma else best[1])
         return self._choice
@@ -319,9 +305,6 @@ class AutoPolicy:
         for depth in range(min(levels, self.max_gamma)):
             self.tried[depth] += 1
             self.accepted[depth] += int(depth < accepted)
-            if self.tried[depth] > self.window:
-                scale = self.window / self.tried[depth]
-                self.tried[depth], self.accepted[depth] = self.window, self.accepted[depth] * scale
         self.width += self.c_smoothing * (tokens / proposed - self.width)
         pass_cost = self._cost_of(tokens)  # this pass's verification, in one-token passes
         if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
@@ -342,10 +325,9 @@ class AutoPolicy:
         if self.c_estimate is None:
             return f"drafted in {share:.0%} of passes; c not measured yet"
         gamma, _, speedup = self._choose()
-        threshold = self.min_speedup if self._drafting else self.resume_speedup
         alpha = self.acceptance()[0]
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
-                   f"predicted gain below {threshold:g} (best {speedup:.2f})")
+                   f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
                 f"overhead {self.overhead:.2f}")
 
