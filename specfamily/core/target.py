@@ -17,14 +17,13 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specfamily.core.fast import BufferedLayer, LeanLlama, lean_unsupported
 from specfamily.core.matmul import MatmulChoice, choose_matmul, linear_for
-from specfamily.core.processors import check_generation_config
+from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
 from specfamily.sources import is_local, unreachable_model
 
-__all__ = ["Target", "TargetOutput", "load_target"]
+__all__ = ["SUPPORTED_ATTENTION", "Target", "TargetOutput", "check_supported", "load_target"]
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")
 _LAYOUT_CACHE_SIZE = 64
 _LAYOUT_CACHE_MAX_TOKENS = 256  # pending + nodes; larger local masks (long prompts) are built and not kept
 
@@ -65,7 +64,7 @@ class Target:
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         self.hidden_size: int = int(text_config.hidden_size)
         self.num_layers: int = int(text_config.num_hidden_layers)
-        self.eos_token_ids: tuple[int, ...] = _eos_ids(model, tokenizer, self.vocab_size)
+        self.eos_token_ids: tuple[int, ...] = eos_ids(model, tokenizer, self.vocab_size)
         self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -279,66 +278,6 @@ def _truncate(cache: DynamicCache, length: int) -> None:
             continue
         layer.keys = layer.keys[:, :, :length]
         layer.values = layer.values[:, :, :length]
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer, vocab_size: int) -> tuple[int, ...]:
-    """End-of-sequence ids inside the vocabulary: generation config, then model config, then tokenizer."""
-    generation_config = getattr(model, "generation_config", None)
-    for source in (generation_config, model.config.get_text_config(decoder=True), tokenizer):
-        eos = getattr(source, "eos_token_id", None)
-        if eos is None:
-            continue
-        ids = [eos] if isinstance(eos, int) else list(eos)
-        ids = [i for i in ids if isinstance(i, int) and 0 <= i < vocab_size]
-        if ids:
-            return tuple(dict.fromkeys(ids))
-    return ()
-
-
-def check_supported(model: object) -> None:
-    """Refuse models this wrapper cannot drive exactly, with the reason."""
-    if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"the target must be a transformers PreTrainedModel, got {type(model).__name__}")
-    name = type(model).__name__
-    config = model.config
-    text_config = config.get_text_config(decoder=True)
-    if (
-        config.is_encoder_decoder
-        or not getattr(text_config, "is_causal", True)
-        or model.get_output_embeddings() is None
-    ):
-        raise ValueError(f"{name} is not a causal language model (load it with AutoModelForCausalLM)")
-    params = inspect.signature(model.forward).parameters
-    if "position_ids" not in params or not ({"cache", "past_key_values"} & params.keys()):
-        raise ValueError(f"{name}.forward takes no position_ids or cache, which tree verification needs")
-    attn = config._attn_implementation
-    if attn not in SUPPORTED_ATTENTION:
-        raise ValueError(
-            f"attention implementation {attn!r} is not supported (use one of {SUPPORTED_ATTENTION}); "
-            'load the model with attn_implementation="sdpa"'
-        )
-    for key in ("sliding_window", "attention_chunk_size"):
-        if getattr(text_config, key, None) is not None:
-            raise ValueError(
-                f"{name} uses {key}={getattr(text_config, key)}; sliding-window and chunked attention are not supported"
-            )
-    _check_cache_layers(model)
-    check_generation_config(model)
-
-
-def _check_cache_layers(model: PreTrainedModel) -> None:
-    """Only a DynamicCache of plain full-attention layers can be cropped and rewritten exactly."""
-    name = type(model).__name__
-    if getattr(model, "_is_stateful", False):
-        raise ValueError(f"{name} keeps recurrent state; only full-attention KV caches are supported")
-    layer_types = getattr(model.config.get_text_config(decoder=True), "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        kinds = sorted(set(layer_types) - {"full_attention"})
-        raise ValueError(f"{name} has {kinds} layers (hybrid, sliding or linear); only full attention is supported")
-    layers = DynamicCache(config=model.config).layers
-    odd = sorted({type(layer).__name__ for layer in layers if type(layer).__name__ != "DynamicLayer"})
-    if odd:
-        raise ValueError(f"{name} needs cache layers {odd}; only a DynamicCache of full-attention layers is supported")
 
 
 def load_target(
