@@ -79,7 +79,7 @@ class Draft:
         """Levels the verifier tried for an accepted ``path`` (node indices from the root down): the path, plus one
         when its last node (or the root, for an empty path) has children."""
         node = path[-1] if path else -1
-        return len(path) + int(node in set(self.parents.tolist()))
+        return len(path) + int(bool((self.parents == node).any()))
 
     def depths(self) -> torch.Tensor:
         """(n,) depth of each node; children of the root have depth 1."""

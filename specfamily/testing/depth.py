@@ -105,11 +105,6 @@ def path_from_tokens(draft: Draft, committed: list[int]) -> list[int]:
     return path
 
 
-def verified_depth(draft: Draft, path: list[int]) -> int:
-    """Levels the verifier tried: the accepted path, plus one when its last node (or the root) has children."""
-    return draft.verified_depth(path)
-
-
 class DepthRecorder:
     """Wraps a drafter (protocol forwarded unchanged) and records the depth of every verified draft in ``stats``.
 
@@ -178,4 +173,4 @@ class DepthRecorder:
     def _record(self, draft: Draft, path: list[int]) -> None:
         parents = draft.parents.tolist()
         tree = parents != list(range(-1, len(parents) - 1))
-        self.stats.add(_draft_depth(parents), verified_depth(draft, path), len(path), tree)
+        self.stats.add(_draft_depth(parents), draft.verified_depth(path), len(path), tree)

@@ -18,7 +18,7 @@ from specfamily.testing import (
     tiny_target,
 )
 from specfamily.testing.conformance import PROMPT, chi_square, sample_sequences
-from specfamily.testing.depth import DepthStats, path_from_tokens, verified_depth
+from specfamily.testing.depth import DepthStats, path_from_tokens
 from specfamily.testing.power import depth_samples, run_samples, share_for_power, share_lower_bound
 from specfamily.testing.stats import marginal_law, sequence_index, sequence_tests
 
@@ -205,9 +205,9 @@ def test_path_from_committed_tokens():
     assert path_from_tokens(draft, [5, 7, 5, 2]) == [1, 3, 4]
     assert path_from_tokens(draft, [4, 1]) == [0]
     assert path_from_tokens(draft, [3]) == []
-    assert verified_depth(draft, [1, 3, 4]) == 3  # node 4 has no children
-    assert verified_depth(draft, [0]) == 2  # node 0's child 2 was tried
-    assert verified_depth(draft, []) == 1
+    assert draft.verified_depth([1, 3, 4]) == 3  # node 4 has no children
+    assert draft.verified_depth([0]) == 2  # node 0's child 2 was tried
+    assert draft.verified_depth([]) == 1
 
 
 def test_depth_recorder_agrees_with_the_loops_acceptance_counts():
