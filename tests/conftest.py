@@ -82,3 +82,19 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 def _paths(items) -> set[str]:
     return {item.nodeid.split("::")[0] for item in items}
+
+
+@pytest.fixture
+def lean_calls(monkeypatch) -> list[int]:
+    """The number of tokens of each pass the lean forward ran (the lean path was taken, not only offered)."""
+    from specfamily.core.fast import LeanLlama
+
+    calls: list[int] = []
+    original = LeanLlama.__call__
+
+    def counted(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape[1])
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(LeanLlama, "__call__", counted)
+    return calls

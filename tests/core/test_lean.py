@@ -14,7 +14,7 @@ from transformers import (
 )
 
 import specfamily as sf
-from specfamily.core.lean import LeanLlama, plan_attention
+from specfamily.core.lean import plan_attention
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
 from specfamily.testing import tiny_model
@@ -76,20 +76,6 @@ def _passes(lean_target: Target, plain: Target) -> None:
         lean_target.commit(accepted)
         plain.commit(accepted)
         _assert_same_cache(lean_target, plain)
-
-
-@pytest.fixture
-def lean_calls(monkeypatch) -> list[int]:
-    """Counts the lean forward's passes (the lean path was taken, not only offered)."""
-    calls: list[int] = []
-    original = LeanLlama.__call__
-
-    def counted(self, input_ids, *args, **kwargs):
-        calls.append(input_ids.shape[1])
-        return original(self, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(LeanLlama, "__call__", counted)
-    return calls
 
 
 CASES = {

@@ -56,20 +56,6 @@ COVERED = {
 }
 
 
-@pytest.fixture
-def lean_calls(monkeypatch) -> list[int]:
-    """The number of tokens of each pass the lean forward ran (the lean path was taken, not only offered)."""
-    calls: list[int] = []
-    original = LeanLlama.__call__
-
-    def counted(self, input_ids, *args, **kwargs):
-        calls.append(input_ids.shape[1])
-        return original(self, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(LeanLlama, "__call__", counted)
-    return calls
-
-
 def _same_passes(model) -> None:
     """A prefill, a chain, a tree and a decode step, lean and through the model: logits equal bit for bit."""
     lean, plain = Target(model), Target(model, fast=False)
