@@ -1,0 +1,136 @@
+"""EAGLE-3 training-time test: the unrolled mask, the simulated acceptance length, training lowers the loss, the
+exported drafter (draft vocabulary from token frequency) loads and is lossless through the shared verifier."""
+
+import numpy as np
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.drafters.eagle3.formats import read_tensors
+from specfamily.drafters.eagle3.loop import train
+from specfamily.drafters.eagle3.model import Eagle3Shape, build_model, default_layers, draft_layer_config
+from specfamily.drafters.eagle3.train import TrainConfig
+from specfamily.drafters.eagle3.ttt import (
+    simulated_acceptance,
+    step_weights,
+    target_pass,
+    ttt_objective,
+    unroll,
+    unrolled_visible,
+)
+from specfamily.testing import SAMPLING_MATRIX, assert_lossless, tiny_target
+
+
+def test_simulated_acceptance_by_hand():
+    # 1 + a1 + a1 a2 + a1 a2 a3
+    assert simulated_acceptance([0.5, 0.5, 1.0]) == pytest.approx(1 + 0.5 + 0.25 + 0.25)
+    assert simulated_acceptance([0.8, 0.5]) == pytest.approx(1 + 0.8 + 0.4)
+    assert simulated_acceptance([0.0, 1.0, 1.0]) == 1.0
+    assert simulated_acceptance([1.0] * 7) == 8.0
+    assert step_weights(3) == pytest.approx([1.0, 0.8, 0.64])
+
+
+def test_unrolled_mask_is_the_references():
+    """Step s at index t reads the step-0 keys j <= t - s and, of each later step, only its own index."""
+    assert torch.equal(unrolled_visible(4, 0).int(), torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0],
+                                                                    [1, 1, 1, 1]]))
+    expected = torch.tensor([[0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0],
+                             [0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0],
+                             [1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0],
+                             [1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1]])
+    assert torch.equal(unrolled_visible(4, 2).int(), expected)
+
+
+def _tiny_drafter(vocab_size=16, layers=4):
+    target = tiny_target("llama", vocab_size=vocab_size, layers=layers, dtype=torch.float64)
+    shape = Eagle3Shape(draft_layer_config(target.model), default_layers(layers))
+    return target, build_model(target.model, shape, seed=3)
+
+
+def test_no_step_sees_the_future():
+    """Step s at index t reads tokens up to x[t + 1 + s] and target features up to t: changing anything later
+    leaves it exactly as it was, while changing x[t + 1 + s] itself moves it."""
+    target, model = _tiny_drafter()
+    gen = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, 16, (2, 14), generator=gen)
+    features, _ = target_pass(target.model, windows, model.shape.layers)
+    outputs = unroll(model, windows, features, 4)
+    t = 5
+    for step in range(4):
+        later = windows.clone()
+        later[:, t + 2 + step :] = (later[:, t + 2 + step :] + 1) % 16
+        moved = features.clone()
+        moved[:, t + 1 :] += torch.randn(moved[:, t + 1 :].shape, generator=gen, dtype=moved.dtype)
+        again = unroll(model, later, moved, 4)[step]
+        assert torch.equal(again[:, t], outputs[step][:, t]), step
+        assert not torch.equal(again[:, t + 1], outputs[step][:, t + 1]), step  # later indices did change
+        own = windows.clone()
+        own[:, t + 1 + step] = (own[:, t + 1 + step] + 1) % 16
+        assert not torch.allclose(unroll(model, own, features, 4)[step][:, t], outputs[step][:, t]), step
+
+
+def test_objective_weights_steps_and_counts_only_scored_positions():
+    target, model = _tiny_drafter()
+    windows = torch.randint(0, 16, (3, 12), generator=torch.Generator().manual_seed(1))
+    features, logits = target_pass(target.model, windows, model.shape.layers)
+    result = ttt_objective(model, windows, features, logits, ttt_length=3)
+    assert result.counts.tolist() == [3 * 11, 3 * 10, 3 * 9]
+    weighted = (result.step_losses * torch.tensor([1, 0.8, 0.64])).sum()
+    assert float(result.loss.detach()) == pytest.approx(float(weighted))
+    assert bool((result.hits <= result.counts).all())
+    with pytest.raises(ValueError, match="windows of 5 tokens are too short for 4 unrolled steps"):
+        ttt_objective(model, windows[:, :5], features[:, :5], logits[:, :5], ttt_length=4)
+
+
+def _tokens(tmp_path, vocab_size, n=20000, seed=0):
+    """A token file whose ids are drawn with falling frequencies (id 0 the most frequent)."""
+    weights = 1.0 / np.arange(1, vocab_size + 1)
+    tokens = np.random.default_rng(seed).choice(vocab_size, size=n, p=weights / weights.sum()).astype(np.int32)
+    path = tmp_path / "tokens.npy"
+    np.save(path, tokens)
+    return path
+
+
+def _config(tmp_path, tokens, **options):
+    base = dict(target="tiny", out=str(tmp_path / "eagle3"), tokens=str(tokens), minutes=0, seq_len=24,
+                ttt_length=3, batch=8, lr=3e-3, warmup=5, eval_windows=16, save_dtype="float32", threads=1)
+    return TrainConfig(**{**base, **options})
+
+
+def test_training_lowers_the_loss_and_raises_the_simulated_acceptance(tmp_path):
+    target = tiny_target("llama", vocab_size=32, layers=4, dtype=torch.float32, spread=2.0)
+    cfg = _config(tmp_path, _tokens(tmp_path, 32), steps=1, eval_every=1)
+    first = train(cfg, target)
+    cfg = _config(tmp_path, _tokens(tmp_path, 32), steps=150, eval_every=50, ckpt=str(tmp_path / "more.pt"))
+    last = train(cfg, target)
+    # the loss is a cross-entropy against the target's soft labels: its floor is their entropy (about 8.4 here)
+    assert last.last_loss < first.last_loss - 0.05, (first.last_loss, last.last_loss)
+    assert last.best_acceptance > first.last_acceptance + 0.3, (first.last_acceptance, last.best_acceptance)
+    assert len(last.last_accuracies) == 3
+
+
+def test_exported_drafter_loads_with_a_frequency_vocabulary_and_is_lossless(tmp_path):
+    """Trained on the conformance kit's own tiny target, exported, loaded by name: d2t/t2d name the most frequent
+    training tokens, and generations through the shared verifier follow the target's law."""
+    target = tiny_target("llama")  # the kit's target (vocabulary 8, float64)
+    cfg = _config(tmp_path, _tokens(tmp_path, 8), steps=30, eval_every=15, draft_vocab=6)
+    state = train(cfg, target)
+    assert state.best_step in (15, 30)
+    tensors = read_tensors(tmp_path / "eagle3")
+    assert tensors["t2d"].tolist() == [True] * 6 + [False] * 2  # ids 0..5 are the most frequent
+    assert (torch.arange(6) + tensors["d2t"]).tolist() == list(range(6))
+    drafter = sf.create_drafter("eagle3", target, weights=str(tmp_path / "eagle3"), mode="chain", gamma=3)
+    assert drafter.model.vocab.ids.tolist() == list(range(6))
+    assert_lossless(lambda t: sf.create_drafter("eagle3", t, weights=str(tmp_path / "eagle3"), mode="chain",
+                                                gamma=3), configs=SAMPLING_MATRIX[:2], min_depth=2)
+
+
+def test_bad_options_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="seq_len 8 is too short for 7 unrolled steps"):
+        TrainConfig(target="t", out="o", tokens="x.npy", seq_len=8)
+    with pytest.raises(ValueError, match="ttt_length must be >= 1, got 0"):
+        TrainConfig(target="t", out="o", tokens="x.npy", ttt_length=0)
+    with pytest.raises(ValueError, match="layers must be comma-separated integers, got '2,x'"):
+        TrainConfig(target="t", out="o", tokens="x.npy", layers="2,x")
+    with pytest.raises(ValueError, match="give exactly one data source"):
+        TrainConfig(target="t", out="o")
