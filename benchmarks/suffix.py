@@ -119,8 +119,8 @@ def cache_memory(drafter) -> dict:
     """The global cache's size: tokens, trie nodes and approximate bytes, and both per 1k cached tokens."""
     cache = drafter.global_cache
     per_k = 1000 / cache.tokens if cache.tokens else float("nan")
-    return {"tokens": cache.tokens, "nodes": len(cache.trie), "bytes": cache.trie.nbytes(),
-            "nodes_per_1k_tokens": len(cache.trie) * per_k, "mb_per_1k_tokens": cache.trie.nbytes() * per_k / 1e6}
+    return {"tokens": cache.tokens, "states": len(cache.index), "bytes": cache.index.nbytes(),
+            "states_per_1k_tokens": len(cache.index) * per_k, "mb_per_1k_tokens": cache.index.nbytes() * per_k / 1e6}
 
 
 def summary_rows(results: list[ArmResult]) -> list[dict]:

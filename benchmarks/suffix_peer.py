@@ -1,12 +1,14 @@
-"""Our suffix trie against ArcticInference's suffix tree (``arctic_inference.suffix_decoding._C``), same history.
+"""Our suffix index against ArcticInference's suffix tree (``arctic_inference.suffix_decoding._C``), same history.
 
 Both structures get the same token sequences (held-out zoo-corpus functions through a tokenizer, or random tokens);
 then, at every ``--stride``-th position of a held-out sequence, both speculate from the same context with the same
 options (tree mode, paper defaults) and the trees are compared: identical (same tokens, parents, order), identical
 as sets of root-to-node paths, a tie (same size and score, other equal-probability nodes chosen: their heap is not
 stable and their probabilities are float32), or different. Also printed: the time per speculation and the memory
-per 1k tokens of each. Their speculate never matches the whole context it is given (match_len < len(context)); ours
-is held to the same rule here (in the drafter it matters only for contexts shorter than max_depth).
+per 1k tokens of each (ours measured with tracemalloc, also for the depth-64 suffix trie the index replaced;
+theirs by its own estimate). Their speculate never matches the whole context it is given (match_len <
+len(context)); ours is held to the same rule here (in the drafter it matters only for contexts shorter than
+max_depth).
 
 ArcticInference is optional (not a dependency). Its suffix-decoding extension builds with CMake and nanobind
 alone (no vLLM, no CUDA): ``pip download --no-deps arctic-inference``, then build ``csrc/suffix_decoding`` and put
@@ -21,10 +23,12 @@ import argparse
 import random
 import sys
 import time
+import tracemalloc
 from collections.abc import Sequence
 
+from specfamily.drafters.suffix.automaton import Matcher, SuffixIndex
 from specfamily.drafters.suffix.speculate import Limits, Speculation, best_match
-from specfamily.drafters.suffix.tree import Matcher, SuffixTrie
+from specfamily.drafters.suffix.tree import SuffixTrie
 
 
 def paths(tokens: Sequence[int], parents: Sequence[int]) -> set[tuple[int, ...]]:
@@ -37,20 +41,39 @@ def paths(tokens: Sequence[int], parents: Sequence[int]) -> set[tuple[int, ...]]
     return out
 
 
-def ours(trie: SuffixTrie, context: Sequence[int], limits: Limits, depth: int) -> Speculation:
+def ours(index: SuffixIndex, context: Sequence[int], limits: Limits, depth: int) -> Speculation:
     """Our speculation for ``context``, under their rule that a match is shorter than the context given."""
-    matcher = Matcher(trie)
-    context = context[-trie.max_depth :]
+    matcher = Matcher(index)
+    context = context[-index.max_depth :]
     matcher.extend(context)
-    return best_match(trie, [n for n in matcher.suffixes() if trie.depth[n] < len(context)], depth, limits)
+    nodes = [n for n in matcher.suffix_nodes(depth) if index.depth_of(n) < len(context)]
+    return best_match(index, nodes, depth, limits)
+
+
+def traced_bytes(build) -> tuple[object, int]:
+    """What ``build()`` returns and the bytes it left allocated (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        built = build()
+        return built, tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+
+
+def build(cls, history: list[list[int]], max_depth: int):
+    structure = cls(max_depth)
+    for seq in history:
+        structure.insert(seq)
+    return structure
 
 
 def compare(history: list[list[int]], queries: list[list[int]], stride: int, max_depth: int, arctic) -> dict:
     """Build both over ``history``; speculate at every ``stride``-th prefix of each query; count agreements."""
     limits = Limits(max_spec_factor=1.0, max_spec_offset=0.0, max_tree_size=32, min_token_prob=0.1)
-    trie, theirs = SuffixTrie(max_depth), arctic.SuffixTree(max_depth)
+    index, index_bytes = traced_bytes(lambda: build(SuffixIndex, history, max_depth))
+    trie_bytes = traced_bytes(lambda: build(SuffixTrie, history, max_depth))[1]
+    theirs = arctic.SuffixTree(max_depth)
     for seq_id, seq in enumerate(history):
-        trie.insert(seq)
         theirs.extend(seq_id, seq)
     counts = {"calls": 0, "proposed": 0, "identical": 0, "same_paths": 0, "tie": 0, "different": 0}
     our_seconds = their_seconds = 0.0
@@ -58,7 +81,7 @@ def compare(history: list[list[int]], queries: list[list[int]], stride: int, max
         for end in range(stride, len(query), stride):
             context = query[:end]
             t0 = time.perf_counter()
-            mine = ours(trie, context, limits, depth=10**6)
+            mine = ours(index, context, limits, depth=10**6)
             t1 = time.perf_counter()
             draft = theirs.speculate(context[-max_depth:], 32, 1.0, 0.0, 0.1, True)
             their_seconds += time.perf_counter() - t1
@@ -75,7 +98,7 @@ def compare(history: list[list[int]], queries: list[list[int]], stride: int, max
                 counts["different"] += 1
     tokens = sum(len(s) for s in history)
     counts.update(ours_us=1e6 * our_seconds / counts["calls"], theirs_us=1e6 * their_seconds / counts["calls"],
-                  ours_mb_per_1k=trie.nbytes() / tokens / 1000,
+                  ours_mb_per_1k=index_bytes / tokens / 1000, trie_mb_per_1k=trie_bytes / tokens / 1000,
                   theirs_mb_per_1k=theirs.estimate_memory() / tokens / 1000,
                   history_tokens=tokens)
     return counts

@@ -1,4 +1,4 @@
-"""The suffix drafter's data structures: the bounded-depth trie, its matchers, speculation trees, the global cache."""
+"""The suffix drafter's reference trie (kept to check the suffix index against), speculation trees, the global cache."""
 
 import json
 import random
@@ -30,6 +30,16 @@ def _trie_counts(trie):
         for child in trie.children(node):
             counts[tuple(trie.string(child))] = trie.count[child]
             stack.append(child)
+    return counts
+
+
+def _index_counts(index):
+    counts, stack = {}, [(0, ())]
+    while stack:
+        node, string = stack.pop()
+        for child in index.children(node):
+            counts[(*string, index.token_of(child))] = index.count_of(child)
+            stack.append((child, (*string, index.token_of(child))))
     return counts
 
 
@@ -239,13 +249,13 @@ def test_budget_evicts_the_oldest_requests():
     assert list(cache.sequences) == [[1, 2, 3, 4], [5, 6, 7], [8, 9, 1]] and cache.tokens == 10
     cache.add([2, 2])  # 12 > 10: the oldest goes
     assert list(cache.sequences) == [[5, 6, 7], [8, 9, 1], [2, 2]] and cache.tokens == 8
-    assert _trie_counts(cache.trie) == dict(_substring_counts(cache.sequences, 4))
+    assert _index_counts(cache.index) == dict(_substring_counts(cache.sequences, 4))
     cache.add(list(range(20, 35)))  # longer than the budget: its last 10 tokens, alone
     assert list(cache.sequences) == [list(range(25, 35))] and cache.tokens == 10
-    assert _trie_counts(cache.trie) == dict(_substring_counts(cache.sequences, 4))
+    assert _index_counts(cache.index) == dict(_substring_counts(cache.sequences, 4))
     off = GlobalCache(max_depth=4, max_tokens=0)
     off.add([1, 2])
-    assert off.tokens == 0 and len(off.trie) == 0
+    assert off.tokens == 0 and len(off.index) == 0
 
 
 @pytest.mark.parametrize("name", ["cache.json", "cache.safetensors"])
@@ -258,7 +268,7 @@ def test_save_and_load_round_trip(tmp_path, name):
     loaded = GlobalCache(max_depth=5, max_tokens=100)
     assert loaded.load(path) == len(cache.sequences)
     assert list(loaded.sequences) == list(cache.sequences)
-    assert _trie_counts(loaded.trie) == _trie_counts(cache.trie)
+    assert _index_counts(loaded.index) == _index_counts(cache.index)
 
 
 def _write_safetensors(path, tokens, lengths, metadata=None):

@@ -1,8 +1,11 @@
-"""The global suffix cache: earlier requests' token sequences in one trie, bounded by a token budget.
+"""The global suffix cache: earlier requests' token sequences in one suffix index, bounded by a token budget.
 
 Sequences are kept in arrival order; adding one that takes the total past ``max_tokens`` evicts the oldest
-until it fits (a sequence longer than the budget keeps its last ``max_tokens`` tokens). Saved files hold the
-sequences, not the trie (the trie is rebuilt on load): JSON (``.json``) or safetensors (any other suffix),
+until it fits (a sequence longer than the budget keeps its last ``max_tokens`` tokens). An evicted sequence's
+counts leave the index at once; its states are dropped when the index is rebuilt from the live sequences, which
+happens once the tokens evicted since the last rebuild outnumber the live ones (so a rebuild costs at most a
+constant per evicted token, and the index holds at most about twice the live tokens' states). Saved files hold the
+sequences, not the index (it is rebuilt on load): JSON (``.json``) or safetensors (any other suffix),
 written atomically; a file that is not a suffix cache, or holds bad token ids, is a ``ValueError`` naming it.
 """
 
@@ -16,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from specfamily.drafters.suffix.tree import SuffixTrie, check_depth, check_tokens
+from specfamily.drafters.suffix.automaton import SuffixIndex
+from specfamily.drafters.suffix.tree import check_depth, check_tokens
 from specfamily.files import write_atomically, write_text_atomically
 
 FORMAT = "specfamily-suffix-cache"
@@ -31,18 +35,19 @@ def check_budget(max_tokens: object) -> int:
 
 @dataclass
 class GlobalCache:
-    """Earlier requests' sequences (oldest first) and the trie over them."""
+    """Earlier requests' sequences (oldest first) and the suffix index over them."""
 
     max_depth: int = 64
     max_tokens: int = 65536
     sequences: deque[list[int]] = field(default_factory=deque)
     tokens: int = 0  # total length of ``sequences``
-    trie: SuffixTrie = field(init=False)
+    evicted: int = 0  # tokens evicted since the index was last built from the live sequences
+    index: SuffixIndex = field(init=False)
 
     def __post_init__(self) -> None:
         check_depth(self.max_depth)
         check_budget(self.max_tokens)
-        self.trie = SuffixTrie(self.max_depth)
+        self.index = SuffixIndex(self.max_depth)
         kept, self.sequences, self.tokens = list(self.sequences), deque(), 0
         for sequence in kept:
             self.add(sequence)
@@ -56,15 +61,24 @@ class GlobalCache:
         while self.sequences and self.tokens + len(sequence) > self.max_tokens:
             oldest = self.sequences.popleft()
             self.tokens -= len(oldest)
-            self.trie.remove(oldest)
-        self.trie.insert(sequence)
+            self.index.remove(oldest)
+            self.evicted += len(oldest)
+        if self.evicted > self.tokens:
+            self.rebuild()
+        self.index.insert(sequence)
         self.sequences.append(sequence)
         self.tokens += len(sequence)
 
+    def rebuild(self) -> None:
+        """A fresh index over the live sequences (drops the states only evicted sequences held)."""
+        self.index, self.evicted = SuffixIndex(self.max_depth), 0
+        for sequence in self.sequences:
+            self.index.insert(sequence)
+
     def clear(self) -> None:
         self.sequences.clear()
-        self.tokens = 0
-        self.trie = SuffixTrie(self.max_depth)
+        self.tokens = self.evicted = 0
+        self.index = SuffixIndex(self.max_depth)
 
     def save(self, path: str | Path) -> Path:
         """Write the sequences to ``path`` atomically: JSON for ``.json``, safetensors otherwise."""

@@ -1,10 +1,11 @@
-"""SuffixDecoding (Oliaro et al., NeurIPS 2025): speculation trees from suffix tries, deterministic (q = None).
+"""SuffixDecoding (Oliaro et al., NeurIPS 2025): speculation trees from suffix indexes, deterministic (q = None).
 
-Two tries: one over this request's prompt and committed tokens, extended as tokens commit, and one global
-trie over earlier requests' outputs (and prompts with ``cache_prompts``), which lives with the drafter object:
-``end()`` adds the request, a token budget evicts the oldest requests, ``save_cache``/``cache=`` carry it
-between runs. Each proposal matches the longest suffix of the context in both tries, grows a speculation tree
-from each (:mod:`specfamily.drafters.suffix.speculate`) and proposes the one with the higher score.
+Two suffix indexes (:mod:`specfamily.drafters.suffix.automaton`): one over this request's prompt and committed
+tokens, extended as tokens commit, and one global index over earlier requests' outputs (and prompts with
+``cache_prompts``), which lives with the drafter object: ``end()`` adds the request, a token budget evicts the
+oldest requests, ``save_cache``/``cache=`` carry it between runs. Each proposal matches the longest suffix of the
+context in both indexes, grows a speculation tree from each (:mod:`specfamily.drafters.suffix.speculate`) and
+proposes the one with the higher score.
 """
 
 from __future__ import annotations
@@ -17,31 +18,31 @@ import torch
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
 from specfamily.core.types import DecodeContext, Draft
+from specfamily.drafters.suffix.automaton import Matcher, Sequence, SuffixIndex
 from specfamily.drafters.suffix.cache import GlobalCache
 from specfamily.drafters.suffix.config import SuffixConfig
 from specfamily.drafters.suffix.speculate import Limits, Speculation, best_match, better
-from specfamily.drafters.suffix.tree import Cursor, Matcher, SuffixTrie
 
 
 @dataclass
 class RequestState:
-    """One request: its own trie (and the cursor that extends it), its match in the global trie, its tokens."""
+    """One request: its own index (and the sequence that extends it), its match in the global index, its tokens."""
 
-    trie: SuffixTrie
-    cursor: Cursor
+    index: SuffixIndex
+    sequence: Sequence
     matcher: Matcher
-    tokens: list[int] = field(default_factory=list)  # what the tries have seen: prompt + committed
+    tokens: list[int] = field(default_factory=list)  # what the indexes have seen: prompt + committed
     prompt_length: int = 0
 
     @classmethod
-    def start(cls, tokens: list[int], prompt_length: int, max_depth: int, global_trie: SuffixTrie) -> RequestState:
-        trie = SuffixTrie(max_depth)
-        state = cls(trie, Cursor(trie), Matcher(global_trie), [], prompt_length)
+    def start(cls, tokens: list[int], prompt_length: int, max_depth: int, global_index: SuffixIndex) -> RequestState:
+        index = SuffixIndex(max_depth)
+        state = cls(index, Sequence(index), Matcher(global_index), [], prompt_length)
         state.extend(tokens)
         return state
 
     def extend(self, tokens: list[int]) -> None:
-        self.cursor.extend(tokens)
+        self.sequence.extend(tokens)
         self.matcher.extend(tokens)
         self.tokens += tokens
 
@@ -92,13 +93,13 @@ class SuffixDrafter(BaseDrafter):
 
     def _start(self, ctx: DecodeContext) -> RequestState:
         return RequestState.start(list(ctx.tokens), len(ctx.prompt_ids), self.config.max_depth,
-                                  self.global_cache.trie)
+                                  self.global_cache.index)
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         state = self._sync(ctx)
         limits = self.limits
-        own = best_match(state.trie, state.cursor.suffixes(), gamma, limits, self.stop)
-        cached = best_match(self.global_cache.trie, state.matcher.suffixes(), gamma, limits, self.stop)
+        own = best_match(state.index, state.sequence.suffix_nodes(gamma), gamma, limits, self.stop)
+        cached = best_match(self.global_cache.index, state.matcher.suffix_nodes(gamma), gamma, limits, self.stop)
         self.last = best = better(own, cached)
         if not best.tokens:
             return Draft.empty()

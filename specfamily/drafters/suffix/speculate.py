@@ -16,8 +16,12 @@ import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specfamily.drafters.suffix.tree import ROOT, SuffixTrie
+
+if TYPE_CHECKING:
+    from specfamily.drafters.suffix.automaton import SuffixIndex
 
 
 @dataclass
@@ -44,18 +48,18 @@ def spec_limit(match_length: int, max_spec_factor: float, max_spec_offset: float
     return max(0, min(max_tree_size, math.floor(max_spec_factor * match_length + max_spec_offset + 1e-6)))
 
 
-def continuations(trie: SuffixTrie, node: int) -> list[tuple[float, int]]:
+def continuations(trie: SuffixTrie | SuffixIndex, node: int) -> list[tuple[float, int]]:
     """(frequency, child) of every child of ``node``: its count over the node's, most frequent first (ties: smaller
     token first). The node's count includes occurrences with nothing after them yet, as ArcticInference counts."""
-    total = trie.count[node]
-    ranked = sorted(trie.children(node), key=lambda c: (-trie.count[c], trie.token[c]))
-    return [(trie.count[c] / total, c) for c in ranked]
+    total, count_of, token_of = trie.count_of(node), trie.count_of, trie.token_of
+    ranked = sorted(trie.children(node), key=lambda c: (-count_of(c), token_of(c)))
+    return [(count_of(c) / total, c) for c in ranked]
 
 
-def grow(trie: SuffixTrie, node: int, limit: int, depth: int, min_prob: float, *, chain: bool = False,
+def grow(trie: SuffixTrie | SuffixIndex, node: int, limit: int, depth: int, min_prob: float, *, chain: bool = False,
          stop: frozenset[int] = frozenset()) -> Speculation:
     """The speculation tree below ``node`` (see the module docstring); nothing below a ``stop`` token."""
-    match_length = trie.depth[node] if node != ROOT else 0
+    match_length = trie.depth_of(node) if node != ROOT else 0
     out = Speculation(match_length=match_length)
     if node == ROOT or limit <= 0 or depth <= 0:
         return out
@@ -73,10 +77,11 @@ def grow(trie: SuffixTrie, node: int, limit: int, depth: int, min_prob: float, *
     push(node, -1, 1.0, 1)
     while heap and len(out) < limit:
         neg, _, child, draft_parent, level = heapq.heappop(heap)
-        out.tokens.append(trie.token[child])
+        token = trie.token_of(child)
+        out.tokens.append(token)
         out.parents.append(draft_parent)
         out.probs.append(-neg)
-        if level < depth and trie.token[child] not in stop:
+        if level < depth and token not in stop:
             push(child, len(out) - 1, -neg, level + 1)
     return out
 
@@ -92,7 +97,7 @@ class Limits:
     chain: bool = False
 
 
-def best_match(trie: SuffixTrie, nodes: Iterable[int], depth: int, limits: Limits,
+def best_match(trie: SuffixTrie | SuffixIndex, nodes: Iterable[int], depth: int, limits: Limits,
                stop: frozenset[int] = frozenset()) -> Speculation:
     """The best-scored speculation grown from any of ``nodes`` (matched suffixes, shortest first; a longer match
     wins a tie); nodes without children are skipped."""
@@ -100,7 +105,7 @@ def best_match(trie: SuffixTrie, nodes: Iterable[int], depth: int, limits: Limit
     for node in nodes:
         if node == ROOT or not trie.has_children(node):
             continue
-        limit = spec_limit(trie.depth[node], limits.max_spec_factor, limits.max_spec_offset, limits.max_tree_size)
+        limit = spec_limit(trie.depth_of(node), limits.max_spec_factor, limits.max_spec_offset, limits.max_tree_size)
         spec = grow(trie, node, limit, depth, limits.min_token_prob, chain=limits.chain, stop=stop)
         if spec.tokens and spec.score >= best.score:
             best = spec

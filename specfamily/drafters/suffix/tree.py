@@ -1,5 +1,8 @@
 """A suffix trie of bounded depth with occurrence counts, updated in O(max_depth) per appended token.
 
+The drafter now uses the compact :mod:`specfamily.drafters.suffix.automaton` (same counts and speculation trees,
+~25x less memory); this trie stays as the plain reference the index is tested against and measured beside.
+
 Every substring of length <= ``max_depth`` of the inserted sequences is a path from the root; a node's
 ``count`` is how many times its string occurs (in all sequences inserted and not removed). Appending a token to
 a sequence extends the paths of its last ``max_depth - 1`` suffixes by one node each (a :class:`Cursor` holds
@@ -60,6 +63,15 @@ class SuffixTrie:
     def __len__(self) -> int:
         """Live nodes, the root excluded."""
         return len(self.count) - 1 - len(self.free)
+
+    def count_of(self, node: int) -> int:
+        return self.count[node]
+
+    def depth_of(self, node: int) -> int:
+        return self.depth[node]
+
+    def token_of(self, node: int) -> int:
+        return self.token[node]
 
     def child(self, node: int, token: int) -> int:
         return self.edges.get(node << TOKEN_BITS | token, NONE)
