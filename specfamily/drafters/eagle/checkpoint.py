@@ -1,5 +1,8 @@
 """EAGLE drafter weights on disk: ``model.safetensors`` (fc + decoder layer) and ``config.json``.
 
+``load_eagle`` also reads heads in the EAGLE repository's layout (``specfamily.drafters.eagle.formats``), from a
+folder or a model-hub name.
+
 ``config.json`` records the format, the identity of the target the drafter was trained for
 (``specfamily.identity``) and free-form training information. Loading for a different target is refused. The
 folder is written under a temporary name and swapped in whole.
@@ -16,8 +19,10 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from specfamily.core.draft_vocab import DraftVocab
+from specfamily.drafters.eagle.formats import is_eagle_repo, load_eagle_repo
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.files import write_folder_atomically
+from specfamily.hub import resolve_source
 from specfamily.identity import check_identity, target_identity
 
 FORMAT = "specfamily-eagle"
@@ -61,14 +66,15 @@ def save_eagle(
 
 
 def resolve_weights(source: str | Path) -> Path:
-    """A ``zoo:`` name becomes its shipped folder; a path must be a folder holding an EAGLE checkpoint."""
+    """A ``zoo:`` name becomes its shipped folder, a hub name (``owner/name``) its downloaded one; a path must be a
+    folder holding a config.json (our checkpoint or the EAGLE repository's layout)."""
     if isinstance(source, str) and source.startswith("zoo:"):
         from specfamily.zoo import zoo_path
 
         return zoo_path(source)
-    folder = Path(source)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"no eagle checkpoint at {str(folder)!r} (expected {CONFIG_FILE} and {WEIGHTS_FILE})")
+    folder = resolve_source(source)
+    if not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"no eagle checkpoint at {str(folder)!r} (expected {CONFIG_FILE} and weights)")
     return folder
 
 
@@ -93,8 +99,13 @@ def check_target(config: dict[str, Any], target_model: PreTrainedModel, where: s
 def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[EagleModel, dict[str, Any]]:
     """The drafter stored at ``source`` (a folder or a zoo: name) for this target, and its config."""
     folder = resolve_weights(source)
+    raw = json.loads((folder / CONFIG_FILE).read_text())
+    if is_eagle_repo(raw):
+        return load_eagle_repo(folder, target_model), {}
     config = read_config(folder)
     check_target(config, target_model, str(source))
+    if not (folder / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"no {WEIGHTS_FILE} in eagle checkpoint {str(folder)!r}")
     state = load_file(str(folder / WEIGHTS_FILE), device=str(target_model.device))
     ids, counts = state.pop(DRAFT_IDS, None), state.pop(DRAFT_COUNTS, None)
     vocab = None if ids is None else DraftVocab(ids.long().cpu(), target_model.get_output_embeddings().weight.shape[0],

@@ -6,6 +6,8 @@ and ``draft_vocab: N`` in the shape; a checkpoint without them (all older ones) 
 The target identity (``specfamily.identity``) is saved with the heads, so heads trained for one target are refused
 for another, even one with the same architecture.
 A checkpoint folder is written next to its final place and swapped in, so nothing half-written is ever read.
+``load_checkpoint`` also reads heads in the Medusa repository's layout (``specfamily.drafters.medusa.formats``),
+from a folder or a model-hub name.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specfamily.core.draft_vocab import DraftVocab
+from specfamily.drafters.medusa.formats import is_medusa_repo, load_medusa_repo
 from specfamily.drafters.medusa.heads import HeadsShape, MedusaHeads, build_heads
 from specfamily.files import write_folder_atomically
+from specfamily.hub import resolve_source
 from specfamily.identity import check_identity
 
 FORMAT = "specfamily-medusa"
@@ -70,7 +74,7 @@ def resolve(weights: str | Path) -> Path:
         return zoo_path(weights)
     if not isinstance(weights, (str, Path)):
         raise TypeError(f"weights must be a path, a zoo: name or 'random', got {type(weights).__name__}")
-    return Path(weights)
+    return resolve_source(weights)
 
 
 def read_checkpoint(folder: Path) -> MedusaCheckpoint:
@@ -90,6 +94,9 @@ def read_checkpoint(folder: Path) -> MedusaCheckpoint:
 def load_checkpoint(weights: str | Path, target) -> tuple[MedusaHeads, MedusaCheckpoint]:
     """Heads for ``target`` from a checkpoint folder or zoo name; a checkpoint for another target is refused."""
     folder = resolve(weights)
+    if (folder / CONFIG_FILE).is_file() and is_medusa_repo(json.loads((folder / CONFIG_FILE).read_text())):
+        heads = load_medusa_repo(folder, target)
+        return heads, MedusaCheckpoint(heads.shape, {})
     meta = read_checkpoint(folder)
     check_identity(meta.target, target.model, f"Medusa heads at {folder}",
                    "train heads for this target with `python -m specfamily.drafters.medusa.train`")
