@@ -44,7 +44,7 @@ def test_arms_are_interleaved_identical_and_summarised(bench):
     assert suffix["proposed"] > 0 and suffix["tau"] > 1.0
     assert "| suffix | all |" in bench.markdown("t", rows)
     memory = bench.cache_memory(arms["suffix"])
-    assert memory["tokens"] == 36 and memory["nodes"] > 0 and memory["mb_per_1k_tokens"] > 0
+    assert memory["tokens"] == 36 and memory["states"] > 0 and memory["mb_per_1k_tokens"] > 0
 
 
 def test_warm_cache_is_saved_and_loaded(bench, tmp_path):
