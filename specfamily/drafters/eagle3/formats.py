@@ -29,6 +29,7 @@ from specfamily.core.draft_vocab import d2t_of, t2d_of, vocab_from_d2t
 from specfamily.core.target import Target
 from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers
 from specfamily.files import write_folder_atomically
+from specfamily.hub import resolve_source
 from specfamily.identity import check_identity, target_identity
 
 LAYOUTS = ("eagle", "speculators")
@@ -67,8 +68,9 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_eagle3(source: str | Path, target: Target) -> Eagle3Model:
-    """The EAGLE-3 drafter stored in folder ``source`` (either layout) for ``target``, refused if it does not fit."""
-    folder = Path(source)
+    """The EAGLE-3 drafter stored in folder ``source`` (either layout; a model-hub name ``owner/name`` is downloaded
+    first) for ``target``, refused if it does not fit."""
+    folder = resolve_source(source)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no eagle3 checkpoint at {str(folder)!r} (expected config.json and weights)")
     config = json.loads((folder / "config.json").read_text())
