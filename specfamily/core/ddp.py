@@ -80,6 +80,14 @@ class Ranks:
         n = rows.shape[0] // self.world_size
         return rows[self.rank * n : (self.rank + 1) * n]
 
+    def skip_draws(self, generator: torch.Generator, shape: tuple[int, ...] | None, count: int) -> None:
+        """Advance ``generator`` past ``count`` uniform draws of ``shape`` (None: nothing is drawn). A rank that
+        skips ``rank`` local draws before its own and ``world_size - 1 - rank`` after uses exactly its rows of one
+        global draw (CPU generators fill tensors in order), and leaves the generator where one process would."""
+        if shape is not None and self.distributed:
+            for _ in range(count):
+                torch.rand(shape, generator=generator)
+
     def agree(self, value: float) -> float:
         """The largest ``value`` over the ranks (e.g. elapsed seconds, so every rank stops at the same step)."""
         if not self.distributed:

@@ -1,14 +1,16 @@
 """Train a zoo model (target from the corpus, draft distilled from the target), resumable.
 
 ``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the passes under autocast with float32
-master weights. The checkpoint is read as tensors and plain containers only (``weights_only=True``).
+master weights. The checkpoint is read as tensors and plain containers only (``weights_only=True``). Under
+``torchrun`` each rank trains a DistributedDataParallel replica on its share of every global batch (``--batch`` rows
+per rank; :mod:`specfamily.core.ddp`); rank 0 evaluates, checkpoints and exports.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specfamily.core.ddp import Objective, Ranks, start
 from specfamily.files import write_atomically, write_folder_atomically
 from specfamily.precision import Precision, check_device, check_dtype, optimizer_step
 from specfamily.schedule import budget_progress, warmup_cosine
@@ -186,8 +189,23 @@ def export(model, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict) -> 
     write_folder_atomically(out, fill)
 
 
+def local_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | None, step: int,
+                  ranks: Ranks) -> list[torch.Tensor]:
+    """This rank's rows of the step's global batch (``batch`` rows per rank, drawn alike on every rank)."""
+    return [ranks.local(rows) for rows in training_batches(replace(cfg, batch=cfg.batch * ranks.world_size),
+                                                             tokens, greedy, step)]
+
+
 def train(cfg: TrainConfig) -> TrainState:
     check_config(cfg)
+    ranks = start(cfg.device)
+    try:
+        return _train(cfg, ranks)
+    finally:
+        ranks.close()
+
+
+def _train(cfg: TrainConfig, ranks: Ranks) -> TrainState:
     precision = Precision.of(cfg.device, cfg.dtype)
     work = Path(cfg.workdir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer"))
@@ -202,28 +220,32 @@ def train(cfg: TrainConfig) -> TrainState:
     ckpt = work / f"ckpt-{Path(cfg.out).name}.pt"
     state = _load_checkpoint(ckpt, model, optimizer, cfg, scaler) if ckpt.exists() else TrainState()
     loss_fn = torch.compile(_loss) if cfg.compile else _loss
-    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"train {cfg.kind}", mininterval=10)
+    objective = ranks.wrap(Objective(model, lambda m, rows: batch_loss(loss_fn, m, teacher, rows)), precision.device)
+    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"train {cfg.kind}", mininterval=10,
+               disable=not ranks.is_main)
     while state.step < cfg.steps and progress_of(cfg, state) < 1.0:
         started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, state.step, progress_of(cfg, state))
-        batches = [b.to(precision.device) for b in training_batches(cfg, tokens, greedy, state.step)]
+        batches = [b.to(precision.device) for b in local_batches(cfg, tokens, greedy, state.step, ranks)]
         with precision.autocast():
-            loss, positions = batch_loss(loss_fn, model, teacher, batches)
+            loss, positions = objective(batches)
         optimizer_step(loss, optimizer, model.parameters(), cfg.clip, scaler)
         state.step += 1
-        state.tokens_seen += positions
-        state.seconds += time.perf_counter() - started
+        state.tokens_seen += positions * ranks.world_size
+        state.seconds = ranks.agree(state.seconds + time.perf_counter() - started)
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{state.heldout_loss:.3f}")
-        if state.step % cfg.eval_every == 0:
+        if state.step % cfg.eval_every == 0 and ranks.is_main:
             state.heldout_loss = heldout_loss(model, windows)
             tqdm.write(f"step {state.step} tokens {state.tokens_seen} heldout {state.heldout_loss:.4f}")
-        if state.step % cfg.ckpt_every == 0:
+        if state.step % cfg.ckpt_every == 0 and ranks.is_main:
             _save_checkpoint(ckpt, model, optimizer, state, cfg, scaler)
     bar.close()
-    state.heldout_loss = heldout_loss(model, windows)
-    _save_checkpoint(ckpt, model, optimizer, state, cfg, scaler)
-    info = training_info(cfg, state, sum(p.numel() for p in model.parameters()))
-    export(model, tokenizer, Path(cfg.out), info)
+    if ranks.is_main:
+        state.heldout_loss = heldout_loss(model, windows)
+        _save_checkpoint(ckpt, model, optimizer, state, cfg, scaler)
+        info = training_info(cfg, state, sum(p.numel() for p in model.parameters()))
+        export(model, tokenizer, Path(cfg.out), info)
+    ranks.barrier()
     return state

@@ -7,21 +7,25 @@ verifier on held-out prompts; the drafter with the best tau is exported to ``--o
 Training state (weights, optimiser, data RNG, best weights) goes to ``--ckpt`` and a rerun resumes from it; the
 state file is read as tensors and plain containers only (``torch.load(weights_only=True)``), so a state file from
 elsewhere cannot run code. ``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the passes
-under autocast with float32 master weights.
+under autocast with float32 master weights. Under ``torchrun`` each rank trains a DistributedDataParallel replica on
+its share of every global batch (``--batch`` rows per rank; :mod:`specfamily.core.ddp`), rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import pickle
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from specfamily.core.ddp import Objective, Ranks, start
 from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
@@ -122,11 +126,21 @@ class Run:
     state: TrainState
     precision: Precision
     scaler: torch.amp.GradScaler
+    ranks: Ranks
+    objective: torch.nn.Module  # the loss over the model (under DDP when distributed)
     best: dict[str, torch.Tensor] | None = None
+
+
+def _loss(model: EagleModel, windows: torch.Tensor, features: torch.Tensor | None, target_model, options: tuple):
+    """The objective on features computed here (``features`` None) or stored."""
+    if features is None:
+        return eagle_loss(model, target_model, windows, *options)
+    return feature_loss(model, windows, features, *options)
 
 
 def start_run(cfg: TrainConfig) -> tuple[Run, EagleData]:
     """Load the target and the data, build (draft vocabulary included) or resume the drafter and optimiser."""
+    ranks = start(cfg.device)
     precision = Precision.of(cfg.device, cfg.dtype)
     target = load_target(cfg.target, device=precision.device, dtype=torch.float32)
     target.model.requires_grad_(False)
@@ -134,10 +148,13 @@ def start_run(cfg: TrainConfig) -> tuple[Run, EagleData]:
     vocab = target_draft_vocab(cfg.draft_vocab, target, data.counted)
     model = build_model(target.model, seed=cfg.seed, vocab=vocab).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    run = Run(cfg, target, model, optimizer, torch.Generator().manual_seed(cfg.seed), TrainState(), precision,
-              precision.scaler())
+    generator = torch.Generator().manual_seed(cfg.seed)
+    objective = Objective(model, partial(_loss, target_model=target.model,
+                                         options=(generator, cfg.noise, cfg.w_reg, cfg.w_cls)))
+    run = Run(cfg, target, model, optimizer, generator, TrainState(), precision, precision.scaler(), ranks, objective)
     if cfg.ckpt_path.is_file():
         resume(run)
+    run.objective = ranks.wrap(objective, precision.device)
     return run, data
 
 
@@ -165,7 +182,8 @@ def resume(run: Run) -> None:
         run.scaler.load_state_dict(saved["scaler"])
     run.state = TrainState(**saved["state"])
     run.best = saved["best"]
-    tqdm.write(f"resumed from {run.cfg.ckpt_path} at step {run.state.step}")
+    if run.ranks.is_main:
+        tqdm.write(f"resumed from {run.cfg.ckpt_path} at step {run.state.step}")
 
 
 def save_state(run: Run) -> None:
@@ -216,17 +234,17 @@ def train_step(run: Run, data: EagleData) -> tuple[float, float, float]:
     lr = learning_rate(cfg, state.step, progress_of(cfg, state))
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    windows, features = data.sample(cfg.batch, run.generator)  # (batch, seq_len)
-    options = (run.generator, cfg.noise, cfg.w_reg, cfg.w_cls)
+    ranks, device = run.ranks, run.precision.device
+    rows, features = data.sample(cfg.batch * ranks.world_size, run.generator)  # the global batch, on every rank
+    windows, features = ranks.local(rows), ranks.local(features)
+    noise_shape = (windows.shape[0], windows.shape[1] - 1, run.model.hidden_size) if cfg.noise > 0 else None
+    ranks.skip_draws(run.generator, noise_shape, ranks.rank)  # this rank's rows of the global batch's noise
     with run.precision.autocast():
-        if features is None:
-            parts = eagle_loss(run.model, run.target.model, windows, *options)
-        else:
-            device = run.precision.device
-            parts = feature_loss(run.model, windows.to(device), features.to(device), *options)
+        parts = run.objective(windows.to(device), None if features is None else features.to(device))
+    ranks.skip_draws(run.generator, noise_shape, ranks.world_size - 1 - ranks.rank)
     optimizer_step(parts.loss, run.optimizer, run.model.parameters(), cfg.clip, run.scaler)
     state.step += 1
-    state.tokens_seen += windows.numel()
+    state.tokens_seen += rows.numel()
     return parts.regression, parts.classification, lr
 
 
@@ -235,23 +253,32 @@ def train(cfg: TrainConfig) -> TrainState:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     run, data = start_run(cfg)
-    state = run.state
-    bar = tqdm(total=cfg.steps, initial=state.step, desc="eagle", unit="step")
-    while progress_of(cfg, state) < 1.0:
-        started = time.perf_counter()
-        regression, classification, lr = train_step(run, data)
-        if cfg.eval_every and state.step % cfg.eval_every == 0:
-            evaluate(run, data)
-        if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-            save_state(run)
-        state.seconds += time.perf_counter() - started
-        bar.update(1)
-        bar.set_postfix(reg=f"{regression:.3f}", ce=f"{classification:.3f}", lr=f"{lr:.1e}")
-    bar.close()
-    if not cfg.eval_every or state.step % cfg.eval_every:
-        evaluate(run, data)
-    save_state(run)
+    state, ranks = run.state, run.ranks
+    try:
+        bar = tqdm(total=cfg.steps, initial=state.step, desc="eagle", unit="step", disable=not ranks.is_main)
+        while progress_of(cfg, state) < 1.0:
+            started = time.perf_counter()
+            regression, classification, lr = train_step(run, data)
+            evaluating = bool(cfg.eval_every) and state.step % cfg.eval_every == 0
+            if evaluating or (cfg.ckpt_every and state.step % cfg.ckpt_every == 0):
+                checkpoint(run, data, evaluating)
+            state.seconds = ranks.agree(state.seconds + time.perf_counter() - started)  # every rank stops together
+            bar.update(1)
+            bar.set_postfix(reg=f"{regression:.3f}", ce=f"{classification:.3f}", lr=f"{lr:.1e}")
+        bar.close()
+        checkpoint(run, data, evaluating=not cfg.eval_every or state.step % cfg.eval_every != 0)
+    finally:
+        ranks.close()
     return state
+
+
+def checkpoint(run: Run, data: EagleData, evaluating: bool) -> None:
+    """Rank 0 evaluates (when asked) and writes the training state; every rank waits for it."""
+    if run.ranks.is_main:
+        if evaluating:
+            evaluate(run, data)
+        save_state(run)
+    run.ranks.barrier()
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -271,7 +298,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> None:
     state = train(parse_args(argv))
-    print(f"done: {state.step} steps, best tau {state.best_tau:.3f} at step {state.best_step}")
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"done: {state.step} steps, best tau {state.best_tau:.3f} at step {state.best_step}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     from specfamily.drafters.eagle3.loop import train
 
     state = train(parse_args(argv))
-    if state is not None:
+    if int(os.environ.get("RANK", 0)) == 0:
         print(f"done: {state.step} steps, best simulated acceptance {state.best_acceptance:.3f} at step "
               f"{state.best_step}")
 

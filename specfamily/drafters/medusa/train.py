@@ -14,13 +14,15 @@ passes under autocast with float32 master weights.
 pass per step; labels are the stored tokens (the target's own greedy answers); accuracies on held-out conversations'
 windows, tau on their chat prompts. ``--draft-vocab N`` drafts over the N most frequent training (answer) tokens
 only (FR-Spec; EOS always in): labels outside them are ignored by the loss and count as misses, and the vocabulary's
-coverage is reported.
+coverage is reported. Under ``torchrun`` each rank trains a DistributedDataParallel replica on its share of every
+global batch (``--batch`` rows per rank; :mod:`specfamily.core.ddp`); rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specfamily.core.ddp import Objective, start
 from specfamily.drafters.medusa.calibrate import (
     Calibration,
     calibrate,
@@ -258,6 +261,14 @@ def open_session(cfg: TrainConfig, target=None) -> Session:
 
 def train(cfg: TrainConfig, target=None) -> TrainState:
     """Train (or resume) heads for ``cfg.target``; returns the final state. ``target``: an already loaded one."""
+    ranks = start(cfg.device)
+    try:
+        return _train(cfg, target, ranks)
+    finally:
+        ranks.close()
+
+
+def _train(cfg: TrainConfig, target, ranks) -> TrainState:
     session = open_session(cfg, target)
     vocab = draft_vocabulary(cfg, session.target, session.data)
     shape = shape_for(session.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
@@ -273,27 +284,30 @@ def train(cfg: TrainConfig, target=None) -> TrainState:
     resuming = cfg.resume and state_path.is_file()
     state = load_state(state_path, heads, optimizer, gen, cfg, scaler) if resuming else TrainState()
     state.draft_vocab = vocab_report(vocab, session.data)
-    if vocab is not None:
+    objective = ranks.wrap(Objective(heads, lambda h, ids, f: _step_loss(session, h, ids, f)), precision.device)
+    if vocab is not None and ranks.is_main:
         tqdm.write(f"draft vocabulary: {vocab.size} tokens, coverage {state.draft_vocab['coverage_train']:.3f} of "
                    f"the training tokens, {state.draft_vocab['coverage_heldout']:.3f} held out")
     started, done = time.perf_counter() - state.seconds, state.step >= cfg.steps
-    bar = tqdm(total=cfg.steps, initial=state.step, desc="medusa heads", dynamic_ncols=True)
+    bar = tqdm(total=cfg.steps, initial=state.step, desc="medusa heads", dynamic_ncols=True, disable=not ranks.is_main)
     while not done:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, state.step, state.seconds / 60)
-        ids, features = session.data.sample(cfg.batch, gen)
+        ids, features = session.data.sample(cfg.batch * ranks.world_size, gen)  # the global batch, on every rank
         with precision.autocast():
-            loss, per_head = _step_loss(session, heads, ids, features)
+            loss, per_head = objective(ranks.local(ids), ranks.local(features))
         optimizer_step(loss, optimizer, heads.parameters(), cfg.clip, scaler)
         state.step += 1
-        state.seconds = time.perf_counter() - started
+        state.seconds = ranks.agree(time.perf_counter() - started)  # every rank stops at the same step
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", head0=f"{per_head[0]:.3f}")
         out_of_time = cfg.max_minutes > 0 and state.seconds > 60 * cfg.max_minutes
         done = state.step >= cfg.steps or out_of_time
         if done or (cfg.eval_every > 0 and state.step % cfg.eval_every == 0):
-            _evaluate_and_keep(session, heads, state, per_head)
-            save_state(state_path, heads, optimizer, state, gen, cfg, scaler)
+            if ranks.is_main:
+                _evaluate_and_keep(session, heads, state, per_head)
+                save_state(state_path, heads, optimizer, state, gen, cfg, scaler)
+            ranks.barrier()
     bar.close()
     return state
 
@@ -365,8 +379,9 @@ def main(argv: list[str] | None = None) -> None:
         recalibrate(cfg)
         return
     state = train(cfg)
-    print(f"done: {state.step} steps in {state.seconds / 60:.1f} min, best tau {state.best_tau:.3f} "
-          f"at step {state.best_step}")
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"done: {state.step} steps in {state.seconds / 60:.1f} min, best tau {state.best_tau:.3f} "
+              f"at step {state.best_step}")
 
 
 if __name__ == "__main__":
