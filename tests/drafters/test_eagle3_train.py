@@ -134,3 +134,41 @@ def test_bad_options_are_refused(tmp_path):
         TrainConfig(target="t", out="o", tokens="x.npy", layers="2,x")
     with pytest.raises(ValueError, match="give exactly one data source"):
         TrainConfig(target="t", out="o")
+
+
+def test_a_rerun_resumes_and_other_options_are_refused(tmp_path):
+    target = tiny_target("llama", vocab_size=16, layers=4, dtype=torch.float32)
+    tokens = _tokens(tmp_path, 16)
+    first = train(_config(tmp_path, tokens, steps=3, eval_every=3), target)
+    assert first.step == 3
+    resumed = train(_config(tmp_path, tokens, steps=5, eval_every=5), target)
+    assert resumed.step == 5 and resumed.tokens_seen == 5 * 8 * 24  # 2 more steps, not 5
+    with pytest.raises(ValueError, match=r"options \['ttt_length'\] differ from the saved run; use another --ckpt"):
+        train(_config(tmp_path, tokens, steps=6, ttt_length=2), target)
+
+
+def test_distilled_conversations_train_with_features_from_the_target(tmp_path):
+    """The distillation files' stored (last-layer) features are not EAGLE-3's three layers: the trainer reads the
+    conversations and computes the layers online; the draft vocabulary is counted on the answers."""
+    from specfamily.core.draft_vocab import frequent_tokens
+    from specfamily.zoo.distill import DistillConfig, write_batch
+    from specfamily.zoo.distilled import is_heldout, load_distilled
+
+    target = tiny_target("llama", vocab_size=32, layers=4, dtype=torch.float32, spread=2.0)
+    gen = torch.Generator().manual_seed(0)
+    turns = [t for t in (f"turn {i}" for i in range(5000)) if not is_heldout(t)][:8]
+    turns += [t for t in (f"turn {i}" for i in range(5000)) if is_heldout(t)][:2]
+    prompts, convs = [], []
+    for _ in turns:
+        prompt = torch.randint(0, 32, (1, 6), generator=gen)
+        out = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                    max_new_tokens=30, min_new_tokens=30, pad_token_id=0)
+        prompts.append(prompt[0].tolist())
+        convs.append((out[0].tolist(), torch.zeros(out.shape[1] - 1, 32)))  # stored features: never read
+    write_batch(DistillConfig(out=str(tmp_path / "distilled")), 0, turns, prompts, convs)
+    cfg = _config(tmp_path, "", distilled=str(tmp_path / "distilled"), steps=4, eval_every=4, draft_vocab=10)
+    state = train(cfg, target)
+    assert state.step == 4 and 1.0 <= state.best_acceptance <= 4.0
+    answers = load_distilled(tmp_path / "distilled")[0].answer_tokens()
+    drafter = sf.create_drafter("eagle3", target, weights=cfg.out)
+    assert torch.equal(drafter.model.vocab.ids, frequent_tokens(answers, 10, 32).ids)
