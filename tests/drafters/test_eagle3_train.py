@@ -4,6 +4,7 @@ exported drafter (draft vocabulary from token frequency) loads and is lossless t
 import numpy as np
 import pytest
 import torch
+from transformers import DynamicCache
 
 import specfamily as sf
 from specfamily.drafters.eagle3.formats import read_tensors
@@ -67,6 +68,24 @@ def test_no_step_sees_the_future():
         own = windows.clone()
         own[:, t + 1 + step] = (own[:, t + 1 + step] + 1) % 16
         assert not torch.allclose(unroll(model, own, features, 4)[step][:, t], outputs[step][:, t]), step
+
+
+def test_each_step_is_the_chain_it_simulates_fed_through_the_drafting_cache():
+    """Step s at index t equals the ordinary cached layer call that reads the pairs 0 .. t - s causally, then one
+    query at a time the step k <= s inputs at index t (the step k - 1 output and x[t + 1 + k]) at position t + k."""
+    target, model = _tiny_drafter()
+    windows = torch.randint(0, 16, (1, 13), generator=torch.Generator().manual_seed(2))
+    features, _ = target_pass(target.model, windows, model.shape.layers)
+    outputs = unroll(model, windows, features, 4)
+    fused = model.fuse(features[:, :12])
+    for t in (3, 5, 8):  # every step reads a token inside the window: t + 1 + step <= 12
+        for step in range(min(4, t + 1)):
+            cache, n = DynamicCache(), t - step + 1
+            out = model(windows[:, 1 : n + 1], fused[:, :n], torch.arange(n)[None], None, cache)[:, -1:]
+            for k in range(1, step + 1):
+                out = model(windows[:, t + 1 + k : t + 2 + k], outputs[k - 1][:, t : t + 1],
+                            torch.tensor([[t + k]]), None, cache)
+            torch.testing.assert_close(out[:, 0], outputs[step][:, t], rtol=1e-9, atol=1e-9)
 
 
 def test_objective_weights_steps_and_counts_only_scored_positions():
