@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     exp.add_argument("--layout", default=None, help="eagle3: speculators (vLLM) or eagle (SGLang/SpecForge); "
                      "eagle: eagle; medusa: medusa")
     exp.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
-    exp.add_argument("--base-model", default=None, help="medusa: base_model_name_or_path to record")
+    exp.add_argument("--base-model", default=None,
+                     help="the target's name to record (medusa: base_model_name_or_path; speculators: the verifier)")
     args = parser.parse_args(argv)
     if args.command in ("fetch", "list"):
         from specfamily.zoo.listing import fetch_command, list_command

@@ -30,7 +30,8 @@ class ExportRequest:
     out: str
     layout: str | None = None  # the drafter's first layout when None
     dtype: str | None = None  # keep the weights' dtype when None
-    base_model: str | None = None  # Medusa's base_model_name_or_path (default: the target's own name or path)
+    base_model: str | None = None  # the target's name to record: Medusa's base_model_name_or_path, speculators'
+    # verifier name_or_path (default: the target's own name or path)
 
     def checked(self) -> ExportRequest:
         """This request with its layout filled in; a ValueError naming the bad field otherwise."""
@@ -62,7 +63,7 @@ def export(request: ExportRequest, target=None) -> Path:
     if request.drafter == "eagle3":
         from specfamily.drafters.eagle3.formats import load_eagle3, save_eagle3
 
-        return save_eagle3(load_eagle3(request.weights, target), out, target, request.layout, dtype)
+        return save_eagle3(load_eagle3(request.weights, target), out, target, request.layout, dtype, request.base_model)
     if request.drafter == "eagle":
         from specfamily.drafters.eagle.checkpoint import load_eagle
         from specfamily.drafters.eagle.formats import save_eagle_repo

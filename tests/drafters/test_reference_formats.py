@@ -215,3 +215,30 @@ def test_a_hub_name_that_cannot_be_downloaded_says_so(monkeypatch, target):
     with pytest.raises(FileNotFoundError, match=r"^'someone/eagle-tiny' is neither a folder here nor downloadable "
                                                 r"from the model hub \(ConnectionError: no network\)$"):
         sf.create_drafter("eagle", target, weights="someone/eagle-tiny")
+
+
+def eagle3_probs(model, recorded) -> torch.Tensor:
+    """(n, V) our EAGLE-3 draft over target ids on build_eagle3.py's fixed fused features, positions 0 .. n - 1."""
+    tokens = recorded["tokens"]
+    with torch.inference_mode():
+        hidden = model(tokens, model.fuse(recorded["features"][None]), torch.arange(tokens.shape[1])[None])
+        return model.full_q(torch.softmax(model.logits(hidden), dim=-1))[0]
+
+
+def test_a_speculators_eagle3_drafts_what_speculators_computes(target):
+    recorded = load_file(str(HERE / "expected_eagle3.safetensors"))
+    drafter = sf.create_drafter("eagle3", target, weights=str(HERE / "eagle3_ref"))
+    assert drafter.needs_features == (0, 1, 2) and drafter.model.vocab.size == 16
+    torch.testing.assert_close(eagle3_probs(drafter.model, recorded), recorded["probs"], **TOL)
+
+
+def test_our_speculators_export_is_reproducible_and_speculators_computes_what_we_do(tmp_path, target):
+    fresh = _make_exports().write_exports(tmp_path, target) / "eagle3"
+    committed = HERE / "exports" / "eagle3"
+    assert json.loads((fresh / "config.json").read_text()) == json.loads((committed / "config.json").read_text())
+    ours, theirs = (load_file(str(folder / "model.safetensors")) for folder in (fresh, committed))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    recorded = load_file(str(HERE / "expected_eagle3.safetensors"))
+    model = sf.create_drafter("eagle3", target, weights=str(fresh)).model
+    torch.testing.assert_close(eagle3_probs(model, recorded),
+                               load_file(str(HERE / "expected_eagle3_exports.safetensors"))["probs"], **TOL)

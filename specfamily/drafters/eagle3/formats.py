@@ -148,9 +148,10 @@ def _assemble(tensors: dict[str, torch.Tensor], shape: Eagle3Shape, target: Targ
 
 
 def save_eagle3(model: Eagle3Model, folder: str | Path, target: Target, layout: str = "eagle",
-                dtype: torch.dtype | None = None) -> Path:
+                dtype: torch.dtype | None = None, verifier: str | None = None) -> Path:
     """Write ``model`` (a drafter's ``.model``) in ``layout`` (``eagle`` or ``speculators``), atomically; cast to
-    ``dtype`` on save when given (e.g. torch.float16)."""
+    ``dtype`` on save when given (e.g. torch.float16). ``verifier``: the target's name or path recorded in a
+    speculators config (default: the target's own ``_name_or_path``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"eagle3 layout must be one of {LAYOUTS}, got {layout!r}")
     tensors = {_their_name(k, layout): v.detach().to("cpu", dtype or v.dtype).contiguous()
@@ -158,7 +159,7 @@ def save_eagle3(model: Eagle3Model, folder: str | Path, target: Target, layout: 
     vocab = model.vocab
     if vocab is not None:
         tensors["d2t"], tensors["t2d"] = d2t_of(vocab).cpu().contiguous(), t2d_of(vocab).cpu().contiguous()
-    config = _write_config(model, target, layout, dtype or next(model.parameters()).dtype)
+    config = _write_config(model, target, layout, dtype or next(model.parameters()).dtype, verifier)
 
     def fill(tmp: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -171,7 +172,8 @@ def _their_name(key: str, layout: str) -> str:
     return "layers.0." + key[len("midlayer."):] if layout == "speculators" and key.startswith("midlayer.") else key
 
 
-def _write_config(model: Eagle3Model, target: Target, layout: str, dtype: torch.dtype) -> dict[str, Any]:
+def _write_config(model: Eagle3Model, target: Target, layout: str, dtype: torch.dtype,
+                  verifier: str | None = None) -> dict[str, Any]:
     layer = model.shape.config
     dims = {key: getattr(layer, key) for key in LAYER_KEYS if getattr(layer, key, None) is not None}
     rope = dict(layer.rope_parameters or {})
@@ -187,7 +189,7 @@ def _write_config(model: Eagle3Model, target: Target, layout: str, dtype: torch.
         return {"architectures": [ARCHITECTURE], **llama, "draft_vocab_size": draft_vocab,
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
                 "specfamily": ours}
-    verifier = {"name_or_path": getattr(target.model.config, "_name_or_path", None) or None,
+    verifier = {"name_or_path": verifier or getattr(target.model.config, "_name_or_path", None) or None,
                 "architectures": list(getattr(target.model.config, "architectures", None) or [])}
     return {"architectures": [SPECULATORS_ARCHITECTURE], "speculators_model_type": "eagle3",
             "transformer_layer_config": llama, "draft_vocab_size": draft_vocab,
