@@ -191,3 +191,18 @@ def test_distilled_conversations_train_with_features_from_the_target(tmp_path):
     answers = load_distilled(tmp_path / "distilled")[0].answer_tokens()
     drafter = sf.create_drafter("eagle3", target, weights=cfg.out)
     assert torch.equal(drafter.model.vocab.ids, frequent_tokens(answers, 10, 32).ids)
+
+
+def test_speculators_layout_export_loads_with_the_same_weights(tmp_path):
+    import json
+
+    target = tiny_target("llama", vocab_size=16, layers=4, dtype=torch.float32)
+    train(_config(tmp_path, _tokens(tmp_path, 16), steps=2, eval_every=2, layout="speculators", layers="1,2,3"),
+          target)
+    config = json.loads((tmp_path / "eagle3" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    saved = torch.load(tmp_path / "eagle3.train.pt", weights_only=True)["best"]
+    loaded = sf.create_drafter("eagle3", target, weights=str(tmp_path / "eagle3")).model.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in saved.items())
+    with pytest.raises(ValueError, match="layout must be one of"):
+        _config(tmp_path, "x.npy", layout="vllm")
