@@ -197,10 +197,11 @@ def test_speculators_layout_export_loads_with_the_same_weights(tmp_path):
     import json
 
     target = tiny_target("llama", vocab_size=16, layers=4, dtype=torch.float32)
-    train(_config(tmp_path, _tokens(tmp_path, 16), steps=2, eval_every=2, layout="speculators", layers="1,2,3"),
-          target)
+    train(_config(tmp_path, _tokens(tmp_path, 16), steps=2, eval_every=2, layout="speculators", layers="1,2,3",
+                  base_model="org/tiny-llama"), target)
     config = json.loads((tmp_path / "eagle3" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
     saved = torch.load(tmp_path / "eagle3.train.pt", weights_only=True)["best"]
     loaded = sf.create_drafter("eagle3", target, weights=str(tmp_path / "eagle3")).model.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in saved.items())

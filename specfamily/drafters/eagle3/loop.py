@@ -123,7 +123,8 @@ def export(run: Run, weights: dict[str, torch.Tensor]) -> None:
     """Write ``weights`` as the drafter in ``--out`` (the configured layout and dtype)."""
     current = {k: v.clone() for k, v in run.model.state_dict().items()}
     run.model.load_state_dict(weights)
-    save_eagle3(run.model, run.cfg.out, run.target, run.cfg.layout, getattr(torch, run.cfg.save_dtype))
+    save_eagle3(run.model, run.cfg.out, run.target, run.cfg.layout, getattr(torch, run.cfg.save_dtype),
+                verifier=run.cfg.base_model or None)
     run.model.load_state_dict(current)
 
 

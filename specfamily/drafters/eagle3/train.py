@@ -46,6 +46,7 @@ class TrainConfig:
     draft_vocab: int = 0  # > 0: draft over the N most frequent training tokens (EOS always in); 0: full vocabulary
     layers: str = ""  # comma-separated target feature layers (hidden_states indexing); "": the reference's
     layout: str = "eagle"  # exported layout: eagle (EAGLE/SpecForge, SGLang) or speculators (vLLM)
+    base_model: str = ""  # the verifier's hub name a speculators export records; "": the target's own name or path
     ttt_length: int = DEFAULT_TTT_LENGTH
     decay: float = DEFAULT_DECAY  # step s weighs decay ** s
     steps: int = 100000
