@@ -232,13 +232,24 @@ def test_a_speculators_eagle3_drafts_what_speculators_computes(target):
     torch.testing.assert_close(eagle3_probs(drafter.model, recorded), recorded["probs"], **TOL)
 
 
-def test_our_speculators_export_is_reproducible_and_speculators_computes_what_we_do(tmp_path, target):
-    fresh = _make_exports().write_exports(tmp_path, target) / "eagle3"
-    committed = HERE / "exports" / "eagle3"
+def test_a_specforge_eagle3_drafts_what_specforge_computes(target):
+    recorded = load_file(str(HERE / "expected_eagle3.safetensors"))
+    drafter = sf.create_drafter("eagle3", target, weights=str(HERE / "specforge_ref"))
+    assert drafter.needs_features == (0, 1, 2) and drafter.model.vocab.size == 16
+    torch.testing.assert_close(eagle3_probs(drafter.model, recorded),
+                               load_file(str(HERE / "expected_specforge.safetensors"))["probs"], **TOL)
+
+
+@pytest.mark.parametrize(("layout", "recorded_by"), [("eagle3", "expected_eagle3_exports"),
+                                                      ("eagle3_sglang", "expected_specforge_exports")])
+def test_our_eagle3_exports_are_reproducible_and_the_reference_computes_what_we_do(tmp_path, target, layout,
+                                                                                    recorded_by):
+    fresh = _make_exports().write_exports(tmp_path, target) / layout
+    committed = HERE / "exports" / layout
     assert json.loads((fresh / "config.json").read_text()) == json.loads((committed / "config.json").read_text())
     ours, theirs = (load_file(str(folder / "model.safetensors")) for folder in (fresh, committed))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     recorded = load_file(str(HERE / "expected_eagle3.safetensors"))
     model = sf.create_drafter("eagle3", target, weights=str(fresh)).model
     torch.testing.assert_close(eagle3_probs(model, recorded),
-                               load_file(str(HERE / "expected_eagle3_exports.safetensors"))["probs"], **TOL)
+                               load_file(str(HERE / f"{recorded_by}.safetensors"))["probs"], **TOL)

@@ -130,7 +130,13 @@ def _assemble(tensors: dict[str, torch.Tensor], shape: Eagle3Shape, target: Targ
     if order is not None and "lm_head.weight" in tensors:
         tensors["lm_head.weight"] = tensors["lm_head.weight"][order]
     model = build_model(target.model, shape, vocab, seed=None)
-    embed = tensors.get("embed_tokens.weight")
+    embed, ours = tensors.get("embed_tokens.weight"), model.target_embed[0].weight
+    if embed is not None and tuple(embed.shape) != tuple(ours.shape):
+        raise ValueError(f"{where}: embed_tokens.weight has shape {tuple(embed.shape)}; the target's embedding is "
+                         f"{tuple(ours.shape)}")
+    if embed is not None and torch.equal(embed.to(ours.device, ours.dtype), ours):
+        del tensors["embed_tokens.weight"]  # the target's own (the references' saves carry it): read, not copied
+        embed = None
     if embed is not None:
         model.embed_tokens = torch.nn.Embedding(*embed.shape).to(target.device, target.dtype)
     expected = model.state_dict()
@@ -156,6 +162,9 @@ def save_eagle3(model: Eagle3Model, folder: str | Path, target: Target, layout: 
         raise ValueError(f"eagle3 layout must be one of {LAYOUTS}, got {layout!r}")
     tensors = {_their_name(k, layout): v.detach().to("cpu", dtype or v.dtype).contiguous()
                for k, v in model.state_dict().items()}
+    if "embed_tokens.weight" not in tensors:  # the references' own saves carry it, and SpecForge's loader needs it
+        embed = model.target_embed[0].weight
+        tensors["embed_tokens.weight"] = embed.detach().to("cpu", dtype or embed.dtype).contiguous()
     vocab = model.vocab
     if vocab is not None:
         tensors["d2t"], tensors["t2d"] = d2t_of(vocab).cpu().contiguous(), t2d_of(vocab).cpu().contiguous()
