@@ -253,3 +253,35 @@ def test_our_eagle3_exports_are_reproducible_and_the_reference_computes_what_we_
     model = sf.create_drafter("eagle3", target, weights=str(fresh)).model
     torch.testing.assert_close(eagle3_probs(model, recorded),
                                load_file(str(HERE / f"{recorded_by}.safetensors"))["probs"], **TOL)
+
+
+@pytest.mark.parametrize(("kind", "folder", "options"), [("eagle", "eagle_ref", {"mode": "tree"}),
+                                                         ("eagle", "eagle_ref", {"mode": "chain"}),
+                                                         ("medusa", "medusa_ref", {}),
+                                                         ("eagle3", "eagle3_ref", {}),
+                                                         ("eagle3", "specforge_ref", {})])
+def test_reference_checkpoints_decode_greedily_as_the_target_does(target, kind, folder, options):
+    """The loaded heads draft inside the loop (module path for EAGLE-1's un-normed layer) and lose nothing."""
+    from specfamily.core.loop import generate
+
+    drafter = sf.create_drafter(kind, target, weights=str(HERE / folder), gamma=3, **options)
+    prompt = [5, 17, 3, 42, 8]
+    with torch.inference_mode():
+        plain = target.model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0)[0, len(prompt):].tolist()
+    result = generate(target, drafter, prompt, max_new_tokens=20)
+    assert result.tokens == plain and result.metrics.proposed_tokens > 0
+
+
+def test_medusa_heads_of_repeated_blocks_draft_what_medusa_llm_computes(tmp_path, target):
+    recorded = load_file(str(HERE / "expected_medusa2.safetensors"))["medusa_probs"]
+    heads = sf.create_drafter("medusa", target, weights=str(HERE / "medusa_ref2")).heads
+    assert heads.shape.layers == 2
+    tokens = load_file(str(HERE / "expected.safetensors"))["tokens"]
+    torch.testing.assert_close(medusa_probs(heads, target, tokens), recorded, **TOL)
+    # blocks saved with different weights: the reference's one repeated module ends up holding the last block's
+    folder = _copy(HERE / "medusa_ref2", tmp_path)
+    tensors = torch.load(folder / "medusa_lm_head.pt", weights_only=True)
+    tensors["0.0.linear.weight"] = torch.zeros_like(tensors["0.0.linear.weight"])
+    torch.save(tensors, folder / "medusa_lm_head.pt")
+    torch.testing.assert_close(medusa_probs(load_medusa_repo(folder, target), target, tokens), recorded, **TOL)

@@ -125,3 +125,14 @@ def test_an_eagle_repo_head_exports_to_the_eagle_layout_unchanged(tmp_path, targ
     theirs = torch.load(FIXTURE / "eagle_ref" / "pytorch_model.bin", weights_only=True)
     ours = torch.load(tmp_path / "o" / "pytorch_model.bin", weights_only=True)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_medusa_heads_with_different_blocks_have_no_medusa_layout_form(tmp_path, target):
+    heads = build_heads(target, shape_for(target, num_heads=1, layers=2))
+    with torch.no_grad():
+        heads.heads[0].blocks[1].linear.weight.normal_(0, 0.3)
+    ours = save_checkpoint(tmp_path / "ours", heads, MedusaCheckpoint(heads.shape, target_identity(target.model)))
+    assert refused(["--drafter", "medusa", "--weights", str(ours), "--target", TARGET, "--out", str(tmp_path / "o")]) \
+        == ("specfamily-zoo export: Medusa head 0 has 2 different residual blocks; the Medusa reference repeats one "
+            "block per head, so these heads have no exact Medusa-layout form")
+    assert not (tmp_path / "o").exists()
