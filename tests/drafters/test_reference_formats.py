@@ -136,6 +136,10 @@ def test_eagle_repo_heads_that_do_not_fit_are_refused_naming_both_sides(tmp_path
     wide = _copy(HERE / "eagle_ref", tmp_path, lambda c: c.update(hidden_size=64))
     with pytest.raises(ValueError, match=r"eagle_ref: checkpoint hidden_size 64 does not fit the target's 32$"):
         load_eagle_repo(wide, target.model)
+    rope = _copy(HERE / "eagle_ref", tmp_path / "r", lambda c: c.update(rope_theta=500000.0))
+    with pytest.raises(ValueError, match=r"checkpoint rope_theta 500000.0 does not fit the target's 10000.0 \(the "
+                                         r"draft layer takes the target's rotary embedding\)$"):
+        load_eagle_repo(rope, target.model)
     deep = _copy(HERE / "eagle_ref", tmp_path / "d", lambda c: c.update(num_hidden_layers=2))
     with pytest.raises(ValueError, match=r"2 draft layers; eagle here runs exactly 1$"):
         load_eagle_repo(deep, target.model)

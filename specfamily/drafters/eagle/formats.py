@@ -83,6 +83,10 @@ def check_fits(config: dict[str, Any], target_model: PreTrainedModel, where: str
         saved, needed = config.get(key), getattr(ours, key, None)
         if saved is not None and int(saved) != int(needed):
             raise ValueError(f"{where}: checkpoint {key} {saved} does not fit the target's {needed}")
+    theta = (getattr(ours, "rope_parameters", None) or {}).get("rope_theta")
+    if config.get("rope_theta") is not None and theta is not None and float(config["rope_theta"]) != float(theta):
+        raise ValueError(f"{where}: checkpoint rope_theta {config['rope_theta']} does not fit the target's {theta} "
+                         "(the draft layer takes the target's rotary embedding)")
 
 
 def _our_name(key: str, where: str) -> str:
