@@ -2,10 +2,18 @@
 
 ``stream_kernel()`` compiles the C++ source with ``torch.utils.cpp_extension.load`` (the machine's C++ compiler and
 ninja) into the user's cache (``$SPECFAMILY_CACHE``, ``$XDG_CACHE_HOME/specfamily`` or ``~/.cache/specfamily``,
-under ``kernels/``, one folder per source, torch and Python version), one process at a time (a file lock), and
-memoises the result for the process. When it cannot build (no compiler, no ninja, a compile error, or
-``SPECFAMILY_NO_KERNEL`` set) it logs one warning naming why and says so in ``StreamKernel.reason``; the matmul kinds
-then fall back to ``exact`` and ``skinny`` (``specfamily.core.matmul``).
+under ``kernels/``, one folder per source, flags, CPU, torch and Python version), one process at a time (a file
+lock), and memoises the result for the process.
+
+The kernel multiplies a packed copy of each weight (panels of 16 output rows, input-major), made on the weight's
+first product and kept on the weight object (attribute ``PACKED_ATTR``; remade when the weight is written): one
+more copy of every weight it multiplies, the memory cost of reading each weight as one sequential stream. The
+copy is not in ``state_dict()`` (which detaches); ``drop_packed`` frees it. Inference tensors count no versions,
+so a write would go unseen: they are packed anew for each product (correct, and slower; auto's timing sees it).
+
+When it cannot build (no compiler, no ninja, a compile error, or ``SPECFAMILY_NO_KERNEL`` set) it logs one warning
+naming why and says so in ``StreamKernel.reason``; the matmul kinds then fall back to ``exact`` and ``skinny``
+(``specfamily.core.matmul``).
 """
 
 from __future__ import annotations
@@ -14,20 +22,24 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-__all__ = ["DISABLE_ENV", "KernelUnavailable", "StreamKernel", "kernel_source", "stream_kernel"]
+__all__ = ["DISABLE_ENV", "PACKED_ATTR", "KernelUnavailable", "StreamKernel", "drop_packed", "kernel_source",
+           "packed_bytes", "stream_kernel"]
 
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "SPECFAMILY_NO_KERNEL"  # set (non-empty, not "0"): never build, use the existing kinds
 NAME = "specfamily_stream_linear"
+PACKED_ATTR = "_specfamily_packed"  # the weight object's attribute holding (key, packed copy); csrc's kPackedAttr
 CFLAGS = ("-O3", "-fopenmp")  # OpenMP: at::parallel_for's threads, as torch's own build runs them
 
 
@@ -91,10 +103,41 @@ def build_kernel(verbose: bool = False) -> ModuleType:
 
 
 def build_folder(source: Path) -> Path:
-    """``<cache>/kernels/stream_linear-<digest>``: the digest of the source, the flags, torch and Python."""
-    key = "\n".join((source.read_text(encoding="utf-8"), " ".join(CFLAGS), torch.__version__, sys.version))
+    """``<cache>/kernels/stream_linear-<digest>``: the digest of the source, the flags, the CPU, torch and Python."""
+    key = "\n".join((source.read_text(encoding="utf-8"), " ".join(CFLAGS), cpu_identity(), torch.__version__,
+                     sys.version))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return _cache_root() / "kernels" / f"stream_linear-{digest}"
+
+
+def cpu_identity() -> str:
+    """The machine and, where ``/proc/cpuinfo`` says, the CPU's model and flags: what a build is keyed on."""
+    found: dict[str, str] = {}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        wanted = ("model name", "flags", "Features", "CPU part")  # x86's names, and ARM's
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            name = line.split(":", 1)[0].strip()
+            if name in wanted:
+                found.setdefault(name, line.strip())  # the first CPU's
+    return "\n".join([platform.machine(), platform.processor(), *found.values()])
+
+
+def packed_bytes(weights: Iterable[torch.Tensor]) -> int:
+    """Bytes held by the packed copies kept on ``weights`` (each counted once)."""
+    seen = {id(packed): packed for w in weights if (packed := _packed(w)) is not None}
+    return sum(p.numel() * p.element_size() for p in seen.values())
+
+
+def drop_packed(weights: Iterable[torch.Tensor]) -> None:
+    """Free the packed copies kept on ``weights`` (the next stream product of one packs it again)."""
+    for weight in weights:
+        weight.__dict__.pop(PACKED_ATTR, None)
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    entry = weight.__dict__.get(PACKED_ATTR)
+    return entry[1] if entry is not None else None
 
 
 def _check_tools() -> None:

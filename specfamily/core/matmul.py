@@ -8,9 +8,10 @@ with every extra row (measured on an AMD EPYC, 2 threads, SmolLM2's 1536 x 576 M
 
 - ``exact``: F.linear, bit-identical to transformers' forward (the default).
 - ``skinny``: (W @ x^T)^T, which MKL runs with the weight as the long side (124 us for one row, 116 us for two).
-- ``stream``: a C++ kernel for 1-16 rows (``specfamily.core.kernel``) that reads each weight once per call, the
-  rows' dot products held in registers: built on first use; where it cannot build, one warning and ``auto`` over
-  the other two.
+- ``stream``: a C++ kernel for 1-16 rows (``specfamily.core.kernel``) that reads each weight once per call, as a
+  packed copy made on its first product (one more copy of each weight it multiplies: +538 MB on SmolLM2), the
+  rows' sums held in registers: built on first use; where it cannot build, one warning and ``auto`` over the other
+  two.
 - ``auto``: times the kinds on the model's own weights, interleaved, and keeps ``exact`` unless another kind takes
   at most ``AUTO_MARGIN`` of its time (``stream`` is then preferred to ``skinny`` unless ``skinny`` beats it by the
   same margin). ``choose_matmul`` returns the timings with the choice (``MatmulChoice``); run.json records them.
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfamily.core.kernel import stream_kernel
+from specfamily.core.kernel import drop_packed, stream_kernel
 
 __all__ = ["MATMUL_KINDS", "SKINNY_MAX_ROWS", "STREAM_MAX_ROWS", "MatmulChoice", "choose_matmul", "linear_for",
            "resolve_matmul", "skinny_linear", "stream_linear"]
@@ -129,7 +130,10 @@ def _auto(weights: list[torch.Tensor], asked: str) -> MatmulChoice:
     if stream_kernel().available:
         kinds["stream"] = stream_linear
     seconds = kind_seconds(weights, kinds)
-    return MatmulChoice(pick_kind(seconds), asked, seconds)
+    choice = pick_kind(seconds)
+    if choice != "stream":
+        drop_packed(weights)  # the copies the stream kernel's timing made: nothing will multiply with them
+    return MatmulChoice(choice, asked, seconds)
 
 
 def pick_kind(seconds: dict[str, float], margin: float = AUTO_MARGIN) -> str:

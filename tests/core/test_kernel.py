@@ -19,7 +19,8 @@ import specfamily as sf
 from specfamily.core import kernel, matmul
 from specfamily.core.kernel import DISABLE_ENV, KernelUnavailable, StreamKernel
 
-SHAPES = [(50, 96), (37, 33), (5, 7), (130, 576), (3, 1)]  # (out, in): odd sizes, tails shorter than a vector
+# (out, in): output sizes off the 16-row panel (a padded last panel), odd input sizes, one panel exactly, many panels
+SHAPES = [(50, 96), (37, 33), (5, 7), (130, 576), (3, 1), (16, 1536), (200, 40)]
 VOCAB = 64
 
 
@@ -59,6 +60,47 @@ def test_every_row_count_equals_f_linear(module, isa, shape):
                 _close(out, F.linear(x, weight, b), in_features)
 
 
+def test_the_packed_layout_is_panels_of_16_output_rows(module):
+    weight = torch.randn(37, 5)
+    packed = module.pack(weight)
+    assert module.PANEL == 16 and packed.shape == (3, 5, 16) and packed.is_contiguous()
+    for row in range(48):
+        expected = weight[row] if row < 37 else torch.zeros(5)  # the last panel zero-padded
+        assert torch.equal(packed[row // 16, :, row % 16], expected)
+
+
+def test_the_packed_copy_is_kept_on_the_weight_and_follows_its_writes(module):
+    gen = torch.Generator().manual_seed(2)
+    layer = torch.nn.Linear(24, 40)
+    x = torch.randn(3, 24, generator=gen)
+    with torch.no_grad():
+        first = module.linear(x, layer.weight, layer.bias)
+        packed = kernel._packed(layer.weight)
+        assert packed is not None and kernel.packed_bytes([layer.weight, layer.weight]) == 3 * 24 * 16 * 4
+        module.linear(x, layer.weight, layer.bias)
+        assert kernel._packed(layer.weight) is packed  # reused, not remade
+        assert kernel.PACKED_ATTR == module.PACKED_ATTR and kernel.PACKED_ATTR not in str(layer.state_dict())
+        layer.weight.mul_(-2.0)  # written in place: the version counter moves, the copy is remade
+        _close(module.linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias), 24)
+        assert not torch.allclose(module.linear(x, layer.weight, layer.bias), first)
+        layer.weight.data = torch.randn(40, 24, generator=gen)  # new storage
+        _close(module.linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias), 24)
+    kernel.drop_packed([layer.weight])
+    assert kernel._packed(layer.weight) is None and kernel.packed_bytes([layer.weight]) == 0
+
+
+def test_inference_tensors_and_transposed_weights(module):
+    gen = torch.Generator().manual_seed(4)
+    with torch.inference_mode():
+        weight, x = torch.randn(33, 20, generator=gen), torch.randn(5, 20, generator=gen)
+        _close(module.linear(x, weight), F.linear(x, weight), 20)
+        weight.add_(1.0)  # an inference tensor counts no versions: never cached, so the write is seen
+        _close(module.linear(x, weight), F.linear(x, weight), 20)
+        assert kernel._packed(weight) is None
+    transposed = torch.randn(20, 33, generator=gen).t()  # (33, 20), not contiguous: packed all the same
+    _close(module.linear(x, transposed), F.linear(x, transposed), 20)
+
+
 def test_non_contiguous_3d_and_1d_inputs(module):
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
@@ -91,6 +133,8 @@ def test_bad_inputs_are_named(module):
         module.linear(torch.randn(2, 15), weight)
     with pytest.raises(RuntimeError, match="bias must be float32 on the CPU with 8 elements"):
         module.linear(torch.randn(2, 16), weight, torch.randn(7))
+    with pytest.raises(RuntimeError, match="stream_linear: weight must be a tensor, got list"):
+        module.linear(torch.randn(2, 16), [[1.0] * 16] * 8)
     with pytest.raises(RuntimeError, match="instruction set 'sse9' is not supported"):
         module.linear_with(torch.randn(2, 16), weight, None, "sse9")
 

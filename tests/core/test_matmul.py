@@ -202,3 +202,27 @@ def test_drafters_on_a_skinny_target_keep_its_greedy_text(monkeypatch, name, opt
         assert any(w is drafter.model.fc.weight for w, _ in calls) and any(dim == 1 for _, dim in calls)
     if name == "medusa":  # the shared head over the stacked heads' (depth, H) rows
         assert any(dim == 2 for _, dim in calls)
+
+
+@pytest.mark.parametrize("seconds, kept", [
+    ({"exact": 1.0, "skinny": 0.9, "stream": 0.95}, False),  # exact chosen: the timing's packed copies are freed
+    ({"exact": 1.0, "skinny": 0.9, "stream": 0.5}, True),  # stream chosen: they are what it multiplies next
+])
+def test_auto_frees_the_stream_kernels_packed_copies_unless_it_picks_stream(monkeypatch, seconds, kept):
+    from specfamily.core import kernel
+
+    if not kernel.stream_kernel().available:
+        pytest.skip(f"stream kernel unavailable: {kernel.stream_kernel().reason}")
+
+    def timed(weights, kinds):
+        with torch.no_grad():
+            for weight in weights:
+                kinds["stream"](torch.ones(2, weight.shape[1]), weight)  # packs, as the real timing does
+        return seconds
+
+    monkeypatch.setattr(matmul, "kind_seconds", timed)
+    model = _model()
+    weights = matmul.timed_weights(model)
+    choice = choose_matmul("auto", model)
+    assert choice.kind == ("stream" if kept else "exact")
+    assert (kernel.packed_bytes(weights) > 0) is kept

@@ -1,11 +1,17 @@
 // Streaming few-row float32 products y = x W^T + b for 1..16 rows of x (specfamily.core.kernel builds this).
 //
 // A decode step or a verify pass multiplies a few rows by every weight matrix; the time is the time it takes to
-// read the weights. Each thread takes a range of output rows (weight rows); a block of R weight rows is read once
-// and multiplied by up to K rows of x at a time, the R x K dot products held in vector registers (x is small and
-// stays in cache; a second K-block re-reads the weight block from L1, not from memory). The instruction set is
-// chosen at run time: AVX-512F, AVX2 + FMA (GCC's target pragmas, so the file builds with baseline flags), or a
-// portable scalar loop. Sums run in another float32 order than BLAS: results equal F.linear up to rounding.
+// read the weights. At 8-16 rows a kernel that takes dot products of weight rows with x rows runs out of loads and
+// registers before it runs out of memory bandwidth, so the weight is multiplied in a packed layout instead, made
+// once per weight on first use and kept beside it (the Python attribute PACKED_ATTR of the weight object, rebuilt
+// when the weight's storage, shape or version counter changes; inference tensors, which count no versions, are
+// packed anew each call): panels of 16 output rows, stored input-major,
+// (ceil(n / 16), d, 16), zero-padded past n. One 16-lane load of a panel feeds one FMA per row of x (x[j][t]
+// broadcast), the 16 outputs of every row of x accumulate in registers (no horizontal sums), each panel is one
+// sequential stream read once per call, and x (at most 16 x d floats) stays in L1/L2. Each thread takes a range of
+// panels. The instruction set is chosen at run time: AVX-512F, AVX2 + FMA (GCC's target pragmas, so the file builds
+// with baseline flags), or a portable scalar loop. Sums run in another float32 order than BLAS: results equal
+// F.linear up to rounding.
 
 #include <torch/extension.h>
 
@@ -22,39 +28,36 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 16;     // more rows of x go to at::linear
-constexpr int64_t kKBlock = 6;       // rows of x per register block
+constexpr int64_t kMaxRows = 16;           // more rows of x go to at::linear
+constexpr int64_t kPanel = 16;             // output rows (weight rows) per packed panel
 constexpr int64_t kGrainFloats = 1 << 15;  // weight elements per thread at least (smaller products run serially)
+constexpr const char* kPackedAttr = "_specfamily_packed";
 
 struct Problem {
   const float* x;  // (k, d) contiguous
-  const float* w;  // (n, d) contiguous
+  const float* w;  // (panels, d, kPanel) packed
   const float* b;  // (n,) or nullptr
   float* y;        // (k, n)
   int64_t k, d, n;
 };
 
-using RowsFn = void (*)(const Problem&, int64_t, int64_t);
+using PanelsFn = void (*)(const Problem&, int64_t, int64_t);
 
-// Output columns [n0, n1) for every row of x: one weight row at a time, k dot products.
-void scalar_rows(const Problem& p, int64_t n0, int64_t n1) {
-  float acc[kMaxRows];
-  for (int64_t n = n0; n < n1; ++n) {
-    const float* w = p.w + n * p.d;
-    std::fill(acc, acc + p.k, 0.0f);
-    for (int64_t t = 0; t < p.d; ++t) {
-      const float wt = w[t];
-      for (int64_t j = 0; j < p.k; ++j) acc[j] += wt * p.x[j * p.d + t];
-    }
-    const float bias = p.b ? p.b[n] : 0.0f;
-    for (int64_t j = 0; j < p.k; ++j) p.y[j * p.n + n] = acc[j] + bias;
+// Panels [q0, q1) for every row of x.
+void scalar_panels(const Problem& p, int64_t q0, int64_t q1) {
+  float acc[kMaxRows][kPanel];
+  for (int64_t q = q0; q < q1; ++q) {
+    const float* w = p.w + q * p.d * kPanel;
+    for (int64_t j = 0; j < p.k; ++j) std::fill(acc[j], acc[j] + kPanel, 0.0f);
+    for (int64_t t = 0; t < p.d; ++t)
+      for (int64_t j = 0; j < p.k; ++j) {
+        const float xt = p.x[j * p.d + t];
+        for (int64_t c = 0; c < kPanel; ++c) acc[j][c] += w[t * kPanel + c] * xt;
+      }
+    const int64_t cols = std::min(kPanel, p.n - q * kPanel);
+    for (int64_t j = 0; j < p.k; ++j)
+      for (int64_t c = 0; c < cols; ++c) p.y[j * p.n + q * kPanel + c] = acc[j][c] + (p.b ? p.b[q * kPanel + c] : 0.0f);
   }
-}
-
-// The k rows of x split into ceil(k / kKBlock) blocks of near-equal size.
-inline int64_t k_block(int64_t k) {
-  const int64_t blocks = (k + kKBlock - 1) / kKBlock;
-  return (k + blocks - 1) / blocks;
 }
 
 #ifdef SF_X86_SIMD
@@ -64,77 +67,54 @@ inline int64_t k_block(int64_t k) {
 
 namespace avx2 {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+constexpr int kRowBlock = 6;  // 2 halves x 6 rows = 12 accumulators of 16 registers
+
+// The first `count` (0..8) lanes set.
+inline __m256i lanes(int64_t count) {
+  static const int32_t table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + 8 - std::clamp<int64_t>(count, 0, 8)));
 }
 
-// Lanes [t, t + 8) of rows [0, R) of w and [0, K) of x into acc; masked (the last, partial vector) or not.
-template <int R, int K, bool Masked>
-inline void step(__m256 (&acc)[R][K], const float* w, const float* x, int64_t d, int64_t t, __m256i mask) {
-  __m256 wv[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) wv[r] = Masked ? _mm256_maskload_ps(w + r * d + t, mask) : _mm256_loadu_ps(w + r * d + t);
-#pragma GCC unroll 8
-  for (int j = 0; j < K; ++j) {
-    const __m256 xv = Masked ? _mm256_maskload_ps(x + j * d + t, mask) : _mm256_loadu_ps(x + j * d + t);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv[r], xv, acc[r][j]);
-  }
-}
-
-// Rows [n0, n0 + R) of W times rows [j0, j0 + K) of x.
-template <int R, int K>
-void block(const Problem& p, int64_t n0, int64_t j0) {
-  static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  __m256 acc[R][K];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int j = 0; j < K; ++j) acc[r][j] = _mm256_setzero_ps();
-  const float* w = p.w + n0 * p.d;
+// Panel q times rows [j0, j0 + K) of x: each 16-lane panel row as two 8-lane halves.
+template <int K>
+void block(const Problem& p, int64_t q, int64_t j0) {
+  __m256 acc[2][K];
+#pragma GCC unroll 16
+  for (int j = 0; j < K; ++j) acc[0][j] = acc[1][j] = _mm256_setzero_ps();
+  const float* w = p.w + q * p.d * kPanel;
   const float* x = p.x + j0 * p.d;
-  const __m256i all = _mm256_set1_epi32(-1);
-  int64_t t = 0;
-  for (; t + 8 <= p.d; t += 8) step<R, K, false>(acc, w, x, p.d, t, all);
-  if (t < p.d) {
-    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 - (p.d - t)));
-    step<R, K, true>(acc, w, x, p.d, t, mask);
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {  // unrolled: constant indices keep acc in registers (no stores in the loop)
-    const float bias = p.b ? p.b[n0 + r] : 0.0f;
-#pragma GCC unroll 8
-    for (int j = 0; j < K; ++j) p.y[(j0 + j) * p.n + n0 + r] = hsum(acc[r][j]) + bias;
-  }
-}
-
-template <int R>
-void rows_of(const Problem& p, int64_t n0, int64_t j0, int64_t kb) {
-  switch (kb) {
-    case 1: return block<R, 1>(p, n0, j0);
-    case 2: return block<R, 2>(p, n0, j0);
-    case 3: return block<R, 3>(p, n0, j0);
-    case 4: return block<R, 4>(p, n0, j0);
-    case 5: return block<R, 5>(p, n0, j0);
-    default: return block<R, 6>(p, n0, j0);
-  }
-}
-
-// 16 registers: 4 weight rows by up to 2 rows of x, else 2 weight rows by up to 6.
-void rows(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t kb = p.k <= 2 ? p.k : k_block(p.k);
-  const int64_t r_block = p.k <= 2 ? 4 : 2;
-  int64_t n = n0;
-  for (; n + r_block <= n1; n += r_block)
-    for (int64_t j = 0; j < p.k; j += kb) {
-      const int64_t size = std::min(kb, p.k - j);
-      if (r_block == 4) rows_of<4>(p, n, j, size); else rows_of<2>(p, n, j, size);
+  for (int64_t t = 0; t < p.d; ++t) {
+    const __m256 lo = _mm256_loadu_ps(w + t * kPanel), hi = _mm256_loadu_ps(w + t * kPanel + 8);
+#pragma GCC unroll 16
+    for (int j = 0; j < K; ++j) {
+      const __m256 xt = _mm256_broadcast_ss(x + j * p.d + t);
+      acc[0][j] = _mm256_fmadd_ps(lo, xt, acc[0][j]);
+      acc[1][j] = _mm256_fmadd_ps(hi, xt, acc[1][j]);
     }
-  for (; n < n1; ++n)
-    for (int64_t j = 0; j < p.k; j += kb) rows_of<1>(p, n, j, std::min(kb, p.k - j));
+  }
+  const int64_t col = q * kPanel, cols = std::min(kPanel, p.n - col);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m256i mask = lanes(cols - 8 * h);
+    const __m256 bias = p.b ? _mm256_maskload_ps(p.b + col + 8 * h, mask) : _mm256_setzero_ps();
+#pragma GCC unroll 16
+    for (int j = 0; j < K; ++j)
+      _mm256_maskstore_ps(p.y + (j0 + j) * p.n + col + 8 * h, mask, _mm256_add_ps(acc[h][j], bias));
+  }
+}
+
+void panels(const Problem& p, int64_t q0, int64_t q1) {
+  for (int64_t q = q0; q < q1; ++q)
+    for (int64_t j = 0; j < p.k; j += kRowBlock) {
+      switch (std::min<int64_t>(kRowBlock, p.k - j)) {
+        case 1: block<1>(p, q, j); break;
+        case 2: block<2>(p, q, j); break;
+        case 3: block<3>(p, q, j); break;
+        case 4: block<4>(p, q, j); break;
+        case 5: block<5>(p, q, j); break;
+        default: block<6>(p, q, j); break;
+      }
+    }
 }
 
 }  // namespace avx2
@@ -146,79 +126,73 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
 
 namespace avx512 {
 
-inline __m256 halves(__m512 v) {
-  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
-// The four vectors' lane sums, in order.
-inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(halves(a), halves(b)), _mm256_hadd_ps(halves(c), halves(d)));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-// Lanes [t, t + 16) of rows [0, R) of w and [0, K) of x into acc, under a lane mask (all set but at the end).
-template <int R, int K>
-inline void step(__m512 (&acc)[R][K], const float* w, const float* x, int64_t d, int64_t t, __mmask16 mask) {
-  __m512 wv[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(mask, w + r * d + t);
-#pragma GCC unroll 8
-  for (int j = 0; j < K; ++j) {
-    const __m512 xv = _mm512_maskz_loadu_ps(mask, x + j * d + t);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
-  }
-}
-
-// Rows [n0, n0 + R) of W times rows [j0, j0 + K) of x; the last partial vector by masked loads.
-template <int R, int K>
-void block(const Problem& p, int64_t n0, int64_t j0) {
-  __m512 acc[R][K];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
+// Panels [q, q + P) times all K rows of x: P x K accumulators (at most 24 of 32 registers), P loads per input, each
+// panel's line Ahead inputs on prefetched (0: none).
+template <int P, int K, int Ahead>
+void block(const Problem& p, int64_t q) {
+  __m512 acc[P][K];
+#pragma GCC unroll 16
+  for (int r = 0; r < P; ++r)
+#pragma GCC unroll 16
     for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
-  const float* w = p.w + n0 * p.d;
-  const float* x = p.x + j0 * p.d;
-  int64_t t = 0;
-  for (; t + 16 <= p.d; t += 16) step<R, K>(acc, w, x, p.d, t, static_cast<__mmask16>(0xFFFF));
-  if (t < p.d) step<R, K>(acc, w, x, p.d, t, static_cast<__mmask16>((1u << (p.d - t)) - 1));
-  if constexpr (R == 4) {  // 4 sums at once into 4 adjacent outputs (3 horizontal adds instead of 4 reductions)
-    const __m128 bias = p.b ? _mm_loadu_ps(p.b + n0) : _mm_setzero_ps();
-#pragma GCC unroll 8
-    for (int j = 0; j < K; ++j)
-      _mm_storeu_ps(p.y + (j0 + j) * p.n + n0,
-                    _mm_add_ps(sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]), bias));
-  } else {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {  // unrolled: constant indices keep acc in registers (no stores in the loop)
-      const float bias = p.b ? p.b[n0 + r] : 0.0f;
-#pragma GCC unroll 8
-      for (int j = 0; j < K; ++j) p.y[(j0 + j) * p.n + n0 + r] = _mm512_reduce_add_ps(acc[r][j]) + bias;
+  const int64_t stride = p.d * kPanel;
+  const float* w = p.w + q * stride;
+  for (int64_t t = 0; t < p.d; ++t) {
+    __m512 wv[P];
+#pragma GCC unroll 16
+    for (int r = 0; r < P; ++r) {
+      const float* line = w + r * stride + t * kPanel;  // one 64-byte line: 16 outputs' weights for input t
+      if constexpr (Ahead > 0) _mm_prefetch(reinterpret_cast<const char*>(line + Ahead * kPanel), _MM_HINT_T0);
+      wv[r] = _mm512_loadu_ps(line);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < K; ++j) {
+      const __m512 xt = _mm512_set1_ps(p.x[j * p.d + t]);
+#pragma GCC unroll 16
+      for (int r = 0; r < P; ++r) acc[r][j] = _mm512_fmadd_ps(wv[r], xt, acc[r][j]);
     }
   }
-}
-
-template <int R>
-void rows_of(const Problem& p, int64_t n0, int64_t j0, int64_t kb) {
-  switch (kb) {
-    case 1: return block<R, 1>(p, n0, j0);
-    case 2: return block<R, 2>(p, n0, j0);
-    case 3: return block<R, 3>(p, n0, j0);
-    case 4: return block<R, 4>(p, n0, j0);
-    case 5: return block<R, 5>(p, n0, j0);
-    default: return block<R, 6>(p, n0, j0);
+#pragma GCC unroll 16
+  for (int r = 0; r < P; ++r) {
+    const int64_t col = (q + r) * kPanel, cols = std::min(kPanel, p.n - col);
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+    const __m512 bias = p.b ? _mm512_maskz_loadu_ps(mask, p.b + col) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int j = 0; j < K; ++j) _mm512_mask_storeu_ps(p.y + j * p.n + col, mask, _mm512_add_ps(acc[r][j], bias));
   }
 }
 
-// 32 registers: 4 weight rows by up to 6 rows of x (24 accumulators).
-void rows(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t kb = k_block(p.k);
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4)
-    for (int64_t j = 0; j < p.k; j += kb) rows_of<4>(p, n, j, std::min(kb, p.k - j));
-  for (; n < n1; ++n)
-    for (int64_t j = 0; j < p.k; j += kb) rows_of<1>(p, n, j, std::min(kb, p.k - j));
+// Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 4 rows, 2 up to 12, 1 past. The
+// more rows, the longer the FMAs hold up each line's load, and the further ahead the next lines are fetched
+// (measured on SmolLM2's shapes, AMD EPYC: from 8 rows on the fetch doubles the speed; at 1-2 rows it costs ~5%).
+template <int K>
+void panels_of(const Problem& p, int64_t q0, int64_t q1) {
+  constexpr int P = K <= 4 ? 4 : (K <= 12 ? 2 : 1);
+  constexpr int Ahead = K <= 2 ? 0 : (K <= 4 ? 16 : (K <= 12 ? 64 : 256));  // inputs (64-byte lines) ahead
+  int64_t q = q0;
+  for (; q + P <= q1; q += P) block<P, K, Ahead>(p, q);
+  for (; q < q1; ++q) block<1, K, Ahead>(p, q);
+}
+
+void panels(const Problem& p, int64_t q0, int64_t q1) {
+  switch (p.k) {
+    case 1: return panels_of<1>(p, q0, q1);
+    case 2: return panels_of<2>(p, q0, q1);
+    case 3: return panels_of<3>(p, q0, q1);
+    case 4: return panels_of<4>(p, q0, q1);
+    case 5: return panels_of<5>(p, q0, q1);
+    case 6: return panels_of<6>(p, q0, q1);
+    case 7: return panels_of<7>(p, q0, q1);
+    case 8: return panels_of<8>(p, q0, q1);
+    case 9: return panels_of<9>(p, q0, q1);
+    case 10: return panels_of<10>(p, q0, q1);
+    case 11: return panels_of<11>(p, q0, q1);
+    case 12: return panels_of<12>(p, q0, q1);
+    case 13: return panels_of<13>(p, q0, q1);
+    case 14: return panels_of<14>(p, q0, q1);
+    case 15: return panels_of<15>(p, q0, q1);
+    default: return panels_of<16>(p, q0, q1);
+  }
 }
 
 }  // namespace avx512
@@ -239,15 +213,15 @@ std::vector<std::string> supported_isas() {
   return isas;
 }
 
-RowsFn rows_for(const std::string& isa) {
+PanelsFn panels_for(const std::string& isa) {
   const auto isas = supported_isas();
   TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "stream_linear: instruction set '", isa,
               "' is not supported on this CPU (supported: ", c10::Join(", ", isas), ")");
 #ifdef SF_X86_SIMD
-  if (isa == "avx512") return avx512::rows;
-  if (isa == "avx2") return avx2::rows;
+  if (isa == "avx512") return avx512::panels;
+  if (isa == "avx2") return avx2::panels;
 #endif
-  return scalar_rows;
+  return scalar_panels;
 }
 
 const std::string& best_isa() {
@@ -270,29 +244,70 @@ void check_inputs(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   }
 }
 
-at::Tensor linear_with(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                       const std::string& isa) {
-  check_inputs(x, weight, bias);
-  const int64_t d = weight.size(1), n = weight.size(0);
-  const int64_t k = d ? x.numel() / d : 0;
-  const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  if (k == 0 || k > kMaxRows || n == 0 || grad || !weight.is_contiguous()) return at::linear(x, weight, bias);
-  const RowsFn rows = rows_for(isa);
+// The weight (n, d) as panels (ceil(n / kPanel), d, kPanel), zero-padded past n.
+at::Tensor pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+              "stream_linear.pack: weight must be a 2-D float32 CPU tensor, got ", weight.scalar_type(), " of shape ",
+              weight.sizes(), " on ", weight.device());
+  at::NoGradGuard no_grad;
+  const int64_t n = weight.size(0), d = weight.size(1), panels = (n + kPanel - 1) / kPanel;
+  const at::Tensor padded = at::constant_pad_nd(weight, {0, 0, 0, panels * kPanel - n}).contiguous();
+  return padded.view({panels, kPanel, d}).transpose(1, 2).contiguous();
+}
+
+// What a cached packing was made from: the weight's storage, shape, strides and version counter.
+py::tuple pack_key(const at::Tensor& weight) {
+  return py::make_tuple(reinterpret_cast<intptr_t>(weight.data_ptr()), weight.size(0), weight.size(1),
+                        weight.stride(0), weight.stride(1), static_cast<int64_t>(weight._version()));
+}
+
+// The packed weight kept on the weight object (made, or remade when the weight changed). An inference tensor counts
+// no versions (a write in place would go unseen): it is packed anew for every product, correct but slower.
+at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
+  if (weight.is_inference()) return pack(weight);
+  const py::tuple key = pack_key(weight);
+  const py::object cached = py::getattr(owner, kPackedAttr, py::none());
+  if (py::isinstance<py::tuple>(cached) && py::len(cached) == 2) {
+    const auto entry = cached.cast<py::tuple>();
+    if (py::object(entry[0]).equal(key)) return entry[1].cast<at::Tensor>();
+  }
+  at::Tensor packed = pack(weight);
+  py::setattr(owner, kPackedAttr, py::make_tuple(key, packed));
+  return packed;
+}
+
+at::Tensor run_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
+                      PanelsFn panels) {
+  const int64_t d = x.size(-1), k = x.numel() / d;
   const at::Tensor xc = x.contiguous();
   at::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->contiguous();
   auto sizes = x.sizes().vec();
   sizes.back() = n;
   at::Tensor y = at::empty(sizes, x.options());
-  const Problem p{xc.data_ptr<float>(), weight.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+  const Problem p{xc.data_ptr<float>(), packed.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
                   y.data_ptr<float>(), k, d, n};
-  const int64_t blocks = (n + 3) / 4;  // threads split the output over blocks of 4 weight rows
-  const int64_t grain = std::max<int64_t>(1, kGrainFloats / (4 * std::max<int64_t>(d, 1)));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) { rows(p, 4 * b0, std::min(4 * b1, n)); });
+  const int64_t grain = std::max<int64_t>(1, kGrainFloats / (kPanel * std::max<int64_t>(d, 1)));
+  at::parallel_for(0, packed.size(0), grain, [&](int64_t q0, int64_t q1) { panels(p, q0, q1); });
   return y;
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+at::Tensor linear_with(const at::Tensor& x, const py::handle& weight_obj, const c10::optional<at::Tensor>& bias,
+                       const std::string& isa) {
+  TORCH_CHECK(THPVariable_Check(weight_obj.ptr()), "stream_linear: weight must be a tensor, got ",
+              py::str(py::type::handle_of(weight_obj).attr("__name__")).cast<std::string>());
+  const at::Tensor weight = weight_obj.cast<at::Tensor>();
+  check_inputs(x, weight, bias);
+  const int64_t d = weight.size(1), n = weight.size(0);
+  const int64_t k = d ? x.numel() / d : 0;
+  const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                                   (bias.has_value() && bias->defined() && bias->requires_grad()));
+  if (k == 0 || k > kMaxRows || n == 0 || grad) return at::linear(x, weight, bias);
+  const PanelsFn panels = panels_for(isa);
+  return run_packed(x, packed_for(weight_obj, weight), n, bias, panels);
+}
+
+at::Tensor linear(const at::Tensor& x, const py::handle& weight, const c10::optional<at::Tensor>& bias) {
   return linear_with(x, weight, bias, best_isa());
 }
 
@@ -304,7 +319,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"), py::arg("bias") = py::none());
   m.def("linear_with", &linear_with, "linear on a named instruction set (tests)", py::arg("x"), py::arg("weight"),
         py::arg("bias"), py::arg("isa"));
+  m.def("pack", &pack, "the weight (n, d) as panels (ceil(n / PANEL), d, PANEL), zero-padded past n",
+        py::arg("weight"));
   m.def("isa", &best_isa, "the instruction set linear uses on this CPU");
   m.def("supported_isas", &supported_isas, "every instruction set this CPU runs, best first");
   m.attr("MAX_ROWS") = kMaxRows;
+  m.attr("PANEL") = kPanel;
+  m.attr("PACKED_ATTR") = kPackedAttr;
 }
