@@ -7,11 +7,15 @@ Two workloads on one target (default ``zoo:smollm2``):
   held-out zoo-corpus functions. ``suffix cold`` starts with an empty global cache; ``suffix warm`` loads a cache
   (``save_cache`` / ``cache=``) written by a run over *other* functions with the same instructions.
 
-Every arm's tokens are checked against plain decoding's. Printed: tau and speedup over plain decoding (total time
-ratio) per workload and per category, the suffix drafter's proposal time as a share of a plain target pass, and
-its global cache's memory per 1k cached tokens::
+Every arm runs at its defaults (the cost-aware policy) and its tokens are checked against plain decoding's.
+Printed: tau and speedup over plain decoding (total time ratio) per workload and per category; then, from plain
+decoding's outputs, the teacher-forced tau (:mod:`suffix_replay`: exactly a real greedy run's) of prompt lookup,
+suffix and suffix with the paper's options at the same maximum draft size (``--same-size``, constant policy) per
+Spec-Bench category, with suffix's proposal time per call as a share of a plain target pass (prefill included in
+the pass average); the global cache's memory per 1k cached tokens (tracemalloc, against the depth-64 trie the
+index replaced)::
 
-    python benchmarks/suffix.py                                   # ~15 min on 2 CPU threads
+    python benchmarks/suffix.py                                   # ~12 min on 2 idle CPU threads
     python benchmarks/suffix.py --per-category 1 --tasks 2 --max-new-tokens 64 --out suffix.json
 """
 
@@ -29,6 +33,7 @@ import torch
 import specfamily as sf
 
 PLAIN = "plain"
+PAPER = {"max_spec_factor": 1.0, "max_spec_offset": 0.0, "choose": "score"}  # SuffixDecoding's own rules
 
 
 @dataclass
@@ -69,6 +74,7 @@ class ArmResult:
     name: str
     total: Totals = field(default_factory=Totals)
     by_category: dict[str, Totals] = field(default_factory=dict)
+    outputs: list[list[int]] = field(default_factory=list)  # each item's new tokens
 
 
 def make_drafter(target, name: str, gamma: int | None, options: dict | None = None, suffix: dict | None = None):
@@ -101,6 +107,7 @@ def run_workload(target, arms: dict[str, object], items: Sequence[Item], max_new
             result = sf.generate(target, drafter, item.ids, max_new_tokens=max_new_tokens)
             reference = result.tokens if reference is None else reference
             mismatch = result.tokens != reference
+            results[name].outputs.append(result.tokens)
             for totals in (results[name].total, results[name].by_category.setdefault(item.category, Totals())):
                 totals.add(result, mismatch)
     return list(results.values())
@@ -116,11 +123,57 @@ def warm_cache(target, items: Sequence[Item], max_new_tokens: int, path: Path, g
 
 
 def cache_memory(drafter) -> dict:
-    """The global cache's size: tokens, trie nodes and approximate bytes, and both per 1k cached tokens."""
+    """The global cache's size: tokens, index states, bytes (the index's estimate) and MB per 1k cached tokens
+    measured with tracemalloc for its index and for the depth-64 suffix trie it replaced, over the same sequences."""
+    from suffix_peer import build, traced_bytes
+
+    from specfamily.drafters.suffix.automaton import SuffixIndex
+    from specfamily.drafters.suffix.tree import SuffixTrie
+
     cache = drafter.global_cache
     per_k = 1000 / cache.tokens if cache.tokens else float("nan")
+    sequences, depth = list(cache.sequences), cache.max_depth
+    traced = {name: traced_bytes(lambda cls=cls: build(cls, sequences, depth))[1] * per_k / 1e6
+              for name, cls in (("index", SuffixIndex), ("trie", SuffixTrie))}
     return {"tokens": cache.tokens, "states": len(cache.index), "bytes": cache.index.nbytes(),
-            "states_per_1k_tokens": len(cache.index) * per_k, "mb_per_1k_tokens": cache.index.nbytes() * per_k / 1e6}
+            "states_per_1k_tokens": len(cache.index) * per_k, "mb_per_1k_tokens": traced["index"],
+            "trie_mb_per_1k_tokens": traced["trie"]}
+
+
+def same_size_rows(target, items: Sequence[Item], plain: ArmResult, max_new_tokens: int, gammas: Sequence[int],
+                   suffix: dict | None = None) -> list[dict]:
+    """Teacher-forced tau per category of prompt lookup, suffix and suffix with the paper's rules at each maximum
+    draft size (constant policy) from plain decoding's outputs, and each one's proposal time per call over a plain
+    pass (one drafter object per arm and size over every item in order, as in the timed run)."""
+    from suffix_replay import Workload, replay_workload
+
+    work = Workload([i.ids for i in items], [i.category for i in items], plain.outputs, max_new_tokens)
+    pass_seconds = plain.total.seconds / plain.total.passes
+    rows = []
+    for gamma in gammas:
+        arms = {"prompt_lookup": make_drafter(target, "prompt_lookup", gamma),
+                "suffix": make_drafter(target, "suffix", gamma, suffix=suffix),
+                "suffix (paper)": make_drafter(target, "suffix", gamma, PAPER)}
+        for name, drafter in arms.items():
+            for category, sums in replay_workload(name, drafter, target, work).items():
+                rows.append({"gamma": gamma, "arm": name, "category": category, "tau": sums.tau,
+                             "proposal_share_of_pass": sums.draft_seconds / sums.passes / pass_seconds})
+    return rows
+
+
+def same_size_markdown(rows: list[dict]) -> str:
+    """One line per category: tau of each arm at each size, and suffix's largest proposal share."""
+    columns = list(dict.fromkeys((r["gamma"], r["arm"]) for r in rows))
+    table = {(r["category"], r["gamma"], r["arm"]): r for r in rows}
+    lines = ["### Spec-Bench, teacher-forced tau at the same maximum draft size", "",
+             "| category | " + " | ".join(f"{arm} @{gamma}" for gamma, arm in columns) + " | suffix proposal / pass |",
+             "| --- |" + " ---: |" * (len(columns) + 1)]
+    for category in dict.fromkeys(r["category"] for r in rows):
+        taus = [f"{table[(category, gamma, arm)]['tau']:.3f}" for gamma, arm in columns]
+        share = max(table[(category, gamma, arm)]["proposal_share_of_pass"] for gamma, arm in columns
+                    if arm == "suffix")
+        lines.append(f"| {category} | " + " | ".join(taus) + f" | {share:.2%} |")
+    return "\n".join(lines)
 
 
 def summary_rows(results: list[ArmResult]) -> list[dict]:
@@ -167,7 +220,8 @@ def spec_bench_workload(target, items: list[Item], args) -> dict:
     names = (PLAIN, "prompt_lookup", "suffix", "suffix:chain")
     arms = {name: make_drafter(target, name, args.gamma, suffix=suffix_options(args)) for name in names}
     results = run_workload(target, arms, items, args.max_new_tokens)
-    return {"rows": summary_rows(results), "memory": cache_memory(arms["suffix"])}
+    same_size = same_size_rows(target, items, results[0], args.max_new_tokens, args.same_size, suffix_options(args))
+    return {"rows": summary_rows(results), "same_size": same_size, "memory": cache_memory(arms["suffix"])}
 
 
 def repeated_workload(target, items: list[Item], warm_items: list[Item], args) -> dict:
@@ -182,7 +236,7 @@ def repeated_workload(target, items: list[Item], warm_items: list[Item], args) -
 
 
 def suffix_options(args: argparse.Namespace) -> dict:
-    return {"max_spec_offset": args.suffix_offset} if args.suffix_offset else {}
+    return {} if args.suffix_offset is None else {"max_spec_offset": args.suffix_offset}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -194,8 +248,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=4, help="functions per instruction in the repeated workload")
     parser.add_argument("--gamma", type=int, default=None,
                         help="maximum draft size of every drafter (constant policy); default: each one's own")
-    parser.add_argument("--suffix-offset", type=float, default=0.0,
-                        help="the suffix arms' max_spec_offset (paper: 0): tokens a match proposes beyond its length")
+    parser.add_argument("--suffix-offset", type=float, default=None,
+                        help="the suffix arms' max_spec_offset (paper: 0; default: the drafter's own)")
+    parser.add_argument("--same-size", type=lambda s: [int(g) for g in s.split(",")], default=[4, 16],
+                        help="maximum draft sizes of the teacher-forced comparison (comma-separated)")
     parser.add_argument("--workloads", default="spec_bench,repeated")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     return parser.parse_args(argv)
@@ -214,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         report["spec_bench"] = spec_bench_workload(target, spec_bench_items(target.tokenizer, args.per_category),
                                                    args)
         print(markdown("Spec-Bench, category order, global cache kept", report["spec_bench"]["rows"]), flush=True)
+        print(same_size_markdown(report["spec_bench"]["same_size"]), flush=True)
         print(f"global cache: {report['spec_bench']['memory']}", flush=True)
     if "repeated" in workloads:
         items = repeated_items(target.tokenizer, args.tasks, 0)

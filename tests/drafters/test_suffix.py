@@ -53,8 +53,9 @@ def test_registered_with_its_config_and_defaults():
     assert isinstance(drafter, SuffixDrafter)
     config = drafter.config
     assert (config.max_depth, config.max_spec_factor, config.max_spec_offset, config.min_token_prob) == (64, 1.0,
-                                                                                                        0.0, 0.1)
+                                                                                                        None, 0.1)
     assert config.mode == "tree" and drafter.global_cache.max_tokens == 16384
+    assert (config.choose, config.recency) == ("own", False)
     assert sf.create_drafter("suffix", target, gamma=5, mode="chain").policy.next_gamma() == 5
 
 
@@ -68,6 +69,8 @@ def test_registered_with_its_config_and_defaults():
         ({"max_tree_size": 0}, "max_tree_size must be an integer >= 1, got 0"),
         ({"max_cached_tokens": -1}, "max_cached_tokens must be an integer >= 0, got -1"),
         ({"cache_prompts": "yes"}, "cache_prompts must be true or false, got 'yes'"),
+        ({"recency": 1}, "recency must be true or false, got 1"),
+        ({"choose": "best"}, "choose must be one of score, match, own, got 'best'"),
         ({"gamma": 0}, "gamma must be an integer >= 1, got 0"),
         ({"policy": "fast"}, "unknown draft-length policy 'fast'"),
         ({"cache": "/nonexistent/cache.json"}, "suffix cache /nonexistent/cache.json does not exist"),
@@ -90,31 +93,48 @@ def test_unknown_option_names_the_key():
 
 def test_first_pass_proposes_from_the_prompt_sized_by_the_match():
     target = sf.testing.tiny_target("llama", vocab_size=8)
-    drafter = SuffixDrafter(target, gamma=8)
+    drafter = SuffixDrafter(target, gamma=8, max_spec_offset=0.0)  # the paper's sizing
     ctx = _ctx(target, REPEAT_PROMPT)
     drafter.begin(ctx)
     draft = drafter.propose(ctx, 8)
-    # "1 2 3 4 1 2" (6 tokens, seen once before) -> "3 4 1 2", all the trie saw after it (up to 6 tokens: factor 1)
+    # "1 2 3 4 1 2" (6 tokens, seen once before) -> "3 4 1 2", all the index saw after it (up to 6 tokens: factor 1)
     assert draft.tokens.tolist() == [3, 4, 1, 2] and draft.is_chain
     assert drafter.last.match_length == 6
     assert drafter.propose(ctx, 2).tokens.tolist() == [3, 4]  # gamma caps the depth
 
 
+def test_by_default_a_short_match_may_fill_the_draft_and_gamma_caps_its_tokens():
+    target = sf.testing.tiny_target("llama", vocab_size=8)
+    prompt = [5, 1, 2, 3, 4, 6, 6, 1]  # "1" once before, then "2 3 4 6 6 1"; a 1-token match
+    paper = SuffixDrafter(target, gamma=8, max_spec_offset=0.0)
+    default = SuffixDrafter(target, gamma=8)
+    ctx = _ctx(target, prompt)
+    for drafter in (paper, default):
+        drafter.begin(ctx)
+    assert paper.propose(ctx, 8).tokens.tolist() == [2]  # the paper: a 1-token match proposes 1 token
+    assert default.propose(ctx, 8).tokens.tolist() == [2, 3, 4, 6, 6, 1] and default.last.match_length == 1
+    tree = SuffixDrafter(target, gamma=8, min_token_prob=0.0)
+    ctx = _ctx(target, TREE_PROMPT)
+    tree.begin(ctx)
+    assert len(tree.propose(ctx, 8)) == 8 and len(tree.propose(ctx, 3)) == 3  # at most gamma tokens
+    assert int(tree.propose(ctx, 3).depths().max()) <= 3
+
+
 def test_tree_mode_proposes_both_branches_and_chain_mode_one():
     target = sf.testing.tiny_target("llama", vocab_size=8)
     ctx = _ctx(target, TREE_PROMPT)
-    tree = SuffixDrafter(target, gamma=3, max_spec_factor=2.0)
+    tree = SuffixDrafter(target, gamma=3, max_spec_factor=2.0, max_spec_offset=0.0)
     tree.begin(ctx)
     draft = tree.propose(ctx, 3)
     assert draft.tokens.tolist() == [5, 6, 1, 1, 2, 2] and draft.parents.tolist() == [-1, -1, 0, 1, 2, 3]
-    chain = SuffixDrafter(target, gamma=3, max_spec_factor=2.0, mode="chain")
+    chain = SuffixDrafter(target, gamma=3, max_spec_factor=2.0, max_spec_offset=0.0, mode="chain")
     chain.begin(ctx)
     assert chain.propose(ctx, 3).tokens.tolist() == [5, 1, 2]
 
 
 def test_proposals_follow_the_context_without_observe():
     target = sf.testing.tiny_target("llama", vocab_size=8)
-    drafter = SuffixDrafter(target, gamma=3)
+    drafter = SuffixDrafter(target, gamma=3, max_spec_offset=0.0)
     ctx = _ctx(target, [1, 2, 3])
     drafter.begin(ctx)
     assert len(drafter.propose(ctx, 3)) == 0
@@ -135,7 +155,7 @@ def test_global_cache_learns_across_requests_and_warms_a_new_drafter(tmp_path):
     second = sf.generate(target, drafter, prompt, max_new_tokens=24)
     assert second.tokens == plain
     assert second.metrics.target_passes < first.metrics.target_passes
-    assert second.metrics.proposed_tokens > first.metrics.proposed_tokens
+    assert second.metrics.accepted_tokens > first.metrics.accepted_tokens  # the first output, remembered
     path = drafter.save_cache(tmp_path / "cache.safetensors")
     warm = SuffixDrafter(target, gamma=8, cache=str(path))
     assert list(warm.global_cache.sequences) == [plain, plain]

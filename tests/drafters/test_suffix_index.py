@@ -9,7 +9,7 @@ import pytest
 
 from specfamily.drafters.suffix.automaton import NONE, ROOT, Matcher, Sequence, SuffixIndex
 from specfamily.drafters.suffix.cache import GlobalCache
-from specfamily.drafters.suffix.speculate import Limits, best_match
+from specfamily.drafters.suffix.speculate import Limits, best_match, grow
 from specfamily.drafters.suffix.tree import Cursor, SuffixTrie
 from specfamily.drafters.suffix.tree import Matcher as TrieMatcher
 
@@ -139,3 +139,32 @@ def test_eviction_rebuilds_the_index_once_evicted_tokens_outnumber_live_ones():
         assert _index_counts(cache.index) == dict(_substring_counts(cache.sequences, 6))
         peak = max(peak, len(cache.index.length))
     assert peak <= 2 * (2 * 50 + 20)  # states of at most the live tokens and as many evicted ones
+
+
+def _own(tokens, depth=16):
+    index = SuffixIndex(depth)
+    sequence = Sequence(index)
+    sequence.extend(tokens)
+    return index, sequence
+
+
+def test_recency_breaks_frequency_ties_and_follows_the_latest_occurrence():
+    # "1" was followed by 5 (first) and by 8 (later), once each: a tie the counts cannot break
+    index, sequence = _own([1, 5, 6, 7, 1, 8, 9, 3, 1])
+    node = index.find([1])
+    assert [index.token_of(c) for c in sorted(index.children(node), key=index.recent_of, reverse=True)] == [8, 5]
+    plain = grow(index, node, 4, 4, 0.1)
+    assert (plain.tokens, plain.parents) == ([5, 8, 6, 9], [-1, -1, 0, 1])  # smaller token first, breadth first
+    recent = grow(index, node, 4, 4, 0.1, recency=True)
+    assert (recent.tokens, recent.parents) == ([8, 9, 3, 1], [-1, 0, 1, 2])  # the latest continuation, as a chain
+    assert recent.score == pytest.approx(plain.score)  # the same expected acceptance under the counts
+    # a real frequency difference still wins over recency: "1 5" twice, "1 8" once (the latest)
+    index, _ = _own([1, 5, 1, 5, 1, 8, 1])
+    assert grow(index, index.find([1]), 1, 1, 0.1, recency=True).tokens == [5]
+
+
+def test_recency_options_reach_the_speculation_through_best_match():
+    index, sequence = _own([1, 5, 6, 7, 1, 8, 9, 3, 1])
+    limits = Limits(max_spec_factor=1.0, max_spec_offset=3.0, max_tree_size=4, recency=True)
+    spec = best_match(index, sequence.suffix_nodes(4), 4, limits)
+    assert spec.tokens == [8, 9, 3, 1] and spec.match_length == 1

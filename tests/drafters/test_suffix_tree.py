@@ -238,6 +238,17 @@ def test_better_takes_the_higher_score_and_the_first_on_a_tie():
     assert better(a, Speculation([4], [-1], [0.5])) is a
 
 
+def test_better_by_match_length_or_own_first():
+    own = Speculation([1], [-1], [0.5], match_length=3)
+    cached = Speculation([2, 3], [-1, 0], [0.9, 0.8], match_length=2)
+    empty = Speculation()
+    assert better(own, cached, "score") is cached
+    assert better(own, cached, "match") is own and better(cached, own, "match") is own  # the longer match
+    assert better(own, Speculation([4, 5], [-1, 0], [0.9, 0.9], match_length=3), "match").tokens == [4, 5]  # score
+    assert better(own, cached, "own") is own and better(empty, cached, "own") is cached
+    assert better(empty, cached, "match") is cached
+
+
 # --- the global cache ----------------------------------------------------------------------------
 
 

@@ -40,11 +40,13 @@ class SuffixIndex:
     link: array = field(default_factory=lambda: array("i", [NONE]))  # suffix link
     count: array = field(default_factory=lambda: array("q", [0]))  # occurrences (kept for states of short strings)
     label: array = field(default_factory=lambda: array("q", [NONE]))  # the token every string of the state ends in
+    recent: array = field(default_factory=lambda: array("q", [NONE]))  # the latest position its strings end at
     first: array = field(default_factory=lambda: array("i", [NONE]))  # first outgoing transition (edge id)
     edge_token: array = field(default_factory=lambda: array("q"))
     edge_next: array = field(default_factory=lambda: array("i"))
     edges: dict[int, int] = field(default_factory=dict)  # state << TOKEN_BITS | token -> target state
     visits: int = 0  # count updates made by appends and removals (the cost tests count these)
+    clock: int = 0  # positions appended so far, over every sequence (``recent`` stamps)
 
     def __post_init__(self) -> None:
         from specfamily.drafters.suffix.tree import check_depth
@@ -61,6 +63,10 @@ class SuffixIndex:
 
     def token_of(self, node: int) -> int:
         return self.label[node >> LENGTH_BITS]
+
+    def recent_of(self, node: int) -> int:
+        """The position (over every sequence appended) of the latest occurrence's end: larger is more recent."""
+        return self.recent[node >> LENGTH_BITS]
 
     def children(self, node: int) -> Iterator[int]:
         """The nodes one token longer than ``node`` that occur (count > 0); none at ``max_depth``."""
@@ -100,13 +106,13 @@ class SuffixIndex:
 
     def nbytes(self) -> int:
         """Approximate memory of the arrays and the transition dict (slots, int keys and values)."""
-        arrays = sum(a.itemsize * len(a) for a in (self.length, self.link, self.count, self.label, self.first,
-                                                    self.edge_token, self.edge_next))
+        arrays = sum(a.itemsize * len(a) for a in (self.length, self.link, self.count, self.label, self.recent,
+                                                    self.first, self.edge_token, self.edge_next))
         return arrays + len(self.edges) * (8 * 3 + 36 + 28) * 3 // 2
 
-    def _new_state(self, length: int, label: int, link: int, count: int) -> int:
+    def _new_state(self, length: int, label: int, link: int, count: int, recent: int = NONE) -> int:
         for column, value in ((self.length, length), (self.link, link), (self.count, count), (self.label, label),
-                              (self.first, NONE)):
+                              (self.recent, recent), (self.first, NONE)):
             column.append(value)
         return len(self.length) - 1
 
@@ -120,7 +126,7 @@ class SuffixIndex:
 
     def _clone(self, state: int, length: int) -> int:
         """A copy of ``state`` holding its strings of up to ``length`` tokens (same endings, so same count)."""
-        clone = self._new_state(length, self.label[state], self.link[state], self.count[state])
+        clone = self._new_state(length, self.label[state], self.link[state], self.count[state], self.recent[state])
         edge = self.first[state]
         while edge != NONE:
             token = self.edge_token[edge]
@@ -177,6 +183,16 @@ class SuffixIndex:
             self.visits += 1
             state = self.link[state]
 
+    def add_occurrence(self, state: int) -> None:
+        """Count a new end position in ``state`` and every state on its suffix-link path, stamped as the latest."""
+        count, recent, clock = self.count, self.recent, self.clock
+        while state != NONE:
+            count[state] += 1
+            recent[state] = clock
+            self.visits += 1
+            state = self.link[state]
+        self.clock += 1
+
     def insert(self, tokens: Iterable[int]) -> None:
         """Count every substring (up to max_depth tokens) of one sequence."""
         Sequence(self).extend(tokens)
@@ -229,7 +245,7 @@ class Sequence:
         self.last = index.extend(self.last, token)
         target = index.edges[self.state << TOKEN_BITS | token]
         self.state, self.length = index.shorten(target, self.length + 1, index.max_depth)
-        index.add_count(self.state, 1)
+        index.add_occurrence(self.state)
 
     def extend(self, tokens: Iterable[int]) -> None:
         for token in tokens:

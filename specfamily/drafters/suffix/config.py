@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 MODES = ("tree", "chain")
+CHOICES = ("score", "match", "own")  # as speculate.CHOICES (kept import-free here)
 
 
 def _check_int(value: object, name: str, minimum: int, maximum: int | None = None) -> None:
@@ -27,13 +28,18 @@ class SuffixConfig:
 
     ``gamma``: the speculation tree's depth cap (default 16). ``mode``: ``tree`` (frequency-scored speculation
     tree) or ``chain`` (the most frequent continuation only). ``max_depth`` (paper: 64): the longest substring
-    the tries count, so the longest suffix matched is ``max_depth - 1``. A match of length m proposes up to
-    ``floor(max_spec_factor * m + max_spec_offset)`` tokens (paper: factor 1, offset 0), at most
-    ``max_tree_size``; a node is proposed while the product of continuation frequencies on its path is at least
-    ``min_token_prob`` (paper: 0.1). ``max_cached_tokens``: the global cache's budget in tokens (the oldest
-    requests are evicted; 0 turns the global cache off); ``cache_prompts`` adds each prompt (with its output)
-    to it, not only the output. ``cache``: a saved cache (``drafter.save_cache(path)``; JSON or safetensors)
-    to start warm from.
+    the indexes count, so the longest suffix matched is ``max_depth - 1``. With ``max_spec_offset`` set, a match
+    of length m proposes up to ``floor(max_spec_factor * m + max_spec_offset)`` tokens, at most ``max_tree_size``
+    (the paper: factor 1, offset 0); with it null (the default) the match length does not cap the tree, and a
+    proposal holds at most ``min(gamma, max_tree_size)`` tokens (a chain drafter's maximum draft size). A node is
+    proposed while the product of continuation frequencies on its path is at least ``min_token_prob`` (paper:
+    0.1). ``choose``: which of the request's own and the global speculation is proposed: ``own`` (default: the
+    global one only when the request's own text has no continuation for any suffix, a back-off from the specific
+    to the general), ``score`` (the higher score, the paper's rule) or ``match`` (the longer match, then the
+    score). ``recency``: break frequency ties by the latest occurrence and prefer continuing a path at equal
+    probability. ``max_cached_tokens``: the global cache's budget in tokens (the oldest requests are evicted; 0
+    turns the global cache off); ``cache_prompts`` adds each prompt (with its output) to it, not only the output.
+    ``cache``: a saved cache (``drafter.save_cache(path)``; JSON or safetensors) to start warm from.
     """
 
     gamma: int | None = None  # depth cap of the speculation tree; null: cost-aware (see policy)
@@ -41,12 +47,14 @@ class SuffixConfig:
     mode: str = "tree"
     max_depth: int = 64
     max_spec_factor: float = 1.0
-    max_spec_offset: float = 0.0
+    max_spec_offset: float | None = None
     min_token_prob: float = 0.1
     max_tree_size: int = 16
     max_cached_tokens: int = 16384
     cache_prompts: bool = False
     cache: str | os.PathLike | None = None
+    choose: str = "own"
+    recency: bool = False
 
     def __post_init__(self) -> None:
         if self.gamma is not None:
@@ -57,11 +65,16 @@ class SuffixConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         _check_int(self.max_depth, "max_depth", 2, 255)
         _check_number(self.max_spec_factor, "max_spec_factor", 0.0)
-        _check_number(self.max_spec_offset, "max_spec_offset", -math.inf)
+        if self.max_spec_offset is not None:
+            _check_number(self.max_spec_offset, "max_spec_offset", -math.inf)
         _check_number(self.min_token_prob, "min_token_prob", 0.0, 1.0)
         _check_int(self.max_tree_size, "max_tree_size", 1)
         _check_int(self.max_cached_tokens, "max_cached_tokens", 0)
         if not isinstance(self.cache_prompts, bool):
             raise ValueError(f"cache_prompts must be true or false, got {self.cache_prompts!r}")
+        if not isinstance(self.recency, bool):
+            raise ValueError(f"recency must be true or false, got {self.recency!r}")
+        if self.choose not in CHOICES:
+            raise ValueError(f"choose must be one of {', '.join(CHOICES)}, got {self.choose!r}")
         if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
             raise ValueError(f"cache must be a path (a string) or null, got {self.cache!r}")

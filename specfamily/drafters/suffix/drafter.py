@@ -10,7 +10,7 @@ proposes the one with the higher score.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -65,17 +65,20 @@ class SuffixDrafter(BaseDrafter):
         mode: str = "tree",
         max_depth: int = 64,
         max_spec_factor: float = 1.0,
-        max_spec_offset: float = 0.0,
+        max_spec_offset: float | None = None,
         min_token_prob: float = 0.1,
         max_tree_size: int = 16,
         max_cached_tokens: int = 16384,
         cache_prompts: bool = False,
         cache: str | Path | None = None,
+        choose: str = "own",
+        recency: bool = False,
     ) -> None:
         self.config = SuffixConfig(gamma, policy, mode, max_depth, max_spec_factor, max_spec_offset, min_token_prob,
-                                   max_tree_size, max_cached_tokens, cache_prompts, cache)
+                                   max_tree_size, max_cached_tokens, cache_prompts, cache, choose, recency)
         super().__init__(gamma, policy)
-        self.limits = Limits(max_spec_factor, max_spec_offset, max_tree_size, min_token_prob, mode == "chain")
+        self.limits = Limits(max_spec_factor, max_spec_offset, max_tree_size, min_token_prob, mode == "chain",
+                             recency)
         self.stop: frozenset[int] = frozenset(target.eos_token_ids) if target is not None else frozenset()
         self.vocab_size: int | None = target.vocab_size if target is not None else None
         self.global_cache = GlobalCache(max_depth, max_cached_tokens)
@@ -98,9 +101,11 @@ class SuffixDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         state = self._sync(ctx)
         limits = self.limits
+        if limits.max_spec_offset is None and gamma < limits.max_tree_size:
+            limits = replace(limits, max_tree_size=gamma)  # no more tokens than a chain of gamma
         own = best_match(state.index, state.sequence.suffix_nodes(gamma), gamma, limits, self.stop)
         cached = best_match(self.global_cache.index, state.matcher.suffix_nodes(gamma), gamma, limits, self.stop)
-        self.last = best = better(own, cached)
+        self.last = best = better(own, cached, self.config.choose)
         if not best.tokens:
             return Draft.empty()
         tokens = torch.tensor(best.tokens, dtype=torch.long)
