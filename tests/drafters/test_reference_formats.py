@@ -289,3 +289,10 @@ def test_medusa_heads_of_repeated_blocks_draft_what_medusa_llm_computes(tmp_path
     tensors["0.0.linear.weight"] = torch.zeros_like(tensors["0.0.linear.weight"])
     torch.save(tensors, folder / "medusa_lm_head.pt")
     torch.testing.assert_close(medusa_probs(load_medusa_repo(folder, target), target, tokens), recorded, **TOL)
+
+
+def test_an_eagle3_checkpoint_given_to_eagle_names_the_right_drafter(target):
+    for folder in ("eagle3_ref", "specforge_ref"):
+        with pytest.raises(ValueError, match=r"holds an EAGLE-3 drafter; load it with create_drafter\('eagle3', "
+                                             r"\.\.\.\)$"):
+            sf.create_drafter("eagle", target, weights=str(HERE / folder))

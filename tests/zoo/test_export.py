@@ -102,7 +102,7 @@ def test_bad_requests_are_refused_in_one_line_and_write_nothing(tmp_path, target
         "writes a new one"
     assert (tmp_path / "full" / "x").read_text() == "keep"
     assert refused(["--drafter", "eagle", *base, "--out", str(tmp_path / "o")]) == \
-        f"specfamily-zoo export: {str(ours)!r} is not an eagle checkpoint (format None, not 'specfamily-eagle')"
+        f"specfamily-zoo export: {str(ours)!r} holds an EAGLE-3 drafter; load it with create_drafter('eagle3', ...)"
     assert not (tmp_path / "o").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
 

@@ -100,6 +100,8 @@ def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[Eagle
     """The drafter stored at ``source`` (a folder or a zoo: name) for this target, and its config."""
     folder = resolve_weights(source)
     raw = json.loads((folder / CONFIG_FILE).read_text())
+    if "draft_vocab_size" in raw or "speculators_model_type" in raw:
+        raise ValueError(f"{str(source)!r} holds an EAGLE-3 drafter; load it with create_drafter('eagle3', ...)")
     if is_eagle_repo(raw):
         return load_eagle_repo(folder, target_model), {}
     config = read_config(folder)
