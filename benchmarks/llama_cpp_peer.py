@@ -158,9 +158,12 @@ class LlamaWorker:
         self.info = self.request({"op": "load", "model": str(gguf), "threads": threads, "n_ctx": n_ctx})
 
     def request(self, message: dict) -> dict:
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except BrokenPipeError:  # it exited before reading the request
+            line = ""
         if not line:
             code = self.process.wait()
             raise RuntimeError(f"the llama.cpp worker exited with status {code} during {message['op']!r}; "
@@ -179,10 +182,13 @@ class LlamaWorker:
         return Arm(name, run)
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
+        try:
+            if self.process.poll() is None:
+                self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
             self.process.stdin.close()
-            self.process.wait(timeout=60)
+        except BrokenPipeError:
+            pass  # it has exited already
+        self.process.wait(timeout=60)
 
 
 def our_arm(target, name: str, max_new_tokens: int) -> Arm:

@@ -58,7 +58,10 @@ def load(request: dict, engines: Engines) -> dict:
                   n_gpu_layers=0, seed=0, verbose=False)
     llama = counting_llama(llama_cpp)
     engines.by_arm["plain"] = llama(**common)
-    engines.by_arm["lookup"] = llama(**common, draft_model=LlamaPromptLookupDecoding(**request.get("lookup", {})))
+    # llama-cpp-python 0.3.36 turns logits_all on for a draft model but sizes its logits buffer by the argument
+    # (n_batch rows when False): a prompt plus answer past n_batch tokens then fails. Asking for it avoids that.
+    engines.by_arm["lookup"] = llama(**common, logits_all=True,
+                                     draft_model=LlamaPromptLookupDecoding(**request.get("lookup", {})))
     info = llama_cpp.llama_print_system_info()
     return {"ok": True, "llama_cpp": llama_cpp.__version__,
             "system_info": info.decode() if isinstance(info, bytes) else str(info)}

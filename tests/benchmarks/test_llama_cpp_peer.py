@@ -28,7 +28,9 @@ def llama_print_system_info():
     return b"FAKE = 1"
 
 class Llama:
-    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_gpu_layers, seed, verbose, draft_model=None):
+    def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_gpu_layers, seed, verbose, logits_all=False,
+                 draft_model=None):
+        assert logits_all == (draft_model is not None)  # the real one needs it asked for with a draft model
         self.model_path, self._n_ctx, self.draft_model, self.n_tokens = model_path, n_ctx, draft_model, 0
 
     def n_ctx(self):
