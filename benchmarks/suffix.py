@@ -140,15 +140,21 @@ def cache_memory(drafter) -> dict:
             "trie_mb_per_1k_tokens": traced["trie"]}
 
 
-def same_size_rows(target, items: Sequence[Item], plain: ArmResult, max_new_tokens: int, gammas: Sequence[int],
-                   suffix: dict | None = None) -> list[dict]:
+def plain_outputs(target, items: Sequence[Item], known: dict[tuple[int, ...], list[int]],
+                  max_new_tokens: int) -> list[list[int]]:
+    """Plain greedy decoding's new tokens for each item: from ``known`` (prompt -> output) or generated (untimed)."""
+    return [known[tuple(item.ids)] if tuple(item.ids) in known
+            else sf.generate(target, None, item.ids, max_new_tokens=max_new_tokens).tokens for item in items]
+
+
+def same_size_rows(target, items: Sequence[Item], outputs: list[list[int]], pass_seconds: float,
+                   max_new_tokens: int, gammas: Sequence[int], suffix: dict | None = None) -> list[dict]:
     """Teacher-forced tau per category of prompt lookup, suffix and suffix with the paper's rules at each maximum
-    draft size (constant policy) from plain decoding's outputs, and each one's proposal time per call over a plain
-    pass (one drafter object per arm and size over every item in order, as in the timed run)."""
+    draft size (constant policy) from plain decoding's ``outputs``, and each one's proposal time per call over a
+    plain pass of ``pass_seconds`` (one drafter object per arm and size over every item in order, as in a run)."""
     from suffix_replay import Workload, replay_workload
 
-    work = Workload([i.ids for i in items], [i.category for i in items], plain.outputs, max_new_tokens)
-    pass_seconds = plain.total.seconds / plain.total.passes
+    work = Workload([i.ids for i in items], [i.category for i in items], outputs, max_new_tokens)
     rows = []
     for gamma in gammas:
         arms = {"prompt_lookup": make_drafter(target, "prompt_lookup", gamma),
@@ -220,7 +226,12 @@ def spec_bench_workload(target, items: list[Item], args) -> dict:
     names = (PLAIN, "prompt_lookup", "suffix", "suffix:chain")
     arms = {name: make_drafter(target, name, args.gamma, suffix=suffix_options(args)) for name in names}
     results = run_workload(target, arms, items, args.max_new_tokens)
-    same_size = same_size_rows(target, items, results[0], args.max_new_tokens, args.same_size, suffix_options(args))
+    plain = results[0]
+    known = {tuple(item.ids): output for item, output in zip(items, plain.outputs, strict=True)}
+    wide = spec_bench_items(target.tokenizer, args.same_size_per_category) if args.same_size_per_category else items
+    outputs = plain_outputs(target, wide, known, args.max_new_tokens)
+    same_size = same_size_rows(target, wide, outputs, plain.total.seconds / plain.total.passes, args.max_new_tokens,
+                               args.same_size, suffix_options(args))
     return {"rows": summary_rows(results), "same_size": same_size, "memory": cache_memory(arms["suffix"])}
 
 
@@ -252,6 +263,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the suffix arms' max_spec_offset (paper: 0; default: the drafter's own)")
     parser.add_argument("--same-size", type=lambda s: [int(g) for g in s.split(",")], default=[4, 16],
                         help="maximum draft sizes of the teacher-forced comparison (comma-separated)")
+    parser.add_argument("--same-size-per-category", type=int, default=4,
+                        help="Spec-Bench questions per category of the teacher-forced comparison (plain outputs of "
+                        "the timed run's, the others decoded untimed); 0: the timed run's questions only")
     parser.add_argument("--workloads", default="spec_bench,repeated")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     return parser.parse_args(argv)

@@ -82,6 +82,8 @@ class SuffixIndex:
             edge = self.edge_next[edge]
 
     def has_children(self, node: int) -> bool:
+        if self.first[node >> LENGTH_BITS] == NONE:
+            return False
         return next(self.children(node), None) is not None
 
     # --- structure ------------------------------------------------------------------------------------------

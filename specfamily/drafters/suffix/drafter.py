@@ -104,7 +104,10 @@ class SuffixDrafter(BaseDrafter):
         if limits.max_spec_offset is None and gamma < limits.max_tree_size:
             limits = replace(limits, max_tree_size=gamma)  # no more tokens than a chain of gamma
         own = best_match(state.index, state.sequence.suffix_nodes(gamma), gamma, limits, self.stop)
-        cached = best_match(self.global_cache.index, state.matcher.suffix_nodes(gamma), gamma, limits, self.stop)
+        if own.tokens and self.config.choose == "own":  # the global tree would not be chosen
+            cached = Speculation()
+        else:
+            cached = best_match(self.global_cache.index, state.matcher.suffix_nodes(gamma), gamma, limits, self.stop)
         self.last = best = better(own, cached, self.config.choose)
         if not best.tokens:
             return Draft.empty()

@@ -51,13 +51,15 @@ def spec_limit(match_length: int, max_spec_factor: float, max_spec_offset: float
     return max(0, min(max_tree_size, math.floor(max_spec_factor * match_length + max_spec_offset + 1e-6)))
 
 
-def continuations(trie: SuffixTrie | SuffixIndex, node: int, recency: bool = False) -> list[tuple[float, int]]:
-    """(frequency, child) of every child of ``node``: its count over the node's, most frequent first (ties: the
-    smaller token first, or with ``recency`` the one that occurred last). The node's count includes occurrences with
-    nothing after them yet, as ArcticInference counts."""
+def continuations(trie: SuffixTrie | SuffixIndex, node: int, recency: bool = False,
+                  min_freq: float = 0.0) -> list[tuple[float, int]]:
+    """(frequency, child) of every child of ``node`` with a frequency of at least ``min_freq``: its count over the
+    node's, most frequent first (ties: the smaller token first, or with ``recency`` the one that occurred last). The
+    node's count includes occurrences with nothing after them yet, as ArcticInference counts."""
     total, count_of = trie.count_of(node), trie.count_of
     tie = (lambda c: -trie.recent_of(c)) if recency else trie.token_of
-    ranked = sorted(trie.children(node), key=lambda c: (-count_of(c), tie(c)))
+    least = min_freq * total * (1 - 1e-9)  # the frequency test on counts (kept below: the same float test decides)
+    ranked = sorted((c for c in trie.children(node) if count_of(c) >= least), key=lambda c: (-count_of(c), tie(c)))
     return [(count_of(c) / total, c) for c in ranked]
 
 
@@ -76,7 +78,8 @@ def grow(trie: SuffixTrie | SuffixIndex, node: int, limit: int, depth: int, min_
 
     def push(parent_node: int, draft_parent: int, prob: float, level: int) -> None:
         nonlocal order
-        for freq, child in continuations(trie, parent_node, recency)[: 1 if chain else None]:
+        floor = min_prob / prob if prob > 0 else 0.0
+        for freq, child in continuations(trie, parent_node, recency, floor)[: 1 if chain else None]:
             if prob * freq < min_prob:
                 break  # sorted: the rest are less probable still
             heapq.heappush(heap, (-prob * freq, -level if recency else 0, order, child, draft_parent, level))
