@@ -1,1 +1,4 @@
-"""Shipped Hydra configs (installed as the package data ``specfamily.configs``): config.yaml; groups model, drafter, dataset, sampling, experiment."""
+"""Shipped Hydra configs, installed as the package data ``specfamily.configs``.
+
+config.yaml and the groups model, drafter, dataset, sampling and experiment.
+"""
