@@ -151,7 +151,7 @@ def arms(gamma: int) -> dict[str, Callable]:
 
     return {
         "prompt_lookup": lambda target: sf.create_drafter("prompt_lookup", target, gamma=gamma),
-        "suffix (paper)": suffix(max_spec_offset=0.0, max_spec_factor=1.0),
+        "suffix (paper)": suffix(max_spec_offset=0.0, max_spec_factor=1.0, choose="score"),
         "suffix": suffix(),
         "suffix chain": suffix(mode="chain"),
     }
