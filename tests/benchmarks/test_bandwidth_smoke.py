@@ -36,6 +36,11 @@ def test_tiny_run_reports_every_kind_beside_the_floor(bandwidth, tmp_path, capsy
     assert all(sorted(by_k) == [1, 3, 17] and min(by_k.values()) > 0 for by_k in report.seconds.values())
     printed = capsys.readouterr().out
     assert "| floor |" in printed and "t(k) / t(1):" in printed and "| exact |" in printed
+    if "stream" in report.seconds:  # its memory cost: one packed copy per weight (tiny's sizes are 16-row multiples)
+        assert report.packed_bytes == report.bytes_read
+        assert f"(packed copies: {report.bytes_read / 1e6:.0f} MB more)" in printed
+    else:
+        assert report.packed_bytes == 0 and "packed copies" not in printed
     assert json.loads(out.read_text())["bytes_read"] == report.bytes_read
 
 
