@@ -1,4 +1,4 @@
-"""suffix: SuffixDecoding's frequency-scored speculation trees from suffix tries over this and earlier requests."""
+"""suffix: SuffixDecoding's frequency-scored speculation trees from suffix indexes over this and earlier requests."""
 
 from __future__ import annotations
 
@@ -14,6 +14,6 @@ def specfamily_register_drafters(registry) -> None:
         "suffix",
         SuffixDrafter,
         config=SuffixConfig,
-        description="suffix tries over this request and earlier requests' outputs, frequency-scored speculation "
+        description="suffix indexes over this request and earlier requests' outputs, frequency-scored speculation "
         "tree (SuffixDecoding)",
     )
