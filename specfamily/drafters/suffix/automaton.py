@@ -21,6 +21,8 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from specfamily.drafters.suffix.tree import check_depth
+
 ROOT = 0
 NONE = -1
 LENGTH_BITS = 8  # node = state << LENGTH_BITS | length; max_depth <= 255
@@ -49,8 +51,6 @@ class SuffixIndex:
     clock: int = 0  # positions appended so far, over every sequence (``recent`` stamps)
 
     def __post_init__(self) -> None:
-        from specfamily.drafters.suffix.tree import check_depth
-
         check_depth(self.max_depth)
 
     # --- the protocol speculate.py reads (shared with tree.SuffixTrie) ---------------------------------------

@@ -5,7 +5,8 @@ tokens, extended as tokens commit, and one global index over earlier requests' o
 ``cache_prompts``), which lives with the drafter object: ``end()`` adds the request, a token budget evicts the
 oldest requests, ``save_cache``/``cache=`` carry it between runs. Each proposal matches the longest suffix of the
 context in both indexes, grows a speculation tree from each (:mod:`specfamily.drafters.suffix.speculate`) and
-proposes the one with the higher score.
+proposes the request's own unless it is empty (``choose=own``, the default) or the higher-scored one (``score``,
+the paper's rule).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class RequestState:
 
 
 class SuffixDrafter(BaseDrafter):
-    """Proposes the better-scored of the per-request and the global speculation tree (or chain)."""
+    """Proposes the per-request or the global speculation tree (or chain), as ``choose`` says (see the config)."""
 
     default_gamma = 16
 
