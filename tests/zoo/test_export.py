@@ -114,8 +114,8 @@ def test_our_trained_eagle_head_has_no_exact_eagle_repo_form(tmp_path, target):
     ours = save_eagle(tmp_path / "ours", build_model(target.model, seed=2), target.model)
     message = refused(["--drafter", "eagle", "--weights", str(ours), "--target", TARGET, "--out", str(tmp_path / "o")])
     assert message == ("specfamily-zoo export: this eagle head normalises its layer input (input_layernorm); EAGLE's "
-                       "layer 0 has no input norm, so it has no exact EAGLE-repo form (only heads read from that "
-                       "layout export to it)")
+                       "layer 0 has no input norm, so it has no exact EAGLE-repo form (train it with --reference-form "
+                       "to export it)")
     assert not (tmp_path / "o").exists()
 
 

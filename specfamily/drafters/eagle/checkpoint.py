@@ -3,7 +3,8 @@
 ``load_eagle`` also reads heads in the EAGLE repository's layout (``specfamily.drafters.eagle.formats``), from a
 folder or a model-hub name.
 
-``config.json`` records the format, the identity of the target the drafter was trained for
+``config.json`` records the format, whether the decoder layer normalises its input (``input_norm``; absent in
+checkpoints written before it existed, which all do), the identity of the target the drafter was trained for
 (``specfamily.identity``) and free-form training information. Loading for a different target is refused. The
 folder is written under a temporary name and swapped in whole.
 """
@@ -55,6 +56,7 @@ def save_eagle(
         "family": model.family,
         "hidden_size": model.hidden_size,
         "draft_vocab": None if model.vocab is None else model.vocab.size,
+        "input_norm": model.input_norm,
         "info": info or {},
     }
 
@@ -96,6 +98,14 @@ def check_target(config: dict[str, Any], target_model: PreTrainedModel, where: s
                    "train a drafter for this target with `python -m specfamily.drafters.eagle.train`")
 
 
+def input_norm_of(config: dict[str, Any], where: str) -> bool:
+    """The checkpoint's ``input_norm`` (True when absent: the form every head had before the flag existed)."""
+    value = config.get("input_norm", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"eagle checkpoint {where!r}: input_norm must be true or false, got {value!r}")
+    return value
+
+
 def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[EagleModel, dict[str, Any]]:
     """The drafter stored at ``source`` (a folder or a zoo: name) for this target, and its config."""
     folder = resolve_weights(source)
@@ -112,7 +122,7 @@ def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[Eagle
     ids, counts = state.pop(DRAFT_IDS, None), state.pop(DRAFT_COUNTS, None)
     vocab = None if ids is None else DraftVocab(ids.long().cpu(), target_model.get_output_embeddings().weight.shape[0],
                                                 None if counts is None else counts.long().cpu())
-    model = build_model(target_model, vocab=vocab)
+    model = build_model(target_model, vocab=vocab, input_norm=input_norm_of(config, str(source)))
     state = {k: v.to(target_model.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True)
     return model.eval(), config

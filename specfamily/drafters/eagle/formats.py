@@ -9,12 +9,14 @@ model's embedding) in ``pytorch_model.bin`` (loaded with ``weights_only=True`` o
 The math, as the reference computes it: ``fc(concat(embed(x[t + 1]), f[t]))`` (embedding first), then a Llama
 decoder layer whose input is *not* normalised (layer 0 of the reference has no ``input_layernorm``: only layers
 with index > 0 do), then the base model's own LM head; no final norm. Our :class:`EagleModel` is the same network
-with an ``input_layernorm``; a head read from this layout gets an identity there. The rotary embedding is the
+with an optional ``input_layernorm``: a head read from this layout is built in the reference form (no input
+norm, ``input_norm=False``). The rotary embedding is the
 target's (eagle-llm 1.2.1 fixes its base at 10000, which is what Llama-1/2 and Vicuna targets use).
 
 Only the Llama family has this layout. A checkpoint whose sizes do not fit the target is refused in one line
-naming both sides. Export (:func:`save_eagle_repo`) needs a head without an input norm (one read from this layout):
-ours normalises its layer input, which EAGLE's layer 0 cannot express, and an export would compute something else.
+naming both sides. Export (:func:`save_eagle_repo`) needs a head in the reference form: one read from this layout,
+or one trained here with ``--reference-form``. A head that normalises its layer input (the default form, and the
+shipped heads') cannot be expressed by EAGLE's layer 0, and an export would compute something else.
 """
 
 from __future__ import annotations
@@ -49,8 +51,7 @@ def load_eagle_repo(folder: Path, target_model: PreTrainedModel) -> EagleModel:
     config = json.loads((folder / "config.json").read_text())
     check_fits(config, target_model, where)
     tensors = read_tensors(folder)
-    model = build_model(target_model)
-    model.layer.input_layernorm = nn.Identity()  # the reference's layer 0 reads fc's output as is
+    model = build_model(target_model, input_norm=False)  # the reference's layer 0 reads fc's output as is
     embed = tensors.pop("embed_tokens.weight", None)
     if embed is not None:
         _use_embedding(model, embed, where)
@@ -113,9 +114,9 @@ def save_eagle_repo(model: EagleModel, folder: str | Path, target_model: PreTrai
                     dtype: torch.dtype | None = None) -> Path:
     """Write ``model`` in the EAGLE repository's layout (``config.json`` and ``pytorch_model.bin``, the file
     eagle-llm's loader reads), atomically; cast to ``dtype`` when given."""
-    if not isinstance(model.layer.input_layernorm, nn.Identity):
+    if model.input_norm:
         raise ValueError("this eagle head normalises its layer input (input_layernorm); EAGLE's layer 0 has no input "
-                         "norm, so it has no exact EAGLE-repo form (only heads read from that layout export to it)")
+                         "norm, so it has no exact EAGLE-repo form (train it with --reference-form to export it)")
     if model.vocab is not None:
         raise ValueError(f"this eagle head drafts over a {model.vocab.size}-token draft vocabulary; the EAGLE-repo "
                          "layout drafts over the full vocabulary")

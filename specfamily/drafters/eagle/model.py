@@ -8,6 +8,10 @@ model's returned hidden state is post-norm and the draft head's output goes stra
 
 The embedding, the LM head (and GPT-2's position table) are the target's own modules, shared and frozen: they are
 held outside the module tree, so they are neither trained, nor saved, nor copied.
+
+``input_norm``: the decoder layer normalises its input (its ``input_layernorm``, the default and what the shipped
+heads were trained with), or, ``False``, reads ``fc``'s output as is: the reference form, EAGLE's own layer 0, the
+only form the EAGLE repository's layout can hold (``specfamily.drafters.eagle.formats``).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def target_parts(model: PreTrainedModel) -> TargetParts:
 class EagleModel(nn.Module):
     """fc + one decoder layer of the target's family; the target's embedding and LM head are read, not owned."""
 
-    def __init__(self, model: PreTrainedModel, vocab: DraftVocab | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, vocab: DraftVocab | None = None, input_norm: bool = True) -> None:
         super().__init__()
         self.family = target_family(model)
         config = layer_config(model)
@@ -81,9 +85,19 @@ class EagleModel(nn.Module):
         self.layer_config = config
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = _decoder_layer(model, config)
+        if not input_norm:
+            if self.family not in ROPE_FAMILIES:
+                raise ValueError(f"the eagle reference form (no input norm) is EAGLE's Llama layer 0; the target is "
+                                 f"{self.family!r}")
+            self.layer.input_layernorm = nn.Identity()  # EAGLE's layer 0: fc's output goes to attention as is
         self.rotary = _rotary(model, config) if self.family in ROPE_FAMILIES else None
         self.parts = target_parts(model)  # a plain attribute: not a submodule, not in state_dict()
         self.use_vocab(vocab)
+
+    @property
+    def input_norm(self) -> bool:
+        """Whether the decoder layer normalises its input; False: the reference (EAGLE repository) form."""
+        return not isinstance(getattr(self.layer, "input_layernorm", None), nn.Identity)
 
     def use_vocab(self, vocab: DraftVocab | None) -> None:
         """Draft over ``vocab``'s ids only (FR-Spec: logits from the target head's rows for them); None: all."""
@@ -151,10 +165,11 @@ def _rotary(model: PreTrainedModel, config) -> nn.Module:
     return type(rotary)(config=config)
 
 
-def build_model(model: PreTrainedModel, seed: int = 0, vocab: DraftVocab | None = None) -> EagleModel:
+def build_model(model: PreTrainedModel, seed: int = 0, vocab: DraftVocab | None = None,
+                input_norm: bool = True) -> EagleModel:
     """A freshly initialised EagleModel on the target's device and dtype; ``seed`` fixes the init, global RNG kept.
-    ``vocab``: draft over those target ids only."""
+    ``vocab``: draft over those target ids only; ``input_norm`` False: the reference form (no input norm)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        eagle = EagleModel(model, vocab)
+        eagle = EagleModel(model, vocab, input_norm)
     return eagle.to(device=model.device, dtype=model.dtype).eval()

@@ -4,6 +4,8 @@ Features come from the target on the fly (nothing dumped to disk); data is a tok
 zoo corpus ``work/zoo/train.npy``) or any HF dataset (``--dataset json --data-files a.jsonl``). Every
 ``--eval-every`` steps: top-1 agreement with the target on held-out windows and greedy tau through the shared
 verifier on held-out prompts; the drafter with the best tau is exported to ``--out`` (safetensors + config.json).
+``--reference-form`` trains the draft layer without its input norm, as EAGLE's layer 0 has none, so that
+``specfamily-zoo export --drafter eagle --layout eagle`` can write it in the EAGLE repository's layout.
 Training state (weights, optimiser, data RNG, best weights) goes to ``--ckpt`` and a rerun resumes from it; the
 state file is read as tensors and plain containers only (``torch.load(weights_only=True)``), so a state file from
 elsewhere cannot run code. ``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the passes
@@ -48,6 +50,7 @@ class TrainConfig:
     dataset: str = ""  # a datasets name or builder (json, text, parquet) or a local folder
     distilled: str = ""  # a folder of self-distillation data with stored features (`specfamily-zoo distill`)
     draft_vocab: int = 0  # > 0: draft over the N most frequent (answer) tokens of the training data (FR-Spec)
+    reference_form: bool = False  # no input norm on the draft layer (EAGLE's layer 0): exports to the EAGLE layout
     data_files: str = ""  # comma-separated files for the dataset builder
     split: str = "train"
     text_field: str = "text"
@@ -146,7 +149,7 @@ def start_run(cfg: TrainConfig) -> tuple[Run, EagleData]:
     target.model.requires_grad_(False)
     data = load_data(cfg, target)
     vocab = target_draft_vocab(cfg.draft_vocab, target, data.counted)
-    model = build_model(target.model, seed=cfg.seed, vocab=vocab).train()
+    model = build_model(target.model, seed=cfg.seed, vocab=vocab, input_norm=not cfg.reference_form).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
     objective = Objective(model, partial(_loss, target_model=target.model,
@@ -175,6 +178,10 @@ def resume(run: Run) -> None:
     vocab = run.model.vocab
     if not torch.equal(saved.get("draft_ids", torch.zeros(0)), vocab.ids if vocab else torch.zeros(0)):
         raise ValueError(f"{run.cfg.ckpt_path} was trained with another draft vocabulary; use another --ckpt")
+    saved_form = bool(saved["config"].get("reference_form", False))
+    if saved_form != run.cfg.reference_form:
+        raise ValueError(f"{run.cfg.ckpt_path} was trained {'with' if saved_form else 'without'} --reference-form; "
+                         "resume it the same way or use another --ckpt")
     run.model.load_state_dict(saved["model"])
     run.optimizer.load_state_dict(saved["optimizer"])
     run.generator.set_state(saved["generator"])
@@ -290,6 +297,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         flag = "--" + f.name.replace("_", "-")
         if f.default is dataclasses.MISSING:
             parser.add_argument(flag, dest=f.name, required=True)
+        elif isinstance(f.default, bool):
+            parser.add_argument(flag, dest=f.name, action="store_true", help="default: off")
         else:
             parser.add_argument(flag, dest=f.name, type=checked.get(f.name, type(f.default)), default=f.default,
                                 help=f"default: {f.default!r}")
