@@ -10,6 +10,10 @@ shows the loop's ceiling next to the ceiling from the target's own pass costs t(
     python benchmarks/peer.py                                   # the zoo pair, held-out prompts
     python benchmarks/peer.py --target DIR --draft DIR --threads 1 --clock cpu --out peer.json
     python benchmarks/peer.py --target zoo:smollm2 --draft none --prompts spec_bench --count 1 --defaults
+    python benchmarks/peer.py --target zoo:smollm2 --draft none --only plain,eagle,eagle3 --eagle3-weights DIR
+
+No EAGLE-3 weights are shipped: the eagle3 rows (tree, chain) run with ``--eagle3-weights`` (any layout
+``create_drafter("eagle3")`` loads, or a hub name); without it the table says why they are missing.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ SMALL_GAMMAS = (1, 2, 3, 4, 6, 8)
 LOOKUP_GAMMAS = (2, 4, 6, 8, 10)
 HF_CONFIDENCE = 0.4  # transformers' default assistant_confidence_threshold
 HF_LOOKUP_TOKENS = 10  # the prompt_lookup_num_tokens transformers' docs use
-ORDER = ("small_model", "prompt_lookup", "self_spec", "medusa", "eagle")  # table order; other drafters follow
+ORDER = ("small_model", "prompt_lookup", "self_spec", "medusa", "eagle", "eagle3")  # table order; other drafters follow
 
 
 @dataclass
@@ -71,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=None, help="small_model gamma (default: fastest of a sweep)")
     parser.add_argument("--lookup-gamma", type=int, default=None, help="prompt_lookup gamma (default: sweep)")
     parser.add_argument("--oracle-gamma", type=int, default=4)
+    parser.add_argument("--eagle3-weights", default=None, metavar="DIR",
+                        help="an EAGLE-3 drafter (folder in our, EAGLE/SpecForge or speculators layout, or a hub "
+                             "name) for the eagle3 rows; none shipped, so without it they are skipped")
     parser.add_argument("--early-exit", type=int, default=None, help="layers of transformers' early-exit assistant")
     parser.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                         help="extra option for our drafter NAME (value parsed as JSON when it can be)")
@@ -262,13 +269,16 @@ def build_rows(setup: Setup, report: dict) -> tuple[list, list[Skipped]]:
                                          {"tree": {}, "chain": {"tree": "chain"}}),
         "eagle": lambda: modes_vs_plain(setup, "eagle", options.get("eagle", {}),
                                         {"tree": {"mode": "tree"}, "chain": {"mode": "chain"}}),
+        "eagle3": lambda: modes_vs_plain(setup, "eagle3", eagle3_options(setup.args, options),
+                                         {"tree": {"mode": "tree"}, "chain": {"mode": "chain"}}),
     }
     skipped = []
     names = sf.list_drafters()
     for name in [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]:
-        if name == "small_model" and setup.draft is None:
-            skipped.append(Skipped(name, "no --draft model"))
-            print(f"skip {name}: no --draft model", flush=True)
+        reason = missing_input(setup, name, options)
+        if reason is not None:
+            skipped.append(Skipped(name, reason))
+            print(f"skip {name}: {reason}", flush=True)
             continue
         build = builders.get(name) or (lambda n=name: [plain_vs_ours(setup, n, options.get(n, {}))])
         rows.append((name, build))
@@ -277,6 +287,20 @@ def build_rows(setup: Setup, report: dict) -> tuple[list, list[Skipped]]:
         wanted = set(setup.args.only.split(","))
         rows = [row for row in rows if row[0] in wanted]
     return rows, skipped
+
+
+def eagle3_options(args: argparse.Namespace, options: dict) -> dict:
+    """The eagle3 drafter's options: ``--eagle3-weights`` as its weights, ``--option eagle3.*`` over them."""
+    return {"weights": args.eagle3_weights, **options.get("eagle3", {})}
+
+
+def missing_input(setup: Setup, name: str, options: dict) -> str | None:
+    """Why drafter ``name`` has no row without measuring it (an input it needs was not given); None: it has one."""
+    if name == "small_model" and setup.draft is None:
+        return "no --draft model"
+    if name == "eagle3" and eagle3_options(setup.args, options)["weights"] is None:
+        return "no --eagle3-weights (no EAGLE-3 weights are shipped)"
+    return None
 
 
 def measure_rows(setup: Setup, rows, skipped: list[Skipped]) -> list[PairResult]:

@@ -68,7 +68,28 @@ def test_medusa_and_eagle_rows_cover_tree_and_chain_modes(bench, pair):
     report = bench.peer.measure(bench.peer.make_setup(target, None, _prompts(), args))
     assert [row["name"] for row in report["rows"]] == ["medusa tree", "medusa chain", "eagle tree", "eagle chain"]
     assert all(row["identical"] for row in report["rows"]), report["markdown"]
-    assert report["skipped"] == [{"name": "small_model", "reason": "no --draft model"}]
+    assert report["skipped"] == [{"name": "small_model", "reason": "no --draft model"},
+                                 {"name": "eagle3", "reason": "no --eagle3-weights (no EAGLE-3 weights are shipped)"}]
+
+
+def test_eagle3_rows_run_with_the_weights_given_and_are_skipped_without(bench, pair, tmp_path):
+    from specfamily.drafters.eagle3.drafter import Eagle3Drafter
+    from specfamily.drafters.eagle3.formats import save_eagle3
+
+    target, _ = pair
+    model = Eagle3Drafter(target, weights="random", layers=[0, 1, 2], draft_vocab=list(range(0, VOCAB, 2)), seed=3)
+    weights = save_eagle3(model.model, tmp_path / "eagle3", target, layout="speculators")
+    base = ["--tokens", "8", "--repeats", "1", "--threads", "1", "--only", "eagle3"]
+    args = bench.peer.parse_args([*base, "--eagle3-weights", str(weights)])
+    assert args.eagle3_weights == str(weights)
+    report = bench.peer.measure(bench.peer.make_setup(target, None, _prompts(), args))
+    assert [row["name"] for row in report["rows"]] == ["eagle3 tree", "eagle3 chain"]
+    assert all(row["identical"] for row in report["rows"]), report["markdown"]
+    assert "eagle3" not in {skip["name"] for skip in report["skipped"]}
+    setup = bench.peer.make_setup(target, None, _prompts(1), bench.peer.parse_args(base))
+    rows, skipped = bench.peer.build_rows(setup, {"calibration": {}})
+    assert rows == [] and [(s.name, s.reason) for s in skipped] == [
+        ("small_model", "no --draft model"), ("eagle3", "no --eagle3-weights (no EAGLE-3 weights are shipped)")]
 
 
 def test_every_registered_drafter_gets_a_row_or_a_skip_reason(bench, pair):
