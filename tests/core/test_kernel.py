@@ -232,3 +232,41 @@ def test_the_source_ships_with_the_package_and_builds_in_a_keyed_folder(tmp_path
     monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))
     folder = kernel.build_folder(source)
     assert folder.parent == tmp_path / "kernels" and folder.name.startswith("stream_linear-")
+
+
+STREAM_DRAFTERS = {"prompt_lookup gamma=4": {"gamma": 4}, "eagle chain gamma=3": {"mode": "chain", "gamma": 3},
+                   "eagle tree gamma=4": {"gamma": 4}, "small_model gamma=2": {"gamma": 2}}
+
+
+@pytest.fixture(scope="module")
+def smollm2_stream(module):
+    """zoo:smollm2 on the stream kernel, its Spec-Bench first turns, and transformers' greedy continuations."""
+    from specfamily.eval.datasets import DatasetSpec, load_prompts
+
+    threads = torch.get_num_threads()
+    target = sf.load_target("zoo:smollm2", matmul="stream")
+    spec = DatasetSpec(name="spec_bench", path="specfamily:spec_bench", field=None, id_field="question_id",
+                       chat_template=True, add_special_tokens=False, num_examples=1, select="per_category",
+                       turns_field="turns", max_turns=1, category_field="category")
+    prompts = [p.ids for p in load_prompts(spec, target.tokenizer)]
+    reference = []
+    for ids in prompts:
+        ids_t = torch.tensor([ids])
+        full = target.model.generate(ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=48, do_sample=False)
+        reference.append(full[0, len(ids):].tolist())
+    yield target, prompts, reference
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", [None, *STREAM_DRAFTERS])
+def test_smollm2_on_the_stream_kernel_keeps_transformers_greedy_text(smollm2_stream, label):
+    target, prompts, reference = smollm2_stream
+    assert target.matmul == "stream" and target.lean is not None and target.lean.ready()
+    drafter = None if label is None else sf.create_drafter(label.split()[0], target, **STREAM_DRAFTERS[label])
+    proposed = 0
+    for ids, expected in zip(prompts, reference, strict=True):
+        result = sf.generate(target, drafter, ids, 48)
+        assert result.tokens == expected, f"{label or 'plain'} differs on a {len(ids)}-token prompt"
+        proposed += result.metrics.proposed_tokens
+    assert label is None or proposed > 0  # the fixed-length arms really verified drafts on the kernel
