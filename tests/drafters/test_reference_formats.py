@@ -95,7 +95,8 @@ def test_a_medusa_repo_checkpoint_in_safetensors_with_prefixed_keys_loads_the_sa
 
 def test_our_exports_are_reproducible_and_the_reference_computes_what_we_do(tmp_path, target):
     fresh = _make_exports().write_exports(tmp_path, target)
-    for name, weights in (("eagle", "pytorch_model.bin"), ("medusa", "medusa_lm_head.pt")):
+    for name, weights in (("eagle", "pytorch_model.bin"), ("eagle_trained", "pytorch_model.bin"),
+                          ("medusa", "medusa_lm_head.pt")):
         committed = HERE / "exports" / name
         configs = [json.loads((folder / "config.json").read_text()) for folder in (fresh / name, committed)]
         assert configs[0] == configs[1]
@@ -109,6 +110,9 @@ def test_our_exports_are_reproducible_and_the_reference_computes_what_we_do(tmp_
     torch.testing.assert_close(medusa_probs(medusa, target, tokens), recorded["medusa_probs"], **TOL)
     reference_input = load_file(str(HERE / "expected.safetensors"))["eagle_probs"]
     assert (recorded["eagle_probs"] - reference_input).abs().max() > 1e-3  # the export is not the input unchanged
+    trained = sf.create_drafter("eagle", target, weights=str(fresh / "eagle_trained")).model  # ours, reference form
+    assert not trained.input_norm
+    torch.testing.assert_close(eagle_probs(trained, target, tokens), recorded["eagle_trained_probs"], **TOL)
 
 
 def small_vocab_target():
