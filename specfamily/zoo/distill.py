@@ -4,7 +4,9 @@
 sampled from its chat template's user prefix) or requests about functions of the zoo corpus (``code_share`` of the
 batches); turns that overlap Spec-Bench are dropped (``user_turns.NgramFilter``). The target then answers each turn
 greedily, and its last hidden state after the final norm (what the LM head reads, what EAGLE and Medusa read at
-decode time) is kept for every fed position from the same generation: no second pass.
+decode time) is kept for every fed position from the same generation: no second pass. ``engine='fast'`` (the
+default) answers on the lean forward with a preallocated cache (``fast_answers``), ``engine='generate'`` with
+transformers' ``generate()``; Magpie turns are sampled by ``generate()`` under both, so both ask the same turns.
 
 Each batch is one ``batch-NNNNN.safetensors`` in DIR, written atomically: ``tokens`` (int32, the conversations
 back to back), ``features`` (float16, one row per token but each conversation's last), ``starts`` (int64 offsets of
@@ -25,11 +27,16 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from specfamily.core.lean import LeanLlama
+from specfamily.core.lean_support import lean_unsupported
+from specfamily.core.matmul import MATMUL_KINDS
 from specfamily.eval.chat import chat_prompt_ids
 from specfamily.files import write_atomically
 from specfamily.zoo import user_turns
+from specfamily.zoo.fast_answers import fast_answers
 
 FEATURE_DTYPES = ("float16", "bfloat16", "float32")
+ENGINES = ("fast", "generate")
 
 
 @dataclass
@@ -48,6 +55,8 @@ class DistillConfig:
     worker: int = 0
     max_minutes: float = 0.0  # 0 = until done; else stop after the batch that crosses it (rerun to continue)
     feature_dtype: str = "float16"
+    engine: str = "fast"  # answers: fast (fast_answers: static cache, lean forward) or generate (transformers')
+    matmul: str = "stream"  # the fast engine's matmul (specfamily.core.matmul); exact: generate()'s float32 sums
 
     def __post_init__(self) -> None:
         for name in ("conversations", "batch", "user_tokens", "answer_tokens", "workers"):
@@ -59,6 +68,10 @@ class DistillConfig:
             raise ValueError(f"code_share must be in [0, 1], got {self.code_share}")
         if self.feature_dtype not in FEATURE_DTYPES:
             raise ValueError(f"feature_dtype must be one of {', '.join(FEATURE_DTYPES)}, got {self.feature_dtype!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.matmul not in MATMUL_KINDS:
+            raise ValueError(f"matmul must be one of {', '.join(MATMUL_KINDS)}, got {self.matmul!r}")
 
     @property
     def batches(self) -> int:
@@ -84,17 +97,21 @@ class Session:
     prefix_ids: torch.Tensor  # (1, P)
     keep: user_turns.NgramFilter
     snippets: list[str]
+    lean: LeanLlama | None = None  # the fast engine's forward; None: answers by generate()
 
 
 def open_session(cfg: DistillConfig) -> Session:
     from specfamily.core.target import load_target
 
-    target = load_target(cfg.target, dtype=torch.float32)
+    target = load_target(cfg.target, dtype=torch.float32, matmul=cfg.matmul if cfg.engine == "fast" else "exact")
+    if cfg.engine == "fast" and target.lean is None:
+        raise ValueError(f"engine 'fast' needs a target the lean forward covers: {lean_unsupported(target.model)}; "
+                         f"use --engine generate")
     tokenizer = target.tokenizer
     prefix = tokenizer(user_turns.user_prefix(tokenizer), add_special_tokens=False, return_tensors="pt").input_ids
     snippets = user_turns.corpus_functions() if cfg.code_share > 0 else []
     return Session(target.model.eval(), tokenizer, int(target.eos_token_id), prefix, user_turns.spec_bench_filter(),
-                   snippets)
+                   snippets, target.lean if cfg.engine == "fast" else None)
 
 
 def magpie_turns(session: Session, cfg: DistillConfig, generator_seed: int) -> list[str]:
@@ -112,6 +129,14 @@ def magpie_turns(session: Session, cfg: DistillConfig, generator_seed: int) -> l
 
 
 def answer(session: Session, prompts: list[list[int]], answer_tokens: int) -> list[tuple[list[int], torch.Tensor]]:
+    """Greedy answers: (conversation tokens, features of all but the last) per prompt, by the session's engine."""
+    if session.lean is not None:
+        return fast_answers(session.lean, prompts, session.eos, answer_tokens)
+    return generate_answers(session, prompts, answer_tokens)
+
+
+def generate_answers(session: Session, prompts: list[list[int]],
+                     answer_tokens: int) -> list[tuple[list[int], torch.Tensor]]:
     """Greedy answers of the left-padded batch: (conversation tokens, features of all but the last) per prompt."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), session.eos, dtype=torch.long)
@@ -143,7 +168,10 @@ def make_batch(session: Session, cfg: DistillConfig, index: int) -> dict | None:
     record = {"index": index, "code": code, "asked": len(turns), "kept": len(kept)}
     if kept:
         prompts = [chat_prompt_ids(session.tokenizer, [turn]) for turn in kept]
+        answer_started = time.perf_counter()
         convs = answer(session, prompts, cfg.answer_tokens)
+        record["answer_seconds"] = round(time.perf_counter() - answer_started, 2)
+        record["answer_tokens"] = sum(len(t) - len(p) for (t, _), p in zip(convs, prompts, strict=True))
         write_batch(cfg, index, kept, prompts, convs)
         record["tokens"] = sum(len(t) for t, _ in convs)
     else:
@@ -170,6 +198,14 @@ def done(cfg: DistillConfig, index: int) -> bool:
     return path.is_file() or path.with_suffix(".empty").is_file()
 
 
+def answer_rate(records: list[dict]) -> dict:
+    """Answer tokens, the seconds spent answering, and their ratio over the batches made."""
+    tokens = sum(r.get("answer_tokens", 0) for r in records)
+    seconds = sum(r.get("answer_seconds", 0.0) for r in records)
+    return {"answer_tokens": tokens, "answer_seconds": round(seconds, 2),
+            "answer_tokens_per_s": round(tokens / seconds, 1) if seconds else 0.0}
+
+
 def distill(cfg: DistillConfig) -> dict:
     """Make this worker's missing batches (within the time budget); return and record what this call did."""
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
@@ -186,6 +222,7 @@ def distill(cfg: DistillConfig) -> dict:
             records.append({**record, "seconds": round(time.perf_counter() - batch_started, 1)})
     summary = {"worker": cfg.worker, "batches_made": len(records), "seconds": round(time.perf_counter() - started, 1),
                "tokens": sum(r.get("tokens", 0) for r in records), "remaining": len(mine) - len(records),
+               **answer_rate(records),
                "batches": records}
     log = Path(cfg.out) / f"worker-{cfg.worker}.log.jsonl"
     with log.open("a") as handle:

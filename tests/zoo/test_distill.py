@@ -164,3 +164,30 @@ def test_a_small_draft_starts_from_the_targets_principal_embedding(chat_target, 
     train = np.load(tmp_path / "work" / "train.npy")
     assert train.dtype == np.uint16 and train.size == counts["train_tokens"] > 0
     assert (tmp_path / "work" / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_both_engines_write_the_same_batches(chat_target, tmp_path):
+    """The documented command reproduces the data of the generate() engine: same turns, answers, features."""
+    with single_thread():
+        for engine in ("generate", "fast"):
+            distill(_config(tmp_path / engine, chat_target, conversations=4, code_share=0.5, user_tokens=8,
+                            answer_tokens=10, engine=engine))
+    made = sorted(p.name for p in (tmp_path / "generate").glob("batch-*"))
+    assert made == sorted(p.name for p in (tmp_path / "fast").glob("batch-*"))
+    assert any(name.endswith(".safetensors") for name in made)
+    for name in made:
+        if not name.endswith(".safetensors"):
+            continue
+        with safe_open(str(tmp_path / "generate" / name), "pt") as want, safe_open(str(tmp_path / "fast" / name),
+                                                                                   "pt") as got:
+            assert json.loads(got.metadata()["user_turns"]) == json.loads(want.metadata()["user_turns"])
+            for key in ("tokens", "starts", "answer_starts"):
+                assert torch.equal(got.get_tensor(key), want.get_tensor(key))
+            torch.testing.assert_close(got.get_tensor("features"), want.get_tensor("features"), atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match="engine must be one of fast, generate, got 'beam'"):
+        DistillConfig(out="x", engine="beam")
+    with pytest.raises(ValueError, match="matmul must be one of exact, skinny, stream, auto, got 'fastest'"):
+        DistillConfig(out="x", matmul="fastest")
