@@ -2,7 +2,8 @@
 
 - eagle3 -> ``speculators`` (vLLM: ``speculative_config={"method": "eagle3", "model": DIR}``) or ``eagle`` (the
   EAGLE repository / SpecForge layout SGLang loads);
-- eagle -> ``eagle`` (the EAGLE repository's EAGLE-1/2 layout);
+- eagle -> ``eagle`` (the EAGLE repository's EAGLE-1/2 layout), for heads in the reference form: read from that
+  layout or trained with ``python -m specfamily.drafters.eagle.train --reference-form`` (no input norm);
 - medusa -> ``medusa`` (the Medusa repository's ``medusa_lm_head.pt`` + config).
 
 The source is any folder the drafter loads (ours, or already one of these layouts), checked against the target.
