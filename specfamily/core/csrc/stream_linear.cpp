@@ -162,12 +162,13 @@ void block(const Problem& p, int64_t q) {
   }
 }
 
-// Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 4 rows, 2 up to 12, 1 past. The
+// Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 4 rows, 3 up to 8, 2 up to 12, 1 past
+// (3 x 8 rows: 24 accumulators, each weight load and x broadcast feeding more FMAs than 2 x 8). The
 // more rows, the longer the FMAs hold up each line's load, and the further ahead the next lines are fetched
 // (measured on SmolLM2's shapes, AMD EPYC: from 8 rows on the fetch doubles the speed; at 1-2 rows it costs ~5%).
 template <int K>
 void panels_of(const Problem& p, int64_t q0, int64_t q1) {
-  constexpr int P = K <= 4 ? 4 : (K <= 12 ? 2 : 1);
+  constexpr int P = K <= 4 ? 4 : (K <= 8 ? 3 : (K <= 12 ? 2 : 1));
   constexpr int Ahead = K <= 2 ? 0 : (K <= 4 ? 16 : (K <= 12 ? 64 : 256));  // inputs (64-byte lines) ahead
   int64_t q = q0;
   for (; q + P <= q1; q += P) block<P, K, Ahead>(p, q);
