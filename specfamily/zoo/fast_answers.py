@@ -11,9 +11,10 @@ sees the same positions, pads and keys as under ``generate()`` (``answer_tokens`
   target's matmul kind (``stream`` is nearly flat in cost from 1 to 16 rows), and returns the final-norm hidden state
   of every fed position from the same pass: no hidden states of the other layers are kept.
 
-With ``matmul='exact'`` the answers equal ``generate()``'s token for token (a row leaving the batch changes the
-shape of later products, so features agree to float32 rounding, not bit for bit); other kinds sum in other float32
-orders and can flip a near tie.
+With ``matmul='exact'`` the products are ``generate()``'s own (its features were bit-identical on SmolLM2's first
+distillation batch), but a row leaving the batch changes the shape of later products, which a BLAS may sum in another
+order; ``stream`` and ``skinny`` sum in other float32 orders. Either can flip a greedy choice only where two logits
+tie to float rounding (the tests check token-for-token equality with ``generate()``).
 """
 
 from __future__ import annotations
@@ -100,15 +101,15 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 def prefill_mask(pad: torch.Tensor, width: int) -> torch.Tensor:
     """(B, 1, width, width) boolean: causal over each row's own tokens; a pad query sees only itself (its output is
     never read and no real query sees a pad key, so what it attends to changes nothing but avoids an empty row)."""
-    slots = torch.arange(width)
+    slots = torch.arange(width, device=pad.device)
     causal = slots[None, :] <= slots[:, None]
     real_key = slots[None, None, :] >= pad[:, None, None]
-    return ((causal[None] & real_key) | torch.eye(width, dtype=torch.bool)[None]).unsqueeze(1)
+    return ((causal[None] & real_key) | torch.eye(width, dtype=torch.bool, device=pad.device)[None]).unsqueeze(1)
 
 
 def step_mask(pad: torch.Tensor, length: int) -> torch.Tensor:
     """(B, 1, 1, length) boolean: a fed token sees every cached slot of its row but the left padding."""
-    return (torch.arange(length)[None, :] >= pad[:, None]).view(len(pad), 1, 1, length)
+    return (torch.arange(length, device=pad.device)[None, :] >= pad[:, None]).view(len(pad), 1, 1, length)
 
 
 @torch.inference_mode()
@@ -125,11 +126,12 @@ def fast_answers(
         raise ValueError("every prompt needs at least one token")
     if not lean.ready():
         raise ValueError("the lean forward cannot run this target now (hooks, training mode or another attention)")
-    ids, pad = left_pad(prompts, eos)
-    width = ids.shape[1]
     model = lean.model
+    device = model.lm_head.weight.device
+    ids, pad = (t.to(device) for t in left_pad(prompts, eos))
+    width = ids.shape[1]
     cache = SlotCache.empty(model, len(prompts), width + answer_tokens, model.lm_head.weight.dtype)
-    positions = (torch.arange(width)[None, :] - pad[:, None]).clamp(min=0)
+    positions = (torch.arange(width, device=device)[None, :] - pad[:, None]).clamp(min=0)
     logits, hidden = lean(ids, positions, prefill_mask(pad, width), cache, keep=1, features=True)
     cache.length = width
     rows = Rows(list(range(len(prompts))), pad.clone(), logits[:, -1].argmax(-1),
@@ -150,5 +152,5 @@ def fast_answers(
         for slot, index in enumerate(rows.prompt):
             rows.features[index].append(hidden[slot])
         rows.next = logits[:, -1].argmax(-1)
-    return [(prompt + answer, torch.cat(pieces)) for prompt, answer, pieces in
+    return [(prompt + answer, torch.cat(pieces).cpu()) for prompt, answer, pieces in
             zip(prompts, rows.answers, rows.features, strict=True)]
