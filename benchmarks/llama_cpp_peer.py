@@ -10,7 +10,7 @@ for both sides), the same max new tokens and threads:
 - ``plain``, ``prompt_lookup``, ``suffix``: ``sf.generate`` with no drafter / the drafter at its defaults, the target
   with ``--matmul`` (default ``auto``: the fastest kind measured at load);
 - ``llama_plain``: llama.cpp's greedy decoding; ``llama_lookup``: the same with ``LlamaPromptLookupDecoding`` (its
-  defaults) as draft model.
+  defaults: 10 tokens) as draft model; ``llama_lookup2``: with 2 tokens, what llama-cpp-python advises on a CPU.
 Each arm warms up on the first prompt (drafters warm up as separate objects), then the arms take turns prompt by
 prompt, the order rotating, so load drifts hit every arm. Each generation prefills its prompt from an empty cache.
 Printed: tokens per second (new tokens / wall time, the prefill included), tau, each arm's speed over ours plain
@@ -40,7 +40,11 @@ WORKER = Path(__file__).resolve().with_name("llama_cpp_worker.py")
 PYTHON_ENV = "SPECFAMILY_LLAMA_PYTHON"
 DEFAULT_PYTHON = "/work/llamavenv/bin/python"
 OURS = ("plain", "prompt_lookup", "suffix")
-LLAMA = {"llama_plain": "plain", "llama_lookup": "lookup"}  # our arm name -> the worker's
+LLAMA = {  # our arm name -> the worker's options: None for plain decoding, else LlamaPromptLookupDecoding's
+    "llama_plain": None,
+    "llama_lookup": {},  # its defaults: 2-gram match, 10 tokens
+    "llama_lookup2": {"num_pred_tokens": 2},  # what llama-cpp-python's README advises for CPU-only machines
+}
 ARMS = OURS + tuple(LLAMA)
 CTX_MARGIN = 64  # n_ctx beyond the longest prompt + max new tokens (llama.cpp's lookup drafts past the end)
 
@@ -150,12 +154,13 @@ def pinned_gguf() -> Path:
 class LlamaWorker:
     """``llama_cpp_worker.py`` under the side environment's python, one JSON request and answer per line."""
 
-    def __init__(self, python: str, gguf: Path, threads: int, n_ctx: int) -> None:
+    def __init__(self, python: str, gguf: Path, threads: int, n_ctx: int, arms: list[str]) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         self.gguf = gguf
         self.process = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, env=env)
-        self.info = self.request({"op": "load", "model": str(gguf), "threads": threads, "n_ctx": n_ctx})
+        self.info = self.request({"op": "load", "model": str(gguf), "threads": threads, "n_ctx": n_ctx,
+                                  "arms": {arm: LLAMA[arm] for arm in arms}})
 
     def request(self, message: dict) -> dict:
         try:
@@ -175,7 +180,7 @@ class LlamaWorker:
 
     def arm(self, name: str, max_new_tokens: int, stop: list[int]) -> Arm:
         def run(prompt: list[int]) -> Generation:
-            answer = self.request({"op": "generate", "arm": LLAMA[name], "prompt": prompt,
+            answer = self.request({"op": "generate", "arm": name, "prompt": prompt,
                                    "max_new_tokens": max_new_tokens, "stop": stop})
             return Generation(answer["tokens"], answer["seconds"], answer["passes"])
 
@@ -213,7 +218,10 @@ def interleave(arms: list[Arm], items: list[tuple[str, list[int]]], label: str =
         for arm in arms[shift:] + arms[:shift]:
             out = arm.run(prompt)
             records.append(Record(arm.name, index, category, out.tokens, out.seconds, out.passes))
-        print(f"{label} {index + 1}/{len(items)} ({category}) done", flush=True)
+        done = sorted(records[-len(arms):], key=lambda r: [a.name for a in arms].index(r.arm))
+        speeds = ", ".join(f"{r.arm} {len(r.tokens) / r.seconds:.1f}" for r in done if r.seconds > 0)
+        print(f"{label} {index + 1}/{len(items)} ({category}, {len(prompt)} prompt tokens): tokens/s {speeds}",
+              flush=True)
     return records
 
 
@@ -236,9 +244,9 @@ def load_ours(args: argparse.Namespace):
     return target, select_prompts(prompts, categories, args.categories)
 
 
-def start_llama(args: argparse.Namespace, prompts: list[list[int]]) -> LlamaWorker:
+def start_llama(args: argparse.Namespace, prompts: list[list[int]], arms: list[str]) -> LlamaWorker:
     gguf = Path(args.gguf) if args.gguf else pinned_gguf()
-    return LlamaWorker(args.llama_python, gguf, args.threads, context_size(prompts, args.max_new_tokens))
+    return LlamaWorker(args.llama_python, gguf, args.threads, context_size(prompts, args.max_new_tokens), arms)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -248,7 +256,8 @@ def run(args: argparse.Namespace) -> dict:
     names = check_args(args)
     load_average = os.getloadavg()[0]
     target, items = load_ours(args)
-    worker = start_llama(args, [p for _, p in items]) if any(n in LLAMA for n in names) else None
+    llama_arms = [n for n in names if n in LLAMA]
+    worker = start_llama(args, [p for _, p in items], llama_arms) if llama_arms else None
     try:
         interleave(build_arms(names, target, worker, args.max_new_tokens), items[:1], "warm-up")
         started = time.perf_counter()

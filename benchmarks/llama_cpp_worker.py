@@ -4,18 +4,18 @@
 It imports nothing from specfamily (the side environment has neither torch nor the project). Requests on stdin,
 one answer each on stdout:
 
-    {"op": "load", "model": PATH, "threads": 2, "n_ctx": 4096, "lookup": {"max_ngram_size": 2, "num_pred_tokens": 10}}
+    {"op": "load", "model": PATH, "threads": 2, "n_ctx": 4096, "arms": {"plain": null, "look": {"num_pred_tokens": 2}}}
         -> {"ok": true, "llama_cpp": VERSION, "system_info": "..."}
-    {"op": "generate", "arm": "plain" | "lookup", "prompt": [ids], "max_new_tokens": N, "stop": [ids]}
+    {"op": "generate", "arm": "look", "prompt": [ids], "max_new_tokens": N, "stop": [ids]}
         -> {"ok": true, "tokens": [ids], "seconds": S, "passes": P}
     {"op": "quit"}
 
-``plain`` is llama.cpp's greedy decoding; ``lookup`` the same with ``LlamaPromptLookupDecoding`` as its draft model
-(at the options given, else the library's defaults). Each generation starts from an empty KV cache (no prompt reuse
-across requests, as ours), includes the prompt's prefill, and stops after ``max_new_tokens`` or at a token of
-``stop`` (kept, as ours keeps the EOS). ``seconds`` is the wall time of the generation alone; ``passes`` counts
-llama.cpp's decode calls (the prefill included), so tokens / passes is tau as the project defines it. A failed
-request answers ``{"ok": false, "error": "..."}`` and the worker keeps serving.
+An arm loaded with ``null`` options is llama.cpp's greedy decoding; one with a dict is the same with
+``LlamaPromptLookupDecoding(**options)`` as its draft model (``{}``: the library's defaults). Each generation starts
+from an empty KV cache (no prompt reuse across requests, as ours), includes the prompt's prefill, and stops after
+``max_new_tokens`` or at a token of ``stop`` (kept, as ours keeps the EOS). ``seconds`` is the wall time of the
+generation alone; ``passes`` counts llama.cpp's decode calls (the prefill included), so tokens / passes is tau as
+the project defines it. A failed request answers ``{"ok": false, "error": "..."}`` and the worker keeps serving.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
-
-ARMS = ("plain", "lookup")
 
 
 @dataclass
@@ -57,11 +55,12 @@ def load(request: dict, engines: Engines) -> dict:
     common = dict(model_path=request["model"], n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                   n_gpu_layers=0, seed=0, verbose=False)
     llama = counting_llama(llama_cpp)
-    engines.by_arm["plain"] = llama(**common)
-    # llama-cpp-python 0.3.36 turns logits_all on for a draft model but sizes its logits buffer by the argument
-    # (n_batch rows when False): a prompt plus answer past n_batch tokens then fails. Asking for it avoids that.
-    engines.by_arm["lookup"] = llama(**common, logits_all=True,
-                                     draft_model=LlamaPromptLookupDecoding(**request.get("lookup", {})))
+    for arm, options in request["arms"].items():
+        if options is None:
+            engines.by_arm[arm] = llama(**common)
+        else:  # llama-cpp-python 0.3.36 turns logits_all on for a draft model but sizes its logits buffer by the
+            # argument (n_batch rows when False): a prompt plus answer past n_batch tokens then fails. Asking avoids it.
+            engines.by_arm[arm] = llama(**common, logits_all=True, draft_model=LlamaPromptLookupDecoding(**options))
     info = llama_cpp.llama_print_system_info()
     return {"ok": True, "llama_cpp": llama_cpp.__version__,
             "system_info": info.decode() if isinstance(info, bytes) else str(info)}
@@ -70,7 +69,7 @@ def load(request: dict, engines: Engines) -> dict:
 def generate(request: dict, engines: Engines) -> dict:
     arm = request["arm"]
     if arm not in engines.by_arm:
-        raise ValueError(f"arm must be one of {ARMS} after a load, got {arm!r}")
+        raise ValueError(f"no arm {arm!r} was loaded (loaded: {', '.join(engines.by_arm) or 'none'})")
     llm, prompt = engines.by_arm[arm], [int(t) for t in request["prompt"]]
     limit, stop = int(request["max_new_tokens"]), {int(t) for t in request.get("stop", ())}
     if len(prompt) + limit > llm.n_ctx():

@@ -20,7 +20,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 NAMES = ("bench_report", "common", "llama_cpp_peer", "llama_cpp_worker")
 
 # A stand-in for llama-cpp-python: "generates" prompt[-1] + 1, + 2, ... and, with a draft model, evaluates the
-# draft's tokens in the same decode call (as the real generate does), so passes fall below the tokens.
+# draft's tokens in the same decode call (as the real generate does) and accepts them all, so passes fall below the
+# tokens.
 FAKE_LLAMA_CPP = '''
 __version__ = "0.0-fake"
 
@@ -47,7 +48,8 @@ class Llama:
         self.eval(tokens)
         token = tokens[-1]
         while True:
-            block = 4 if self.draft_model is not None else 1  # one token and three accepted draft tokens a pass
+            # one token and every draft token accepted each pass (3 drafted unless num_pred_tokens says otherwise)
+            block = 1 if self.draft_model is None else 1 + self.draft_model.options.get("num_pred_tokens", 3)
             for _ in range(block):
                 token += 1
                 yield token
@@ -86,7 +88,8 @@ def fake_llama(tmp_path, monkeypatch) -> Path:
 
 def test_arguments_default_to_every_arm_with_plain_first(bench):
     args = bench.parse_args(["--llama-python", sys.executable])
-    assert bench.check_args(args) == ["plain", "prompt_lookup", "suffix", "llama_plain", "llama_lookup"]
+    assert bench.check_args(args) == ["plain", "prompt_lookup", "suffix", "llama_plain", "llama_lookup",
+                                      "llama_lookup2"]
     assert (args.per_category, args.max_new_tokens, args.threads, args.matmul) == (1, 128, 2, "auto")
     args = bench.parse_args(["--arms", "llama_lookup,suffix,suffix", "--llama-python", sys.executable])
     assert bench.check_args(args) == ["plain", "llama_lookup", "suffix"]
@@ -100,7 +103,7 @@ def test_arguments_default_to_every_arm_with_plain_first(bench):
     (["--max-new-tokens", "-3"], "--max-new-tokens must be >= 1, got -3"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--arms", "plain,medusa"], "unknown arm 'medusa' in --arms; choose from plain, prompt_lookup, suffix, "
-                                 "llama_plain, llama_lookup"),
+                                 "llama_plain, llama_lookup, llama_lookup2"),
     (["--llama-python", "/nowhere/python"], "--llama-python '/nowhere/python' is not an executable python; build "
      "the side environment as docs/llama-cpp-peer.md says, or run only --arms plain,prompt_lookup,suffix"),
     (["--gguf", "/nowhere/model.gguf"], "--gguf '/nowhere/model.gguf' is not a file"),
@@ -198,10 +201,10 @@ def test_worker_stops_at_the_limit_or_a_stop_token_and_counts_passes(fake_llama)
         sys.path.remove(str(BENCHMARKS))
     requests = [
         {"op": "generate", "arm": "plain", "prompt": [1], "max_new_tokens": 3},
-        {"op": "load", "model": "m.gguf", "threads": 2, "n_ctx": 64, "lookup": {"num_pred_tokens": 3}},
+        {"op": "load", "model": "m.gguf", "threads": 2, "n_ctx": 64, "arms": {"plain": None, "look": {"x": 3}}},
         {"op": "generate", "arm": "plain", "prompt": [1, 5], "max_new_tokens": 3, "stop": []},
-        {"op": "generate", "arm": "lookup", "prompt": [1, 5], "max_new_tokens": 9, "stop": [12]},
-        {"op": "generate", "arm": "lookup", "prompt": [1] * 60, "max_new_tokens": 5},
+        {"op": "generate", "arm": "look", "prompt": [1, 5], "max_new_tokens": 9, "stop": [12]},
+        {"op": "generate", "arm": "look", "prompt": [1] * 60, "max_new_tokens": 5},
         {"op": "sing"},
         {"op": "quit"},
         {"op": "generate", "arm": "plain", "prompt": [1], "max_new_tokens": 3},  # after quit: not answered
@@ -210,8 +213,7 @@ def test_worker_stops_at_the_limit_or_a_stop_token_and_counts_passes(fake_llama)
     worker.serve(io.StringIO("".join(json.dumps(r) + "\n" for r in requests)), out)
     answers = [json.loads(line) for line in out.getvalue().splitlines()]
     assert len(answers) == 6
-    assert answers[0] == {"ok": False, "error": "ValueError: arm must be one of ('plain', 'lookup') after a load, "
-                                                "got 'plain'"}
+    assert answers[0] == {"ok": False, "error": "ValueError: no arm 'plain' was loaded (loaded: none)"}
     assert answers[1] == {"ok": True, "llama_cpp": "0.0-fake", "system_info": "FAKE = 1"}
     assert (answers[2]["tokens"], answers[2]["passes"]) == ([6, 7, 8], 3)  # the prefill and two one-token passes
     assert (answers[3]["tokens"], answers[3]["passes"]) == ([6, 7, 8, 9, 10, 11, 12], 2)  # the stop token kept
@@ -221,11 +223,12 @@ def test_worker_stops_at_the_limit_or_a_stop_token_and_counts_passes(fake_llama)
 
 
 def test_client_drives_the_worker_process_and_names_its_refusals(bench, fake_llama, tmp_path):
-    worker = bench.LlamaWorker(sys.executable, tmp_path / "m.gguf", threads=1, n_ctx=32)
+    worker = bench.LlamaWorker(sys.executable, tmp_path / "m.gguf", threads=1, n_ctx=32,
+                               arms=["llama_plain", "llama_lookup2"])
     try:
         assert worker.info["llama_cpp"] == "0.0-fake"
-        out = worker.arm("llama_lookup", 6, stop=[]).run([3])
-        assert (out.tokens, out.passes) == ([4, 5, 6, 7, 8, 9], 2)
+        out = worker.arm("llama_lookup2", 7, stop=[]).run([3])
+        assert (out.tokens, out.passes) == ([4, 5, 6, 7, 8, 9, 10], 3)  # two drafted tokens a pass
         with pytest.raises(RuntimeError, match=r"^the llama.cpp worker refused 'generate': ValueError: prompt "
                                                 r"\(40 tokens\)"):
             worker.arm("llama_plain", 4, stop=[]).run([1] * 40)
@@ -239,7 +242,7 @@ def test_client_names_a_worker_that_died(bench, tmp_path):
     python.write_text("#!/bin/sh\nexit 3\n")
     python.chmod(0o755)
     with pytest.raises(RuntimeError, match=r"^the llama.cpp worker exited with status 3 during 'load'"):
-        bench.LlamaWorker(str(python), tmp_path / "m.gguf", threads=1, n_ctx=32)
+        bench.LlamaWorker(str(python), tmp_path / "m.gguf", threads=1, n_ctx=32, arms=["llama_plain"])
 
 
 def _side_python() -> str | None:
@@ -270,7 +273,7 @@ def test_real_llama_cpp_against_ours_on_smollm2(bench, tmp_path):
     assert code == 0
     report = json.loads(out.read_text())
     rows = {r["arm"]: r for r in report["rows"]}
-    assert list(rows) == ["plain", "prompt_lookup", "suffix", "llama_plain", "llama_lookup"]
+    assert list(rows) == ["plain", "prompt_lookup", "suffix", "llama_plain", "llama_lookup", "llama_lookup2"]
     assert all(r["prompts"] == 2 and r["tokens_per_s"] > 0 for r in rows.values())
     assert rows["prompt_lookup"]["identical_to_own_plain"] == 2 and rows["suffix"]["identical_to_own_plain"] == 2
     assert rows["llama_plain"]["agree_with_ours_plain"] >= 2 * 4  # at least the first few tokens of each answer
