@@ -191,3 +191,13 @@ def test_an_unknown_engine_is_refused():
         DistillConfig(out="x", engine="beam")
     with pytest.raises(ValueError, match="matmul must be one of exact, skinny, stream, auto, got 'fastest'"):
         DistillConfig(out="x", matmul="fastest")
+
+
+def test_the_fast_engine_refuses_a_target_the_lean_forward_does_not_cover(tmp_path):
+    model = tiny_llama(seed=3, layers=1)
+    model.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    type(model)(model.config).save_pretrained(tmp_path / "target")  # frequencies recomputed per call
+    chat_tokenizer().save_pretrained(tmp_path / "target")
+    with pytest.raises(ValueError, match="engine 'fast' needs a target the lean forward covers: .*dynamic.*; use "
+                                         "--engine generate"):
+        distill(_config(tmp_path / "out", tmp_path / "target"))
