@@ -169,7 +169,8 @@ void block(const Problem& p, int64_t q) {
 template <int K>
 void panels_of(const Problem& p, int64_t q0, int64_t q1) {
   constexpr int P = K <= 4 ? 4 : (K <= 8 ? 3 : (K <= 12 ? 2 : 1));
-  constexpr int Ahead = K <= 2 ? 0 : (K <= 4 ? 16 : (K <= 12 ? 64 : 256));  // inputs (64-byte lines) ahead
+  // inputs (64-byte lines of each panel) fetched ahead
+  constexpr int Ahead = K <= 2 ? 0 : (K <= 4 ? 16 : (K <= 8 ? 32 : (K <= 12 ? 64 : 256)));
   int64_t q = q0;
   for (; q + P <= q1; q += P) block<P, K, Ahead>(p, q);
   for (; q < q1; ++q) block<1, K, Ahead>(p, q);
