@@ -18,6 +18,8 @@ The pattern each trainer follows:
 
 from __future__ import annotations
 
+import gc
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +104,13 @@ class Ranks:
         barrier(self.info)
 
     def close(self) -> None:
+        """Leave the process group. Every rank first drops what it no longer holds (a DistributedDataParallel
+        wrapper freed after the group is destroyed joins gloo threads that wait on a rank already gone: a hang seen
+        in the DDP test) and meets the others, so no rank tears the group down while another still uses it. A rank
+        leaving on an exception does not wait (the others may never arrive; torchrun stops them)."""
+        if self.distributed and sys.exc_info()[0] is None:
+            gc.collect()
+            self.barrier()
         teardown(self.info)
 
     def _device(self) -> torch.device:

@@ -23,7 +23,7 @@ def run(module: str, args: list[str], ranks: int = 1) -> None:
     launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     done = subprocess.run([sys.executable, *launcher, "-m", module, *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specfamily.core.ddp import Objective, Ranks, start
+from specfamily.core.ddp import Objective, Ranks, start, unwrap
 from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
@@ -275,6 +275,7 @@ def train(cfg: TrainConfig) -> TrainState:
         bar.close()
         checkpoint(run, data, evaluating=not cfg.eval_every or state.step % cfg.eval_every != 0)
     finally:
+        run.objective = unwrap(run.objective)  # free DDP's reducer while the process group is alive
         ranks.close()
     return state
 

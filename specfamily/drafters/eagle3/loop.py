@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm import tqdm
 
-from specfamily.core.ddp import Ranks, start
+from specfamily.core.ddp import Ranks, start, unwrap
 from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle.train import read_state
@@ -192,5 +192,6 @@ def train(cfg: TrainConfig, target: Target | None = None) -> TrainState:
         bar.close()
         checkpoint(run, data, evaluating=not cfg.eval_every or state.step % cfg.eval_every != 0)
     finally:
+        run.objective = unwrap(run.objective)  # free DDP's reducer while the process group is alive
         run.ranks.close()
     return state
