@@ -241,19 +241,12 @@ STREAM_DRAFTERS = {"prompt_lookup gamma=4": {"gamma": 4}, "eagle chain gamma=3":
 @pytest.fixture(scope="module")
 def smollm2_stream(module):
     """zoo:smollm2 on the stream kernel, its Spec-Bench first turns, and transformers' greedy continuations."""
-    from specfamily.eval.datasets import DatasetSpec, load_prompts
+    from eval_helpers import greedy_reference, spec_bench_first_turns
 
     threads = torch.get_num_threads()
     target = sf.load_target("zoo:smollm2", matmul="stream")
-    spec = DatasetSpec(name="spec_bench", path="specfamily:spec_bench", field=None, id_field="question_id",
-                       chat_template=True, add_special_tokens=False, num_examples=1, select="per_category",
-                       turns_field="turns", max_turns=1, category_field="category")
-    prompts = [p.ids for p in load_prompts(spec, target.tokenizer)]
-    reference = []
-    for ids in prompts:
-        ids_t = torch.tensor([ids])
-        full = target.model.generate(ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=48, do_sample=False)
-        reference.append(full[0, len(ids):].tolist())
+    prompts = spec_bench_first_turns(target.tokenizer)
+    reference = greedy_reference(target.model, prompts, 48)
     yield target, prompts, reference
     torch.set_num_threads(threads)
 

@@ -10,6 +10,7 @@ import torch
 
 import specfamily as sf
 import specfamily.drafters.eagle.train as eagle_train
+from specfamily.core import train_state
 from specfamily.drafters.eagle.checkpoint import load_eagle, save_eagle
 from specfamily.drafters.eagle.drafter import EagleDrafter
 from specfamily.drafters.eagle.model import build_model
@@ -133,8 +134,8 @@ def test_training_resumes_exactly_and_exports_the_best_tau(tmp_path, monkeypatch
     assert [s for s, *_ in resumed_losses] == [3, 4, 5]
     assert crashed_losses == straight_losses[:4]
     assert resumed_losses == straight_losses[3:]  # step 3 again (its state was saved before it), then on: the same
-    a = eagle_train.read_state(tmp_path / "a.train.pt")
-    b = eagle_train.read_state(tmp_path / "b.train.pt")
+    a = train_state.read_state(tmp_path / "a.train.pt")
+    b = train_state.read_state(tmp_path / "b.train.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert torch.equal(a["generator"], b["generator"])
     for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True):
@@ -172,7 +173,7 @@ def test_bfloat16_autocast_training_runs_with_float32_weights(tmp_path, monkeypa
     state = train(TrainConfig(out=str(tmp_path / "bf16"), dtype="bfloat16", **options))
     assert state.step == 3 and len(losses) == 3
     assert all(math.isfinite(r) and math.isfinite(c) for _, r, c in losses)
-    saved = eagle_train.read_state(tmp_path / "bf16.train.pt")
+    saved = train_state.read_state(tmp_path / "bf16.train.pt")
     assert saved["config"]["dtype"] == "bfloat16"
     assert all(t.dtype == torch.float32 for t in saved["model"].values())
     reference = build_model(sf.load_target(str(tmp_path / "target")).model, seed=0).state_dict()

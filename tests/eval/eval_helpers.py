@@ -86,3 +86,24 @@ def chat_overrides(pair: dict[str, Path], *extra: str, matmul: str = "exact") ->
         *_run_overrides(pair["target"], pair["target"], matmul), "dataset=spec_bench", "dataset.path=json",
         f"dataset.data_files={pair['questions']}", "dataset.num_examples=null", "dataset.max_new_tokens=10", *extra,
     ]
+
+
+def spec_bench_first_turns(tokenizer) -> list[list[int]]:
+    """One Spec-Bench first turn per category (13), chat-templated ids: the real-target tests' prompts."""
+    from specfamily.eval.datasets import DatasetSpec, load_prompts
+
+    spec = DatasetSpec(name="spec_bench", path="specfamily:spec_bench", field=None, id_field="question_id",
+                       chat_template=True, add_special_tokens=False, num_examples=1, select="per_category",
+                       turns_field="turns", max_turns=1, category_field="category")
+    return [p.ids for p in load_prompts(spec, tokenizer)]
+
+
+def greedy_reference(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt (up to and including an end token)."""
+    out = []
+    for ids in prompts:
+        ids_t = torch.tensor([ids])
+        full = model.generate(ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=max_new_tokens,
+                              do_sample=False)
+        out.append(full[0, len(ids):].tolist())
+    return out

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from specfamily.core import train_state
 from specfamily.core.target import load_target
 from specfamily.drafters.eagle import train as eagle_train
 from specfamily.drafters.medusa import train as medusa_train
@@ -43,7 +44,7 @@ def test_eagle_trains_on_cuda(tmp_path, dtype, monkeypatch):
     state = eagle_train.train(cfg)
     assert state.step == 3 and len(losses) == 3
     assert all(math.isfinite(regression) and math.isfinite(ce) for regression, ce, _ in losses)
-    saved = eagle_train.read_state(tmp_path / "eagle.train.pt")
+    saved = train_state.read_state(tmp_path / "eagle.train.pt")
     assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in saved["model"].values())
 
 

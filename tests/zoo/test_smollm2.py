@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from eval_helpers import greedy_reference, spec_bench_first_turns
 
 import specfamily as sf
 
@@ -54,24 +55,12 @@ def skinny(target):
 
 @pytest.fixture(scope="module")
 def prompts(target) -> list[list[int]]:
-    from specfamily.eval.datasets import DatasetSpec, load_prompts
-
-    spec = DatasetSpec(name="spec_bench", path="specfamily:spec_bench", field=None, id_field="question_id",
-                       chat_template=True, add_special_tokens=False, num_examples=1, select="per_category",
-                       turns_field="turns", max_turns=1, category_field="category")
-    return [p.ids for p in load_prompts(spec, target.tokenizer)]
+    return spec_bench_first_turns(target.tokenizer)
 
 
 @pytest.fixture(scope="module")
 def reference(target, prompts) -> list[list[int]]:
-    """transformers' greedy continuation of each prompt (up to and including an end token)."""
-    out = []
-    for ids in prompts:
-        ids_t = torch.tensor([ids])
-        full = target.model.generate(ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=MAX_NEW_TOKENS,
-                                     do_sample=False)
-        out.append(full[0, len(ids):].tolist())
-    return out
+    return greedy_reference(target.model, prompts, MAX_NEW_TOKENS)
 
 
 def test_smollm2_is_the_catalogued_target(target):

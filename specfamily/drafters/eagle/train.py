@@ -15,10 +15,7 @@ its share of every global batch (``--batch`` rows per rank; :mod:`specfamily.cor
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
-import pickle
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -27,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specfamily.core import train_state
 from specfamily.core.ddp import Objective, Ranks, start, unwrap
 from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
@@ -34,8 +32,6 @@ from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
 from specfamily.drafters.eagle.data import EagleData, load_data
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.drafters.eagle.objective import eagle_loss, feature_agreement, feature_loss, measure_tau, top1_agreement
-from specfamily.files import write_atomically
-from specfamily.identity import target_identity
 from specfamily.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
 from specfamily.schedule import budget_progress, warmup_cosine
 
@@ -161,19 +157,9 @@ def start_run(cfg: TrainConfig) -> tuple[Run, EagleData]:
     return run, data
 
 
-def read_state(path: Path) -> dict:
-    """A saved training state, tensors and plain containers only: anything else in the file is refused unrun."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"refusing to resume from {str(path)!r}: it holds objects other than tensors and plain "
-                         f"containers, which loading would have to run as code ({err}); delete it or use another "
-                         "--ckpt") from None
-
-
 def resume(run: Run) -> None:
     """Continue from the saved training state; refuse a state trained for another target."""
-    saved = read_state(run.cfg.ckpt_path)
+    saved = train_state.read_state(run.cfg.ckpt_path)
     check_target({"target": saved["target"]}, run.target.model, str(run.cfg.ckpt_path))
     vocab = run.model.vocab
     if not torch.equal(saved.get("draft_ids", torch.zeros(0)), vocab.ids if vocab else torch.zeros(0)):
@@ -182,28 +168,12 @@ def resume(run: Run) -> None:
     if saved_form != run.cfg.reference_form:
         raise ValueError(f"{run.cfg.ckpt_path} was trained {'with' if saved_form else 'without'} --reference-form; "
                          "resume it the same way or use another --ckpt")
-    run.model.load_state_dict(saved["model"])
-    run.optimizer.load_state_dict(saved["optimizer"])
-    run.generator.set_state(saved["generator"])
-    if saved.get("scaler"):
-        run.scaler.load_state_dict(saved["scaler"])
-    run.state = TrainState(**saved["state"])
-    run.best = saved["best"]
-    if run.ranks.is_main:
-        tqdm.write(f"resumed from {run.cfg.ckpt_path} at step {run.state.step}")
+    train_state.restore(run, saved, TrainState)
 
 
 def save_state(run: Run) -> None:
-    """Write the resumable training state (temporary file, then rename)."""
-    path = run.cfg.ckpt_path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "config": asdict(run.cfg), "state": asdict(run.state), "target": target_identity(run.target.model),
-        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-        "generator": run.generator.get_state(), "best": run.best, "scaler": run.scaler.state_dict(),
-        "draft_ids": run.model.vocab.ids if run.model.vocab is not None else torch.zeros(0),
-    }
-    write_atomically(path, lambda tmp: torch.save(payload, tmp))
+    """Write the resumable training state (temporary file, then rename), with the draft vocabulary's ids."""
+    train_state.save(run, draft_ids=run.model.vocab.ids if run.model.vocab is not None else torch.zeros(0))
 
 
 def export(run: Run, weights: dict[str, torch.Tensor]) -> None:
@@ -291,19 +261,8 @@ def checkpoint(run: Run, data: EagleData, evaluating: bool) -> None:
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Command-line flags from the TrainConfig fields (``--seq-len 256``)."""
-    parser = argparse.ArgumentParser(prog="python -m specfamily.drafters.eagle.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    checked = {"device": device_arg, "dtype": dtype_arg}
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.default is dataclasses.MISSING:
-            parser.add_argument(flag, dest=f.name, required=True)
-        elif isinstance(f.default, bool):
-            parser.add_argument(flag, dest=f.name, action="store_true", help="default: off")
-        else:
-            parser.add_argument(flag, dest=f.name, type=checked.get(f.name, type(f.default)), default=f.default,
-                                help=f"default: {f.default!r}")
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    return train_state.parse_config(TrainConfig, "python -m specfamily.drafters.eagle.train", __doc__, argv,
+                                    {"device": device_arg, "dtype": dtype_arg})
 
 
 def main(argv: list[str] | None = None) -> None:

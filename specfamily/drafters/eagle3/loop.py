@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
+from specfamily.core import train_state
 from specfamily.core.ddp import Ranks, start, unwrap
 from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
-from specfamily.drafters.eagle.train import read_state
 from specfamily.drafters.eagle3.data import Eagle3Data, load_data
 from specfamily.drafters.eagle3.formats import save_eagle3
 from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers, draft_layer_config
 from specfamily.drafters.eagle3.train import TrainConfig
 from specfamily.drafters.eagle3.ttt import TTTLoss, heldout_accuracies, simulated_acceptance, target_pass
-from specfamily.files import write_atomically
-from specfamily.identity import check_identity, target_identity
+from specfamily.identity import check_identity
 from specfamily.precision import Precision, optimizer_step
 from specfamily.schedule import budget_progress, warmup_cosine
 
@@ -91,32 +90,17 @@ def start_run(cfg: TrainConfig, target: Target | None = None) -> tuple[Run, Eagl
 def resume(run: Run) -> None:
     """Continue from the saved training state; refuse one trained for another target or with other options."""
     path = run.cfg.ckpt_path
-    saved = read_state(path)
+    saved = train_state.read_state(path)
     check_identity(saved["target"], run.target.model, f"eagle3 training state {str(path)!r}")
     differ = [key for key in RESUME_FIXED if saved["config"].get(key) != getattr(run.cfg, key)]
     if differ:
         raise ValueError(f"cannot resume {path}: options {differ} differ from the saved run; use another --ckpt")
-    run.model.load_state_dict(saved["model"])
-    run.optimizer.load_state_dict(saved["optimizer"])
-    run.generator.set_state(saved["generator"])
-    if saved.get("scaler"):
-        run.scaler.load_state_dict(saved["scaler"])
-    run.state = TrainState(**saved["state"])
-    run.best = saved["best"]
-    if run.ranks.is_main:
-        tqdm.write(f"resumed from {path} at step {run.state.step}")
+    train_state.restore(run, saved, TrainState)
 
 
 def save_state(run: Run) -> None:
     """Write the resumable training state (temporary file, then rename)."""
-    path = run.cfg.ckpt_path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "config": asdict(run.cfg), "state": asdict(run.state), "target": target_identity(run.target.model),
-        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-        "generator": run.generator.get_state(), "best": run.best, "scaler": run.scaler.state_dict(),
-    }
-    write_atomically(path, lambda tmp: torch.save(payload, tmp))
+    train_state.save(run)
 
 
 def export(run: Run, weights: dict[str, torch.Tensor]) -> None:

@@ -18,8 +18,6 @@ CPU; ``--device cuda`` uses NCCL and GPU LOCAL_RANK). Rank 0 evaluates and write
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,17 +101,10 @@ class TrainConfig:
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Command-line flags from the TrainConfig fields (``--ttt-length 7``)."""
-    parser = argparse.ArgumentParser(prog="python -m specfamily.drafters.eagle3.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    checked = {"device": device_arg, "dtype": dtype_arg}
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.default is dataclasses.MISSING:
-            parser.add_argument(flag, dest=f.name, required=True)
-        else:
-            parser.add_argument(flag, dest=f.name, type=checked.get(f.name, type(f.default)), default=f.default,
-                                help=f"default: {f.default!r}")
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    from specfamily.core.train_state import parse_config
+
+    return parse_config(TrainConfig, "python -m specfamily.drafters.eagle3.train", __doc__, argv,
+                        {"device": device_arg, "dtype": dtype_arg})
 
 
 def main(argv: list[str] | None = None) -> None:
