@@ -40,7 +40,7 @@ __all__ = ["MATMUL_KINDS", "SKINNY_MAX_ROWS", "STREAM_MAX_ROWS", "MatmulChoice",
 MATMUL_KINDS = ("exact", "skinny", "stream", "auto")
 FAST_KINDS = ("stream", "skinny")  # what auto may take instead of exact, in order of preference
 SKINNY_MAX_ROWS = 8  # measured on SmolLM2 (2 threads): past 8 rows F.linear's own kernel is as fast or faster
-STREAM_MAX_ROWS = 16  # the kernel's own bound (csrc/stream_linear.cpp): more rows go to F.linear
+STREAM_MAX_ROWS = 64  # the kernel's bound (csrc/stream_linear.cpp; 16 rows per read of the weights): more: F.linear
 AUTO_MARGIN = 0.85  # a kind must take at most this share of the preferred kind's time to be chosen over it
 AUTO_BYTES = 64 << 20  # weights timed by auto: more than a CPU's last-level cache, as a real pass reads them
 AUTO_ROWS = (1, 4)  # rows per product timed by auto: a decode step and a short verify pass
@@ -79,7 +79,8 @@ def skinny_linear(
 
 
 def stream_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` by the streaming kernel (1-16 rows of float32 on a CPU; more rows: F.linear).
+    """``F.linear(x, weight, bias)`` by the streaming kernel (1-64 rows of float32 on a CPU, 16 per read of the
+    weights; more rows: F.linear).
 
     Raises RuntimeError naming why when the kernel is not available here.
     """

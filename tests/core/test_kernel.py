@@ -49,7 +49,7 @@ def test_every_row_count_equals_f_linear(module, isa, shape):
     gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
     weight = torch.randn(out_features, in_features, generator=gen)
     bias = torch.randn(out_features, generator=gen)
-    for rows in range(1, 18):
+    for rows in (*range(1, 18), 31, 32, 33, 64, 65):  # 16 rows per read of the weights, up to 64; more: F.linear
         x = torch.randn(rows, in_features, generator=gen)
         for b in (None, bias):
             out = module.linear_with(x, weight, b, isa)

@@ -28,7 +28,8 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 16;           // more rows of x go to at::linear
+constexpr int64_t kMaxRows = 16;           // rows of x one pass over the weights multiplies
+constexpr int64_t kMaxChunks = 4;          // up to 64 rows: blocks of 16, one read of the weights each; more: at::linear
 constexpr int64_t kPanel = 16;             // output rows (weight rows) per packed panel
 constexpr int64_t kGrainFloats = 1 << 15;  // weight elements per thread at least (smaller products run serially)
 constexpr const char* kPackedAttr = "_specfamily_packed";
@@ -287,10 +288,13 @@ at::Tensor run_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   auto sizes = x.sizes().vec();
   sizes.back() = n;
   at::Tensor y = at::empty(sizes, x.options());
-  const Problem p{xc.data_ptr<float>(), packed.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
-                  y.data_ptr<float>(), k, d, n};
   const int64_t grain = std::max<int64_t>(1, kGrainFloats / (kPanel * std::max<int64_t>(d, 1)));
-  at::parallel_for(0, packed.size(0), grain, [&](int64_t q0, int64_t q1) { panels(p, q0, q1); });
+  for (int64_t r0 = 0; r0 < k; r0 += kMaxRows) {  // past 16 rows, blocks of 16: each reads the weights once more
+    const int64_t rows = std::min(kMaxRows, k - r0);
+    const Problem p{xc.data_ptr<float>() + r0 * d, packed.data_ptr<float>(),
+                    b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>() + r0 * n, rows, d, n};
+    at::parallel_for(0, packed.size(0), grain, [&](int64_t q0, int64_t q1) { panels(p, q0, q1); });
+  }
   return y;
 }
 
@@ -304,7 +308,7 @@ at::Tensor linear_with(const at::Tensor& x, const py::handle& weight_obj, const 
   const int64_t k = d ? x.numel() / d : 0;
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                    (bias.has_value() && bias->defined() && bias->requires_grad()));
-  if (k == 0 || k > kMaxRows || n == 0 || grad) return at::linear(x, weight, bias);
+  if (k == 0 || k > kMaxRows * kMaxChunks || n == 0 || grad) return at::linear(x, weight, bias);
   const PanelsFn panels = panels_for(isa);
   return run_packed(x, packed_for(weight_obj, weight), n, bias, panels);
 }
@@ -317,7 +321,7 @@ at::Tensor linear(const at::Tensor& x, const py::handle& weight, const c10::opti
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Streaming few-row float32 products y = x W^T + b (specfamily.core.kernel)";
-  m.def("linear", &linear, "x @ weight^T + bias, x of 1..16 rows (more go to at::linear)", py::arg("x"),
+  m.def("linear", &linear, "x @ weight^T + bias, x of 1..64 rows (16 per read of the weights; more go to at::linear)", py::arg("x"),
         py::arg("weight"), py::arg("bias") = py::none());
   m.def("linear_with", &linear_with, "linear on a named instruction set (tests)", py::arg("x"), py::arg("weight"),
         py::arg("bias"), py::arg("isa"));
@@ -325,7 +329,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"));
   m.def("isa", &best_isa, "the instruction set linear uses on this CPU");
   m.def("supported_isas", &supported_isas, "every instruction set this CPU runs, best first");
-  m.attr("MAX_ROWS") = kMaxRows;
+  m.attr("MAX_ROWS") = kMaxRows * kMaxChunks;
+  m.attr("ROWS_PER_READ") = kMaxRows;
   m.attr("PANEL") = kPanel;
   m.attr("PACKED_ATTR") = kPackedAttr;
 }
