@@ -12,6 +12,7 @@ on some CPUs; its logits then differ from the model's in the last bits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gq
 
 from specfamily.core.lean_support import blocking, global_hooks, lean_unsupported
 from specfamily.core.matmul import Linear as LinearFn
+from specfamily.core.matmul import stream_norm
 
 __all__ = ["Attend", "LeanLayer", "LeanLlama", "ModuleWatch", "plan_attention", "rms_norm", "rope"]
 
@@ -49,6 +51,9 @@ def plan_attention(mask: torch.Tensor | None, q_len: int, groups: int, probe: to
     if q_len == 1:
         return Attend(pack_gqa(mask, groups), False, gqa=False, pack=True, groups=groups)
     return Attend(mask, causal, gqa=False, pack=False, groups=groups)
+
+
+NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -134,6 +139,7 @@ class LeanLayer:
     head_dim: int
     scaling: float
     linear: LinearFn = F.linear  # (x, weight, bias) -> x @ weight^T + bias: F.linear or skinny_linear
+    norm: NormFn = rms_norm  # (x, weight, eps): the families' RMSNorm, or the stream kernel's one-call version
 
     @classmethod
     def of(cls, layer: nn.Module, linear: LinearFn = F.linear) -> LeanLayer:
@@ -144,12 +150,13 @@ class LeanLayer:
             attn.layer_idx, norm(layer.input_layernorm), lin(attn.q_proj), lin(attn.k_proj), lin(attn.v_proj),
             lin(attn.o_proj), norm(layer.post_attention_layernorm), lin(mlp.gate_proj), lin(mlp.up_proj),
             lin(mlp.down_proj), _activation(mlp.act_fn), attn.head_dim, attn.scaling, linear,
+            stream_norm(linear) or rms_norm,
         )
 
     def __call__(self, hidden, cos, sin, attend: Attend, cache) -> torch.Tensor:
         """The decoder layer's forward on hidden (B, q, H); ``cache``: a transformers Cache or None."""
-        hidden = hidden + self._attention(rms_norm(hidden, *self.norm1), cos, sin, attend, cache)
-        x = rms_norm(hidden, *self.norm2)
+        hidden = hidden + self._attention(self.norm(hidden, *self.norm1), cos, sin, attend, cache)
+        x = self.norm(hidden, *self.norm2)
         linear = self.linear
         return hidden + linear(self.act(linear(x, *self.gate)) * linear(x, *self.up), *self.down)
 
@@ -193,6 +200,7 @@ class LeanLlama:
         self._layers = tuple(LeanLayer.of(layer, linear) for layer in base.layers)
         self._linear = linear
         self._norm = (base.norm.weight, base.norm.variance_epsilon)
+        self._norm_fn = stream_norm(linear) or rms_norm
         self._head = (model.lm_head.weight, model.lm_head.bias)
         attn = base.layers[0].self_attn
         self._groups: int = attn.num_key_value_groups
@@ -229,7 +237,7 @@ class LeanLlama:
             if isinstance(features, tuple):
                 states.append(hidden)
             hidden = layer(hidden, cos, sin, attend, cache)
-        hidden = rms_norm(hidden, *self._norm)
+        hidden = self._norm_fn(hidden, *self._norm)
         logits = self._linear(hidden[:, -keep:, :], *self._head)
         if isinstance(features, tuple):
             states.append(hidden)

@@ -87,6 +87,13 @@ def stream_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _stream_module().linear(x, weight, bias)
 
 
+def stream_norm(linear: Linear) -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None:
+    """The stream kernel's one-call RMSNorm when ``linear`` is the kernel's own product (the lean forwards then norm
+    with it too: one call for seven small ops), else None (they keep the families' op-for-op RMSNorm)."""
+    module = stream_kernel().module if linear is not F.linear and linear is not skinny_linear else None
+    return module.rms_norm if module is not None and linear is module.linear else None
+
+
 def linear_for(kind: str) -> Linear:
     """The linear function of a resolved kind (``exact``, ``skinny`` or ``stream``)."""
     if kind == "exact":

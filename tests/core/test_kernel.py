@@ -167,6 +167,29 @@ def test_stream_greedy_text_matches_transformers_generate(module):
     assert list(ours) == theirs.tolist()
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 7, 64), (3, 5, 33)])
+def test_the_one_call_rms_norm_equals_the_families_rms_norm(module, shape):
+    from specfamily.core.lean import rms_norm
+
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=gen) * 3
+    weight = torch.randn(shape[-1], generator=gen)
+    torch.testing.assert_close(module.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), rtol=2e-6, atol=2e-6)
+    wide = torch.randn(*shape[:-1], 2 * shape[-1], generator=gen)[..., ::2]  # not contiguous
+    torch.testing.assert_close(module.rms_norm(wide, weight, 1e-6), rms_norm(wide, weight, 1e-6), rtol=2e-6,
+                               atol=2e-6)
+    double = x.double()  # not float32: the op-for-op path, exactly
+    assert torch.equal(module.rms_norm(double, weight.double(), 1e-5), rms_norm(double, weight.double(), 1e-5))
+
+
+def test_the_lean_forward_norms_with_the_kernel_only_on_the_stream_kind(module):
+    stream = sf.load_target(_model(), matmul="stream")
+    exact = sf.load_target(_model(), matmul="exact")
+    assert {layer.norm for layer in stream.lean._layers} == {module.rms_norm}
+    assert stream.lean._norm_fn is module.rms_norm
+    assert exact.lean._layers[0].norm is not module.rms_norm and exact.lean._norm_fn is not module.rms_norm
+
+
 def test_eagle_on_a_stream_target_keeps_its_greedy_text(module):
     target = sf.load_target(_model(), matmul="stream")
     drafter = sf.create_drafter("eagle", target, weights="random", mode="tree", gamma=3)
