@@ -57,6 +57,18 @@ def save(run: Any, **extra: Any) -> None:
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
+def check_common(cfg: Any) -> None:
+    """The feature-drafter trainers' shared option checks: device, dtype, exactly one data source, draft_vocab."""
+    from specfamily.precision import check_device, check_dtype
+
+    check_device(cfg.device)
+    check_dtype(cfg.dtype)
+    if sum(map(bool, (cfg.tokens, cfg.dataset, cfg.distilled))) != 1:
+        raise ValueError("give exactly one data source: --tokens FILE.npy, --dataset NAME or --distilled DIR")
+    if cfg.draft_vocab < 0:
+        raise ValueError(f"draft_vocab must be >= 0 (0 = the full vocabulary), got {cfg.draft_vocab}")
+
+
 def parse_config(config: type, prog: str, description: str | None, argv: list[str] | None,
                  checked: dict[str, Callable[[str], Any]]) -> Any:
     """``config`` from command-line flags named after its fields (``--seq-len 256``): a field without a default is

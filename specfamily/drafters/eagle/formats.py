@@ -31,7 +31,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specfamily.drafters.eagle.model import EagleModel, build_model, layer_config, target_family
-from specfamily.drafters.eagle3.formats import read_tensors
+from specfamily.drafters.eagle3.formats import check_embedding, load_checked, read_tensors
 from specfamily.files import write_folder_atomically
 
 FAMILIES = ("llama",)  # the reference's draft layer is a Llama layer
@@ -58,18 +58,7 @@ def load_eagle_repo(folder: Path, target_model: PreTrainedModel) -> EagleModel:
     if "fc.bias" not in tensors and not config.get("bias", True):
         tensors["fc.bias"] = torch.zeros(model.hidden_size)
     state = {_our_name(key, where): value for key, value in tensors.items()}
-    expected = model.state_dict()
-    for name, tensor in state.items():
-        if name not in expected:
-            raise ValueError(f"{where}: unexpected tensor {name!r} {tuple(tensor.shape)} in an EAGLE checkpoint")
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ValueError(f"{where}: {name} has shape {tuple(tensor.shape)}; this target needs "
-                             f"{tuple(expected[name].shape)}")
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise ValueError(f"{where}: EAGLE checkpoint lacks {missing}")
-    model.load_state_dict({k: v.to(target_model.device, target_model.dtype) for k, v in state.items()}, strict=True)
-    return model.eval()
+    return load_checked(model, state, where, "EAGLE", target_model.device, target_model.dtype)
 
 
 def check_fits(config: dict[str, Any], target_model: PreTrainedModel, where: str) -> None:
@@ -101,9 +90,7 @@ def _our_name(key: str, where: str) -> str:
 def _use_embedding(model: EagleModel, embed: torch.Tensor, where: str) -> None:
     """Keep the target's embedding when the checkpoint's equals it; else draft with the checkpoint's own."""
     ours = model.parts.embed.weight
-    if tuple(embed.shape) != tuple(ours.shape):
-        raise ValueError(f"{where}: embed_tokens.weight has shape {tuple(embed.shape)}; the target's embedding is "
-                         f"{tuple(ours.shape)}")
+    check_embedding(embed, ours, where)
     embed = embed.to(ours.device, ours.dtype)
     if not torch.equal(embed, ours):
         own = nn.Embedding.from_pretrained(embed, freeze=True)

@@ -32,7 +32,7 @@ from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
 from specfamily.drafters.eagle.data import EagleData, load_data
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.drafters.eagle.objective import eagle_loss, feature_agreement, feature_loss, measure_tau, top1_agreement
-from specfamily.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
+from specfamily.precision import Precision, device_arg, dtype_arg, optimizer_step
 from specfamily.schedule import budget_progress, warmup_cosine
 
 
@@ -77,12 +77,7 @@ class TrainConfig:
     dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
 
     def __post_init__(self) -> None:
-        check_device(self.device)
-        check_dtype(self.dtype)
-        if sum(map(bool, (self.tokens, self.dataset, self.distilled))) != 1:
-            raise ValueError("give exactly one data source: --tokens FILE.npy, --dataset NAME or --distilled DIR")
-        if self.draft_vocab < 0:
-            raise ValueError(f"draft_vocab must be >= 0 (0 = the full vocabulary), got {self.draft_vocab}")
+        train_state.check_common(self)
         if self.save_dtype not in ("float16", "float32", "bfloat16"):
             raise ValueError(f"save_dtype must be float16, float32 or bfloat16, got {self.save_dtype!r}")
         if self.steps < 1 or self.batch < 1 or self.seq_len < 2:

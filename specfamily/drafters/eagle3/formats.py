@@ -67,6 +67,31 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"no weights in {str(folder)!r} (model.safetensors, its index, or pytorch_model.bin)")
 
 
+def check_embedding(embed: torch.Tensor, ours: torch.Tensor, where: str) -> None:
+    """A checkpoint's ``embed_tokens.weight`` must have the target embedding's shape (one line naming both)."""
+    if tuple(embed.shape) != tuple(ours.shape):
+        raise ValueError(f"{where}: embed_tokens.weight has shape {tuple(embed.shape)}; the target's embedding is "
+                         f"{tuple(ours.shape)}")
+
+
+def load_checked(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str, what: str,
+                 device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Load ``tensors`` (our names) into ``model`` strictly, in eval mode: an unknown name, a shape this target
+    does not take or a missing tensor is refused in one line naming both sides (``what``: EAGLE or eagle3)."""
+    expected = model.state_dict()
+    for name, tensor in tensors.items():
+        if name not in expected:
+            raise ValueError(f"{where}: unexpected tensor {name!r} {tuple(tensor.shape)} in an {what} checkpoint")
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(f"{where}: {name} has shape {tuple(tensor.shape)}; this target needs "
+                             f"{tuple(expected[name].shape)}")
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ValueError(f"{where}: {what} checkpoint lacks {missing}")
+    model.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=True)
+    return model.eval()
+
+
 def load_eagle3(source: str | Path, target: Target) -> Eagle3Model:
     """The EAGLE-3 drafter stored in folder ``source`` (either layout; a model-hub name ``owner/name`` is downloaded
     first) for ``target``, refused if it does not fit."""
@@ -131,26 +156,14 @@ def _assemble(tensors: dict[str, torch.Tensor], shape: Eagle3Shape, target: Targ
         tensors["lm_head.weight"] = tensors["lm_head.weight"][order]
     model = build_model(target.model, shape, vocab, seed=None)
     embed, ours = tensors.get("embed_tokens.weight"), model.target_embed[0].weight
-    if embed is not None and tuple(embed.shape) != tuple(ours.shape):
-        raise ValueError(f"{where}: embed_tokens.weight has shape {tuple(embed.shape)}; the target's embedding is "
-                         f"{tuple(ours.shape)}")
+    if embed is not None:
+        check_embedding(embed, ours, where)
     if embed is not None and torch.equal(embed.to(ours.device, ours.dtype), ours):
         del tensors["embed_tokens.weight"]  # the target's own (the references' saves carry it): read, not copied
         embed = None
     if embed is not None:
         model.embed_tokens = torch.nn.Embedding(*embed.shape).to(target.device, target.dtype)
-    expected = model.state_dict()
-    for name, tensor in tensors.items():
-        if name not in expected:
-            raise ValueError(f"{where}: unexpected tensor {name!r} {tuple(tensor.shape)} in an eagle3 checkpoint")
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ValueError(f"{where}: {name} has shape {tuple(tensor.shape)}; this target needs "
-                             f"{tuple(expected[name].shape)}")
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise ValueError(f"{where}: eagle3 checkpoint lacks {missing}")
-    model.load_state_dict({k: v.to(target.device, target.dtype) for k, v in tensors.items()}, strict=True)
-    return model.eval()
+    return load_checked(model, tensors, where, "eagle3", target.device, target.dtype)
 
 
 def save_eagle3(model: Eagle3Model, folder: str | Path, target: Target, layout: str = "eagle",

@@ -22,9 +22,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from specfamily.core import train_state
 from specfamily.drafters.eagle3.formats import LAYOUTS
 from specfamily.drafters.eagle3.ttt import DEFAULT_DECAY, DEFAULT_TTT_LENGTH
-from specfamily.precision import check_device, check_dtype, device_arg, dtype_arg
+from specfamily.precision import device_arg, dtype_arg
 
 
 @dataclass
@@ -66,12 +67,7 @@ class TrainConfig:
     dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
 
     def __post_init__(self) -> None:
-        check_device(self.device)
-        check_dtype(self.dtype)
-        if sum(map(bool, (self.tokens, self.dataset, self.distilled))) != 1:
-            raise ValueError("give exactly one data source: --tokens FILE.npy, --dataset NAME or --distilled DIR")
-        if self.draft_vocab < 0:
-            raise ValueError(f"draft_vocab must be >= 0 (0 = the full vocabulary), got {self.draft_vocab}")
+        train_state.check_common(self)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.save_dtype not in ("float16", "float32", "bfloat16"):
@@ -101,10 +97,8 @@ class TrainConfig:
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Command-line flags from the TrainConfig fields (``--ttt-length 7``)."""
-    from specfamily.core.train_state import parse_config
-
-    return parse_config(TrainConfig, "python -m specfamily.drafters.eagle3.train", __doc__, argv,
-                        {"device": device_arg, "dtype": dtype_arg})
+    return train_state.parse_config(TrainConfig, "python -m specfamily.drafters.eagle3.train", __doc__, argv,
+                                    {"device": device_arg, "dtype": dtype_arg})
 
 
 def main(argv: list[str] | None = None) -> None:
