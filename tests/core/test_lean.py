@@ -135,6 +135,42 @@ def test_plan_attention_takes_transformers_sdpa_branch(head_dim, masked, q_len, 
     assert plan_attention(mask, q_len, 1, torch.empty(0, head_dim)).groups == 1  # MHA: sdpa as is
 
 
+@pytest.mark.parametrize("masked, q_len, branch", [
+    (True, 6, "gqa"),  # a verify pass: the key heads indexed, not repeated
+    (True, 1, "pack"),  # one token keeps the packed branch
+    (False, 9, "gqa causal"),
+])
+def test_plan_attention_for_non_exact_kinds_indexes_grouped_heads(masked, q_len, branch):
+    mask = torch.zeros(1, 1, q_len, 12) if masked else None
+    attend = plan_attention(mask, q_len, 2, torch.empty(0, 16), masked_gqa=True)
+    taken = "gqa" if attend.gqa else "pack" if attend.pack else "repeat"
+    assert (f"{taken} causal" if attend.causal else taken) == branch
+
+
+@pytest.mark.parametrize("kind, key_heads, gqa", [("exact", 4, False), ("skinny", 2, True)])
+def test_a_verify_pass_copies_the_key_heads_only_under_exact(kind, key_heads, gqa, monkeypatch):
+    """exact repeats the keys and values as transformers does; the non-exact kinds let sdpa index the 2 key heads
+    of the 4 query heads, with logits within float32 rounding of the model's."""
+    model = _model(kv_heads=2)
+    target, plain = Target(model, matmul=kind), Target(model, fast=False)
+    assert target.lean is not None and target.matmul == kind
+    real, calls = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(query, key, value, **options):
+        calls.append((query.shape[1], key.shape[1], options.get("enable_gqa"), options.get("attn_mask") is not None))
+        return real(query, key, value, **options)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    for t in (target, plain):
+        t.forward(torch.arange(9) % VOCAB)
+        t.commit([])
+    calls.clear()
+    draft = Draft(torch.tensor([3, 5, 7, 11]), torch.tensor([-1, 0, 0, 1]))
+    logits = target.forward(torch.tensor([2]), draft).logits
+    assert calls == [(4, key_heads, gqa, True)] * 2  # one call per layer, masked
+    torch.testing.assert_close(logits, plain.forward(torch.tensor([2]), draft).logits, rtol=1e-5, atol=1e-5)
+
+
 @DTYPES
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_one_token_with_a_mask_matches_the_model(family, dtype):

@@ -134,8 +134,8 @@ def test_the_calls_take_each_sdpa_branch(dtype, monkeypatch):
     seen: set[str] = set()
     original = core_lean.plan_attention
 
-    def recorded(*args):
-        attend = original(*args)
+    def recorded(*args, **options):
+        attend = original(*args, **options)
         seen.add("pack" if attend.pack else "gqa" if attend.gqa else "repeat")
         return attend
 

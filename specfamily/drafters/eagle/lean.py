@@ -89,5 +89,6 @@ class LeanEagleLayer:
         """
         x = self._linear(torch.cat((F.embedding(tokens, self._embed), features), dim=-1), *self._fc)
         cos, sin = rope(self._rotary, x, positions)
-        attend = plan_attention(mask, tokens.shape[1], self._groups, self._probe)
+        attend = plan_attention(mask, tokens.shape[1], self._groups, self._probe,
+                                masked_gqa=self._linear is not F.linear)
         return self._layer(x, cos, sin, attend, cache)
