@@ -128,7 +128,7 @@ def identify(target) -> str | None:
 
 
 def default_weights(kind: str, target) -> str:
-    """The zoo name of the ``kind`` weights (draft, medusa, eagle, skip_set) made for ``target``.
+    """The zoo name of the ``kind`` weights (draft, medusa, eagle, eagle3, skip_set) made for ``target``.
 
     A ValueError that says there are none and gives the command that makes them when the target is not in the
     zoo, or when its entry is listed but not trained yet.

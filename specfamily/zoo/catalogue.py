@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ZOO_PREFIX = "zoo:"
-KINDS = ("target", "draft", "medusa", "eagle", "skip_set")
+KINDS = ("target", "draft", "medusa", "eagle", "eagle3", "skip_set")
 SOURCES = ("shipped", "fetched")
 _PROBE_SIZE = 16
 _PROBE_RTOL = 1e-2  # the same target in float16 / bfloat16 still matches
@@ -124,6 +124,10 @@ KIND_INFO = {
     "eagle": KindInfo("eagle", "weights=DIR", "train", "trained",
                       "python -m specfamily.drafters.eagle.train --target {target} --dataset json "
                       "--data-files CORPUS.jsonl --out DIR"),
+    "eagle3": KindInfo("eagle3", "weights= (a folder in ours/EAGLE/SpecForge/speculators layout, or 'random')",
+                       "train", "trained",
+                       "python -m specfamily.drafters.eagle3.train --target {target} --dataset json "
+                       "--data-files CORPUS.jsonl --out DIR"),
     "skip_set": KindInfo("self_spec", "skip=[...] (e.g. ['mlp:1']) or a skip-set file", "search", "searched",
                          "python -m specfamily.drafters.self_spec.search --model {target} --out SKIP.json"),
 }
@@ -197,6 +201,12 @@ CATALOGUE: tuple[Entry, ...] = (
           "specfamily/zoo/weights/smollm2-eagle --prompts instruct",
           "EAGLE drafter layer for zoo:smollm2 (self-distilled, reduced draft vocabulary)",
           location=("zoo", "weights", "smollm2-eagle")),
+    Entry("smollm2-eagle3", "eagle3", _SMOL, "smollm2", "shipped", _SMOL_CARD,
+          "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
+          "python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled work/smollm2-distill "
+          "--draft-vocab 16384 --out specfamily/zoo/weights/smollm2-eagle3",
+          "EAGLE-3 drafter for zoo:smollm2 (self-distilled, 16384-token draft vocabulary, fp16)",
+          location=("zoo", "weights", "smollm2-eagle3")),
     Entry("smollm2-skip", "skip_set", _SMOL, "smollm2", "shipped", _SMOL_CARD,
           "python -m specfamily.drafters.self_spec.search --model zoo:smollm2 --name zoo:smollm2 --prompt-set "
           "instruct --strategy ranked --out specfamily/drafters/self_spec/skip_sets/smollm2.json",

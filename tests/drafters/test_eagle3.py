@@ -80,8 +80,13 @@ def test_bad_options_are_refused():
         Eagle3Drafter(target, weights="random", layers=[0, 1, 5])
     with pytest.raises(ValueError, match="mode"):
         Eagle3Drafter(target, weights="random", mode="forest")
-    with pytest.raises(ValueError, match="needs weights="):
-        Eagle3Drafter(target)
+    with pytest.raises(ValueError) as caught:
+        Eagle3Drafter(target)  # a target the zoo has no eagle3 weights for
+    assert str(caught.value) == (
+        "there are no eagle3 weights for this target in the zoo: it is none of the zoo's targets (zoo:code-target, "
+        "zoo:smollm2); pass weights= (a folder in ours/EAGLE/SpecForge/speculators layout, or 'random') to the "
+        "eagle3 drafter, or train them with `python -m specfamily.drafters.eagle3.train --target TARGET "
+        "--dataset json --data-files CORPUS.jsonl --out DIR`")
     with pytest.raises(ValueError, match="applies to weights='random'"):
         Eagle3Drafter(target, weights="somewhere", draft_vocab=[1, 2])
 
@@ -117,3 +122,18 @@ def test_lossless_chain_with_a_draft_vocabulary():
 def test_lossless_every_config(mode):
     assert_lossless(lambda t: Eagle3Drafter(t, weights="random", gamma=3, mode=mode, top_k=4, total_tokens=30),
                     min_depth=2)
+
+
+def test_without_weights_it_loads_the_zoo_eagle3_for_its_target(monkeypatch, tmp_path):
+    import specfamily.zoo as zoo
+    from specfamily.drafters.eagle3.formats import save_eagle3
+
+    target = tiny_target("llama")
+    trained = Eagle3Drafter(target, weights="random", draft_vocab=PRUNED, seed=3).model
+    monkeypatch.setattr(zoo, "_package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))
+    monkeypatch.setattr(zoo, "identify", lambda target: "zoo:smollm2")  # as if given the fetched target
+    save_eagle3(trained, tmp_path / "zoo" / "weights" / "smollm2-eagle3", target)
+    for drafter in (Eagle3Drafter(target), Eagle3Drafter(target, weights="zoo:smollm2-eagle3")):
+        assert drafter.model.vocab.ids.tolist() == PRUNED
+        for name, tensor in trained.state_dict().items():
+            assert torch.equal(drafter.model.state_dict()[name], tensor), name

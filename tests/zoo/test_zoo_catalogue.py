@@ -29,9 +29,16 @@ def test_every_entry_serves_a_target_of_its_family_and_every_target_has_each_kin
     for item in CATALOGUE:
         assert item.kind in KINDS and targets[item.serves].family == item.family
         assert (item.identity is not None) == (item.kind == "target")
-    for name in targets:
-        kinds = sorted(e.kind for e in CATALOGUE if e.serves == name and e.kind != "target")
-        assert kinds == sorted(KIND_INFO)
+    kinds = {name: sorted(e.kind for e in CATALOGUE if e.serves == name and e.kind != "target") for name in targets}
+    assert kinds["smollm2"] == sorted(KIND_INFO)
+    assert kinds["code-target"] == sorted(set(KIND_INFO) - {"eagle3"})  # no EAGLE-3 trained for the code target
+    eagle3 = zoo.entry("zoo:smollm2-eagle3")
+    assert (eagle3.kind, eagle3.family, eagle3.serves, eagle3.source, eagle3.location) == (
+        "eagle3", "smollm2", "smollm2", "shipped", ("zoo", "weights", "smollm2-eagle3"))
+    assert eagle3.description == "EAGLE-3 drafter for zoo:smollm2 (self-distilled, 16384-token draft vocabulary, fp16)"
+    assert eagle3.produce.endswith(
+        "python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled work/smollm2-distill "
+        "--draft-vocab 16384 --out specfamily/zoo/weights/smollm2-eagle3")
     assert targets["smollm2"].source == "fetched" and targets["smollm2"].produce == "specfamily-zoo fetch smollm2"
 
 
@@ -70,9 +77,16 @@ def test_identity_tells_other_weights_and_other_shapes_apart(code_target):
 
 
 def test_default_weights_for_the_code_target_are_the_shipped_code_family(code_target):
-    found = {kind: zoo.default_weights(kind, code_target) for kind in KIND_INFO}
+    found = {kind: zoo.default_weights(kind, code_target) for kind in KIND_INFO if kind != "eagle3"}
     assert found == {"draft": "zoo:code-draft", "medusa": "zoo:code-medusa", "eagle": "zoo:code-eagle",
                      "skip_set": "zoo:code-skip"}
+    with pytest.raises(ValueError) as caught:
+        zoo.default_weights("eagle3", code_target)
+    assert str(caught.value) == (
+        "the zoo lists no eagle3 weights for zoo:code-target; pass weights= (a folder in "
+        "ours/EAGLE/SpecForge/speculators layout, or 'random') to the eagle3 drafter, or train them with "
+        "`python -m specfamily.drafters.eagle3.train --target zoo:code-target --dataset json "
+        "--data-files CORPUS.jsonl --out DIR`")
     skip_file = zoo.zoo_path(found["skip_set"])
     assert skip_file.name == "code-target.json" and skip_file.parent.name == "skip_sets" and skip_file.is_file()
     with pytest.raises(ValueError, match="unknown kind of drafter weights 'heads'"):
@@ -83,6 +97,7 @@ def test_an_unknown_target_gets_the_command_that_trains_its_weights():
     target = tiny_target("llama", vocab_size=16)
     for kind, command in (("medusa", "python -m specfamily.drafters.medusa.train --target "),
                           ("eagle", "python -m specfamily.drafters.eagle.train --target "),
+                          ("eagle3", "python -m specfamily.drafters.eagle3.train --target "),
                           ("skip_set", "python -m specfamily.drafters.self_spec.search --model "),
                           ("draft", "specfamily-zoo train --kind draft --teacher ")):
         with pytest.raises(ValueError) as caught:
@@ -110,6 +125,27 @@ def test_smollm2_drafters_listed_but_not_trained_say_how_to_train_them(monkeypat
     (folder / "config.json").write_text("{}")  # once shipped, it is the default
     assert zoo.default_weights("medusa", target) == "zoo:smollm2-medusa"
     assert zoo.zoo_path("zoo:smollm2-medusa") == folder
+
+
+def test_smollm2_eagle3_is_the_default_once_its_folder_is_there(monkeypatch, tmp_path):
+    monkeypatch.setattr(zoo, "_package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))
+    monkeypatch.setattr(zoo, "identify", lambda target: "zoo:smollm2")  # as if given the fetched target
+    target = tiny_target("llama", vocab_size=16)
+    folder = tmp_path / "zoo" / "weights" / "smollm2-eagle3"
+    assert not zoo.available("zoo:smollm2-eagle3")
+    with pytest.raises(ValueError) as caught:
+        zoo.default_weights("eagle3", target)
+    assert str(caught.value) == (
+        "there are no eagle3 weights for zoo:smollm2 yet: zoo:smollm2-eagle3 is in the zoo's catalogue but not "
+        "trained yet; train them with `specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, "
+        "resumable), then python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled "
+        "work/smollm2-distill --draft-vocab 16384 --out specfamily/zoo/weights/smollm2-eagle3`, or pass weights= "
+        "(a folder in ours/EAGLE/SpecForge/speculators layout, or 'random') to the eagle3 drafter")
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert zoo.available("zoo:smollm2-eagle3")
+    assert zoo.default_weights("eagle3", target) == "zoo:smollm2-eagle3"
+    assert zoo.zoo_path("zoo:smollm2-eagle3") == folder
 
 
 def test_list_shows_every_entry_and_whether_it_is_here(monkeypatch, tmp_path, capsys):

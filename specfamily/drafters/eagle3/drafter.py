@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from specfamily import zoo
 from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.feature_drafting import FeatureDrafter
@@ -77,7 +78,8 @@ class Eagle3Drafter(FeatureDrafter):
 
 
 def load_model(target: Target, config: Eagle3Config) -> Eagle3Model:
-    """A built model as is, fresh modules for weights="random", else the checkpoint folder in any layout."""
+    """A built model as is, fresh modules for weights="random", else the checkpoint folder in any layout (default:
+    the zoo's eagle3 weights for this target; a ``zoo:`` name is its shipped folder)."""
     weights = config.weights
     if isinstance(weights, Eagle3Model):
         if weights.target_embed[0] is not target.model.get_input_embeddings():
@@ -90,8 +92,9 @@ def load_model(target: Target, config: Eagle3Config) -> Eagle3Model:
         shape = Eagle3Shape(draft_layer_config(target.model), layers)
         return build_model(target.model, shape, vocab, seed=config.seed)
     if weights is None:
-        raise ValueError("eagle3 needs weights=: a checkpoint folder (ours, EAGLE/SpecForge or speculators layout) "
-                         "or 'random'; no shipped eagle3 weights exist for this target yet")
+        weights = zoo.default_weights("eagle3", target)  # the zoo's for this target, else says how to train them
+    if zoo.is_zoo_name(weights):
+        weights = zoo.zoo_path(weights)
     from specfamily.drafters.eagle3.formats import load_eagle3
 
     return _checked_layers(load_eagle3(weights, target), config.layers)
