@@ -19,7 +19,7 @@ from specfamily.core.types import Draft
 
 log = logging.getLogger(__name__)
 CURVE_SIZES = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)  # draft tokens g timed for the cost-aware policy
-CURVE_CONTEXT = 128  # prompt tokens in the cache while timing
+CURVE_CONTEXT = 256  # tokens in the cache while timing: about a Spec-Bench prompt plus half an answer
 
 
 def device_clock(device: torch.device | str) -> Callable[[], float]:
@@ -90,6 +90,23 @@ def measure_pass_seconds(
     return {g: statistics.median(times[g]) for g in sizes}
 
 
+def timing_context(target: Target, ids: Sequence[int], length: int, sizes: Sequence[int], repeats: int) -> list[int]:
+    """``length`` tokens to time passes over: the last ones of ``ids``, or ``ids`` repeated when there are fewer.
+
+    A pass's time depends on how many tokens are cached, not on which: attention over the cache grows with its
+    length times the tokens fed, so a curve timed over a short prompt understates what a verify pass costs later in
+    a request (SmolLM2, 9 tokens fed: 1.16 one-token passes over 100 cached tokens, 1.34 over 400). Shortened to
+    leave room for the timed passes within the model's position limit."""
+    ids = list(ids)
+    limit = max_positions(target)
+    if limit is not None:
+        sizes = {0, *sizes}
+        length = min(length, limit - (repeats + 1) * len(sizes) - max(sizes) - 1)
+    if not ids or length <= len(ids):
+        return ids[-max(length, 1) :]
+    return (ids * -(-length // len(ids)))[-length:]
+
+
 def max_positions(target: Target) -> int | None:
     config = target.model.config.get_text_config(decoder=True)
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
@@ -130,14 +147,14 @@ def _interpolate(points: tuple[tuple[int, float], ...], g: float) -> float:
 
 def target_cost_curve(target: Target, context: Sequence[int], repeats: int = 3) -> Callable[[float], float]:
     """This target's t(g + 1) / t(1) as a function of g, measured on this machine once per Target (the first
-    time a cost-aware policy needs it, on the last ``CURVE_CONTEXT`` tokens of ``context``) and kept in
+    time a cost-aware policy needs it, over ``CURVE_CONTEXT`` tokens of ``context``: ``timing_context``) and kept in
     ``target.verify_costs``, which a run may also fill with its own measurement. A context too long for the model
     to time leaves the paper's assumption, 1."""
     if target.verify_costs is None:
         try:
             clock = process_clock(target.device)
-            target.verify_costs = measure_verify_cost(target, list(context)[-CURVE_CONTEXT:], CURVE_SIZES, repeats,
-                                                      clock)
+            ids = timing_context(target, context, CURVE_CONTEXT, CURVE_SIZES, repeats)
+            target.verify_costs = measure_verify_cost(target, ids, CURVE_SIZES, repeats, clock)
         except ValueError as err:
             log.warning("verify cost not measured (%s); assuming t(g + 1) = t(1)", err)
             target.verify_costs = {0: 1.0}

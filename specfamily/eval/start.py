@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from specfamily.core.costs import measure_pass_seconds, process_clock
+from specfamily.core.costs import CURVE_CONTEXT, measure_pass_seconds, process_clock, timing_context
 from specfamily.core.target import Target
 from specfamily.core.types import SamplingConfig
 from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
@@ -94,8 +94,8 @@ def _verify_cost(cfg: DictConfig, target: Target, prompts: list[Prompt], rounds:
     node = cfg.get("verify_cost")
     if node is None or not node.get("measure", True) or not prompts:
         return CostMeasurement({}, [])
-    context = prompts[0].ids[-int(node.get("context", 256)) :]
     sizes, repeats = list(node.get("sizes", [0, 1, 2, 4, 8])), int(node.get("repeats", 5))
+    context = timing_context(target, prompts[0].ids, int(node.get("context", CURVE_CONTEXT)), sizes, repeats)
     try:
         timed = [measure_pass_seconds(target, context, sizes, repeats, process_clock(target.device))
                  for _ in range(rounds)]

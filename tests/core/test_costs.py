@@ -25,3 +25,14 @@ def test_a_context_too_long_for_the_positions_is_refused():
     target = tiny_target("gpt2", vocab_size=16)  # 256 positions
     with pytest.raises(ValueError, match="leaves no room to time passes of up to 9 tokens"):
         measure_verify_cost(target, [i % 16 for i in range(250)], [8], repeats=2)
+
+
+def test_the_timing_context_has_the_asked_length_whatever_the_prompt():
+    """Short prompts are repeated, long ones cut to their last tokens, and room is left for the timed passes."""
+    from specfamily.core.costs import timing_context
+
+    target = tiny_target("llama", 16)  # 256 positions
+    assert timing_context(target, [1, 2, 3], 7, [1, 2], repeats=1) == [3, 1, 2, 3, 1, 2, 3]
+    assert timing_context(target, list(range(10)), 4, [1], repeats=1) == [6, 7, 8, 9]
+    room = 256 - (5 + 1) * 3 - 8 - 1  # sizes {0, 4, 8}, 5 repeats
+    assert len(timing_context(target, [5], 1000, [4, 8], repeats=5)) == room
