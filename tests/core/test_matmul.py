@@ -173,6 +173,8 @@ def test_skinny_greedy_text_matches_transformers_generate():
 @pytest.mark.parametrize("name, options", [
     ("eagle", {"weights": "random", "mode": "tree", "gamma": 3}),
     ("eagle", {"weights": "random", "mode": "chain", "gamma": 3}),
+    ("eagle3", {"weights": "random", "mode": "tree", "gamma": 3}),
+    ("eagle3", {"weights": "random", "mode": "chain", "gamma": 3}),
     ("medusa", {"weights": "random", "share_lm_head": True, "gamma": 3}),
     ("small_model", {"gamma": 3}),
 ])
@@ -200,6 +202,9 @@ def test_drafters_on_a_skinny_target_keep_its_greedy_text(monkeypatch, name, opt
         assert drafter.runner.matmul == "skinny"  # the draft model multiplies as the target does
     if name == "eagle":  # its lean layer (fc) and its head's single rows (1-D) went through the skinny path
         assert any(w is drafter.model.fc.weight for w, _ in calls) and any(dim == 1 for _, dim in calls)
+    if name == "eagle3":  # its lean layer's products and, in a chain, its own head's single rows
+        assert any(w is drafter.model.midlayer.self_attn.q_proj.weight for w, _ in calls)
+        assert (options["mode"] == "tree") or any(w is drafter.model.lm_head.weight and dim == 1 for w, dim in calls)
     if name == "medusa":  # the shared head over the stacked heads' (depth, H) rows
         assert any(dim == 2 for _, dim in calls)
 

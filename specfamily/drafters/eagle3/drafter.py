@@ -10,16 +10,21 @@ layer call and loading.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from specfamily import zoo
 from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.feature_drafting import FeatureDrafter
+from specfamily.core.matmul import linear_for
 from specfamily.core.target import Target
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.eagle3.config import Eagle3Config
+from specfamily.drafters.eagle3.lean import LeanEagle3Layer, lean_eagle3_unsupported
 from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers, draft_layer_config
 
 DEFAULT_GAMMA = {"tree": 5, "chain": 4}
@@ -47,6 +52,8 @@ class Eagle3Drafter(FeatureDrafter):
         config = Eagle3Config(weights, gamma, policy, mode, top_k, total_tokens, layers, draft_vocab, seed)
         self.model = load_model(target, config)
         self.needs_features: tuple[int, ...] = target.check_feature_layers(self.model.shape.layers)
+        self.linear = linear_for(target.matmul)  # the layer and the head's single rows, multiplied as the target does
+        self.forward = fast_forward(self.model, self.linear)
         self.mode = config.mode or "tree"
         self.default_gamma = DEFAULT_GAMMA[self.mode]
         self.auto_max_gamma = None if self.mode == "tree" else BaseDrafter.auto_max_gamma
@@ -71,10 +78,22 @@ class Eagle3Drafter(FeatureDrafter):
     def _step(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor,
               mask: torch.Tensor | None, cache: DynamicCache) -> torch.Tensor:
         """(1, q, H) the layer's outputs: what the next step reads and the head predicts from."""
-        return self.model(tokens, inputs, positions, mask, cache)
+        return self.forward(tokens, inputs, positions, mask, cache)
+
+    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden, self.linear)  # single rows multiplied as the target does
 
     def _full_q(self, q: torch.Tensor) -> torch.Tensor:
         return self.model.full_q(q)
+
+
+def fast_forward(model: Eagle3Model, linear: Callable = F.linear) -> Callable:
+    """``model``'s forward through the lean layer whenever that reproduces the module path (``linear``: the
+    target's kind of product, ``specfamily.core.matmul``)."""
+    if lean_eagle3_unsupported(model) is not None:
+        return model
+    lean = LeanEagle3Layer(model, linear)
+    return lambda *args: lean(*args) if lean.ready() else model(*args)
 
 
 def load_model(target: Target, config: Eagle3Config) -> Eagle3Model:

@@ -15,6 +15,7 @@ checkpoint carries its own, ``embed_tokens``; otherwise the target's embedding i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,9 +112,11 @@ class Eagle3Model(nn.Module):
         out = residual + attended
         return out + layer.mlp(layer.post_attention_layernorm(out))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., N) draft-vocabulary logits of layer outputs (..., H); N = V without a draft vocabulary."""
-        return self.lm_head(self.norm(hidden))
+    def logits(self, hidden: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
+        """(..., N) draft-vocabulary logits of layer outputs (..., H); N = V without a draft vocabulary.
+        ``linear``: how to multiply by the head (``specfamily.core.matmul``; the module's own call by default)."""
+        normed = self.norm(hidden)
+        return self.lm_head(normed) if linear is None else linear(normed, self.lm_head.weight, None)
 
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Target token ids of draft-vocabulary indices."""
