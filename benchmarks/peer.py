@@ -12,8 +12,9 @@ shows the loop's ceiling next to the ceiling from the target's own pass costs t(
     python benchmarks/peer.py --target zoo:smollm2 --draft none --prompts spec_bench --count 1 --defaults
     python benchmarks/peer.py --target zoo:smollm2 --draft none --only plain,eagle,eagle3 --eagle3-weights DIR
 
-No EAGLE-3 weights are shipped: the eagle3 rows (tree, chain) run with ``--eagle3-weights`` (any layout
-``create_drafter("eagle3")`` loads, or a hub name); without it the table says why they are missing.
+The eagle3 rows (tree, chain) take ``--eagle3-weights`` (any layout ``create_drafter("eagle3")`` loads, or a hub
+name), else the zoo's EAGLE-3 for the target (``zoo:smollm2-eagle3``); without either the table says why they are
+missing.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--oracle-gamma", type=int, default=4)
     parser.add_argument("--eagle3-weights", default=None, metavar="DIR",
                         help="an EAGLE-3 drafter (folder in our, EAGLE/SpecForge or speculators layout, or a hub "
-                             "name) for the eagle3 rows; none shipped, so without it they are skipped")
+                             "name) for the eagle3 rows; default: the zoo's for the target, if it has one")
     parser.add_argument("--early-exit", type=int, default=None, help="layers of transformers' early-exit assistant")
     parser.add_argument("--option", action="append", default=[], metavar="NAME.KEY=VALUE",
                         help="extra option for our drafter NAME (value parsed as JSON when it can be)")
@@ -299,7 +300,12 @@ def missing_input(setup: Setup, name: str, options: dict) -> str | None:
     if name == "small_model" and setup.draft is None:
         return "no --draft model"
     if name == "eagle3" and eagle3_options(setup.args, options)["weights"] is None:
-        return "no --eagle3-weights (no EAGLE-3 weights are shipped)"
+        from specfamily import zoo
+
+        try:
+            zoo.default_weights("eagle3", setup.target)
+        except ValueError:
+            return "no --eagle3-weights, and the zoo has no EAGLE-3 for this target"
     return None
 
 

@@ -61,6 +61,9 @@ def test_peer_rows_are_identical(bench, pair, tmp_path):
     assert json.loads(out.read_text())["rows"][0]["name"] == "plain"
 
 
+NO_EAGLE3 = "no --eagle3-weights, and the zoo has no EAGLE-3 for this target"
+
+
 def test_medusa_and_eagle_rows_cover_tree_and_chain_modes(bench, pair):
     target, _ = pair
     args = bench.peer.parse_args(["--tokens", "8", "--repeats", "1", "--threads", "1", "--only", "medusa,eagle",
@@ -69,7 +72,7 @@ def test_medusa_and_eagle_rows_cover_tree_and_chain_modes(bench, pair):
     assert [row["name"] for row in report["rows"]] == ["medusa tree", "medusa chain", "eagle tree", "eagle chain"]
     assert all(row["identical"] for row in report["rows"]), report["markdown"]
     assert report["skipped"] == [{"name": "small_model", "reason": "no --draft model"},
-                                 {"name": "eagle3", "reason": "no --eagle3-weights (no EAGLE-3 weights are shipped)"}]
+                                 {"name": "eagle3", "reason": NO_EAGLE3}]
 
 
 def test_eagle3_rows_run_with_the_weights_given_and_are_skipped_without(bench, pair, tmp_path):
@@ -89,7 +92,7 @@ def test_eagle3_rows_run_with_the_weights_given_and_are_skipped_without(bench, p
     setup = bench.peer.make_setup(target, None, _prompts(1), bench.peer.parse_args(base))
     rows, skipped = bench.peer.build_rows(setup, {"calibration": {}})
     assert rows == [] and [(s.name, s.reason) for s in skipped] == [
-        ("small_model", "no --draft model"), ("eagle3", "no --eagle3-weights (no EAGLE-3 weights are shipped)")]
+        ("small_model", "no --draft model"), ("eagle3", NO_EAGLE3)]
 
 
 def test_every_registered_drafter_gets_a_row_or_a_skip_reason(bench, pair):
