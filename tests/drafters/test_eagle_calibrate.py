@@ -47,3 +47,20 @@ def test_a_shape_that_changed_the_output_is_never_chosen():
     assert best_trial([fast_but_wrong, slow]) == slow
     with pytest.raises(RuntimeError, match="no EAGLE tree shape reproduced plain greedy decoding"):
         best_trial([fast_but_wrong])
+
+
+def test_the_calibration_times_the_products_decoding_will_use(monkeypatch):
+    """The target is loaded with matmul auto (as the default run loads it), not the exact kind, unless asked."""
+    from specfamily.drafters.eagle import calibrate
+
+    seen = []
+
+    def loading(name, dtype=None, matmul="exact"):
+        seen.append(matmul)
+        raise RuntimeError("loaded")
+
+    monkeypatch.setattr("specfamily.core.target.load_target", loading)
+    for extra in ([], ["--matmul", "exact"]):
+        with pytest.raises(RuntimeError, match="loaded"):
+            calibrate.main(["--target", "zoo:smollm2", "--weights", "w", *extra])
+    assert seen == ["auto", "exact"]

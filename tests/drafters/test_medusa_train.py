@@ -138,3 +138,20 @@ def test_device_and_dtype_flags_are_parsed_and_checked(capsys, target, zoo_dir):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="--device cuda: CUDA is not available on this machine"):
             train(_config(zoo_dir, device="cuda"), target=target)
+
+
+def test_the_session_loads_the_target_with_the_products_decoding_will_use(monkeypatch):
+    """Recalibrated trees are chosen at decode-time pass costs: matmul auto unless asked."""
+    from specfamily.drafters.medusa.train import open_session
+
+    seen = []
+
+    def loading(name, device=None, dtype=None, matmul="exact"):
+        seen.append(matmul)
+        raise RuntimeError("loaded")
+
+    monkeypatch.setattr("specfamily.core.target.load_target", loading)
+    for cfg in (TrainConfig(target="zoo:smollm2"), TrainConfig(target="zoo:smollm2", matmul="exact")):
+        with pytest.raises(RuntimeError, match="loaded"):
+            open_session(cfg)
+    assert seen == ["auto", "exact"]

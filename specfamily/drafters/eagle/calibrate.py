@@ -21,6 +21,7 @@ import torch
 
 from specfamily.core.costs import process_clock
 from specfamily.core.loop import generate
+from specfamily.core.matmul import MATMUL_KINDS
 from specfamily.drafters.eagle.checkpoint import CONFIG_FILE, load_eagle, resolve_weights
 from specfamily.files import write_text_atomically
 
@@ -96,19 +97,22 @@ def main(argv: list[str] | None = None) -> Trial:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--matmul", default="auto", choices=MATMUL_KINDS,
+                        help="the target's products, as decoding will multiply (specfamily.core.matmul)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from specfamily.core.target import load_target
     from specfamily.zoo import prompt_ids
 
-    target = load_target(args.target, dtype=torch.float32)
+    target = load_target(args.target, dtype=torch.float32, matmul=args.matmul)
     model, _ = load_eagle(args.weights, target.model)
     prompts = prompt_ids(args.prompts, args.count, target.tokenizer, last=args.prompt_tokens)
     trials, base = measure_trials(target, model, prompts, args.new_tokens)
     for t in trials:
         print(f"{t.mode} gamma {t.gamma} total_tokens {t.total_tokens}: tau {t.tau:.3f}, speedup {t.speedup:.3f}, "
               f"identical {t.identical}")
-    info = {"prompts": f"{args.prompts} x {len(prompts)}", "new_tokens": args.new_tokens, "threads": args.threads}
+    info = {"prompts": f"{args.prompts} x {len(prompts)}", "new_tokens": args.new_tokens, "threads": args.threads,
+            "matmul": target.matmul}
     best = write_calibration(args.weights, trials, base, info)
     print(f"chosen: {best.mode}, gamma {best.gamma}, total_tokens {best.total_tokens} (speedup {best.speedup:.3f})")
     return best

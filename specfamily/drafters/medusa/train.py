@@ -96,6 +96,7 @@ class TrainConfig:
     recalibrate: str = ""  # a checkpoint: no training, re-measure accuracies and cost here and rewrite its tree
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
+    matmul: str = "auto"  # the target's products (specfamily.core.matmul): the tree is chosen at decode-time costs
 
     def __post_init__(self) -> None:
         check_device(self.device)
@@ -250,7 +251,7 @@ def open_session(cfg: TrainConfig, target=None) -> Session:
 
     device = Precision.of(cfg.device, cfg.dtype).device
     if target is None:
-        target = load_target(cfg.target, device=device, dtype=torch.float32)
+        target = load_target(cfg.target, device=device, dtype=torch.float32, matmul=cfg.matmul)
     elif target.device != device:
         raise ValueError(f"the target given is on {target.device}, not on --device {cfg.device}")
     target.model.requires_grad_(False)
