@@ -25,7 +25,8 @@ from specfamily.core.lean_support import blocking, global_hooks, lean_unsupporte
 from specfamily.core.matmul import Linear as LinearFn
 from specfamily.core.matmul import stream_norm
 
-__all__ = ["Attend", "LeanLayer", "LeanLlama", "ModuleWatch", "plan_attention", "rms_norm", "rope"]
+__all__ = ["Attend", "LeanLayer", "LeanLlama", "ModuleWatch", "drafting_ready", "plan_attention", "rms_norm",
+           "rope"]
 
 Linear = tuple[torch.Tensor, "torch.Tensor | None"]  # weight, bias
 
@@ -125,6 +126,13 @@ class ModuleWatch:
             or (any(map(len, self.hooks)) and any(blocking(hooks) for hooks in self.hooks))
             or any(map(_replaced, self.dicts))
         )
+
+
+def drafting_ready(model: nn.Module, attn_config, watch: ModuleWatch) -> bool:
+    """A drafter's lean layer reproduces its module path right now: no gradients, eval mode, sdpa, no hooks added."""
+    return not (
+        torch.is_grad_enabled() or model.training or attn_config._attn_implementation != "sdpa"
+    ) and watch.clean()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfamily.core.lean import LeanLayer, ModuleWatch, plan_attention, rope
+from specfamily.core.lean import LeanLayer, ModuleWatch, drafting_ready, plan_attention, rope
 from specfamily.core.lean_support import hooked, layer_unsupported
 from specfamily.core.matmul import Linear
 from specfamily.drafters.eagle.model import ROPE_FAMILIES, EagleModel
@@ -68,11 +68,7 @@ class LeanEagleLayer:
 
     def ready(self) -> bool:
         """True when a call reproduces ``EagleModel.forward`` now: no grad, eval mode, sdpa, no hooks added."""
-        return not (
-            torch.is_grad_enabled()
-            or self.model.training
-            or self._attn_config._attn_implementation != "sdpa"
-        ) and self._watch.clean()
+        return drafting_ready(self.model, self._attn_config, self._watch)
 
     def __call__(
         self,

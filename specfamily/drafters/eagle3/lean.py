@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from specfamily.core.lean import LeanLayer, ModuleWatch, plan_attention, rope
+from specfamily.core.lean import LeanLayer, ModuleWatch, drafting_ready, plan_attention, rope
 from specfamily.core.lean_support import hooked, layer_unsupported
 from specfamily.core.matmul import Linear
 from specfamily.drafters.eagle3.model import Eagle3Model
@@ -65,11 +65,7 @@ class LeanEagle3Layer:
 
     def ready(self) -> bool:
         """True when a call reproduces ``Eagle3Model.forward`` now: no grad, eval mode, sdpa, no hooks added."""
-        return not (
-            torch.is_grad_enabled()
-            or self.model.training
-            or self._attn_config._attn_implementation != "sdpa"
-        ) and self._watch.clean()
+        return drafting_ready(self.model, self._attn_config, self._watch)
 
     def __call__(
         self,
