@@ -155,7 +155,8 @@ class FeatureDrafter(BaseDrafter):
     def _tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
         """EAGLE-2 dynamic tree over draft-vocabulary indices, scored at the sampling temperature."""
         temperature = ctx.sampling.temperature or 1.0
-        feeder = TreeFeeder(self.model, self._step, self.state, root, temperature, self.top_k, gamma)
+        feeder = TreeFeeder(self.model, self._step, self.state, root, temperature, self.top_k, gamma,
+                            self._draft_logits)
         root_logp = torch.log_softmax(self._draft_logits(root).float() / temperature, dim=-1)
         tree = grow_tree(root_logp, feeder.step, gamma, self.top_k, self.total_tokens)
         return Draft(self.model.token_ids(tree.tokens).cpu(), tree.parents.cpu(), None)
@@ -165,8 +166,9 @@ class TreeFeeder:
     """Feeds chosen tree nodes, one batched call per depth, under an ancestor mask over the drafter's cache."""
 
     def __init__(self, model: FeatureModel, forward: Step, state: FeatureState, root: torch.Tensor,
-                 temperature: float, top_k: int, gamma: int) -> None:
+                 temperature: float, top_k: int, gamma: int, logits: Callable | None = None) -> None:
         self.model, self.forward, self.state, self.root, self.temperature = model, forward, state, root, temperature
+        self.logits = logits or model.logits  # the drafter's head: its kind of product over a depth's rows
         device, deeper = root.device, max(gamma - 1, 0)
         self.slot_of = torch.full((top_k + deeper * top_k * top_k,), -1, dtype=torch.long, device=device)
         self.hidden = root.new_empty(top_k * deeper, root.shape[-1])  # (F, H) outputs of fed nodes
@@ -193,4 +195,4 @@ class TreeFeeder:
         self.hidden[new] = out
         self.slot_of[nodes] = new
         self.fed = fed + k
-        return torch.log_softmax(self.model.logits(out).float() / self.temperature, dim=-1)
+        return torch.log_softmax(self.logits(out).float() / self.temperature, dim=-1)

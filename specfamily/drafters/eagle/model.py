@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specfamily.core.draft_vocab import DraftVocab
-from specfamily.core.matmul import STREAM_MAX_ROWS, skinny_linear
+from specfamily.core.matmul import head_product
 
 # decoder layer (config, layer_idx) + rotary embeddings handed in by the model; Mistral without a sliding window
 ROPE_FAMILIES = ("llama", "qwen2", "mistral")
@@ -139,13 +139,7 @@ class EagleModel(nn.Module):
             weight, bias = head.weight, head.bias
         else:
             return head(hidden)
-        if hidden.dim() == 2 and hidden.shape[0] > 1 and not torch.is_grad_enabled():
-            if linear not in (None, nn.functional.linear, skinny_linear) and hidden.shape[0] <= STREAM_MAX_ROWS:
-                return linear(hidden, weight, bias)  # (k, V) the streaming kernel (matmul="stream"): weight read once
-            # (k, H) rows of a tree depth: W @ h^T reads the (V, H) weight as stored; on CPU (MKL) that is 2-3x
-            # cheaper than F.linear's h @ W^T for a few rows and a large vocabulary (measured: 0.8 vs 2.0 ms, k=4)
-            return skinny_linear(hidden, weight, bias, max_rows=None)  # (k, V)
-        return (linear or nn.functional.linear)(hidden, weight, bias)  # F.linear: what nn.Linear.forward computes
+        return head_product(hidden, weight, bias, linear)  # tree rows: read the head once (core.matmul)
 
 
 def _decoder_layer(model: PreTrainedModel, config) -> nn.Module:
