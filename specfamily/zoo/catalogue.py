@@ -204,7 +204,9 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("smollm2-eagle3", "eagle3", _SMOL, "smollm2", "shipped", _SMOL_CARD,
           "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
           "python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled work/smollm2-distill "
-          "--draft-vocab 16384 --out specfamily/zoo/weights/smollm2-eagle3",
+          "--draft-vocab 16384 --out work/smollm2-eagle3 (ZOO.md: the options used), then specfamily-zoo export "
+          "--drafter eagle3 --weights work/smollm2-eagle3 --target zoo:smollm2 --layout eagle --without-embedding "
+          "--out specfamily/zoo/weights/smollm2-eagle3",
           "EAGLE-3 drafter for zoo:smollm2 (self-distilled, 16384-token draft vocabulary, fp16)",
           location=("zoo", "weights", "smollm2-eagle3")),
     Entry("smollm2-skip", "skip_set", _SMOL, "smollm2", "shipped", _SMOL_CARD,

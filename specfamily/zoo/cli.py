@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     exp.add_argument("--layout", default=None, help="eagle3: speculators (vLLM) or eagle (SGLang/SpecForge); "
                      "eagle: eagle; medusa: medusa")
     exp.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
+    exp.add_argument("--without-embedding", action="store_true",
+                     help="eagle3: leave out the copy of the target's embedding (our loader reads the target's; "
+                          "the references' loaders need it)")
     exp.add_argument("--base-model", default=None,
                      help="the target's name to record (medusa: base_model_name_or_path; speculators: the verifier)")
     args = parser.parse_args(argv)
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
 
         try:
             request = ExportRequest(args.drafter, args.weights, args.target, args.out, args.layout, args.dtype,
-                                    args.base_model).checked()
+                                    args.base_model, not args.without_embedding).checked()
             print(f"{args.drafter} written to {export(request)} ({request.layout} layout)")
         except (ValueError, FileNotFoundError, FileExistsError) as error:
             raise SystemExit(f"specfamily-zoo export: {error}") from None

@@ -33,6 +33,7 @@ class ExportRequest:
     dtype: str | None = None  # keep the weights' dtype when None
     base_model: str | None = None  # the target's name to record: Medusa's base_model_name_or_path, speculators'
     # verifier name_or_path (default: the target's own name or path)
+    embedding: bool = True  # eagle3: carry a copy of the target's embedding (the references' loaders need it)
 
     def checked(self) -> ExportRequest:
         """This request with its layout filled in; a ValueError naming the bad field otherwise."""
@@ -41,12 +42,15 @@ class ExportRequest:
         layout = self.layout or LAYOUTS[self.drafter][0]
         if layout not in LAYOUTS[self.drafter]:
             raise ValueError(f"{self.drafter} exports to layouts {list(LAYOUTS[self.drafter])}, not {layout!r}")
+        if not self.embedding and self.drafter != "eagle3":
+            raise ValueError(f"--without-embedding applies to eagle3 exports, not {self.drafter}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         out = Path(self.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise FileExistsError(f"{str(out)!r} already exists and is not an empty folder; export writes a new one")
-        return ExportRequest(self.drafter, self.weights, self.target, self.out, layout, self.dtype, self.base_model)
+        return ExportRequest(self.drafter, self.weights, self.target, self.out, layout, self.dtype, self.base_model,
+                             self.embedding)
 
 
 def export(request: ExportRequest, target=None) -> Path:
@@ -64,7 +68,8 @@ def export(request: ExportRequest, target=None) -> Path:
     if request.drafter == "eagle3":
         from specfamily.drafters.eagle3.formats import load_eagle3, save_eagle3
 
-        return save_eagle3(load_eagle3(request.weights, target), out, target, request.layout, dtype, request.base_model)
+        return save_eagle3(load_eagle3(request.weights, target), out, target, request.layout, dtype, request.base_model,
+                           request.embedding)
     if request.drafter == "eagle":
         from specfamily.drafters.eagle.checkpoint import load_eagle
         from specfamily.drafters.eagle.formats import save_eagle_repo

@@ -89,6 +89,26 @@ def refused(argv: list[str]) -> str:
     return str(stop.value.code)
 
 
+def test_eagle3_export_without_the_embedding_copy_loads_the_same(tmp_path, target):
+    """As the zoo ships it: no embed_tokens.weight, so the loader reads the target's own embedding."""
+    from safetensors import safe_open
+
+    drafter = Eagle3Drafter(target, weights="random", layers=[0, 1, 2], draft_vocab=[0, 3, 5, 9, 40], seed=4)
+    ours = save_eagle3(drafter.model, tmp_path / "ours", target)
+    out = tmp_path / "lean"
+    main(["export", "--drafter", "eagle3", "--weights", str(ours), "--target", TARGET, "--out", str(out),
+          "--layout", "eagle", "--without-embedding"])
+    with safe_open(str(out / "model.safetensors"), "pt") as saved, safe_open(str(ours / "model.safetensors"), "pt") \
+            as full:
+        assert set(full.keys()) - set(saved.keys()) == {"embed_tokens.weight"}
+    loaded = sf.create_drafter("eagle3", target, weights=str(out))
+    assert loaded.model.embed_tokens is None and loaded.model.embed is target.model.get_input_embeddings()
+    torch.testing.assert_close(eagle3_probe(loaded.model, target), eagle3_probe(drafter.model, target), rtol=0, atol=0)
+    assert refused(["--drafter", "medusa", "--weights", str(ours), "--target", TARGET, "--out", str(tmp_path / "m"),
+                    "--without-embedding"]) == \
+        "specfamily-zoo export: --without-embedding applies to eagle3 exports, not medusa"
+
+
 def test_bad_requests_are_refused_in_one_line_and_write_nothing(tmp_path, target):
     drafter = Eagle3Drafter(target, weights="random", layers=[0, 1, 2], seed=4)
     ours = save_eagle3(drafter.model, tmp_path / "ours", target)

@@ -38,7 +38,9 @@ def test_every_entry_serves_a_target_of_its_family_and_every_target_has_each_kin
     assert eagle3.description == "EAGLE-3 drafter for zoo:smollm2 (self-distilled, 16384-token draft vocabulary, fp16)"
     assert eagle3.produce.endswith(
         "python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled work/smollm2-distill "
-        "--draft-vocab 16384 --out specfamily/zoo/weights/smollm2-eagle3")
+        "--draft-vocab 16384 --out work/smollm2-eagle3 (ZOO.md: the options used), then specfamily-zoo export "
+        "--drafter eagle3 --weights work/smollm2-eagle3 --target zoo:smollm2 --layout eagle --without-embedding "
+        "--out specfamily/zoo/weights/smollm2-eagle3")
     assert targets["smollm2"].source == "fetched" and targets["smollm2"].produce == "specfamily-zoo fetch smollm2"
 
 
@@ -139,7 +141,9 @@ def test_smollm2_eagle3_is_the_default_once_its_folder_is_there(monkeypatch, tmp
         "there are no eagle3 weights for zoo:smollm2 yet: zoo:smollm2-eagle3 is in the zoo's catalogue but not "
         "trained yet; train them with `specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, "
         "resumable), then python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled "
-        "work/smollm2-distill --draft-vocab 16384 --out specfamily/zoo/weights/smollm2-eagle3`, or pass weights= "
+        "work/smollm2-distill --draft-vocab 16384 --out work/smollm2-eagle3 (ZOO.md: the options used), then "
+        "specfamily-zoo export --drafter eagle3 --weights work/smollm2-eagle3 --target zoo:smollm2 --layout eagle "
+        "--without-embedding --out specfamily/zoo/weights/smollm2-eagle3`, or pass weights= "
         "(a folder in ours/EAGLE/SpecForge/speculators layout, or 'random') to the eagle3 drafter")
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")

@@ -167,15 +167,16 @@ def _assemble(tensors: dict[str, torch.Tensor], shape: Eagle3Shape, target: Targ
 
 
 def save_eagle3(model: Eagle3Model, folder: str | Path, target: Target, layout: str = "eagle",
-                dtype: torch.dtype | None = None, verifier: str | None = None) -> Path:
+                dtype: torch.dtype | None = None, verifier: str | None = None, embedding: bool = True) -> Path:
     """Write ``model`` (a drafter's ``.model``) in ``layout`` (``eagle`` or ``speculators``), atomically; cast to
     ``dtype`` on save when given (e.g. torch.float16). ``verifier``: the target's name or path recorded in a
-    speculators config (default: the target's own ``_name_or_path``)."""
+    speculators config (default: the target's own ``_name_or_path``). ``embedding=False`` leaves out a copy of
+    the target's embedding (the references' loaders need it; ours reads the target's own, uncast)."""
     if layout not in LAYOUTS:
         raise ValueError(f"eagle3 layout must be one of {LAYOUTS}, got {layout!r}")
     tensors = {_their_name(k, layout): v.detach().to("cpu", dtype or v.dtype).contiguous()
                for k, v in model.state_dict().items()}
-    if "embed_tokens.weight" not in tensors:  # the references' own saves carry it, and SpecForge's loader needs it
+    if embedding and "embed_tokens.weight" not in tensors:  # the references' saves carry it; SpecForge needs it
         embed = model.target_embed[0].weight
         tensors["embed_tokens.weight"] = embed.detach().to("cpu", dtype or embed.dtype).contiguous()
     vocab = model.vocab
