@@ -258,7 +258,8 @@ def test_the_source_ships_with_the_package_and_builds_in_a_keyed_folder(tmp_path
 
 
 STREAM_DRAFTERS = {"prompt_lookup gamma=4": {"gamma": 4}, "eagle chain gamma=3": {"mode": "chain", "gamma": 3},
-                   "eagle tree gamma=4": {"gamma": 4}, "small_model gamma=2": {"gamma": 2}}
+                   "eagle tree gamma=4": {"gamma": 4}, "small_model gamma=2": {"gamma": 2},
+                   "eagle3 tree gamma=4": {"gamma": 4}, "eagle3 chain gamma=3": {"mode": "chain", "gamma": 3}}
 
 
 @pytest.fixture(scope="module")

