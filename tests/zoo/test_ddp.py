@@ -1,5 +1,6 @@
 """Every trainer under torchrun: 2 CPU ranks (gloo, DistributedDataParallel) at ``--batch B`` end with the weights of
-one process at ``--batch 2B`` after the same steps; one process at ``--batch B`` does not (the check can fail)."""
+one process at ``--batch 2B`` after the same steps; one process at ``--batch B`` does not (the check can fail).
+eagle3's runs in the default suite; the other trainers' (18-46 s each) with ``pytest -m slow``."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_eagle3(tiny, tmp_path):
     check(trained, tmp_path)
 
 
+@pytest.mark.slow  # 18-46 s each; eagle3's DDP test stays in the default suite
 def test_eagle_with_feature_noise(tiny, tmp_path):
     """Each rank uses its own rows of the global batch's input noise (the default width 0.2)."""
     target, data = tiny
@@ -80,6 +82,7 @@ def test_eagle_with_feature_noise(tiny, tmp_path):
     check(trained, tmp_path)
 
 
+@pytest.mark.slow  # 18-46 s each; eagle3's DDP test stays in the default suite
 def test_medusa(tiny, tmp_path):
     target, data = tiny
     common = ["--target", str(target), "--zoo-dir", str(data), "--seq-len", "16", "--eval-every", "0",
@@ -94,6 +97,7 @@ def test_medusa(tiny, tmp_path):
     check(trained, tmp_path)
 
 
+@pytest.mark.slow  # 18-46 s each; eagle3's DDP test stays in the default suite
 def test_draft_model(prepared, tmp_path):
     """The zoo trainer (``specfamily-zoo train``), half of each batch from greedy windows as in the zoo run."""
     greedy = np.load(prepared / "train.npy")[: 8 * 24].reshape(8, 24).astype(np.int32)
