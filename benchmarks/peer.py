@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 import common
 from ceiling import oracle_ceiling, oracle_lines
 from common import Method, PairResult, Skipped
+from peer_rows import modes_vs_plain, oracle_row, plain_vs_ours, policy_note, self_spec_row
 
 SMALL_GAMMAS = (1, 2, 3, 4, 6, 8)
 LOOKUP_GAMMAS = (2, 4, 6, 8, 10)
@@ -168,7 +169,7 @@ def prompt_lookup_row(setup: Setup, options: dict, report: dict) -> Method:
         ngram = drafter.config.max_ngram
         theirs = setup.hf(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS, max_matching_ngram_size=ngram)
         return Method("prompt_lookup default", setup.ours(drafter), theirs,
-                      f"prompt lookup {HF_LOOKUP_TOKENS}, ngram {ngram}", f"ours: {_policy_note(drafter)}")
+                      f"prompt lookup {HF_LOOKUP_TOKENS}, ngram {ngram}", f"ours: {policy_note(drafter)}")
     make = lambda g: sf.create_drafter("prompt_lookup", setup.target, **{**options, "gamma": g})  # noqa: E731
     gamma = setup.args.lookup_gamma or options.get("gamma")
     if gamma is None:
@@ -178,82 +179,6 @@ def prompt_lookup_row(setup: Setup, options: dict, report: dict) -> Method:
     ngram = getattr(getattr(drafter, "config", None), "max_ngram", 2)
     theirs = setup.hf(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=ngram)
     return Method(f"prompt_lookup gamma={gamma}", setup.ours(drafter), theirs, f"prompt lookup {gamma}, ngram {ngram}")
-
-
-def self_spec_row(setup: Setup, options: dict) -> Method:
-    import specfamily as sf
-
-    drafter = sf.create_drafter("self_spec", setup.target, **options)
-    layers, gamma = setup.target.num_layers, drafter.policy.next_gamma()
-    exit_at = setup.args.early_exit or _kept_layers(drafter, layers)
-    note = "skips " + ",".join(f"{kind}:{index}" for kind, index in sorted(getattr(drafter, "skipped", ())))
-    model, n = setup.target.model, setup.max_new_tokens
-    if setup.args.defaults:
-        theirs = setup.hf(assistant_early_exit=exit_at)
-        return Method("self_spec default", setup.ours(drafter), theirs, f"early exit at {exit_at}/{layers}, "
-                      "its default schedule", f"{note}; ours: {_policy_note(drafter)}")
-
-    def theirs(prompt):
-        """Early exit drafts with the target's own generation config: make it a constant gamma like ours."""
-        saved = model.generation_config
-        config = copy.deepcopy(saved)
-        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
-        config.assistant_confidence_threshold = 0.0
-        model.generation_config = config
-        try:
-            return common.hf_generate(model, prompt, n, assistant_early_exit=exit_at)
-        finally:
-            model.generation_config = saved
-
-    return Method(f"self_spec gamma={gamma}", setup.ours(drafter), theirs,
-                  f"early exit at {exit_at}/{layers}, constant {gamma}", note)
-
-
-def _policy_note(drafter) -> str:
-    """The draft-length policy a drafter runs under (auto: cost-aware, may draft nothing)."""
-    return type(drafter.policy).__name__.removesuffix("Policy").lower()
-
-
-def _kept_layers(drafter, layers: int) -> int:
-    """Layers transformers' early exit should run to match the drafter's work (sub-layers count one half)."""
-    skipped = getattr(drafter, "skipped", None)
-    if skipped is None:
-        return max(1, layers // 2)
-    return max(1, min(layers, round(layers - len(skipped) / 2)))
-
-
-def plain_vs_ours(setup: Setup, name: str, options: dict) -> Method:
-    import specfamily as sf
-
-    drafter = sf.create_drafter(name, setup.target, **options)
-    return Method(name, setup.ours(drafter), setup.hf(), "plain generate")
-
-
-def modes_vs_plain(setup: Setup, name: str, options: dict, modes: dict[str, dict]) -> list[Method]:
-    """One row per drafter mode (e.g. Medusa's calibrated tree and its top-1 chain), each against plain generate."""
-    import specfamily as sf
-
-    rows = []
-    for label, mode in modes.items():
-        drafter = sf.create_drafter(name, setup.target, **{**mode, **options})
-        rows.append(Method(f"{name} {label}", setup.ours(drafter), setup.hf(), "plain generate"))
-    return rows
-
-
-def oracle_row(setup: Setup) -> Method:
-    from specfamily.testing import OracleDrafter
-
-    class PrimedOracle(OracleDrafter):
-        """OracleDrafter whose continuation is the reference computed before timing (begin costs nothing)."""
-
-        def begin(self, ctx) -> None:
-            super(OracleDrafter, self).begin(ctx)
-            self.continuation = table[tuple(ctx.prompt_ids.tolist())]
-
-    table = {tuple(p): p + r for p, r in zip(setup.prompts, setup.reference, strict=False)}
-    drafter = PrimedOracle(gamma=setup.args.oracle_gamma)
-    return Method(f"oracle gamma={setup.args.oracle_gamma}", setup.ours(drafter), setup.hf(), "plain generate",
-                  "alpha = 1: the loop's ceiling")
 
 
 def build_rows(setup: Setup, report: dict) -> tuple[list, list[Skipped]]:
