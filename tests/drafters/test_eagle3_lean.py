@@ -120,5 +120,4 @@ def test_the_drafter_drafts_through_the_lean_layer_and_keeps_greedy_text(mode, m
 
     monkeypatch.setattr(LeanEagle3Layer, "__call__", counted)
     assert_greedy_equivalent(lambda t: Eagle3Drafter(t, weights="random", gamma=3, mode=mode))
-    assert 1 in calls  # single drafting steps went through it
-    assert (3 if mode == "chain" else 4) in calls or max(calls) > 1  # and batched calls (catch-up, tree depths)
+    assert 1 in calls and max(calls) > 1  # single drafting steps and batched calls (catch-up, tree depths)
