@@ -16,7 +16,7 @@ from specfamily.core.metrics import MetricsRecorder
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
 from specfamily.core.types import DecodeContext, Draft, GenerationResult, SamplingConfig, VerifyOutcome
-from specfamily.core.verify import greedy_tree, verify_tree
+from specfamily.core.verify import DraftProbabilityError, greedy_tree, verify_tree
 
 
 def verify_draft(
@@ -104,7 +104,7 @@ def generate(
             t1 = clock()
             start = target.cached_length
             out = target.forward(pending, draft, features=needs_features)
-            accepted, next_token = accept(draft, out.logits, sampling, generator)
+            accepted, next_token = _verified(accept, drafter, draft, out.logits, sampling, generator)
             target.commit(accepted)
             t2 = clock()
             depth = _depth(draft)
@@ -128,6 +128,23 @@ def generate(
     metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy,
                               policy_note=note() if callable(note) else "")
     return GenerationResult(new_tokens, metrics, lossy)
+
+
+def _verified(accept, drafter: Drafter | None, draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
+              generator: torch.Generator) -> tuple[list[int], int]:
+    """``accept``'s verdict on the draft; a q the verifier refuses is reported with the drafter that proposed it."""
+    try:
+        return accept(draft, logits, sampling, generator)
+    except DraftProbabilityError as err:
+        raise DraftProbabilityError(f"{drafter_name(drafter)}: {err}") from err
+
+
+def drafter_name(drafter: Drafter | None) -> str:
+    """The drafter's class, as errors name it (a wrapper names the drafter it wraps, e.g. the kit's recorder)."""
+    inner = drafter
+    while hasattr(inner, "inner"):  # wrappers that forward the protocol (specfamily.testing.DepthRecorder)
+        inner = inner.inner
+    return f"drafter {type(inner).__name__}"
 
 
 def _bind_costs(drafter: Drafter, target: Target, ids: torch.Tensor, clock) -> float:

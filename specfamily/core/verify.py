@@ -26,7 +26,37 @@ _CPU = torch.device("cpu")
 
 
 class DraftProbabilityError(ValueError):
-    """A draft token its reported q gives probability 0: it was not sampled from the q the drafter reports."""
+    """A draft's reported q cannot be what its tokens were sampled from: a drafted row that is not a distribution
+    (non-finite or negative entries, or a sum off 1 by more than :func:`sum_tolerance`), or a draft token its
+    row gives probability 0."""
+
+
+def sum_tolerance(dtype: torch.dtype) -> float:
+    """How far a q row's sum may be from 1: 1e-3, or 4 units in the last place of a coarser dtype (bf16: 0.03)."""
+    return max(1e-3, 4 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-3
+
+
+def check_q(q: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """Refuse a q (n, V) any of whose drafted rows is not a distribution, naming the first such node and what is
+    wrong with it; ``dtype``: the dtype the drafter reported q in (sets the tolerance on the sum), q's own if None."""
+    if q.numel() == 0:
+        return
+    tolerance = sum_tolerance(q.dtype if dtype is None else dtype)
+    finite = torch.isfinite(q).all(dim=1)  # (n,)
+    negative = (q < 0).any(dim=1)  # (n,)
+    sums = q.double().sum(dim=1)  # (n,)
+    off = (sums - 1).abs() > tolerance
+    bad = ~finite | negative | off
+    if not bool(bad.any()):
+        return
+    node = int(bad.nonzero()[0])
+    if not finite[node]:
+        problem = f"{int((~torch.isfinite(q[node])).sum())} non-finite entries (nan or inf)"
+    elif negative[node]:
+        problem = f"{int((q[node] < 0).sum())} negative entries (the smallest {float(q[node].min()):.3g})"
+    else:
+        problem = f"a sum of {float(sums[node]):.6g} (more than {tolerance:.3g} from 1)"
+    raise DraftProbabilityError(f"q of draft node {node} is not a distribution: {problem}")
 
 
 def _children(parents: list[int]) -> dict[int, list[int]]:
@@ -121,8 +151,9 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([raw, raw.new_zeros(pad)]) if pad else raw
 
 
-def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, draws) -> tuple[bool, torch.Tensor]:
-    """One rejection step against the current residual: (accepted, residual if rejected)."""
+def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, draws,
+               node: int = 0) -> tuple[bool, torch.Tensor]:
+    """One rejection step of draft node ``node`` against the current residual: (accepted, residual if rejected)."""
     if q_row is None:
         if draws.uniform() < residual[token].item():
             return True, residual
@@ -131,7 +162,8 @@ def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, d
         return False, rejected
     q_x = q_row[token].item()
     if q_x <= 0:
-        raise DraftProbabilityError(f"draft token {token} has q = 0 under the distribution it was sampled from")
+        raise DraftProbabilityError(f"draft token {token} has q = 0 (node {node}) under the distribution it was "
+                                    "reported sampled from")
     if draws.uniform() < min(1.0, residual[token].item() / q_x):
         return True, residual
     return False, torch.clamp(residual - q_row, min=0.0)
@@ -145,7 +177,7 @@ def _walk(children: dict[int, list[int]], tokens: list[int], q64: torch.Tensor |
     while True:
         accepted = None
         for child in children.get(node, []):
-            ok, rejected = _try_child(residual, tokens[child], None if q64 is None else q64[child], draws)
+            ok, rejected = _try_child(residual, tokens[child], None if q64 is None else q64[child], draws, child)
             if ok:
                 accepted = child
                 break
@@ -187,6 +219,8 @@ def verify_tree(
     tokens, parents, q, p, block = to_host([tokens, parents, q, p, block])
     draws = _HostDraws(generator) if block is None else _BlockDraws(block.tolist())
     q64 = q.double() if q is not None else None
+    if q64 is not None:
+        check_q(q64, q.dtype)
     return _walk(_children(parents.tolist()), tokens.tolist(), q64, p.double(), draws)
 
 

@@ -263,6 +263,15 @@ class FeatureHeads(BaseDrafter):
         return laws
 
 
+class UnnormalisedTopK(HonestChain):
+    """Draws from the top-k-warped q but reports the full softmax masked to the top k without renormalising it (a
+    row summing below 1): the verifier refuses such a q before it can inflate any acceptance ratio."""
+
+    def reported(self, logits, sampling, depth, law):
+        full = warp(logits, replace(sampling, top_k=0)).double()
+        return full * (law > 0)
+
+
 class ShiftedFeatures(FeatureHeads):
     """Draws from the heads on the right feature but reports q from the feature one position earlier."""
 
@@ -294,4 +303,6 @@ def rogue_gallery() -> list[Rogue]:
         Rogue("top_p_mismatch", "top-p cut without the crossing token in the draw", TopPMismatch, t07),
         Rogue("shifted_features", "reported q from the feature one position early", ShiftedFeatures, t1),
         Rogue("off_by_one_parent", "children drawn in the context of node parent - 1", OffByOneParent, t1),
+        Rogue("unnormalised_q", "reports top-k probabilities without renormalising (q sums below 1)",
+              UnnormalisedTopK, k5),
     ]

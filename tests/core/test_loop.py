@@ -3,6 +3,8 @@ import torch
 
 import specfamily as sf
 from specfamily.core.loop import truncate
+from specfamily.core.types import Draft, SamplingConfig
+from specfamily.core.verify import DraftProbabilityError
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
 
 
@@ -116,3 +118,21 @@ def test_token_outside_vocabulary():
     target = tiny_target("llama", vocab_size=16)
     with pytest.raises(ValueError, match="16"):
         sf.generate(target, None, [1, 99], max_new_tokens=2)
+
+
+class _NanQ(sf.BaseDrafter):
+    """Reports an all-NaN q for a sampled chain (a float16 softmax that overflowed)."""
+
+    def __init__(self, target):
+        super().__init__(2, "constant")
+
+    def propose(self, ctx, gamma):
+        tokens = ctx.tokens[-gamma:]
+        return Draft.chain(tokens, torch.full((len(tokens), ctx.target.vocab_size), float("nan")))
+
+
+def test_generate_refuses_a_drafter_whose_q_is_not_a_distribution():
+    target = tiny_target("llama")
+    with pytest.raises(DraftProbabilityError, match=r"drafter _NanQ: q of draft node 0 is not a distribution: 8 "
+                       r"non-finite entries"):
+        sf.generate(target, _NanQ(target), [1, 2, 3], max_new_tokens=8, sampling=SamplingConfig(temperature=1.0))

@@ -131,3 +131,37 @@ def test_q_zero_for_the_drafted_token_is_an_error():
 def test_shape_errors():
     with pytest.raises(ValueError, match=r"p must have shape \(n \+ 1 = 3, V\)"):
         verify_tree(torch.tensor([1, 2]), torch.tensor([-1, 0]), None, torch.stack([P, P]))
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    (torch.tensor([float("nan"), 0.45, 0.10, 0.05, 0.20], dtype=torch.float64),
+     r"q of draft node 0 is not a distribution: 1 non-finite entries \(nan or inf\)"),
+    (torch.tensor([0.20, float("inf"), 0.10, 0.05, 0.20], dtype=torch.float64),
+     r"q of draft node 0 is not a distribution: 1 non-finite entries"),
+    (Q / 2, r"q of draft node 0 is not a distribution: a sum of 0.5 \(more than 0.001 from 1\)"),
+    (torch.tensor([0.30, 0.55, 0.10, 0.10, -0.05], dtype=torch.float64),
+     r"q of draft node 0 is not a distribution: 1 negative entries \(the smallest -0.05\)"),
+])
+def test_a_q_that_is_not_a_distribution_is_refused(row, message):
+    """Without the check a NaN at the drafted token accepts it always (min(1, p / nan) = 1), and a q summing to 0.5
+    doubles every acceptance ratio: the verifier refuses the row, naming the node and what is wrong."""
+    with pytest.raises(DraftProbabilityError, match=message):
+        verify_chain(torch.tensor([0]), row.view(1, -1), torch.stack([P, P]), torch.Generator().manual_seed(0))
+
+
+def test_the_bad_row_is_named_in_a_tree_and_healthy_rows_pass():
+    q = torch.stack([Q, Q, Q * 0.9])
+    with pytest.raises(DraftProbabilityError, match="q of draft node 2 is not a distribution: a sum of 0.9"):
+        verify_tree(torch.tensor([1, 0, 2]), torch.tensor([-1, 0, -1]), q, torch.stack([P] * 4))
+    verify_tree(torch.tensor([1, 0, 2]), torch.tensor([-1, 0, -1]), torch.stack([Q, Q, Q]), torch.stack([P] * 4))
+
+
+def test_the_sum_tolerance_follows_the_reported_dtype():
+    from specfamily.core.verify import sum_tolerance
+
+    assert sum_tolerance(torch.float64) == sum_tolerance(torch.float32) == 1e-3
+    assert sum_tolerance(torch.bfloat16) == pytest.approx(4 * 2**-7)
+    bf16 = (Q * 1.02).to(torch.bfloat16)  # a bf16 softmax off by its rounding passes; float32 does not
+    verify_chain(torch.tensor([1]), bf16.view(1, -1), torch.stack([P, P]).to(torch.bfloat16))
+    with pytest.raises(DraftProbabilityError, match="a sum of 1.02"):
+        verify_chain(torch.tensor([1]), (Q * 1.02).float().view(1, -1), torch.stack([P, P]).float())

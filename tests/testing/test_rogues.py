@@ -25,7 +25,7 @@ def _position(test_name: str) -> int:
 def test_the_gallery_covers_the_bugs_it_promises():
     assert [rogue.name for rogue in GALLERY] == [
         "late_misreport", "default_policy_misreport", "mixture_report", "siblings_without_replacement",
-        "temperature_mismatch", "top_p_mismatch", "shifted_features", "off_by_one_parent",
+        "temperature_mismatch", "top_p_mismatch", "shifted_features", "off_by_one_parent", "unnormalised_q",
     ]
 
 
@@ -34,6 +34,9 @@ def test_the_suite_rejects_the_rogue(rogue):
     with pytest.raises(ConformanceError, match="not lossless under") as info:
         assert_lossless(rogue.build, configs=[rogue.sampling])
     fit = info.value.fit
+    if rogue.name == "unnormalised_q":  # refused by the verifier on its first draft, before any statistics
+        assert fit is None and "is not a distribution: a sum of" in str(info.value), str(info.value)
+        return
     print(f"\n{rogue.name} ({rogue.bug}): {fit.describe()}")
     if rogue.name in ("late_misreport", "default_policy_misreport"):  # wrong only from depth 3: seen at position 3+
         failing = [test for test in fit.tests if test.p_value * len(fit.tests) < 1e-3]
