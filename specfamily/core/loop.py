@@ -109,7 +109,8 @@ def generate(
             t2 = clock()
             depth = _depth(draft)
             recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft),
-                                 catch_up_seconds=draft.catch_up_seconds)
+                                 catch_up_seconds=draft.catch_up_seconds,
+                                 verified_depth=draft.verified_depth(accepted) if depth else 0)
             committed = [*_tokens_at(draft, accepted), next_token]
             kept, finished = truncate(committed, remaining, target.eos_token_ids)
             new_tokens += kept

@@ -24,10 +24,11 @@ class Metrics:
     draft_steps: int  # drafter forward/proposal steps
     proposed_tokens: int
     accepted_tokens: int
-    acceptance_rate: float  # alpha: accepted / (accepted + proposals that ended in a rejection)
+    acceptance_rate: float  # alpha: accepted / (accepted + passes whose verifier rejected every child it tried last)
     draft_acceptance: float  # accepted / proposed tokens
     mean_accepted_length: float  # tau = new_tokens / target_passes; plain decoding: 1.0
-    per_position_acceptance: list[float]  # i: accepted share of the tokens at depth i + 1
+    per_position_acceptance: list[float]  # cumulative, i: P(accepted length > i) over the passes that drafted deeper
+    # than i, leaving out those that stopped at an accepted leaf above depth i + 1 (levels the verifier never tried)
     draft_seconds: float
     verify_seconds: float
     other_seconds: float
@@ -38,6 +39,8 @@ class Metrics:
     calibration_seconds: float = 0.0  # one-time verify-cost measurement before this request (not in total_seconds)
     drafted_share: float = NAN  # passes after the prefill that verified a draft / passes after the prefill
     policy_note: str = ""  # the draft-length policy's own account (the cost-aware one says why it drafts or not)
+    conditional_acceptance: list[float] = field(default_factory=list)  # i: of the passes whose verifier tried a node
+    # at depth i + 1, the share that accepted one there (vLLM's per-position rate)
 
     def as_dict(self) -> dict[str, Any]:
         """Flat and JSON-friendly: nan becomes None."""
@@ -70,8 +73,18 @@ def cost_ratio(draft_seconds: float, draft_steps: int, verify_seconds: float, ve
 
 
 def per_position_acceptance(proposed_at: list[int], accepted_at: list[int]) -> list[float]:
-    """i: of the proposals with depth > i, the share whose token at depth i + 1 was accepted."""
+    """i: of the proposals counted at depth i + 1 (``proposed_at``), the share accepted there (``accepted_at``).
+
+    With the recorder's cumulative counts this is P(accepted length > i); with its ``tried_at`` counts the
+    conditional rate at depth i + 1."""
     return [ratio(accepted, proposed) for proposed, accepted in zip(proposed_at, accepted_at, strict=True)]
+
+
+def counted_depth(proposed_depth: int, accepted: int, verified_depth: int) -> int:
+    """How deep a pass counts for the cumulative per-position acceptance: the drafted depth when the verifier
+    rejected at its last tried level (the deeper levels were proposed and not reached), else only the levels it
+    tried (a path accepted down to a leaf above the deepest level never failed deeper)."""
+    return proposed_depth if verified_depth > accepted else verified_depth
 
 
 def _check_count(value: int, name: str) -> int:
@@ -82,6 +95,16 @@ def _check_count(value: int, name: str) -> int:
     if count is None or count < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return count
+
+
+def _check_verified(verified_depth: int | None, proposed_depth: int, accepted: int) -> int:
+    if verified_depth is None:
+        return min(accepted + 1, proposed_depth)
+    verified_depth = _check_count(verified_depth, "verified_depth")
+    if not accepted <= verified_depth <= proposed_depth:
+        raise ValueError(f"verified_depth ({verified_depth}) must lie between accepted ({accepted}) and "
+                         f"proposed_depth ({proposed_depth})")
+    return verified_depth
 
 
 def _check_seconds(value: float, name: str) -> float:
@@ -114,8 +137,9 @@ class MetricsRecorder:
     c_verify_seconds: float = 0.0  # and their time
     catch_up_seconds: float = 0.0
     calibration_seconds: float = 0.0
-    proposed_at: list[int] = field(default_factory=list)  # proposals with depth > i
-    accepted_at: list[int] = field(default_factory=list)  # of those, accepted at depth i + 1
+    proposed_at: list[int] = field(default_factory=list)  # i: passes counted at depth i + 1 (see counted_depth)
+    accepted_at: list[int] = field(default_factory=list)  # i: passes that accepted a node at depth i + 1
+    tried_at: list[int] = field(default_factory=list)  # i: passes whose verifier tried a node at depth i + 1
 
     def record_pass(
         self,
@@ -126,11 +150,14 @@ class MetricsRecorder:
         draft_steps: int | None = None,
         proposed_tokens: int | None = None,
         catch_up_seconds: float = 0.0,
+        verified_depth: int | None = None,
     ) -> None:
-        """One target pass: draft depth verified (0: none), draft tokens accepted, times.
+        """One target pass: draft depth proposed (0: none), draft tokens accepted, times.
 
         ``draft_steps`` defaults to ``proposed_depth`` (a chain drafter's steps); ``proposed_tokens``
-        defaults to ``proposed_depth`` (a tree drafter passes its node count).
+        defaults to ``proposed_depth`` (a tree drafter passes its node count); ``verified_depth``, the levels the
+        verifier tried (``Draft.verified_depth``), defaults to a chain's: one past the accepted tokens, at most
+        the drafted depth. A pass rejected a draft only when the verifier tried a level and accepted nothing there.
         """
         proposed_depth = _check_count(proposed_depth, "proposed_depth")
         accepted = _check_count(accepted, "accepted")
@@ -144,6 +171,7 @@ class MetricsRecorder:
         draft_seconds = _check_seconds(draft_seconds, "draft_seconds")
         verify_seconds = _check_seconds(verify_seconds, "verify_seconds")
         catch_up_seconds = min(_check_seconds(catch_up_seconds, "catch_up_seconds"), draft_seconds)
+        verified_depth = _check_verified(verified_depth, proposed_depth, accepted)
 
         self.catch_up_seconds += catch_up_seconds
         if self.target_passes > 0:
@@ -156,8 +184,8 @@ class MetricsRecorder:
         self.verify_seconds += verify_seconds
         if proposed_depth:
             self.proposals += 1
-            self.rejections += int(accepted < proposed_depth)
-            self._count_positions(proposed_depth, accepted)
+            self.rejections += int(verified_depth > accepted)
+            self._count_positions(counted_depth(proposed_depth, accepted, verified_depth), accepted, verified_depth)
 
     def _count_cost(self, proposed_depth: int, draft_steps: int, draft_seconds: float, verify_seconds: float) -> None:
         if draft_steps:
@@ -167,14 +195,15 @@ class MetricsRecorder:
             self.c_verify_passes += 1
             self.c_verify_seconds += verify_seconds
 
-    def _count_positions(self, proposed_depth: int, accepted: int) -> None:
-        missing = proposed_depth - len(self.proposed_at)
+    def _count_positions(self, counted: int, accepted: int, verified: int) -> None:
+        missing = counted - len(self.proposed_at)
         if missing > 0:
-            self.proposed_at.extend([0] * missing)
-            self.accepted_at.extend([0] * missing)
-        for i in range(proposed_depth):
+            for counts in (self.proposed_at, self.accepted_at, self.tried_at):
+                counts.extend([0] * missing)
+        for i in range(counted):
             self.proposed_at[i] += 1
             self.accepted_at[i] += int(i < accepted)
+            self.tried_at[i] += int(i < verified)
 
     def running_c(self) -> float | None:
         """c so far, for draft-length policies; None while it cannot be measured yet."""
@@ -208,4 +237,5 @@ class MetricsRecorder:
             calibration_seconds=self.calibration_seconds,
             drafted_share=ratio(self.proposals, self.target_passes - 1),
             policy_note=policy_note,
+            conditional_acceptance=per_position_acceptance(self.tried_at, self.accepted_at),
         )

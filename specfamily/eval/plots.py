@@ -2,7 +2,7 @@
 
 - ``speedup_vs_gamma.png``: measured speedup per drafter against gamma (with its bootstrap 95%
   interval over prompts), and the theory curve from the measured alpha, c and verify cost.
-- ``per_position_acceptance.png``: acceptance at each draft depth.
+- ``per_position_acceptance.png``: acceptance at each draft depth, cumulative (solid) and where tried (dashed).
 - ``tau_by_dataset.png``: tau per drafter per dataset.
 """
 
@@ -91,9 +91,11 @@ def plot_per_position(rows: list[SummaryRow], path: Path) -> Path:
             continue
         label = row.drafter + (f" (gamma={row.gamma})" if row.gamma else "")
         label += "" if row.run == "." else f" [{row.run}]"
-        ax.plot(range(1, len(row.per_position) + 1), row.per_position, "o-", label=label)
+        line, = ax.plot(range(1, len(row.per_position) + 1), row.per_position, "o-", label=label)
+        if row.conditional:
+            ax.plot(range(1, len(row.conditional) + 1), row.conditional, "x--", color=line.get_color())
     ax.set_xlabel("draft position (depth)")
-    ax.set_ylabel("acceptance")
+    ax.set_ylabel("acceptance (o: cumulative P(accepted > depth - 1); x: where the depth was tried)")
     ax.set_ylim(0, 1.05)
     ax.set_title("Per-position acceptance")
     if ax.lines:

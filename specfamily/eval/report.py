@@ -124,7 +124,8 @@ def summary_csv(rows: list[SummaryRow]) -> str:
     writer.writeheader()
     for row in rows:
         record = asdict(row)
-        record["per_position"] = json.dumps([None if not math.isfinite(x) else round(x, 4) for x in row.per_position])
+        for name in ("per_position", "conditional"):
+            record[name] = json.dumps([None if not math.isfinite(x) else round(x, 4) for x in getattr(row, name)])
         writer.writerow(record)
     return buffer.getvalue()
 

@@ -51,7 +51,7 @@ class SummaryRow:
     verify_cost: float  # t(n + 1) / t(1) at n = draft_tokens_per_pass
     predicted_speedup: float
     lossy: bool
-    per_position: list[float] = field(default_factory=list)
+    per_position: list[float] = field(default_factory=list)  # cumulative: P(accepted length > i), mean over prompts
     error: str = ""
     tau_low: float = NAN  # bootstrap 95% interval over prompts
     tau_high: float = NAN
@@ -61,6 +61,7 @@ class SummaryRow:
     compared: int = 0  # prompts compared with plain decoding
     drafted: float = NAN  # share of the passes after each prefill that verified a draft
     policy_note: str = ""  # the draft-length policy's account at the end of the run (cost-aware: why it drafts or not)
+    conditional: list[float] = field(default_factory=list)  # i: acceptance where depth i + 1 was tried (prompt mean)
 
     @property
     def tau_ci(self) -> Interval:
@@ -136,9 +137,10 @@ def identical_to_plain(records: list[PromptRecord], plain: list[PromptRecord]) -
     return sum(r.tokens == base[r.prompt_id] for r in compared), len(compared)
 
 
-def per_position(records: list[PromptRecord]) -> list[float]:
-    """Mean acceptance at each draft depth over the prompts that drafted that deep."""
-    rows = [r.metrics.get("per_position_acceptance") or [] for r in records]
+def per_position(records: list[PromptRecord], key: str = "per_position_acceptance") -> list[float]:
+    """Mean acceptance at each draft depth over the prompts that drafted that deep: cumulative by default,
+    ``key="conditional_acceptance"`` for the rate where each depth was tried."""
+    rows = [r.metrics.get(key) or [] for r in records]
     depth = max((len(row) for row in rows), default=0)
     return [_mean(row[i] for row in rows if i < len(row)) for i in range(depth)]
 
@@ -205,6 +207,7 @@ def summarize(
         seconds=sum(r.wall_seconds for r in records), tokens_per_second=_throughput(records),
         speedup=speedup(records, plain) if records else NAN, verify_cost=verify, predicted_speedup=predicted,
         lossy=any(r.lossy for r in records), per_position=per_position(records),
+        conditional=per_position(records, "conditional_acceptance"),
         error="" if failure is None or status == "ok" else f"{failure.stage}: {failure.error}",
         tau_low=tau_ci.low, tau_high=tau_ci.high, speedup_low=spread.low, speedup_high=spread.high,
         identical=identical if info.sampling == "greedy" and label != PLAIN else None, compared=compared,

@@ -33,7 +33,8 @@ _RECORD_FEATURES = {
 _METRIC_FEATURES = {
     "new_tokens": "int64", "target_passes": "int64", "draft_steps": "int64", "proposed_tokens": "int64",
     "accepted_tokens": "int64", "acceptance_rate": "float64", "draft_acceptance": "float64",
-    "mean_accepted_length": "float64", "per_position_acceptance": ["float64"], "draft_seconds": "float64",
+    "mean_accepted_length": "float64", "per_position_acceptance": ["float64"],
+    "conditional_acceptance": ["float64"], "draft_seconds": "float64",
     "verify_seconds": "float64", "other_seconds": "float64", "total_seconds": "float64", "c": "float64",
 }
 _DERIVED_FEATURES = {"identical_to_plain": "bool", "speedup": "float64"}

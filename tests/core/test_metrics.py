@@ -140,3 +140,43 @@ def test_bad_finish_is_a_value_error():
         MetricsRecorder().finish(new_tokens=-1, total_seconds=0.0)
     with pytest.raises(ValueError, match="total_seconds"):
         MetricsRecorder().finish(new_tokens=0, total_seconds=-1.0)
+
+
+def test_a_path_accepted_down_to_a_shallow_leaf_is_not_a_rejection():
+    """A depth-3 tree whose accepted path ends at a leaf of depth 2: the verifier tried nothing deeper, so the pass
+    rejected nothing and depth 3 was never tried (counting it as proposed-not-accepted biased alpha low)."""
+    recorder = MetricsRecorder()
+    recorder.record_pass(0, 0, 0.0, 0.1)
+    recorder.record_pass(3, 2, 0.02, 0.1, draft_steps=1, proposed_tokens=6, verified_depth=2)  # leaf at depth 2
+    recorder.record_pass(3, 1, 0.02, 0.1, draft_steps=1, proposed_tokens=6, verified_depth=2)  # rejected at depth 2
+    recorder.record_pass(3, 3, 0.02, 0.1, draft_steps=1, proposed_tokens=6, verified_depth=3)
+    metrics = recorder.finish(new_tokens=1 + 3 + 2 + 4, total_seconds=0.5)
+    assert metrics.acceptance_rate == pytest.approx(6 / 7)  # one rejection (the second pass), not two
+    assert metrics.per_position_acceptance == pytest.approx([1.0, 2 / 3, 1 / 2])  # cumulative: P(accepted > i)
+    assert metrics.conditional_acceptance == pytest.approx([1.0, 2 / 3, 1.0])  # depth 3 tried once, accepted once
+
+
+def test_a_chain_counts_as_before_and_verified_depth_is_checked():
+    chain = speculative_recorder().finish(new_tokens=12, total_seconds=1.2)
+    assert chain.conditional_acceptance == pytest.approx([3 / 4, 2 / 3, 1 / 1, 1 / 1])
+    with pytest.raises(ValueError, match=r"verified_depth \(1\) must lie between accepted \(2\) and proposed_depth"):
+        MetricsRecorder().record_pass(3, 2, 0.0, 0.1, verified_depth=1)
+
+
+def test_the_loop_counts_what_the_verifier_tried_on_a_tree():
+    """Greedy on a tree whose first child (the target's own next token) is a leaf and whose second starts a chain
+    of 3: every pass accepts the leaf, so nothing was rejected and only depth 1 was tried."""
+    import specfamily as sf
+    from specfamily.core.types import Draft
+    from specfamily.testing import OracleDrafter, tiny_target
+
+    class LeafFirst(OracleDrafter):
+        def propose(self, ctx, gamma):
+            right = self.continuation[len(ctx.tokens)]
+            wrong = (right + 1) % ctx.target.vocab_size
+            return Draft([right, wrong, wrong, wrong], [-1, -1, 1, 2])
+
+    target = tiny_target("llama")
+    metrics = sf.generate(target, LeafFirst(target, gamma=3), [1, 2, 3], max_new_tokens=9).metrics
+    assert metrics.acceptance_rate == 1.0 and metrics.conditional_acceptance == [1.0]
+    assert metrics.per_position_acceptance == [1.0]

@@ -45,7 +45,8 @@ def _write(folder, info, records):
 def _save_run(folder, gamma=2, small_wall=0.5):
     records = [
         _record("plain", 0, None, 1.0, _metrics(10, 10, 0, 0, None, None, [])),
-        _record("small_model", 0, gamma, small_wall, _metrics(10, 5, 8, 5, 0.8, 0.1, [0.9, 0.7])),
+        _record("small_model", 0, gamma, small_wall,
+                {**_metrics(10, 5, 8, 5, 0.8, 0.1, [0.9, 0.7]), "conditional_acceptance": [0.9, 0.8]}),
         _record("plain", 1, None, 1.0, _metrics(10, 10, 0, 0, None, None, [])),
         _record("small_model", 1, gamma, small_wall, _metrics(10, 5, 8, 5, 0.6, 0.3, [0.7, 0.5])),
         FailureRecord("eagle", "create", "FileNotFoundError: zoo model 'zoo:code-eagle' is not shipped"),
@@ -67,6 +68,7 @@ def test_report_from_saved_results(tmp_path, capsys):
     expected = theory.expected_speedup(0.7, 2, 0.2 * 1.2, verify_cost=1.2)
     assert float(small["predicted_speedup"]) == pytest.approx(expected)
     assert json.loads(small["per_position"]) == pytest.approx([0.8, 0.6])
+    assert json.loads(small["conditional"]) == pytest.approx([0.9, 0.8])  # the one prompt that recorded it
     assert (rows["plain"]["tau"], rows["plain"]["speedup"], rows["plain"]["status"]) == ("1.0", "1.0", "ok")
     assert rows["eagle"]["status"] == "failed" and rows["eagle"]["prompts"] == "0"
     row = f"| small_model | 2 | ok | 2 | 2.00 | - | - | 0.70 | 2.00 | - | {expected:.2f} | 2/2 | 0.20 | 1.20 | no |"
