@@ -49,8 +49,8 @@ def plan_attention(
 
     ``masked_gqa`` (the lean forwards under a non-exact matmul kind, which run on the CPU): a masked pass of several
     queries over grouped heads lets sdpa index the key heads (``enable_gqa``) instead of taking transformers' branch,
-    which copies every layer's keys and values ``groups`` times (``repeat_kv``). On SmolLM2 over a 400-token cache
-    that copy made a 5-token verify pass cost 1.28 one-token passes instead of 1.18."""
+    which copies every layer's keys and values ``groups`` times (``repeat_kv``); what that copy cost is measured in
+    docs/bandwidth-smollm2.md."""
     causal = q_len > 1 and mask is None
     if groups == 1:
         return Attend(mask, causal, gqa=False, pack=False, groups=1)
