@@ -2,8 +2,11 @@
 
 For each prompt set, every drafter runs at its defaults (no options: the cost-aware ``auto`` policy) and at the
 constant draft lengths ``--gammas``, beside plain decoding of the same target. Each arm is one drafter object
-serving every prompt of the set in turn (as a run does, so ``auto`` learns across requests), after one warm-up
-request that is not counted; on each prompt the arms run in a rotated order, so slow drift spreads over them.
+serving every prompt of the set in turn, each once (as a run does, so ``auto`` learns across requests), after one
+warm-up request that is not counted, served by another object of the same configuration (as the runner warms up):
+the timed object has seen none of the prompts, where warming it on the first prompt would leave that prompt's
+answer in suffix's global cache and that request in ``auto``'s estimates when the same prompt is timed. On each
+prompt the arms run in a rotated order, so slow drift spreads over them.
 Speed is ours over our own plain decoding (new tokens per second of ``metrics.total_seconds``, which leaves out the
 one-time verify-cost measurement); every arm's greedy text is checked against plain decoding's, token for token.
 
@@ -86,21 +89,35 @@ def prompt_set(name: str, count: int, tokenizer, last: int) -> list[list[int]]:
     return prompt_ids(name, count, tokenizer, last=last)
 
 
-def make_arms(target, drafters: list[str], gammas: list[int]) -> list[tuple[Arm, object]]:
+def build_drafter(target, arm: Arm):
+    """A new drafter object of ``arm``'s configuration (None for plain decoding)."""
     import specfamily as sf
 
-    arms: list[tuple[Arm, object]] = [(Arm("plain", None, None), None)]
+    if arm.drafter is None:
+        return None
+    return sf.create_drafter(arm.drafter, target, **({} if arm.gamma is None else {"gamma": arm.gamma}))
+
+
+def make_arms(target, drafters: list[str], gammas: list[int]) -> list[tuple[Arm, object]]:
+    arms = [Arm("plain", None, None)]
     for name in drafters:
-        arms.append((Arm(name, name, None), sf.create_drafter(name, target)))
-        arms += [(Arm(f"{name}@{g}", name, g), sf.create_drafter(name, target, gamma=g)) for g in gammas]
-    return arms
+        arms += [Arm(name, name, None), *(Arm(f"{name}@{g}", name, g) for g in gammas)]
+    return [(arm, build_drafter(target, arm)) for arm in arms]
+
+
+def warm_up(target, arms, prompt: list[int], tokens: int) -> None:
+    """Shapes, kernels and the target's one-time cost curve, on drafter objects of their own (not the timed ones:
+    module docstring); not counted."""
+    import specfamily as sf
+
+    for arm, _ in arms:
+        sf.generate(target, build_drafter(target, arm), prompt, max_new_tokens=tokens)
 
 
 def run_set(target, name: str, prompts: list[list[int]], arms, tokens: int) -> SetResult:
     import specfamily as sf
 
-    for _, drafter in arms:  # warm-up: shapes, caches and the one-time cost curve; not counted
-        sf.generate(target, drafter, prompts[0], max_new_tokens=tokens)
+    warm_up(target, arms, prompts[0], tokens)
     result = SetResult(name, len(prompts), [arm for arm, _ in arms])
     for index, prompt in enumerate(prompts):
         order = arms[index % len(arms):] + arms[: index % len(arms)]
