@@ -15,25 +15,34 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from common import PairResult, Skipped
+    from pairs import PairResult, Skipped
+
 
 def _cell(values: list[float], digits: int = 2) -> str:
     return f"{statistics.median(values):.{digits}f}"
 
 
+def _interval(values: list[float]) -> str:
+    """median [min-max] over the repeats."""
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
 def markdown_table(results: list[PairResult], skipped: Sequence[Skipped] = ()) -> str:
-    """The report table: method, ours and theirs ms/token, ratio (median [min-max]), tau, identical."""
-    lines = [
-        "| method | vs | ours ms/token | theirs ms/token | ratio (theirs/ours) | tau | identical? |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
-    ]
+    """The report table: method, ours and theirs ms/token, ratio (median [min-max]), tau, identical; and, where a
+    row timed our plain decoding beside it, its speedup over that (median [min-max], paired per repeat)."""
+    paired = any(r.plain_ms for r in results)
+    head = "| method | vs | ours ms/token | theirs ms/token | ratio (theirs/ours) | tau | identical? |"
+    rule = "| --- | --- | ---: | ---: | ---: | ---: | --- |"
+    lines = [head + " over our plain |" if paired else head, rule + " ---: |" if paired else rule]
     for r in results:
-        ratio = f"{statistics.median(r.ratios):.2f} [{min(r.ratios):.2f}-{max(r.ratios):.2f}]"
         same = "yes" if r.identical else f"NO ({len(r.mismatches)} prompt(s))"
-        cells = [r.name, r.theirs_label, _cell(r.ours_ms), _cell(r.theirs_ms), ratio, f"{r.tau:.2f}", same]
+        cells = [r.name, r.theirs_label, _cell(r.ours_ms), _cell(r.theirs_ms), _interval(r.ratios), f"{r.tau:.2f}",
+                 same]
+        if paired:
+            cells.append(_interval(r.speedups) if r.plain_ms else "-")
         lines.append("| " + " | ".join(cells) + " |")
     for s in skipped:
-        lines.append(f"| {s.name} | skipped | - | - | - | - | {s.reason} |")
+        lines.append(f"| {s.name} | skipped | - | - | - | - | {s.reason} |" + (" - |" if paired else ""))
     return "\n".join(lines)
 
 

@@ -1,10 +1,9 @@
-"""Shared helpers of the benchmark scripts: loading, prompts, paired timing, identity checks, tables.
+"""Shared helpers of the benchmark scripts: loading, prompts, our and transformers' sides, pass costs.
 
-Every comparison is a pair: ``ours(prompt) -> Output`` and ``theirs(prompt) -> tokens``, timed in one
-process with a fixed thread count, warm-up first, then alternating repeats (ours, theirs, ours, ...;
-the order flips every repeat), one prompt at a time. A pair's ratio is theirs' time / ours' time
-per repeat (> 1: ours is faster); the table shows its median and range. Outputs are compared token
-for token on every run.
+Every comparison is a pair, our side against theirs (and our plain decoding beside a drafter's), timed in one
+process with a fixed thread count, prompt by prompt (``pairs``: the schedule, the fresh drafter objects per
+repeat, the ratios); outputs are compared token for token on every run. The report's tables and files are in
+``bench_report``.
 """
 
 from __future__ import annotations
@@ -13,90 +12,26 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from bench_report import describe_mismatches, environment, markdown_table, write_json, write_text  # noqa: F401
+from pairs import (  # noqa: F401 - the scripts' shared names, one import away
+    Method,
+    Mismatch,
+    OursFactory,
+    OursFn,
+    Output,
+    PairResult,
+    Skipped,
+    TheirsFn,
+    first_mismatch,
+    measure_pair,
+    stateless,
+)
 
 CLOCKS = ("wall", "cpu")
-
-
-@dataclass
-class Output:
-    """What one of our runs returned: new tokens and target passes (for tau)."""
-
-    tokens: list[int]
-    passes: int
-
-
-OursFn = Callable[[list[int]], Output]
-TheirsFn = Callable[[list[int]], list[int]]
-
-
-@dataclass
-class Method:
-    """One row to measure: our callable against theirs."""
-
-    name: str
-    ours: OursFn
-    theirs: TheirsFn
-    theirs_label: str
-    note: str = ""
-
-
-@dataclass
-class Skipped:
-    """A method that could not be measured, and why."""
-
-    name: str
-    reason: str
-
-
-@dataclass
-class Mismatch:
-    """The first differing position between two outputs for one prompt."""
-
-    prompt: int
-    position: int
-    ours: int | None  # None: ours ended there
-    other: int | None
-    against: str  # "theirs" or "reference" (plain greedy transformers)
-
-
-@dataclass
-class PairResult:
-    """One measured row; times are ms per new token, one entry per repeat."""
-
-    name: str
-    theirs_label: str
-    ours_ms: list[float]
-    theirs_ms: list[float]
-    tau: float
-    new_tokens: int  # per repeat, ours
-    mismatches: list[Mismatch] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def ratios(self) -> list[float]:
-        return [t / o for o, t in zip(self.ours_ms, self.theirs_ms, strict=True)]
-
-    @property
-    def identical(self) -> bool:
-        return not self.mismatches
-
-    def summary(self) -> dict:
-        """JSON-friendly: the raw lists plus medians and ranges."""
-        data = asdict(self)
-        data.update(
-            ours_ms_median=statistics.median(self.ours_ms),
-            theirs_ms_median=statistics.median(self.theirs_ms),
-            ratio_median=statistics.median(self.ratios),
-            ratio_min=min(self.ratios),
-            ratio_max=max(self.ratios),
-            identical=self.identical,
-        )
-        return data
 
 
 def make_clock(kind: str, device: str = "cpu") -> Callable[[], float]:
@@ -216,67 +151,15 @@ def ours_fn(target, drafter, max_new_tokens: int) -> OursFn:
     return run
 
 
+def ours_factory(target, make: Callable[[], object], max_new_tokens: int) -> OursFactory:
+    """Our side as ``Method.ours`` wants it: each call builds a new drafter object with ``make()`` (None: plain
+    decoding), so no timed request is served by a drafter that has seen it (``pairs``)."""
+    return lambda: ours_fn(target, make(), max_new_tokens)
+
+
 def as_ours(fn: TheirsFn) -> OursFn:
     """A plain decoder (one pass per token) as an ``ours`` callable."""
     return lambda prompt: (lambda tokens: Output(tokens, len(tokens)))(fn(prompt))
-
-
-def first_mismatch(ours: Sequence[int], other: Sequence[int]) -> tuple[int, int | None, int | None] | None:
-    """(position, ours' token, other's token) at the first difference, None when equal."""
-    for position, (a, b) in enumerate(zip(ours, other, strict=False)):
-        if a != b:
-            return position, a, b
-    if len(ours) == len(other):
-        return None
-    position = min(len(ours), len(other))
-    pick = lambda seq: seq[position] if position < len(seq) else None  # noqa: E731
-    return position, pick(ours), pick(other)
-
-
-def _record(mismatches: list[Mismatch], prompt: int, ours: list[int], other: list[int], against: str) -> None:
-    found = first_mismatch(ours, other)
-    if found is None:
-        return
-    if any(m.prompt == prompt and m.against == against for m in mismatches):
-        return  # one entry per prompt and comparison is enough
-    mismatches.append(Mismatch(prompt, found[0], found[1], found[2], against))
-
-
-def measure_pair(
-    method: Method,
-    prompts: list[list[int]],
-    repeats: int,
-    clock: Callable[[], float],
-    reference: list[list[int]] | None = None,
-    warmup: int = 1,
-) -> PairResult:
-    """Warm up both sides, then ``repeats`` alternating timed passes over every prompt."""
-    for prompt in prompts[:warmup]:
-        method.ours(prompt)
-        method.theirs(prompt)
-    ours_ms, theirs_ms, mismatches = [], [], []
-    tokens = passes = 0
-    for repeat in range(repeats):
-        ours_s = theirs_s = 0.0
-        tokens = passes = theirs_tokens = 0
-        for i, prompt in enumerate(prompts):
-            ours_first = (repeat + i) % 2 == 0
-            for side in ("ours", "theirs") if ours_first else ("theirs", "ours"):
-                start = clock()
-                out = method.ours(prompt) if side == "ours" else method.theirs(prompt)
-                elapsed = clock() - start
-                if side == "ours":
-                    ours_s, tokens, passes = ours_s + elapsed, tokens + len(out.tokens), passes + out.passes
-                    ours_out = out.tokens
-                else:
-                    theirs_s, theirs_tokens, theirs_out = theirs_s + elapsed, theirs_tokens + len(out), out
-            _record(mismatches, i, ours_out, theirs_out, "theirs")
-            if reference is not None:
-                _record(mismatches, i, ours_out, reference[i], "reference")
-        ours_ms.append(1000 * ours_s / max(tokens, 1))
-        theirs_ms.append(1000 * theirs_s / max(theirs_tokens, 1))
-    tau = tokens / passes if passes else float("nan")
-    return PairResult(method.name, method.theirs_label, ours_ms, theirs_ms, tau, tokens, mismatches, method.note)
 
 
 def median_time(fn: Callable[[], object], repeats: int, clock: Callable[[], float]) -> float:

@@ -52,9 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes.split(","):
         for size in args.sizes.split(","):
             vocab = "full" if size == "full" else int(size)
-            drafter = sf.create_drafter("eagle", target, weights=args.weights, mode=mode, draft_vocab=vocab,
-                                        gamma=args.gamma)
-            method = common.Method(f"eagle {mode} N={size}", common.ours_fn(target, drafter, args.tokens),
+            def make(mode=mode, vocab=vocab):  # a new drafter for the warm-up and each repeat (benchmarks/pairs.py)
+                return sf.create_drafter("eagle", target, weights=args.weights, mode=mode, draft_vocab=vocab,
+                                         gamma=args.gamma)
+
+            method = common.Method(f"eagle {mode} N={size}", common.ours_factory(target, make, args.tokens),
                                    lambda p: plain(p).tokens, "our plain decoding")
             result = common.measure_pair(method, prompts, args.repeats, clock, reference)
             results.append(result)

@@ -64,13 +64,14 @@ def methods(target, draft, gamma: int, max_new_tokens: int) -> list[Method]:
     bare = common.raw_greedy(model, max_new_tokens)
     slow = Target(model, target.tokenizer, fast=False)
     rows = [
-        Method("plain", common.ours_fn(target, None, max_new_tokens), plain_hf, "plain generate"),
-        Method("plain, transformers forward", common.ours_fn(slow, None, max_new_tokens), plain_hf, "plain generate",
-               "our loop without the lean forward"),
-        Method("bare model loop", common.as_ours(bare), plain_hf, "plain generate", "greedy loop over model()"),
+        Method("plain", common.stateless(common.ours_fn(target, None, max_new_tokens)), plain_hf, "plain generate"),
+        Method("plain, transformers forward", common.stateless(common.ours_fn(slow, None, max_new_tokens)), plain_hf,
+               "plain generate", "our loop without the lean forward"),
+        Method("bare model loop", common.stateless(common.as_ours(bare)), plain_hf, "plain generate",
+               "greedy loop over model()"),
     ]
     if draft is not None:
-        drafter = sf.create_drafter("small_model", target, model=draft, gamma=gamma)
+        make = lambda: sf.create_drafter("small_model", target, model=draft, gamma=gamma)  # noqa: E731
         config = copy.deepcopy(draft.generation_config)
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
         config.assistant_confidence_threshold = 0.0
@@ -79,8 +80,8 @@ def methods(target, draft, gamma: int, max_new_tokens: int) -> list[Method]:
             draft.generation_config = config
             return common.hf_generate(model, prompt, max_new_tokens, assistant_model=draft)
 
-        rows.append(Method(f"small_model gamma={gamma}", common.ours_fn(target, drafter, max_new_tokens), assisted,
-                           f"assisted, constant {gamma}"))
+        rows.append(Method(f"small_model gamma={gamma}", common.ours_factory(target, make, max_new_tokens), assisted,
+                           f"assisted, constant {gamma}"))  # a new drafter for the warm-up and each repeat
     return rows
 
 

@@ -4,8 +4,13 @@ Batch 1, greedy, a fixed thread count. Each row pairs our decoding with the clos
 feature (plain ``generate``, ``assistant_model=``, ``prompt_lookup_num_tokens=``,
 ``assistant_early_exit=``; plain ``generate`` for drafters transformers does not have), checks the
 outputs are identical token for token, and reports ms per new token, the ratio (theirs / ours;
-> 1 means ours is faster) and tau. The oracle drafter (replays the target's own greedy output)
-shows the loop's ceiling next to the ceiling from the target's own pass costs t(n).
+> 1 means ours is faster) and tau. Every drafter row also times our plain decoding beside it, prompt
+by prompt (ours with the drafter, ours plain, transformers on prompt 1; then prompt 2; ...; the order
+rotating), so its speedup over our plain decoding ("over our plain") and the ratio come from paired
+measurements of one run, median [min-max] over ``--repeats``; each repeat builds the drafter afresh
+(``pairs``: no timed request is served by a drafter that has seen it). The oracle drafter (replays
+the target's own greedy output) shows the loop's ceiling next to the ceiling from the target's own
+pass costs t(n).
 
     python benchmarks/peer.py                                   # the zoo pair, held-out prompts
     python benchmarks/peer.py --target DIR --draft DIR --threads 1 --clock cpu --out peer.json
@@ -24,39 +29,19 @@ import copy
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import common
 from ceiling import oracle_ceiling, oracle_lines
 from common import Method, PairResult, Skipped
 from peer_rows import modes_vs_plain, oracle_row, plain_vs_ours, policy_note, self_spec_row
+from peer_setup import Setup, make_setup, prepare  # noqa: F401 - prepare and make_setup are this script's API
 
 SMALL_GAMMAS = (1, 2, 3, 4, 6, 8)
 LOOKUP_GAMMAS = (2, 4, 6, 8, 10)
 HF_CONFIDENCE = 0.4  # transformers' default assistant_confidence_threshold
 HF_LOOKUP_TOKENS = 10  # the prompt_lookup_num_tokens transformers' docs use
 ORDER = ("small_model", "prompt_lookup", "self_spec", "medusa", "eagle", "eagle3")  # table order; other drafters follow
-
-
-@dataclass
-class Setup:
-    """Everything the rows share."""
-
-    target: object
-    draft: object
-    prompts: list[list[int]]
-    reference: list[list[int]]  # transformers' plain greedy output per prompt
-    max_new_tokens: int
-    clock: object
-    args: argparse.Namespace
-
-    def hf(self, **kwargs):
-        """transformers generate on the target with ``kwargs`` as a benchmark callable."""
-        model, n = self.target.model, self.max_new_tokens
-        return lambda prompt: common.hf_generate(model, prompt, n, **kwargs)
-
-    def ours(self, drafter):
-        return common.ours_fn(self.target, drafter, self.max_new_tokens)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -109,13 +94,15 @@ def drafter_options(specs: list[str]) -> dict[str, dict]:
 
 
 def calibrate(setup: Setup, make, gammas) -> tuple[int, dict[int, float]]:
-    """The gamma with the least ms/token of ours on the first two prompts (one warm-up, one timed run each)."""
+    """The gamma with the least ms/token of ours on the first two prompts (one warm-up on a drafter object of its
+    own, so the timed one has seen neither prompt; then one timed run each)."""
     prompts, timings = setup.prompts[:2], {}
     for gamma in gammas:
         if gamma >= setup.max_new_tokens:
             continue
-        run = setup.ours(make(gamma))
-        run(prompts[0])
+        side = setup.ours(lambda gamma=gamma: make(gamma))
+        side()(prompts[0])
+        run = side()
         start, tokens = setup.clock(), 0
         for prompt in prompts:
             tokens += len(run(prompt).tokens)
@@ -138,7 +125,6 @@ def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
     if gamma is None:
         gamma, timings = calibrate(setup, make, SMALL_GAMMAS)
         report["calibration"]["small_model"] = timings
-    ours = setup.ours(make(gamma))
     default_config = copy.deepcopy(draft.generation_config)
     constant = copy.deepcopy(draft.generation_config)
     constant.num_assistant_tokens, constant.num_assistant_tokens_schedule = gamma, "constant"
@@ -153,11 +139,12 @@ def small_model_rows(setup: Setup, options: dict, report: dict) -> list[Method]:
 
     # transformers' default ends each draft early below a draft confidence of 0.4 (adapted as it goes): ours
     # with the same fixed threshold faces it, ours with a constant length faces its constant schedule
-    confident = setup.ours(make(gamma, threshold))
+    confident, ours = setup.ours(lambda: make(gamma, threshold)), setup.ours(lambda: make(gamma))
     return [
         Method(f"small_model gamma={gamma} confidence={threshold}", confident, assisted(default_config),
-               "assisted, default schedule"),
-        Method(f"small_model gamma={gamma}", ours, assisted(constant), f"assisted, constant {gamma}"),
+               "assisted, default schedule", plain=setup.plain()),
+        Method(f"small_model gamma={gamma}", ours, assisted(constant), f"assisted, constant {gamma}",
+               plain=setup.plain()),
     ]
 
 
@@ -165,20 +152,22 @@ def prompt_lookup_row(setup: Setup, options: dict, report: dict) -> Method:
     import specfamily as sf
 
     if setup.args.defaults:
-        drafter = sf.create_drafter("prompt_lookup", setup.target, **options)
+        default = lambda: sf.create_drafter("prompt_lookup", setup.target, **options)  # noqa: E731
+        drafter = default()
         ngram = drafter.config.max_ngram
         theirs = setup.hf(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS, max_matching_ngram_size=ngram)
-        return Method("prompt_lookup default", setup.ours(drafter), theirs,
-                      f"prompt lookup {HF_LOOKUP_TOKENS}, ngram {ngram}", f"ours: {policy_note(drafter)}")
+        return Method("prompt_lookup default", setup.ours(default), theirs,
+                      f"prompt lookup {HF_LOOKUP_TOKENS}, ngram {ngram}", f"ours: {policy_note(drafter)}",
+                      setup.plain())
     make = lambda g: sf.create_drafter("prompt_lookup", setup.target, **{**options, "gamma": g})  # noqa: E731
     gamma = setup.args.lookup_gamma or options.get("gamma")
     if gamma is None:
         gamma, timings = calibrate(setup, make, LOOKUP_GAMMAS)
         report["calibration"]["prompt_lookup"] = timings
-    drafter = make(gamma)
-    ngram = getattr(getattr(drafter, "config", None), "max_ngram", 2)
+    ngram = getattr(getattr(make(gamma), "config", None), "max_ngram", 2)
     theirs = setup.hf(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=ngram)
-    return Method(f"prompt_lookup gamma={gamma}", setup.ours(drafter), theirs, f"prompt lookup {gamma}, ngram {ngram}")
+    return Method(f"prompt_lookup gamma={gamma}", setup.ours(lambda: make(gamma)), theirs,
+                  f"prompt lookup {gamma}, ngram {ngram}", plain=setup.plain())
 
 
 def build_rows(setup: Setup, report: dict) -> tuple[list, list[Skipped]]:
@@ -186,7 +175,7 @@ def build_rows(setup: Setup, report: dict) -> tuple[list, list[Skipped]]:
     import specfamily as sf
 
     options = drafter_options(setup.args.option)
-    rows = [("plain", lambda: [Method("plain", setup.ours(None), setup.hf(), "plain generate")])]
+    rows = [("plain", lambda: [Method("plain", common.stateless(setup.plain()), setup.hf(), "plain generate")])]
     builders = {
         "small_model": lambda: small_model_rows(setup, options.get("small_model", {}), report),
         "prompt_lookup": lambda: [prompt_lookup_row(setup, options.get("prompt_lookup", {}), report)],
@@ -254,28 +243,6 @@ def measure_rows(setup: Setup, rows, skipped: list[Skipped]) -> list[PairResult]
             results.append(result)
             print(common.markdown_table([result]).splitlines()[-1], flush=True)
     return results
-
-
-def prepare(args: argparse.Namespace) -> Setup:
-    """Fix the threads, load the pair and the prompts, compute the reference."""
-    from specfamily.zoo import prompt_set_path
-
-    common.set_threads(args.threads)
-    common.quiet_transformers()
-    draft = None if args.draft.lower() == "none" else args.draft
-    target, draft = common.load_pair(args.target, draft, args.device, args.dtype, args.matmul)
-    if args.prompts == "spec_bench":  # --count questions per category, first turns
-        prompts, _ = common.spec_bench_prompts(args.count, target.tokenizer)
-    else:
-        prompts = common.load_prompts(args.prompts or prompt_set_path("continue"), args.count, target.tokenizer)
-    return make_setup(target, draft, prompts, args)
-
-
-def make_setup(target, draft, prompts: list[list[int]], args: argparse.Namespace) -> Setup:
-    """A Setup over built models; the reference is transformers' plain greedy output."""
-    reference = [common.hf_generate(target.model, p, args.tokens) for p in prompts]
-    clock = common.make_clock(args.clock, str(target.device))
-    return Setup(target, draft, prompts, reference, args.tokens, clock, args)
 
 
 def measure(setup: Setup) -> dict:

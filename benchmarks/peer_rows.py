@@ -1,31 +1,31 @@
 """The peer benchmark's rows that need no sweep: drafters against plain ``generate`` (one row, or one per mode),
 self_spec against transformers' early-exit assistant, and the oracle (the loop's ceiling). ``benchmarks/peer.py``
-builds and measures them."""
+builds and measures them. Every drafter row times our plain decoding beside it (``Method.plain``) and builds its
+drafter afresh for the warm-up and each repeat (``Method.ours``, see ``pairs``); one object built here only names
+the row."""
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import common
 from common import Method
-
-if TYPE_CHECKING:
-    from peer import Setup
+from peer_setup import Setup
 
 
 def self_spec_row(setup: Setup, options: dict) -> Method:
     import specfamily as sf
 
-    drafter = sf.create_drafter("self_spec", setup.target, **options)
+    make = lambda: sf.create_drafter("self_spec", setup.target, **options)  # noqa: E731
+    drafter = make()
     layers, gamma = setup.target.num_layers, drafter.policy.next_gamma()
     exit_at = setup.args.early_exit or _kept_layers(drafter, layers)
     note = "skips " + ",".join(f"{kind}:{index}" for kind, index in sorted(getattr(drafter, "skipped", ())))
     model, n = setup.target.model, setup.max_new_tokens
     if setup.args.defaults:
         theirs = setup.hf(assistant_early_exit=exit_at)
-        return Method("self_spec default", setup.ours(drafter), theirs, f"early exit at {exit_at}/{layers}, "
-                      "its default schedule", f"{note}; ours: {policy_note(drafter)}")
+        return Method("self_spec default", setup.ours(make), theirs, f"early exit at {exit_at}/{layers}, "
+                      "its default schedule", f"{note}; ours: {policy_note(drafter)}", setup.plain())
 
     def theirs(prompt):
         """Early exit drafts with the target's own generation config: make it a constant gamma like ours."""
@@ -39,15 +39,13 @@ def self_spec_row(setup: Setup, options: dict) -> Method:
         finally:
             model.generation_config = saved
 
-    return Method(f"self_spec gamma={gamma}", setup.ours(drafter), theirs,
-                  f"early exit at {exit_at}/{layers}, constant {gamma}", note)
-
+    return Method(f"self_spec gamma={gamma}", setup.ours(make), theirs,
+                  f"early exit at {exit_at}/{layers}, constant {gamma}", note, setup.plain())
 
 
 def policy_note(drafter) -> str:
     """The draft-length policy a drafter runs under (auto: cost-aware, may draft nothing)."""
     return type(drafter.policy).__name__.removesuffix("Policy").lower()
-
 
 
 def _kept_layers(drafter, layers: int) -> int:
@@ -58,13 +56,12 @@ def _kept_layers(drafter, layers: int) -> int:
     return max(1, min(layers, round(layers - len(skipped) / 2)))
 
 
-
 def plain_vs_ours(setup: Setup, name: str, options: dict) -> Method:
     import specfamily as sf
 
-    drafter = sf.create_drafter(name, setup.target, **options)
-    return Method(name, setup.ours(drafter), setup.hf(), "plain generate")
-
+    make = lambda: sf.create_drafter(name, setup.target, **options)  # noqa: E731
+    make()  # fails here, at build time, when the drafter cannot be created
+    return Method(name, setup.ours(make), setup.hf(), "plain generate", plain=setup.plain())
 
 
 def modes_vs_plain(setup: Setup, name: str, options: dict, modes: dict[str, dict]) -> list[Method]:
@@ -73,10 +70,10 @@ def modes_vs_plain(setup: Setup, name: str, options: dict, modes: dict[str, dict
 
     rows = []
     for label, mode in modes.items():
-        drafter = sf.create_drafter(name, setup.target, **{**mode, **options})
-        rows.append(Method(f"{name} {label}", setup.ours(drafter), setup.hf(), "plain generate"))
+        make = lambda mode=mode: sf.create_drafter(name, setup.target, **{**mode, **options})  # noqa: E731
+        make()  # fails here, at build time, when the drafter cannot be created
+        rows.append(Method(f"{name} {label}", setup.ours(make), setup.hf(), "plain generate", plain=setup.plain()))
     return rows
-
 
 
 def oracle_row(setup: Setup) -> Method:
@@ -90,6 +87,6 @@ def oracle_row(setup: Setup) -> Method:
             self.continuation = table[tuple(ctx.prompt_ids.tolist())]
 
     table = {tuple(p): p + r for p, r in zip(setup.prompts, setup.reference, strict=False)}
-    drafter = PrimedOracle(gamma=setup.args.oracle_gamma)
-    return Method(f"oracle gamma={setup.args.oracle_gamma}", setup.ours(drafter), setup.hf(), "plain generate",
-                  "alpha = 1: the loop's ceiling")
+    gamma = setup.args.oracle_gamma
+    return Method(f"oracle gamma={gamma}", setup.ours(lambda: PrimedOracle(gamma=gamma)), setup.hf(),
+                  "plain generate", "alpha = 1: the loop's ceiling", setup.plain())

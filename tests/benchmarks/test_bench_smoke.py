@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specfamily.testing import tiny_model, tiny_target
+from specfamily.testing.tiny import single_thread
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 VOCAB = 64
@@ -21,7 +22,7 @@ VOCAB = 64
 def bench(monkeypatch):
     """The scripts' modules (common, peer, overhead), imported from benchmarks/ and forgotten afterwards."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    names = ("bench_report", "common", "peer", "overhead")
+    names = ("pairs", "bench_report", "common", "peer_setup", "peer_rows", "ceiling", "peer", "overhead", "defaults")
     for name in names:
         sys.modules.pop(name, None)
     modules = argparse.Namespace(**{name: importlib.import_module(name) for name in names})
@@ -32,10 +33,14 @@ def bench(monkeypatch):
 
 @pytest.fixture(scope="module")
 def pair():
-    """A tiny float32 Llama target (no EOS: every run has its full length) and a one-layer draft."""
+    """A tiny float32 Llama target (no EOS: every run has its full length) and a one-layer draft, on one thread
+    (more only add overhead on models this small), with a given verify-cost curve (the cost-aware policy would
+    otherwise time the target's passes first)."""
     target = tiny_target("llama", vocab_size=VOCAB, spread=1.0, dtype=torch.float32)
+    target.verify_costs = {0: 1.0, 16: 1.2}
     draft = tiny_model("llama", VOCAB, seed=7, dtype=torch.float32, spread=1.0, layers=1)
-    return target, draft
+    with single_thread():
+        yield target, draft
 
 
 def _prompts(count: int = 2, length: int = 12) -> list[list[int]]:
@@ -116,7 +121,7 @@ def test_a_mismatch_is_reported_with_its_position(bench, pair):
         tokens = common.hf_generate(target.model, prompt, 6)
         return tokens[:3] + [(tokens[3] + 1) % VOCAB] + tokens[4:]
 
-    method = common.Method("plain", honest, off_by_one, "perturbed generate")
+    method = common.Method("plain", common.stateless(honest), off_by_one, "perturbed generate")
     result = common.measure_pair(method, _prompts(1), 1, common.make_clock("wall"))
     assert not result.identical
     assert [(m.prompt, m.position, m.against) for m in result.mismatches] == [(0, 3, "theirs")]
