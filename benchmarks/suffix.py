@@ -5,7 +5,10 @@ Two workloads on one target (default ``zoo:smollm2``):
   question, so its global cache grows across them (as it would in a server).
 - a repeated-task workload (:mod:`specfamily.eval.repeated`): three instructions, each asked about ``--tasks``
   held-out zoo-corpus functions. ``suffix cold`` starts with an empty global cache; ``suffix warm`` loads a cache
-  (``save_cache`` / ``cache=``) written by a run over *other* functions with the same instructions.
+  (``save_cache`` / ``cache=``) written by a run over *other* functions with the same instructions: primed on
+  purpose (the scenario measured: a server that has answered such tasks before), never with a timed prompt's answer.
+
+No arm is warmed up, and every arm serves each prompt once, so no timed request meets a drafter that has seen it.
 
 Every arm runs at its defaults (the cost-aware policy) and its tokens are checked against plain decoding's.
 Printed: tau and speedup over plain decoding (total time ratio) per workload and per category; then, from plain
