@@ -135,7 +135,9 @@ def test_checkpoints_that_do_not_fit_are_refused_naming_both_sides(tmp_path, tar
     def layers(config, tensors):
         config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 16, 29]
 
-    assert "feature layers [2, 16, 29] do not fit a target of 4 layers" in refusal(tmp_path / "c", target, layers)
+    assert ("feature layers [2, 16, 29] (EAGLE/SpecForge ids, each a decoder layer's output: hidden_states "
+            "[3, 17, 30]) do not fit a target of 4 layers (hidden_states in [0, 4], ids in [-1, 3])"
+            in refusal(tmp_path / "c", target, layers))
 
     def fc(config, tensors):
         tensors["fc.weight"] = tensors["fc.weight"][:, :64].contiguous()

@@ -243,7 +243,8 @@ def test_a_speculators_eagle3_drafts_what_speculators_computes(target):
 def test_a_specforge_eagle3_drafts_what_specforge_computes(target):
     recorded = load_file(str(HERE / "expected_eagle3.safetensors"))
     drafter = sf.create_drafter("eagle3", target, weights=str(HERE / "specforge_ref"))
-    assert drafter.needs_features == (0, 1, 2) and drafter.model.vocab.size == 16
+    # its ids [0, 0, 1] name decoder-layer outputs (SGLang captures id + 1): hidden_states 1, 1, 2
+    assert drafter.needs_features == (1, 1, 2) and drafter.model.vocab.size == 16
     torch.testing.assert_close(eagle3_probs(drafter.model, recorded),
                                load_file(str(HERE / "expected_specforge.safetensors"))["probs"], **TOL)
 

@@ -4,10 +4,42 @@
   ``LlamaForCausalLMEagle3``, the draft layer's Llama dimensions, ``vocab_size`` (the target's) and
   ``draft_vocab_size``; tensors ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``
   (optionally ``embed_tokens.weight``). Feature layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` when
-  present (SpecForge), else the reference's (2, L // 2, L - 3).
+  present (SpecForge), else the reference's default.
 - ``speculators``: vLLM's ``speculators`` layout: ``config.json`` with ``speculators_model_type: eagle3``,
   ``transformer_layer_config``, ``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids`` and
   ``speculators_config``; tensors as above with ``layers.0.*`` for ``midlayer.*``.
+
+Feature-layer ids. In memory a drafter names target layers as transformers' ``output_hidden_states`` indexes them:
+0 the embeddings, i the output of decoder layer i - 1 (the input of layer i), L the state after the final norm.
+The two layouts count as the engines that load them capture, one apart (``ID_OFFSET``: hidden_states = id + it):
+
+- ``eagle``: an id names the decoder layer whose *output* is taken, hidden_states[id + 1]. SGLang
+  (sgl-project/sglang, python/sglang/srt/models/llama.py): ``LlamaForCausalLM.set_eagle3_layers_to_capture`` stores
+  each config id plus one as ``layers_to_capture`` (its comment: layer i takes the output of layer i - 1), and
+  ``LlamaModel.forward`` keeps ``hidden_states + residual`` on entering each layer listed. SpecForge
+  (sgl-project/SpecForge) reads the ids from the draft config's ``eagle_config``
+  (specforge/algorithms/model_providers.py, ``resolve_eagle_capture_layers``; default [1, L // 2 - 1, L - 4]) and
+  hands them to that SGLang hook (specforge/offline_capture/sglang_backend/capture.py); its HF backend
+  (specforge/modeling/target/eagle3_target_model.py, ``HFEagle3TargetModel``, earlier revisions) hooks the output
+  of ``layers[id]``. Its shipped configs say e.g. [1, 29, 57] for DeepSeek-V3's 61 layers.
+- ``eagle`` without ids (the EAGLE repository's own checkpoints): SGLang's default [2, L // 2, L - 3] goes to
+  ``layers_to_capture`` with no + 1, and the EAGLE repository (SafeAILab/EAGLE, eagle/model/modeling_llama_kv.py,
+  ``LlamaModel.forward``) keeps the state entering decoder layers 2, L // 2 and L - 3: hidden_states
+  (2, L // 2, L - 3), ``default_layers`` here, the states SpecForge's default ids name too.
+- ``speculators``: an id names the decoder layer whose *input* is taken, hidden_states[id]. vLLM
+  (vllm-project/vllm, vllm/model_executor/models/llama.py): ``LlamaModel.forward`` keeps ``hidden_states +
+  residual`` before running each layer in ``aux_hidden_state_layers``, which get the draft config's top-level ids
+  unchanged (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, ``get_eagle3_aux_layers_from_config``, which
+  adds 1 to DFlash's SpecForge-style ``target_layer_ids`` only; vllm/transformers_utils/configs/speculators/algos.py,
+  ``update_eagle3``, copies them from a speculators config), default (2, L // 2, L - 3)
+  (``LlamaForCausalLM.get_eagle3_aux_hidden_state_layers``). It reads no ids from an ``eagle_config``.
+
+Neither engine captures the embeddings (both Llama forwards add a residual that does not exist before layer 0) nor
+our L (they capture before the final norm): such layers are written as the arithmetic gives (``eagle`` -1 or
+L - 1, ``speculators`` 0 or L) so that our own folders round-trip, but no engine serves them. Our writer also
+records the layers in our indexing (``specfamily.hidden_state_ids``), checked on load; a folder written here
+before the layouts were told apart has a ``specfamily`` entry without it, and its ``eagle`` ids are hidden_states
+indexes (what that writer wrote): they are read so.
 
 Tensors come from ``model.safetensors`` (sharded with an index too) or ``pytorch_model.bin`` loaded with
 ``weights_only=True`` only. What we write is the ``eagle`` layout unless asked otherwise, with a ``specfamily``
@@ -38,6 +70,10 @@ SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "rms_norm_eps", "max_position_embeddings", "hidden_act", "attention_bias", "mlp_bias")
 UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+ID_OFFSET = {"eagle": 1, "speculators": 0}  # hidden_states index = the layout's id + this (module docstring)
+CONVENTION = {"eagle": "EAGLE/SpecForge ids, each a decoder layer's output",
+              "speculators": "speculators ids, each a decoder layer's input"}
+MARKER = "hidden_state_ids"  # our writer's record of the layers in transformers' hidden_states indexing
 
 
 def detect_layout(config: dict[str, Any], where: str) -> str:
@@ -113,10 +149,8 @@ def _read_config(config: dict, layout: str, target: Target, where: str) -> tuple
         flags = [flag for flag in UNSUPPORTED_FLAGS if config.get(flag)]
         if flags:
             raise ValueError(f"{where}: speculators options {flags} are not supported yet")
-        layer, ids = dict(config["transformer_layer_config"]), config.get("eagle_aux_hidden_state_layer_ids")
-    else:
-        layer, ids = config, (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    layers = tuple(int(i) for i in ids) if ids else default_layers(target.num_layers)
+    layer = dict(config["transformer_layer_config"]) if layout == "speculators" else config
+    layers = feature_layers(config, layout, target.num_layers, where)
     if int(layer.get("num_hidden_layers", 1)) != 1:
         raise ValueError(f"{where}: {layer['num_hidden_layers']} draft layers; eagle3 here runs exactly 1")
     sizes = {"hidden size": (int(layer["hidden_size"]), target.hidden_size),
@@ -124,13 +158,51 @@ def _read_config(config: dict, layout: str, target: Target, where: str) -> tuple
     for what, (saved, ours) in sizes.items():
         if saved != ours:
             raise ValueError(f"{where}: checkpoint {what} {saved} does not fit the target's {ours}")
-    if any(not 0 <= i <= target.num_layers for i in layers):
-        raise ValueError(f"{where}: checkpoint feature layers {list(layers)} do not fit a target of "
-                         f"{target.num_layers} layers (ids in [0, {target.num_layers}])")
     options = {key: layer[key] for key in LAYER_KEYS if layer.get(key) is not None}
     llama = LlamaConfig(**options, vocab_size=target.vocab_size, num_hidden_layers=1, tie_word_embeddings=False,
                         rope_parameters=_rope(layer))
     return llama, layers, bool(config.get("norm_before_residual", False))
+
+
+def layout_ids(config: dict[str, Any], layout: str) -> list[int] | None:
+    """The feature-layer ids a config states, in its layout's own convention (None when it states none)."""
+    holder = config if layout == "speculators" else config.get("eagle_config") or {}
+    ids = holder.get("eagle_aux_hidden_state_layer_ids")
+    return [int(i) for i in ids] if ids else None
+
+
+def feature_layers(config: dict[str, Any], layout: str, num_layers: int, where: str) -> tuple[int, ...]:
+    """The target layers (transformers' hidden_states indexing) a checkpoint's config.json names, read in its
+    layout's convention (module docstring), for a target of ``num_layers`` decoder layers; the references' default
+    when it names none. A ValueError in one line naming the ids, their convention and the target's range."""
+    ids = layout_ids(config, layout)
+    if ids is None:
+        return default_layers(num_layers)
+    offset, convention = _convention(config, layout)
+    layers = tuple(i + offset for i in ids)
+    if any(not 0 <= h <= num_layers for h in layers):
+        raise ValueError(f"{where}: checkpoint feature layers {ids} ({convention}: hidden_states {list(layers)}) do "
+                         f"not fit a target of {num_layers} layers (hidden_states in [0, {num_layers}], ids in "
+                         f"[{-offset}, {num_layers - offset}])")
+    ours = config.get("specfamily") or {}
+    if MARKER in ours and tuple(ours[MARKER]) != layers:
+        raise ValueError(f"{where}: config ids {ids} ({convention}) name hidden_states {list(layers)}, but its "
+                         f"specfamily entry records hidden_states {list(ours[MARKER])}")
+    return layers
+
+
+def _convention(config: dict[str, Any], layout: str) -> tuple[int, str]:
+    """(hidden_states index - id, the convention in words) of a config's ids: its layout's, or hidden_states
+    indexes in a folder our writer wrote before it told the layouts apart (a specfamily entry without MARKER)."""
+    ours = config.get("specfamily")
+    if isinstance(ours, dict) and MARKER not in ours:
+        return 0, "ids written here before the layouts' conventions were told apart, hidden_states indexes"
+    return ID_OFFSET[layout], CONVENTION[layout]
+
+
+def ids_for_layout(layers: tuple[int, ...], layout: str) -> list[int]:
+    """Our feature layers (hidden_states indexing) as ``layout`` states them."""
+    return [h - ID_OFFSET[layout] for h in layers]
 
 
 def _rope(layer: dict) -> dict:
@@ -206,8 +278,8 @@ def _write_config(model: Eagle3Model, target: Target, layout: str, dtype: torch.
     if rope.get("rope_type", "default") != "default":
         llama["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     draft_vocab = target.vocab_size if model.vocab is None else model.vocab.size
-    layers = list(model.shape.layers)
-    ours = {"target": target_identity(target.model)}
+    layers = ids_for_layout(model.shape.layers, layout)
+    ours = {"target": target_identity(target.model), MARKER: list(model.shape.layers)}
     if layout == "eagle":
         return {"architectures": [ARCHITECTURE], **llama, "draft_vocab_size": draft_vocab,
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
