@@ -32,7 +32,8 @@ The two layouts count as the engines that load them capture, one apart (``ID_OFF
   unchanged (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, ``get_eagle3_aux_layers_from_config``, which
   adds 1 to DFlash's SpecForge-style ``target_layer_ids`` only; vllm/transformers_utils/configs/speculators/algos.py,
   ``update_eagle3``, copies them from a speculators config), default (2, L // 2, L - 3)
-  (``LlamaForCausalLM.get_eagle3_aux_hidden_state_layers``). It reads no ids from an ``eagle_config``.
+  (``LlamaForCausalLM.get_eagle3_aux_hidden_state_layers``). That function does not read
+  ``eagle_config.eagle_aux_hidden_state_layer_ids``: vLLM serves an ``eagle``-layout folder at its default.
 
 Neither engine captures the embeddings (both Llama forwards add a residual that does not exist before layer 0) nor
 our L (they capture before the final norm): such layers are written as the arithmetic gives (``eagle`` -1 or
