@@ -206,6 +206,7 @@ def measure_pair(
     for prompt in prompts[:warmup]:
         for side in warm.values():
             side(prompt)
+    del warm  # its drafter is not timed: free it (a small_model drafter holds a draft Target of its own)
     mismatches: list[Mismatch] = []
 
     def check(i: int, outputs: dict[str, list[int]]) -> None:
