@@ -13,6 +13,7 @@ import torch
 from specfamily.core.costs import device_clock, target_cost_curve
 from specfamily.core.drafter import Drafter
 from specfamily.core.metrics import MetricsRecorder
+from specfamily.core.processors import with_processors
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
 from specfamily.core.types import DecodeContext, Draft, GenerationResult, SamplingConfig, VerifyOutcome
@@ -49,10 +50,11 @@ def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: Sampl
         raise TypeError(f"drafter must implement begin/propose/observe, got {type(drafter).__name__}")
 
 
-def _acceptance(drafter: Drafter | None):
-    """The acceptance rule: the exact verifier, or a lossy drafter's own ``accept`` (same signature)."""
+def _acceptance(drafter: Drafter | None, ctx: DecodeContext):
+    """The acceptance rule: the exact verifier, or a lossy drafter's own ``accept`` (same signature), fed the
+    logits after the processors the target's generation config sets (each row with its own context)."""
     own = getattr(drafter, "accept", None) if drafter is not None and drafter.lossy else None
-    return own if callable(own) else verify_draft
+    return with_processors(own if callable(own) else verify_draft, ctx)
 
 
 def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft) -> Draft:
@@ -86,7 +88,7 @@ def generate(
     generator = torch.Generator(device=target.device).manual_seed(seed)
     ctx = DecodeContext(target, ids, sampling, generator, tokens=ids.tolist())
     needs_features = drafter is not None and drafter.needs_features
-    accept = _acceptance(drafter)
+    accept = _acceptance(drafter, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     clock = device_clock(device)
     if drafter is not None:

@@ -12,6 +12,10 @@ the probabilities sorted by hand.
 4. softmax over what is kept;
 5. top-p (< 1): walk the tokens from the most probable down (ties in index order), keep each while the mass kept
    before it is still below top_p (the crossing token kept), renormalise.
+
+Before the warp, :func:`reference_process` applies the logits processors a target's generation config sets, with
+transformers' own processor classes over each row's whole context (prompt included), as ``generate()`` builds
+them: an implementation independent of the loop's incremental, per-tree-row one (``specfamily.core.processors``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,15 @@ from __future__ import annotations
 import math
 
 import torch
+from transformers import (
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 
 from specfamily.core.types import SamplingConfig
 
@@ -69,3 +82,34 @@ def reference_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tens
     rows = logits.detach().double().cpu().reshape(-1, logits.shape[-1]).tolist()
     probs = [reference_probs(row, sampling) for row in rows]
     return torch.tensor(probs, dtype=torch.float64).reshape(logits.shape)
+
+
+def reference_processors(generation_config, prompt_length: int) -> LogitsProcessorList:
+    """transformers' processors for the settings specfamily applies, in ``generate()``'s order (transformers 5.24,
+    GenerationMixin._get_logits_processor); the minimum lengths only with an end-of-sequence id, as there."""
+    config, processors = generation_config, LogitsProcessorList()
+    if config is None:
+        return processors
+    eos = config.eos_token_id
+    if config.repetition_penalty is not None and config.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(float(config.repetition_penalty)))
+    if config.no_repeat_ngram_size is not None and config.no_repeat_ngram_size > 0:
+        processors.append(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
+    if eos is not None and config.min_length is not None and config.min_length > 0:
+        processors.append(MinLengthLogitsProcessor(config.min_length, eos))
+    if eos is not None and config.min_new_tokens is not None and config.min_new_tokens > 0:
+        processors.append(MinNewTokensLengthLogitsProcessor(prompt_length, config.min_new_tokens, eos))
+    if config.suppress_tokens is not None:
+        processors.append(SuppressTokensLogitsProcessor(config.suppress_tokens))
+    if config.begin_suppress_tokens is not None:
+        processors.append(SuppressTokensAtBeginLogitsProcessor(config.begin_suppress_tokens, prompt_length))
+    return processors
+
+
+def reference_process(ids: torch.Tensor, logits: torch.Tensor, generation_config,
+                      prompt_length: int) -> torch.Tensor:
+    """(B, V) float64 scores of the next token after each row of ``ids`` (B, L), the whole context each row has,
+    after :func:`reference_processors`; the logits unchanged (in float64) when none is set."""
+    scores = logits.detach().double()
+    processors = reference_processors(generation_config, prompt_length)
+    return processors(ids.to(scores.device), scores) if processors else scores

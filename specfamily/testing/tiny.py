@@ -61,11 +61,18 @@ def tiny_model(
     return model.to(dtype).eval()
 
 
-def tiny_target(family: str = "llama", vocab_size: int = 8, seed: int = 0, dtype: torch.dtype = torch.float64, **kw):
-    """A specfamily Target over :func:`tiny_model`."""
+def tiny_target(family: str = "llama", vocab_size: int = 8, seed: int = 0, dtype: torch.dtype = torch.float64,
+                generation: dict | None = None, **kw):
+    """A specfamily Target over :func:`tiny_model`; ``generation``: settings for the model's generation config
+    (e.g. ``{"repetition_penalty": 1.3}``), the logits processors generate() and the loop then apply."""
     from specfamily.core.target import load_target
 
-    return load_target(tiny_model(family, vocab_size, seed, dtype, **kw))
+    model = tiny_model(family, vocab_size, seed, dtype, **kw)
+    for name, value in (generation or {}).items():
+        if not hasattr(model.generation_config, name):
+            raise ValueError(f"generation config has no setting {name!r}")
+        setattr(model.generation_config, name, value)
+    return load_target(model)
 
 
 @contextmanager

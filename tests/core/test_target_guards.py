@@ -1,15 +1,13 @@
-"""Target robustness: draft ids outside the vocabulary, generation-config processors, per-device commits, the
-mask-layout cache's key."""
+"""Target robustness: draft ids outside the vocabulary, per-device commits, the mask-layout cache's key
+(generation-config processors: tests/core/test_processors.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GenerationConfig
 
 from specfamily.core import target as target_module
-from specfamily.core.processors import active_logits_processors
-from specfamily.core.target import Target, load_target
+from specfamily.core.target import Target
 from specfamily.core.types import Draft
 
 TREE = [-1, -1, 0, 0, 1, 2]
@@ -31,40 +29,6 @@ def test_draft_token_outside_the_vocabulary_is_refused_before_the_model_runs(tin
     monkeypatch.undo()
     out = target.forward(torch.tensor([5]), Draft.chain([3, 4]))
     assert out.logits.shape == (3, 50)
-
-
-def test_generation_config_processors_are_refused_by_name(tiny_model):
-    model = tiny_model("llama")
-    model.generation_config.repetition_penalty = 1.1
-    with pytest.raises(ValueError, match=r"repetition_penalty=1\.1"):
-        Target(model)
-    with pytest.raises(ValueError, match="repetition_penalty"):
-        load_target(model)
-
-
-@pytest.mark.parametrize(
-    "setting",
-    [
-        {"no_repeat_ngram_size": 3}, {"suppress_tokens": [1, 2]}, {"begin_suppress_tokens": [0]},
-        {"bad_words_ids": [[4]]}, {"min_new_tokens": 5}, {"min_length": 10}, {"forced_bos_token_id": 1},
-        {"forced_eos_token_id": 2}, {"sequence_bias": {(3,): 1.0}}, {"exponential_decay_length_penalty": (4, 1.5)},
-        {"guidance_scale": 1.5},
-    ],
-)
-def test_each_processor_setting_is_named(setting):
-    assert active_logits_processors(GenerationConfig(**setting)) == list(setting)
-
-
-def test_defaults_neutral_values_and_sampling_settings_are_not_refused(tiny_model):
-    assert active_logits_processors(GenerationConfig()) == []  # transformers 5.24: every default is None
-    neutral = GenerationConfig(repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, min_new_tokens=0,
-                               suppress_tokens=[], bad_words_ids=None, guidance_scale=1.0)
-    assert active_logits_processors(neutral) == []
-    model = tiny_model("llama")
-    model.generation_config = GenerationConfig(do_sample=True, temperature=0.6, top_k=20, top_p=0.95, min_p=0.05,
-                                               typical_p=0.9, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    Target(model)  # sampling defaults are settings, not processors: SamplingConfig is always explicit
-    assert active_logits_processors(None) == []
 
 
 class _DeviceKeys:
