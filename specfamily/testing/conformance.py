@@ -30,7 +30,7 @@ from specfamily.core.types import SamplingConfig
 from specfamily.core.verify import DraftProbabilityError
 from specfamily.testing.depth import DepthRecorder, DepthStats
 from specfamily.testing.greedy import assert_greedy_equivalent
-from specfamily.testing.law import reference_warp
+from specfamily.testing.law import reference_process, reference_warp
 from specfamily.testing.power import (
     DEFAULT_DELTA,
     DEFAULT_DEPTH_POWER,
@@ -113,7 +113,8 @@ def exact_distribution(target, prompt: Sequence[int], n_tokens: int, sampling: S
     """(V ** n_tokens,) probability of each sequence of the next n_tokens under warped p.
 
     The warp is :func:`specfamily.testing.law.reference_warp`, an independent implementation of the sampling
-    specification: a bug in the warp the decode loop uses moves the samples, not the law."""
+    specification: a bug in the warp the decode loop uses moves the samples, not the law. Before it, the processors
+    the target's generation config sets (:func:`specfamily.testing.law.reference_process`, transformers' own)."""
     model, vocab = target.model, target.vocab_size
     probs = torch.ones(1, dtype=torch.float64)
     for length in range(n_tokens):
@@ -124,6 +125,7 @@ def exact_distribution(target, prompt: Sequence[int], n_tokens: int, sampling: S
         for batch in ids.split(chunk):
             batch = batch.to(model.device)
             logits = model(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[:, -1]
+            logits = reference_process(batch, logits, getattr(model, "generation_config", None), len(prompt))
             steps.append(reference_warp(logits, sampling))  # (batch, V): the law's own warp, not the loop's
         probs = (probs.view(-1, 1) * torch.cat(steps)).reshape(-1)
     return probs
@@ -146,7 +148,7 @@ def sample_sequences(target, drafter, prompt: Sequence[int], n_tokens: int, samp
 
 
 def check_fit(factory: Callable, sampling: SamplingConfig, *, family: str = "llama", n_tokens: int = N_TOKENS,
-              samples: int | None = None, prompt: Sequence[int] = PROMPT,
+              samples: int | None = None, prompt: Sequence[int] = PROMPT, generation: dict | None = None,
               significance: float = DEFAULT_SIGNIFICANCE, delta: float = DEFAULT_DELTA, gamma: int | None = GAMMA,
               min_depth: int = GAMMA, depth_power: float = DEFAULT_DEPTH_POWER,
               max_samples: int = MAX_SAMPLES) -> FitResult:
@@ -156,7 +158,7 @@ def check_fit(factory: Callable, sampling: SamplingConfig, *, family: str = "lla
     ``samples`` None: the marginal power default, raised (up to ``max_samples``) to what ``depth_power`` against a
     ``min_depth``-only error needs at the share of samples a pilot run (other seeds) verified that deep."""
     with single_thread():
-        target = tiny_target(family)
+        target = tiny_target(family, generation=generation)
         vocab, level = target.vocab_size, significance / tests_per_run(n_tokens)
         drafter = factory(target)
         if samples is None:
@@ -183,14 +185,15 @@ def assert_lossless(factory: Callable, *, configs: Sequence[SamplingConfig] = SA
                     family: str = "llama", n_tokens: int = N_TOKENS, samples: int | None = None,
                     significance: float = DEFAULT_SIGNIFICANCE, gamma: int | None = GAMMA, min_depth: int = GAMMA,
                     depth_power: float = DEFAULT_DEPTH_POWER, max_samples: int = MAX_SAMPLES,
-                    prompt: Sequence[int] = PROMPT) -> list[FitResult]:
+                    prompt: Sequence[int] = PROMPT, generation: dict | None = None) -> list[FitResult]:
     """Fail unless generations with the drafter follow the target's exact law under each config, and the run had
     ``depth_power`` against an error that appears only ``min_depth`` deep (plain decoding, ``factory`` returning
     None, is not checked for depth).
 
     The drafter is driven at the constant draft length ``gamma`` whatever its own policy (a cost-aware policy that
     drafts nothing would leave nothing to test); ``gamma=None`` keeps its policy. ``min_depth=0`` skips the depth
-    check."""
+    check. ``generation``: settings for the kit target's generation config (``{"repetition_penalty": 1.3}``): the
+    law is then the processed one."""
     if gamma is not None and min_depth > gamma:
         raise ValueError(f"min_depth ({min_depth}) cannot exceed the draft length gamma ({gamma})")
     results = []
@@ -198,7 +201,7 @@ def assert_lossless(factory: Callable, *, configs: Sequence[SamplingConfig] = SA
         try:
             fit = check_fit(factory, sampling, family=family, n_tokens=n_tokens, samples=samples, prompt=prompt,
                             significance=significance, gamma=gamma, min_depth=min_depth, depth_power=depth_power,
-                            max_samples=max_samples)
+                            max_samples=max_samples, generation=generation)
         except DraftProbabilityError as err:  # the verifier met a token the drafter's own q rules out
             raise ConformanceError(f"not lossless under {sampling}: {err}", None) from err
         if fit.impossible or not fit.p_value >= significance:  # a nan p-value fails too

@@ -1,17 +1,19 @@
-"""The conformance law's own warp: the sampling specification re-derived without the decode loop's code."""
+"""The conformance law's own warp (the sampling specification re-derived without the decode loop's code) and its
+processors (transformers' own, over each row's whole context), on which the kit tests a penalised target."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specfamily.core import loop
+from specfamily.core import loop, processors
 from specfamily.core.sampling import warp
 from specfamily.core.types import SamplingConfig
-from specfamily.testing.conformance import PROMPT, exact_distribution
-from specfamily.testing.law import reference_probs, reference_warp
+from specfamily.testing.conformance import PROMPT, ConformanceError, assert_lossless, exact_distribution
+from specfamily.testing.law import reference_probs, reference_process, reference_warp
 from specfamily.testing.mutants import warp_gallery
-from specfamily.testing.tiny import tiny_target
+from specfamily.testing.rogues import HonestChain
+from specfamily.testing.tiny import single_thread, tiny_target
 
 CONFIGS = [
     SamplingConfig(0.0), SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=5),
@@ -62,3 +64,42 @@ def test_the_exact_law_does_not_move_with_the_loop_warp():
         assert not torch.equal(loop.warp(torch.tensor([2.0, 1.0, 0.0, -1.0]), sampling),
                                reference_warp(torch.tensor([2.0, 1.0, 0.0, -1.0]), sampling).float())
     assert hits.count == 1 and law.sum().item() == pytest.approx(1.0)
+
+
+PENALISED = {"repetition_penalty": 10.0}  # far from the plain law on the kit's prompt, so a loop without it fails
+KIT = {"configs": [SamplingConfig(1.0)], "generation": PENALISED, "n_tokens": 4, "samples": 300, "min_depth": 0}
+
+
+def test_the_exact_law_is_the_processed_one():
+    sampling = SamplingConfig(1.0)
+    with single_thread():
+        penalised = exact_distribution(tiny_target("llama", generation=PENALISED), PROMPT, 2, sampling)
+        plain = exact_distribution(tiny_target("llama"), PROMPT, 2, sampling)
+    assert 0.5 * (penalised - plain).abs().sum().item() > 0.2
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    processed = reference_process(torch.tensor([[0, 1, 1]]), logits, tiny_target("llama", generation=PENALISED)
+                                  .model.generation_config, 3)
+    assert processed.tolist() == [[0.2, -10.0, 0.5, 3.0]]  # tokens 0 and 1 seen: positive / 10, negative * 10
+
+
+def test_tiny_target_refuses_an_unknown_generation_setting():
+    with pytest.raises(ValueError, match="generation config has no setting 'repetition_penalt'"):
+        tiny_target("llama", generation={"repetition_penalt": 1.2})
+
+
+def test_an_honest_drafter_passes_on_a_penalised_target():
+    fit, = assert_lossless(lambda target: HonestChain(target), **KIT)
+    assert fit.depth.share_verified(3) > 0.3  # the penalty was verified on rows 3 deep, with their own paths
+
+
+def test_the_kit_fails_a_loop_that_does_not_apply_the_processors(monkeypatch):
+    monkeypatch.setattr(loop, "with_processors", lambda rule, ctx: rule)
+    with pytest.raises(ConformanceError, match="not lossless"):
+        assert_lossless(lambda target: HonestChain(target), **KIT)
+
+
+def test_the_kit_fails_rows_processed_with_the_committed_context_alone(monkeypatch):
+    """Every row penalised for the committed tokens only, not for the draft tokens on its path."""
+    monkeypatch.setattr(processors, "draft_paths", lambda parents: [[] for _ in range(len(parents) + 1)])
+    with pytest.raises(ConformanceError, match="not lossless"):
+        assert_lossless(lambda target: HonestChain(target), **KIT)
