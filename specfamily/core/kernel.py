@@ -1,19 +1,27 @@
-"""The streaming few-row matmul kernel (``csrc/stream_linear.cpp``): built on first use, cached, or why it is not.
+"""The streaming matmul kernel (``csrc/stream_linear.cpp``): built on first use, cached, or why it is not.
 
-``stream_kernel()`` compiles the C++ source with ``torch.utils.cpp_extension.load`` (the machine's C++ compiler and
-ninja) into the user's cache (``$SPECFAMILY_CACHE``, ``$XDG_CACHE_HOME/specfamily`` or ``~/.cache/specfamily``,
-under ``kernels/``, one folder per source, flags, CPU, torch and Python version), one process at a time (a file
-lock), and memoises the result for the process.
+``stream_kernel()`` compiles the C++ sources (``csrc/*.cpp``) with ``torch.utils.cpp_extension.load`` (the
+machine's C++ compiler and ninja) into the user's cache (``$SPECFAMILY_CACHE``, ``$XDG_CACHE_HOME/specfamily`` or
+``~/.cache/specfamily``, under ``kernels/``, one folder per sources' text, flags, CPU, torch and Python version), one
+process at a time (a file lock), and memoises the result for the process.
 
 The kernel multiplies a packed copy of each weight (panels of 16 output rows, input-major), made on the weight's
-first product and kept on the weight object (attribute ``PACKED_ATTR``; remade when the weight is written): one
-more copy of every weight it multiplies, the memory cost of reading each weight as one sequential stream. The
-copy is not in ``state_dict()`` (which detaches); ``drop_packed`` frees it. Inference tensors count no versions,
-so a write would go unseen: they are packed anew for each product (correct, and slower; auto's timing sees it).
+first product and kept on the weight object (attribute ``PACKED_ATTR``): one more copy of every weight it
+multiplies, the memory cost of reading each weight as one sequential stream. The copy is remade when the weight's
+storage, shape, strides or version counter change, or when one of 64 of its elements (4 runs of 16, rows first to
+last), sampled when it was packed, changed: a write through ``.data`` (``w.data.copy_(new)``, or a write to a
+tensor bound with ``w.data = t``) moves a version counter of its own, so only the samples see it; such a write
+that changes none of them (a few elements) is seen after ``drop_packed``. The copy is not in ``state_dict()``
+(which detaches); ``drop_packed`` frees it. Inference tensors count no versions, so a write would go unseen: they
+are packed anew for each product (correct, and slower; auto's timing sees it).
+
+Every row count goes through the kernel's own products (16 rows at a time; no BLAS past some count), each output
+one sum in the same order: a row's bits do not depend on the rows multiplied with it (batch-invariant), on each
+instruction set (``avx512``, ``avx2``, or the ``scalar`` loop where neither runs).
 
 When it cannot build (no compiler, no ninja, a compile error, or ``SPECFAMILY_NO_KERNEL`` set) it logs one warning
 naming why and says so in ``StreamKernel.reason``; the matmul kinds then fall back to ``exact`` and ``skinny``
-(``specfamily.core.matmul``).
+(``specfamily.core.matmul``), BLAS's products, which are not batch-invariant (``MatmulChoice.note`` says so).
 """
 
 from __future__ import annotations
@@ -33,13 +41,13 @@ from types import ModuleType
 import torch
 
 __all__ = ["DISABLE_ENV", "PACKED_ATTR", "KernelUnavailable", "StreamKernel", "drop_packed", "kernel_source",
-           "packed_bytes", "stream_kernel"]
+           "kernel_sources", "packed_bytes", "stream_kernel"]
 
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "SPECFAMILY_NO_KERNEL"  # set (non-empty, not "0"): never build, use the existing kinds
 NAME = "specfamily_stream_linear"
-PACKED_ATTR = "_specfamily_packed"  # the weight object's attribute holding (key, packed copy); csrc's kPackedAttr
+PACKED_ATTR = "_specfamily_packed"  # the weight object's attribute: (key, packed copy, samples); csrc's kPackedAttr
 CFLAGS = ("-O3", "-fopenmp")  # OpenMP: at::parallel_for's threads, as torch's own build runs them
 
 
@@ -65,8 +73,14 @@ class StreamKernel:
 
 
 def kernel_source() -> Path:
-    """The C++ source, shipped inside the package."""
+    """The C++ source that defines the module, shipped inside the package."""
     return Path(__file__).resolve().parent / "csrc" / "stream_linear.cpp"
+
+
+def kernel_sources(source: Path | None = None) -> list[Path]:
+    """Every C++ file the module is built from: ``source`` (``kernel_source()``) and the other ``.cpp`` beside it."""
+    source = source or kernel_source()
+    return [source, *sorted(p for p in source.parent.glob("*.cpp") if p != source)]
 
 
 @functools.cache
@@ -98,14 +112,16 @@ def build_kernel(verbose: bool = False) -> ModuleType:
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
         (folder / "lock").unlink(missing_ok=True)  # torch's own baton, left behind by a build that was killed
-        return cpp_extension.load(name=NAME, sources=[str(source)], extra_cflags=list(CFLAGS),
-                                  extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=verbose)
+        sources = [str(path) for path in kernel_sources(source)]
+        return cpp_extension.load(name=NAME, sources=sources, extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                                  build_directory=str(folder), verbose=verbose)
 
 
 def build_folder(source: Path) -> Path:
-    """``<cache>/kernels/stream_linear-<digest>``: the digest of the source, the flags, the CPU, torch and Python."""
-    key = "\n".join((source.read_text(encoding="utf-8"), " ".join(CFLAGS), cpu_identity(), torch.__version__,
-                     sys.version))
+    """``<cache>/kernels/stream_linear-<digest>``: the digest of the sources (every ``.cpp`` beside ``source``), the
+    flags, the CPU, torch and Python: any change to one of them builds anew."""
+    texts = [f"{p.name}\n{p.read_text(encoding='utf-8')}" for p in kernel_sources(source)]
+    key = "\n".join((*texts, " ".join(CFLAGS), cpu_identity(), torch.__version__, sys.version))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return _cache_root() / "kernels" / f"stream_linear-{digest}"
 

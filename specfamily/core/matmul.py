@@ -3,15 +3,13 @@
 A decode step or a verify pass multiplies 1 to a few rows by every weight matrix of the model; its time is the time
 it takes to read the weights. F.linear computes x @ W^T; on a CPU, MKL runs one row as a matrix-vector product and
 2-8 rows with a general kernel, and on some CPUs both read the weights at a fraction of the memory bandwidth, slower
-with every extra row (measured on an AMD EPYC, 2 threads, SmolLM2's 1536 x 576 MLP weights: 313 us for one row,
-478 us for two).
+with every extra row (measured: docs/bandwidth-smollm2.md).
 
 - ``exact``: F.linear, bit-identical to transformers' forward (the default).
-- ``skinny``: (W @ x^T)^T, which MKL runs with the weight as the long side (124 us for one row, 116 us for two).
-- ``stream``: a C++ kernel for 1-16 rows (``specfamily.core.kernel``) that reads each weight once per call, as a
-  packed copy made on its first product (one more copy of each weight it multiplies: +538 MB on SmolLM2), the
-  rows' sums held in registers: built on first use; where it cannot build, one warning and ``auto`` over the other
-  two.
+- ``skinny``: (W @ x^T)^T, which MKL runs with the weight as the long side.
+- ``stream``: a C++ kernel (``specfamily.core.kernel``) that reads each weight once per call, as a packed copy made
+  on its first product (one more copy of each weight it multiplies), the rows' sums held in registers; any number of
+  rows, 16 at a time. Built on first use; where it cannot build, one warning and ``auto`` over the other two.
 - ``auto``: times the kinds on the model's own weights, interleaved, and keeps ``exact`` unless another kind takes
   at most ``AUTO_MARGIN`` of its time (``stream`` is then preferred to ``skinny`` unless ``skinny`` beats it by the
   same margin). ``choose_matmul`` returns the timings with the choice (``MatmulChoice``); run.json records them.
@@ -19,6 +17,11 @@ with every extra row (measured on an AMD EPYC, 2 threads, SmolLM2's 1536 x 576 M
 ``skinny`` and ``stream`` sum in float32 in other orders than F.linear: logits differ from transformers' in the last
 bits (as between two BLAS libraries), and greedy text can differ only where two tokens' logits tie to float
 rounding. Both multiply float32 on a CPU only: asked for other weights, they are refused.
+
+Batch invariance: only ``stream`` (``BATCH_INVARIANT_KINDS``) gives a row the same bits whatever rows it is
+multiplied with, so a token's cache entries do not depend on whether it came in a prefill, a draft pass or alone.
+``exact`` and ``skinny`` are BLAS's products, which pick kernels (and summation orders) by the number of rows: not
+batch-invariant. Where the kernel cannot build, ``stream`` falls back to them, and ``MatmulChoice.note`` says so.
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ from torch import nn
 
 from specfamily.core.kernel import drop_packed, stream_kernel
 
-__all__ = ["MATMUL_KINDS", "SKINNY_MAX_ROWS", "STREAM_MAX_ROWS", "MatmulChoice", "choose_matmul", "linear_for",
+__all__ = ["BATCH_INVARIANT_KINDS", "MATMUL_KINDS", "SKINNY_MAX_ROWS", "MatmulChoice", "choose_matmul", "linear_for",
            "resolve_matmul", "skinny_linear", "stream_linear"]
 
 MATMUL_KINDS = ("exact", "skinny", "stream", "auto")
 FAST_KINDS = ("stream", "skinny")  # what auto may take instead of exact, in order of preference
 SKINNY_MAX_ROWS = 8  # measured on SmolLM2 (2 threads): past 8 rows F.linear's own kernel is as fast or faster
-STREAM_MAX_ROWS = 64  # the kernel's bound (csrc/stream_linear.cpp; 16 rows per read of the weights): more: F.linear
+BATCH_INVARIANT_KINDS = ("stream",)  # kinds whose row results do not depend on the other rows of the product
 AUTO_MARGIN = 0.85  # a kind must take at most this share of the preferred kind's time to be chosen over it
 AUTO_BYTES = 64 << 20  # weights timed by auto: more than a CPU's last-level cache, as a real pass reads them
 AUTO_ROWS = (1, 4)  # rows per product timed by auto: a decode step and a short verify pass
@@ -57,6 +60,11 @@ class MatmulChoice:
     asked: str  # exact, skinny, stream or auto
     seconds: dict[str, float] = field(default_factory=dict)  # kind -> median s over AUTO_ROWS x the timed weights
     note: str = ""  # why the kind differs from what was asked, if it does
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a row's product is bit-identical whatever rows come with it (``BATCH_INVARIANT_KINDS``)."""
+        return self.kind in BATCH_INVARIANT_KINDS
 
 
 def skinny_linear(
@@ -79,8 +87,8 @@ def skinny_linear(
 
 
 def stream_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` by the streaming kernel (1-64 rows of float32 on a CPU, 16 per read of the
-    weights; more rows: F.linear).
+    """``F.linear(x, weight, bias)`` by the streaming kernel (float32 on a CPU, any number of rows, each row's bits
+    independent of the others).
 
     Raises RuntimeError naming why when the kernel is not available here.
     """
@@ -99,11 +107,11 @@ def head_product(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     """A drafter's LM head over ``hidden`` (..., H) -> (..., V), ``linear`` being the target's kind of product.
 
     Rows of a tree depth (k, H) while drafting (no gradients): the stream kernel reads the weight once for all of
-    them; otherwise W @ h^T reads the (V, H) weight as stored, which on CPU (MKL) is 2-3x cheaper than F.linear's
-    h @ W^T for a few rows and a large vocabulary (measured: 0.8 vs 2.0 ms, k = 4). Anything else (a single row,
-    training) multiplies with ``linear``, F.linear by default: what nn.Linear.forward computes."""
+    them; otherwise W @ h^T reads the (V, H) weight as stored, which on CPU (MKL) is several times cheaper than
+    F.linear's h @ W^T for a few rows and a large vocabulary. Anything else (a single row, training) multiplies with
+    ``linear``, F.linear by default: what nn.Linear.forward computes."""
     if hidden.dim() == 2 and hidden.shape[0] > 1 and not torch.is_grad_enabled():
-        if linear not in (None, F.linear, skinny_linear) and hidden.shape[0] <= STREAM_MAX_ROWS:
+        if linear not in (None, F.linear, skinny_linear):
             return linear(hidden, weight, bias)
         return skinny_linear(hidden, weight, bias, max_rows=None)
     return (linear or F.linear)(hidden, weight, bias)
@@ -142,7 +150,8 @@ def choose_matmul(kind: str, model: nn.Module | None) -> MatmulChoice:
         if kind == "skinny" or stream_kernel().available:
             return MatmulChoice(kind, kind)
         chosen = _auto(weights, "stream")
-        return MatmulChoice(chosen.kind, kind, chosen.seconds, f"stream kernel unavailable: {stream_kernel().reason}")
+        note = f"stream kernel unavailable: {stream_kernel().reason} ({chosen.kind}: not batch-invariant)"
+        return MatmulChoice(chosen.kind, kind, chosen.seconds, note)
     return _auto(weights, "auto")
 
 

@@ -49,15 +49,12 @@ def test_every_row_count_equals_f_linear(module, isa, shape):
     gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
     weight = torch.randn(out_features, in_features, generator=gen)
     bias = torch.randn(out_features, generator=gen)
-    for rows in (*range(1, 18), 31, 32, 33, 64, 65):  # 16 rows per read of the weights, up to 64; more: F.linear
+    for rows in (*range(1, 18), 31, 32, 33, 64, 65, 130):  # blocks of 16 rows, for any number of rows
         x = torch.randn(rows, in_features, generator=gen)
         for b in (None, bias):
             out = module.linear_with(x, weight, b, isa)
             assert out.shape == (rows, out_features) and out.is_contiguous()
-            if rows > module.MAX_ROWS:
-                assert torch.equal(out, F.linear(x, weight, b))  # F.linear's own result
-            else:
-                _close(out, F.linear(x, weight, b), in_features)
+            _close(out, F.linear(x, weight, b), in_features)
 
 
 def test_the_packed_layout_is_panels_of_16_output_rows(module):
@@ -232,7 +229,8 @@ def test_stream_falls_back_to_auto_over_the_other_kinds(unbuilt, monkeypatch):
                         {"exact": 1.0, "skinny": 0.5})
     choice = matmul.choose_matmul("stream", _model())
     assert (choice.kind, choice.asked) == ("skinny", "stream") and timed == [["exact", "skinny"]]
-    assert choice.note == "stream kernel unavailable: KernelUnavailable: no C++ compiler ('c++' is not on PATH)"
+    assert choice.note == ("stream kernel unavailable: KernelUnavailable: no C++ compiler ('c++' is not on PATH) "
+                           "(skinny: not batch-invariant)")
     assert sf.load_target(_model(), matmul="stream").matmul == "skinny"
     assert matmul.choose_matmul("auto", _model()).seconds == {"exact": 1.0, "skinny": 0.5}
 

@@ -1,25 +1,28 @@
-// Streaming few-row float32 products y = x W^T + b for 1..16 rows of x (specfamily.core.kernel builds this).
+// Streaming float32 products y = x W^T + b, any number of rows of x (specfamily.core.kernel builds this).
 //
 // A decode step or a verify pass multiplies a few rows by every weight matrix; the time is the time it takes to
 // read the weights. At 8-16 rows a kernel that takes dot products of weight rows with x rows runs out of loads and
 // registers before it runs out of memory bandwidth, so the weight is multiplied in a packed layout instead, made
-// once per weight on first use and kept beside it (the Python attribute PACKED_ATTR of the weight object, rebuilt
-// when the weight's storage, shape or version counter changes; inference tensors, which count no versions, are
-// packed anew each call): panels of 16 output rows, stored input-major,
+// once per weight on first use and kept beside it (packed_for): panels of 16 output rows, stored input-major,
 // (ceil(n / 16), d, 16), zero-padded past n. One 16-lane load of a panel feeds one FMA per row of x (x[j][t]
 // broadcast), the 16 outputs of every row of x accumulate in registers (no horizontal sums), each panel is one
-// sequential stream read once per call, and x (at most 16 x d floats) stays in L1/L2. Each thread takes a range of
-// panels. The instruction set is chosen at run time: AVX-512F, AVX2 + FMA (GCC's target pragmas, so the file builds
-// with baseline flags), or a portable scalar loop. Sums run in another float32 order than BLAS: results equal
-// F.linear up to rounding.
+// sequential stream read once per call, and x (16 x d floats at a time) stays in L1/L2. Each thread takes a range of
+// panels; past 16 rows, chunks of them stay in L2 while each block of 16 rows passes. The instruction set is chosen
+// at run time: AVX-512F, AVX2 + FMA (GCC's target pragmas, so the file builds with baseline flags), or a scalar loop.
+//
+// Batch invariance: on every path and for every number of rows (no BLAS past some count), each output is one chain
+// acc = w[t] * x[t] + acc over t = 0..d-1 from zero, then + bias: a row's bits do not depend on the rows multiplied
+// with it nor on its place among them (per instruction set: AVX-512 and AVX2 fuse the multiply-add, the scalar loop
+// may round twice). Sums run in another float32 order than BLAS: results equal F.linear up to rounding.
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__)
@@ -29,9 +32,12 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 16;           // rows of x one pass over the weights multiplies
-constexpr int64_t kMaxChunks = 4;          // up to 64 rows: blocks of 16, one read of the weights each; more: at::linear
+constexpr int64_t kMaxRows = 16;           // rows of x one call of the instruction set's panels multiplies
+constexpr int64_t kChunkBytes = 192 << 10;  // past kMaxRows rows: packed bytes each block of rows reuses in L2
+constexpr int64_t kMinChunk = 2;           // panels per chunk at least
 constexpr int64_t kPanel = 16;             // output rows (weight rows) per packed panel
+constexpr int64_t kLines = 4;              // runs of the weight's elements compared on each product (samples_of)
+constexpr int64_t kLine = 16;              // elements per run: one 64-byte line
 constexpr int64_t kGrainFloats = 1 << 15;  // weight elements per thread at least (smaller products run serially)
 constexpr const char* kPackedAttr = "_specfamily_packed";
 
@@ -265,37 +271,87 @@ py::tuple pack_key(const at::Tensor& weight) {
                         weight.stride(0), weight.stride(1), static_cast<int64_t>(weight._version()));
 }
 
-// The packed weight kept on the weight object (made, or remade when the weight changed). An inference tensor counts
-// no versions (a write in place would go unseen): it is packed anew for every product, correct but slower.
+// Sampled elements of the weight (n, d): kLines runs of kLine inputs (or all d when fewer; one 64-byte line each
+// when contiguous), in rows first to last, the first and the last element among them; this is run s's first. A write
+// through `.data` moves a version counter of its own, not the weight's, so the key alone would miss it; the samples,
+// taken when the weight is packed and compared on every product (a few cache misses), see any such write that
+// changes one of them (a new set of weights, a scaled or shifted one), not one that leaves them all as they were.
+const float* sample_run(const at::Tensor& weight, int64_t s) {
+  const int64_t n = weight.size(0), d = weight.size(1), width = std::min(kLine, d);
+  const int64_t col = s == kLines - 1 ? d - width : s * (d - width) / (kLines - 1) / kLine * kLine;
+  return weight.data_ptr<float>() + s * (n - 1) / (kLines - 1) * weight.stride(0) + col * weight.stride(1);
+}
+
+using Samples = std::array<float, kLines * kLine>;
+
+// The sampled elements (zero past a run narrower than kLine).
+Samples samples_of(const at::Tensor& weight) {
+  Samples values{};
+  const int64_t width = std::min(kLine, weight.size(1)), step = weight.stride(1);
+  for (int64_t s = 0; s < kLines; ++s) {
+    const float* run = sample_run(weight, s);
+    for (int64_t u = 0; u < width; ++u) values[s * kLine + u] = run[u * step];
+  }
+  return values;
+}
+
+// Whether `kept` (the bytes of samples_of when the weight was packed) still holds, bit for bit, what it samples.
+bool same_samples(const py::handle& kept, const at::Tensor& weight) {
+  if (!PyBytes_Check(kept.ptr()) || PyBytes_GET_SIZE(kept.ptr()) != static_cast<Py_ssize_t>(sizeof(Samples)))
+    return false;
+  const Samples values = samples_of(weight);
+  return std::memcmp(PyBytes_AS_STRING(kept.ptr()), values.data(), sizeof(Samples)) == 0;
+}
+
+// The packed weight kept on the weight object (PACKED_ATTR) as (key, packed, samples), remade when either changed.
+// An inference tensor counts no versions (a write in place would go unseen): packed anew each product, slower.
 at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
   if (weight.is_inference()) return pack(weight);
+  // The kernel reads the packed copy, so the weight is out of the caches: the samples' loads start now, under way
+  // while the key is built and the cached entry looked up.
+  for (int64_t s = 0; s < kLines; ++s) __builtin_prefetch(sample_run(weight, s));
   const py::tuple key = pack_key(weight);
   const py::object cached = py::getattr(owner, kPackedAttr, py::none());
-  if (py::isinstance<py::tuple>(cached) && py::len(cached) == 2) {
+  if (py::isinstance<py::tuple>(cached) && py::len(cached) == 3) {
     const auto entry = cached.cast<py::tuple>();
-    if (py::object(entry[0]).equal(key)) return entry[1].cast<at::Tensor>();
+    if (py::object(entry[0]).equal(key) && same_samples(entry[2], weight)) return entry[1].cast<at::Tensor>();
   }
   at::Tensor packed = pack(weight);
-  py::setattr(owner, kPackedAttr, py::make_tuple(key, packed));
+  const Samples samples = samples_of(weight);
+  const py::bytes kept(reinterpret_cast<const char*>(samples.data()), sizeof(Samples));
+  py::setattr(owner, kPackedAttr, py::make_tuple(key, packed, kept));
   return packed;
 }
 
+// y = x packed^T + b: each thread takes a range of panels, in chunks; each chunk multiplies every block of at most
+// kMaxRows rows. Every output is one FMA chain over the inputs in order, then + bias, whatever the block it falls
+// in: a row's result does not depend on how many rows come with it or where it stands among them.
 at::Tensor run_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
                       PanelsFn panels) {
-  const int64_t d = x.size(-1), k = x.numel() / d;
+  const int64_t d = x.size(-1), k = x.numel() / d, total = packed.size(0);
   const at::Tensor xc = x.contiguous();
   at::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->contiguous();
   auto sizes = x.sizes().vec();
   sizes.back() = n;
   at::Tensor y = at::empty(sizes, x.options());
+  const float *xp = xc.data_ptr<float>(), *wp = packed.data_ptr<float>();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, kGrainFloats / (kPanel * std::max<int64_t>(d, 1)));
-  for (int64_t r0 = 0; r0 < k; r0 += kMaxRows) {  // past 16 rows, blocks of 16: each reads the weights once more
-    const int64_t rows = std::min(kMaxRows, k - r0);
-    const Problem p{xc.data_ptr<float>() + r0 * d, packed.data_ptr<float>(),
-                    b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>() + r0 * n, rows, d, n};
-    at::parallel_for(0, packed.size(0), grain, [&](int64_t q0, int64_t q1) { panels(p, q0, q1); });
-  }
+  // Past kMaxRows rows, chunks of about kChunkBytes of the packed weight stay in L2 while each block of rows passes
+  // over them: the weights are read from memory once per call whatever the number of rows.
+  const int64_t panel_bytes = kPanel * static_cast<int64_t>(sizeof(float)) * std::max<int64_t>(d, 1);
+  const int64_t chunk = k <= kMaxRows ? total : std::max<int64_t>(kMinChunk, kChunkBytes / panel_bytes);
+  at::parallel_for(0, total, grain, [&](int64_t q0, int64_t q1) {
+    for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
+      const int64_t c1 = std::min(q1, c0 + chunk);
+      for (int64_t r0 = 0; r0 < k; r0 += kMaxRows) {
+        const Problem p{xp + r0 * d, wp, bp, yp + r0 * n, std::min(kMaxRows, k - r0), d, n};
+        panels(p, c0, c1);
+      }
+    }
+  });
   return y;
 }
 
@@ -309,7 +365,7 @@ at::Tensor linear_with(const at::Tensor& x, const py::handle& weight_obj, const 
   const int64_t k = d ? x.numel() / d : 0;
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                    (bias.has_value() && bias->defined() && bias->requires_grad()));
-  if (k == 0 || k > kMaxRows * kMaxChunks || n == 0 || grad) return at::linear(x, weight, bias);
+  if (k == 0 || n == 0 || grad) return at::linear(x, weight, bias);
   const PanelsFn panels = panels_for(isa);
   return run_packed(x, packed_for(weight_obj, weight), n, bias, panels);
 }
@@ -318,50 +374,25 @@ at::Tensor linear(const at::Tensor& x, const py::handle& weight, const c10::opti
   return linear_with(x, weight, bias, best_isa());
 }
 
-// RMSNorm as the Llama families compute it, weight * (x * rsqrt(mean(x^2) + eps)), in one call instead of seven
-// small ops (a decode step runs 61 of them on SmolLM2); the mean of squares is summed in double. Float32 CPU rows
-// without autograd only; anything else takes the op-for-op path.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const int64_t h = x.dim() ? x.size(-1) : 0;
-  const bool plain = x.device().is_cpu() && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
-                     weight.dim() == 1 && weight.size(0) == h && h > 0 &&
-                     !(at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()));
-  if (!plain) {
-    const at::Tensor xf = x.to(at::kFloat);
-    const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-    return weight * normed.to(x.scalar_type());
-  }
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
-  at::Tensor y = at::empty_like(xc);
-  const float *xp = xc.data_ptr<float>(), *wp = wc.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t rows = xc.numel() / h;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = xp + r * h;
-    double sum = 0.0;
-    for (int64_t i = 0; i < h; ++i) sum += static_cast<double>(row[i]) * row[i];
-    const float scale = 1.0f / std::sqrt(static_cast<float>(sum / h) + static_cast<float>(eps));
-    for (int64_t i = 0; i < h; ++i) yp[r * h + i] = wp[i] * (row[i] * scale);
-  }
-  return y;
-}
-
 }  // namespace
 
+namespace specfamily {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);  // in rms_norm.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Streaming few-row float32 products y = x W^T + b (specfamily.core.kernel)";
-  m.def("linear", &linear, "x @ weight^T + bias, x of 1..64 rows (16 per read of the weights; more go to at::linear)", py::arg("x"),
-        py::arg("weight"), py::arg("bias") = py::none());
+  m.doc() = "Streaming float32 products y = x W^T + b, batch-invariant (specfamily.core.kernel)";
+  m.def("linear", &linear, "x @ weight^T + bias, any number of rows, each row's result independent of the others",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("linear_with", &linear_with, "linear on a named instruction set (tests)", py::arg("x"), py::arg("weight"),
         py::arg("bias"), py::arg("isa"));
   m.def("pack", &pack, "the weight (n, d) as panels (ceil(n / PANEL), d, PANEL), zero-padded past n",
         py::arg("weight"));
-  m.def("rms_norm", &rms_norm, "weight * (x * rsqrt(mean(x^2, -1) + eps)), one call (float32 CPU rows)", py::arg("x"),
-        py::arg("weight"), py::arg("eps"));
+  m.def("rms_norm", &specfamily::rms_norm, "weight * (x * rsqrt(mean(x^2, -1) + eps)), one call (float32 CPU rows)",
+        py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("isa", &best_isa, "the instruction set linear uses on this CPU");
   m.def("supported_isas", &supported_isas, "every instruction set this CPU runs, best first");
-  m.attr("MAX_ROWS") = kMaxRows * kMaxChunks;
-  m.attr("ROWS_PER_READ") = kMaxRows;
+  m.attr("ROWS_PER_BLOCK") = kMaxRows;
   m.attr("PANEL") = kPanel;
   m.attr("PACKED_ATTR") = kPackedAttr;
 }
