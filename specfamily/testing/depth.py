@@ -7,6 +7,11 @@ accepted path's length. Observed passes read the accepted nodes from ``observe``
 (the loop does not observe it) is read back from the committed tokens, which identify the accepted path
 exactly: a rejected child's token has residual probability 0, so the committed token at a level matches the
 accepted child, or no child at all.
+
+It also records, for every generated token, the **level** it was decided at: the depth of the draft nodes the
+verifier tried when it chose that token (level L: the token's pass had accepted L - 1 nodes and the node it stood
+at had children, L deep), or 0 when no draft node was tried (a pass without a draft, or the token after a leaf).
+``DepthStats.levels`` holds them per request, one per generated token.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class DepthStats:
     accepted: list[int] = field(default_factory=list)
     requests: int = 0  # requests begun (a conformance sample is one request)
     requests_verified: list[int] = field(default_factory=list)  # d - 1: requests that verified a node d deep
+    levels: list[list[int]] = field(default_factory=list)  # per request, per generated token: its level (0: none)
     _request_depth: int = field(default=0, repr=False)  # deepest verified in the current request
 
     def add(self, drafted: int, verified: int, accepted: int, tree: bool = False) -> None:
@@ -43,6 +49,24 @@ class DepthStats:
     def begin_request(self) -> None:
         self.requests += 1
         self._request_depth = 0
+        self.levels.append([])
+
+    def set_levels(self, start: int, levels: list[int]) -> None:
+        """The levels of the current request's generated tokens from index ``start`` on (tokens before it that no
+        recorded pass decided, passes without a draft, are at level 0)."""
+        row = self.levels[-1]
+        row.extend([0] * (start + len(levels) - len(row)))
+        row[start : start + len(levels)] = levels
+
+    def finish_request(self, generated: int) -> None:
+        """Pad or cut the current request's levels to the ``generated`` tokens it produced."""
+        row = self.levels[-1]
+        row.extend([0] * (generated - len(row)))
+        del row[generated:]
+
+    def tokens_at_level(self, level: int) -> int:
+        """Generated tokens, over every request, decided at ``level``."""
+        return sum(row.count(level) for row in self.levels)
 
     def share_verified(self, depth: int) -> float:
         """Share of the requests that verified a draft node ``depth`` deep (0 when none was recorded)."""
@@ -92,6 +116,17 @@ def _draft_depth(parents: list[int]) -> int:
     return max(depth, default=0)
 
 
+def pass_levels(draft: Draft, path: list[int], committed: int) -> list[int]:
+    """The level of each of the ``committed`` tokens of a pass that accepted ``path``: token j is decided at the
+    root (j = 0) or at path[j - 1]; its level is that node's depth + 1 if it has children, else 0."""
+    children = _children(draft.parents.tolist())
+    levels = []
+    for j in range(min(committed, len(path) + 1)):
+        node = -1 if j == 0 else path[j - 1]
+        levels.append(j + 1 if node in children else 0)
+    return levels
+
+
 def path_from_tokens(draft: Draft, committed: list[int]) -> list[int]:
     """The accepted path of ``draft`` given the tokens the pass committed (accepted tokens, then the target's)."""
     tokens, children = draft.tokens.tolist(), _children(draft.parents.tolist())
@@ -109,15 +144,19 @@ class DepthRecorder:
     """Wraps a drafter (protocol forwarded unchanged) and records the depth of every verified draft in ``stats``.
 
     ``gamma``: drive the drafter at this constant draft length (tree depth), whatever its own policy would choose
-    (the conformance kit tests proposals, not a policy's decision to make them).
+    (the conformance kit tests proposals, not a policy's decision to make them). ``keep_drafts``: also keep every
+    non-empty draft with the context it was proposed at, in ``drafts``.
     """
 
-    def __init__(self, inner: Any, stats: DepthStats | None = None, gamma: int | None = None) -> None:
+    def __init__(self, inner: Any, stats: DepthStats | None = None, gamma: int | None = None,
+                 keep_drafts: bool = False) -> None:
         self.inner = inner
         self.stats = DepthStats() if stats is None else stats
+        self.drafts: list[tuple[list[int], Draft]] | None = [] if keep_drafts else None  # (context, draft) per pass
         self._override = None if gamma is None else ConstantPolicy(gamma)
         self._ctx: DecodeContext | None = None
         self._pending: tuple[Draft, int] | None = None  # the last draft and the context length it was drafted at
+        self._prompt = 0  # the current request's prompt length
 
     @property
     def needs_features(self) -> bool:
@@ -137,7 +176,7 @@ class DepthRecorder:
         return getattr(self.inner, name)
 
     def begin(self, ctx: DecodeContext) -> None:
-        self._ctx, self._pending = ctx, None
+        self._ctx, self._pending, self._prompt = ctx, None, len(ctx.tokens)
         self.stats.begin_request()
         self.inner.begin(ctx)
 
@@ -146,16 +185,22 @@ class DepthRecorder:
         draft = self.inner.propose(ctx, gamma)
         if len(draft):
             self._pending = (draft, len(ctx.tokens))
+            if self.drafts is not None:
+                self.drafts.append((list(ctx.tokens), draft))
         return draft
 
     def observe(self, outcome: VerifyOutcome) -> None:
         if self._pending is not None:
-            self._record(self._pending[0], list(outcome.accepted_nodes))
+            draft, start = self._pending
+            path = list(outcome.accepted_nodes)
+            self._record(draft, path, start, len(path) + 1)
             self._pending = None
         self.inner.observe(outcome)
 
     def end(self) -> None:
         self._settle()
+        if self._ctx is not None and self.stats.levels:
+            self.stats.finish_request(len(self._ctx.tokens) - self._prompt)
         end = getattr(self.inner, "end", None)
         if callable(end):
             end()
@@ -168,9 +213,12 @@ class DepthRecorder:
         self._pending = None
         committed = self._ctx.tokens[start:]
         if committed:
-            self._record(draft, path_from_tokens(draft, committed))
+            self._record(draft, path_from_tokens(draft, committed), start, len(committed))
 
-    def _record(self, draft: Draft, path: list[int]) -> None:
+    def _record(self, draft: Draft, path: list[int], start: int, committed: int) -> None:
+        """One verified pass drafted at context length ``start`` that kept ``committed`` tokens."""
         parents = draft.parents.tolist()
         tree = parents != list(range(-1, len(parents) - 1))
         self.stats.add(_draft_depth(parents), draft.verified_depth(path), len(path), tree)
+        if self.stats.levels:
+            self.stats.set_levels(start - self._prompt, pass_levels(draft, path, committed))

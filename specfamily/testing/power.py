@@ -11,12 +11,18 @@ chi2(p' || p) = sum_i (p'_i - p_i)^2 / p_i >= (sum_i |p'_i - p_i|)^2 = 4 delta^2
 Power grows with the noncentrality, so ``ncx2.sf(critical value, V - 1, 4 N delta^2)`` is a lower bound on the
 power against every alternative at distance delta.
 
-**An error that appears only at depth d.** A drafter whose q is wrong only at draft depth d changes the law only in
-the samples whose verifier tried a node d deep: if a share ``f`` of the samples did, a conditional deviation of
-total variation delta reaches the marginal of its position diluted to about ``f * delta``. The power against it is
-then ``detection_power(N, f * delta, V, level)``, which falls with f squared: at N = 1339 (the default for V = 8,
-n = 5) it is 0.99 at f = 1, 0.95 at f = 0.9, 0.72 at f = 0.75 and 0.13 at f = 0.5. :func:`depth_samples` sizes
-N for a measured share, :func:`share_for_power` gives the smallest share a given N can afford.
+**An error that appears only at depth d.** A drafter whose q is wrong only at draft depth d changes only the tokens
+the verifier decided at a depth-d node. The kit tests those tokens on their own (:mod:`specfamily.testing.levels`:
+each against its own prefix's p), so the power against a deviation of total variation delta there is
+``detection_power(N_d, delta, V, level)`` with N_d the number of tokens decided at level d: :func:`level_power`.
+The pilot measures N_d per sample (:func:`rate_lower_bound`) and the run is sized to reach
+``samples_for_power(delta, V, level, depth_power)`` such tokens.
+
+A position's marginal sees the same error diluted: where a share ``f`` of the samples decided that position at depth
+d, by about ``f * delta`` (:func:`diluted_power`, falling with f squared). A share counted per *request* overstates
+even that: a drafter that drafts on its first pass lands its depth-3 node at position 3 or, after a short first
+pass, at position 4, so with per-token acceptance a the request share is f = a^2 (2 - a) while each position gets
+about a^2 of it. :func:`share_for_power` and :func:`depth_samples` keep that old per-request sizing, for comparison.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ DEFAULT_SIGNIFICANCE = 1e-3  # family-wise, per sampling config
 DEFAULT_DEPTH_POWER = 0.9  # against an error that appears only at the deepest tested depth
 
 
-def tests_per_run(n_tokens: int) -> int:
-    """Chi-square tests per sampling config: n marginals, n - 1 adjacent pairs, one joint."""
-    return 2 * n_tokens
+def tests_per_run(n_tokens: int, levels: int = 0) -> int:
+    """Chi-square tests per sampling config: n marginals, n - 1 adjacent pairs, one joint, and two (token and rank
+    space) for each of ``levels`` levels tested on their own."""
+    return 2 * n_tokens + 2 * levels
 
 
 def detection_power(samples: int, delta: float, cells: int, alpha: float) -> float:
@@ -59,10 +66,33 @@ def samples_for_power(delta: float = DEFAULT_DELTA, cells: int = 8, alpha: float
 
 
 def run_samples(vocab: int, n_tokens: int, significance: float = DEFAULT_SIGNIFICANCE,
-                delta: float = DEFAULT_DELTA, power: float = DEFAULT_POWER) -> int:
+                delta: float = DEFAULT_DELTA, power: float = DEFAULT_POWER, levels: int = 0) -> int:
     """Samples per sampling config of a conformance run: a position's marginal (``vocab`` cells) at the
-    Bonferroni level ``significance / tests_per_run(n_tokens)``."""
-    return samples_for_power(delta, vocab, significance / tests_per_run(n_tokens), power)
+    Bonferroni level ``significance / tests_per_run(n_tokens, levels)``."""
+    return samples_for_power(delta, vocab, significance / tests_per_run(n_tokens, levels), power)
+
+
+def level_power(tokens: int, delta: float, cells: int, alpha: float) -> float:
+    """Lower bound on the power of the level-conditional test of ``tokens`` tokens decided at one level against a
+    deviation of total variation ``delta`` in their pooled law (0 without tokens)."""
+    return detection_power(tokens, delta, cells, alpha) if tokens > 0 else 0.0
+
+
+def diluted_power(samples: int, share: float, delta: float, cells: int, alpha: float) -> float:
+    """The power a position's marginal has when a share ``share`` of the samples carries the deviation ``delta``
+    (diluted to share * delta): the old per-request sizing's claim, for comparison."""
+    return detection_power(samples, share * delta, cells, alpha) if share > 0 else 0.0
+
+
+def rate_lower_bound(counts: list[int], z: float = 2.0) -> float:
+    """Lower bound (mean minus ``z`` standard errors, at least 0) on the tokens per sample decided at a level, from
+    a pilot's per-sample ``counts``: taken low, so the run it sizes does not fall short by the pilot's own noise."""
+    if not counts:
+        return 0.0
+    n = len(counts)
+    mean = sum(counts) / n
+    variance = sum((c - mean) ** 2 for c in counts) / max(n - 1, 1)
+    return max(0.0, mean - z * (variance / n) ** 0.5)
 
 
 def noncentrality_for_power(cells: int, alpha: float, power: float) -> float:

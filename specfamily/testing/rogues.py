@@ -306,3 +306,14 @@ def rogue_gallery() -> list[Rogue]:
         Rogue("unnormalised_q", "reports top-k probabilities without renormalising (q sums below 1)",
               UnnormalisedTopK, k5),
     ]
+
+
+class DeepMisreport(LateMisreport):
+    """:class:`LateMisreport` wrong only from depth 4, drafting 4 deep: a conformance run at gamma 3 never reaches the
+    bug (and its verdict says it tested gamma 3); at ``gamma=4`` the kit must reject it. Not in the gallery, whose
+    entries run at the kit's defaults."""
+
+    default_gamma = 4
+
+    def __init__(self, target, gamma: int | None = 4, from_depth: int = 4, **kw) -> None:
+        super().__init__(target, gamma, from_depth, **kw)

@@ -7,6 +7,7 @@ from specfamily.core.types import Draft, SamplingConfig
 from specfamily.testing import (
     SAMPLING_MATRIX,
     ConformanceError,
+    ConformanceWarning,
     DepthRecorder,
     RandomTreeDrafter,
     WrongDrafter,
@@ -14,12 +15,22 @@ from specfamily.testing import (
     assert_lossless,
     detection_power,
     exact_distribution,
+    power,
     samples_for_power,
     tiny_target,
 )
 from specfamily.testing.conformance import PROMPT, chi_square, sample_sequences
 from specfamily.testing.depth import DepthStats, path_from_tokens
-from specfamily.testing.power import depth_samples, run_samples, share_for_power, share_lower_bound
+from specfamily.testing.power import (
+    depth_samples,
+    diluted_power,
+    level_power,
+    run_samples,
+    share_for_power,
+    share_lower_bound,
+)
+from specfamily.testing.rogues import LateMisreport
+from specfamily.testing.sampling_run import sample_run
 from specfamily.testing.stats import marginal_law, sequence_index, sequence_tests
 
 
@@ -108,6 +119,34 @@ def test_power_against_an_error_only_at_one_depth_falls_with_the_share_that_reac
         0.851, abs=1e-3)
     with pytest.raises(ValueError, match="no sample count has power at a depth reached by a share 0"):
         depth_samples(0.0, 0.1, 8, level)
+
+
+def test_an_error_only_at_depth_three_splits_over_two_positions_and_the_level_test_pools_them():
+    """A chain drafted from the first pass lands its depth-3 node at position 3, or at position 4 after a first pass
+    that accepted nothing. The old sizing counted the share f of requests that verified depth 3 and claimed power
+    detection_power(N, f * 0.1); each position's marginal carries only its own share of the error, so that claim
+    overstated what the marginals had. The level-3 test pools the depth-3 decisions of both positions, each against
+    its own prefix's p: its power comes from their count, and the kit sized by it rejects the rogue there."""
+    target, sampling = tiny_target("llama"), SAMPLING_MATRIX[0]
+
+    def rogue(t):
+        return LateMisreport(t, noise=1.5)
+
+    run = sample_run(target, rogue(target), PROMPT, 5, sampling, 400, gamma=3, first_seed=50_000)
+    shares = (run.levels == 3).double().mean(dim=0).tolist()  # per position: samples deciding it at depth 3
+    share = run.depth.share_verified(3)  # per request, as the old sizing counted it
+    assert shares[2] > 0.1 and shares[3] > 0.1 and shares[0] == shares[1] == shares[4] == 0
+    assert share > 1.2 * max(shares)
+    alpha = 1e-3 / power.tests_per_run(5)
+    old = depth_samples(share, 0.1, 8, alpha)  # the old sizing: enough for power 0.9 at the request share
+    claimed = diluted_power(old, share, 0.1, 8, alpha)
+    marginals = max(diluted_power(old, position, 0.1, 8, alpha) for position in shares)
+    assert claimed >= 0.9 and marginals < 0.75, (claimed, marginals)
+    assert level_power(round(old * sum(shares)), 0.1, 8, alpha) > claimed  # the same samples, pooled by level
+    with pytest.raises(ConformanceError, match="not lossless under") as info:
+        assert_lossless(rogue, configs=[sampling])
+    fit = info.value.fit  # rejected by its level-3 tokens, at the first look or with power 0.9 there
+    assert fit.worst.name.startswith("level 3") and (fit.look == (1, 2) or fit.depth_power >= 0.9), fit.describe()
 
 
 def test_the_pilot_share_is_taken_at_its_lower_bound():
@@ -224,11 +263,18 @@ def test_depth_recorder_agrees_with_the_loops_acceptance_counts():
     assert recorder.policy is inner.policy and recorder.needs_features is False
 
 
-def test_a_run_that_does_not_reach_the_required_depth_fails():
-    shallow = r"only 0\.\d% of 200 samples verified a draft node 3 deep.* power is 0\.00 < 0\.9"
+def test_a_run_that_does_not_reach_the_required_depth_passes_with_a_warning_or_fails_on_request():
+    """An honest drafter whose drafts seldom get 3 deep passes, with a ConformanceWarning that says what was not
+    tested; require_depth=True turns it into a failure."""
+    shallow = (r"depth 1, 2, 3 not tested to power 0\.9: \d+ tokens of 200 samples were decided at level 3 "
+               r"\(power 0\.\d\d against an error of total variation 0\.1 there\).*What was tested: tiny llama "
+               r"target \(vocabulary 8, no EOS, seed 0\), prompt \(1, 2, 3\), 5 new tokens, gamma 3")
+    factory = lambda target: RandomTreeDrafter(target, gamma=1, nodes=3)  # noqa: E731
+    with pytest.warns(ConformanceWarning, match=shallow):
+        [fit] = assert_lossless(factory, configs=SAMPLING_MATRIX[:1], samples=200, min_depth=3)
+    assert fit.untested_depths == [1, 2, 3] and fit.level_tokens[3] < 200
     with pytest.raises(ConformanceError, match=shallow):
-        assert_lossless(lambda target: RandomTreeDrafter(target, gamma=1, nodes=3), configs=SAMPLING_MATRIX[:1],
-                        samples=200, min_depth=3)
+        assert_lossless(factory, configs=SAMPLING_MATRIX[:1], samples=200, min_depth=3, require_depth=True)
 
 
 class _ZeroQ(RandomTreeDrafter):

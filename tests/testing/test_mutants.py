@@ -7,10 +7,10 @@ import torch
 
 from specfamily.core import loop, sampling, verify
 from specfamily.core.types import SamplingConfig
-from specfamily.testing import ConformanceError, assert_lossless
+from specfamily.testing import ConformanceError, assert_lossless, mutants
 from specfamily.testing import rogues as rogue_module
 from specfamily.testing.conformance import PROMPT, exact_distribution
-from specfamily.testing.mutants import verifier_gallery, warp_gallery
+from specfamily.testing.mutants import Hits, Mutant, verifier_gallery, warp_gallery
 from specfamily.testing.tiny import tiny_target
 
 VERIFIERS = verifier_gallery()
@@ -72,3 +72,30 @@ def test_the_honest_twins_pass_with_the_real_verifier(honest, noise, config):
     """The control: each drafter and config a mutant is caught with passes with the real verifier and warp."""
     [fit] = assert_lossless(lambda target: honest(target, noise=noise), configs=[config])
     assert fit.depth.deepest_verified == 3, fit.describe()
+
+
+def _correct_walk(hits: Hits):
+    """A correct re-implementation of the verifier's tree walk, written as the mutants are (the honest sibling
+    loop, the accepted child's own row of p, the residual when no child is accepted)."""
+    def walk(children, tokens, q64, p64, draws):
+        path, node, residual = [], -1, p64[0]
+        while True:
+            accepted, _, residual = mutants._try_children(children.get(node, []), tokens, q64, residual, draws)
+            hits.count += 1
+            if accepted is None:
+                return path, draws.sample(residual)
+            path.append(accepted)
+            node, residual = accepted, p64[accepted + 1]
+    return walk
+
+
+@pytest.mark.parametrize(("honest", "noise", "config"), _controls(),
+                         ids=lambda value: getattr(value, "__name__", str(value)))
+def test_a_correct_reimplementation_of_the_verifier_passes_with_the_defaults(honest, noise, config):
+    """The control for the mutants: the walk rewritten correctly, installed the way a mutant is, passes the kit's
+    defaults at full depth with each drafter and config a mutant is caught with."""
+    control = Mutant("correct_walk", "a correct walk", "specfamily.core.verify:_walk", _correct_walk, honest, noise,
+                     config)
+    with control.installed() as hits:
+        [fit] = assert_lossless(control.factory, configs=[config])
+    assert hits.count >= 1000 and not fit.untested_depths and fit.depth.deepest_verified == 3, fit.describe()

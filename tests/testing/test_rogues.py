@@ -7,18 +7,28 @@ import torch
 
 import specfamily as sf
 from specfamily.core.types import SamplingConfig
-from specfamily.testing import SAMPLING_MATRIX, ConformanceError, assert_lossless, rogue_gallery
+from specfamily.testing import SAMPLING_MATRIX, ConformanceError, ConformanceWarning, assert_lossless, rogue_gallery
 from specfamily.testing.conformance import PROMPT
-from specfamily.testing.rogues import FeatureHeads, HonestChain, HonestTree, cost_aware, top_p_without_crossing
+from specfamily.testing.rogues import (
+    DeepMisreport,
+    FeatureHeads,
+    HonestChain,
+    HonestTree,
+    cost_aware,
+    top_p_without_crossing,
+)
 from specfamily.testing.tiny import tiny_target
 
 GALLERY = rogue_gallery()
 
 
 def _position(test_name: str) -> int:
-    """The last position a test looks at: "position 3" -> 3, "pair 2-3" -> 3, "joint" -> a large number."""
+    """The last position a test looks at: "position 3" -> 3, "pair 2-3" -> 3, "joint" -> a large number; for a
+    level test ("level 3 ranks") the level, the draft depth its tokens were decided at."""
     if test_name == "joint":
         return 99
+    if test_name.startswith("level"):
+        return int(test_name.split()[1])
     return int(test_name.split()[-1].split("-")[-1])
 
 
@@ -60,11 +70,26 @@ def test_an_honest_drafter_on_the_default_policy_passes():
 
 
 def test_the_default_policy_rogue_is_caught_only_because_the_kit_drives_its_length():
-    """Left to its cost-aware policy the depth-3 rogue drafts almost nothing, and the depth check says so."""
+    """Left to its cost-aware policy the depth-3 rogue drafts almost nothing: the run passes, and the warning says
+    depth 3 was not tested (``require_depth=True``: the run fails for it)."""
     rogue = next(rogue for rogue in GALLERY if rogue.name == "default_policy_misreport")
-    with pytest.raises(ConformanceError, match="samples verified a draft node 3 deep") as info:
-        assert_lossless(rogue.build, configs=[rogue.sampling], gamma=None, samples=400)
-    assert info.value.fit.depth_share < 0.5
+    untested = r"depth 1, 2, 3 not tested to power 0\.9: .*the drafter's own policy"
+    with pytest.warns(ConformanceWarning, match=untested):
+        [fit] = assert_lossless(rogue.build, configs=[rogue.sampling], gamma=None, samples=400)
+    assert fit.depth_share < 0.5 and fit.untested_depths == [1, 2, 3]
+    with pytest.raises(ConformanceError, match=untested):
+        assert_lossless(rogue.build, configs=[rogue.sampling], gamma=None, samples=400, require_depth=True)
+
+
+def test_a_rogue_wrong_only_from_depth_four_is_caught_at_the_depth_the_author_asks_for():
+    """At the default gamma 3 the kit never drafts 4 deep, so the bug is out of its reach and the verdict says
+    gamma 3 was tested; at gamma 4 (6 new tokens) the level-4 tokens reject it."""
+    [fit] = assert_lossless(DeepMisreport, configs=SAMPLING_MATRIX[:1], samples=300, min_depth=0)
+    assert "5 new tokens, gamma 3" in fit.describe() and len(fit.level_tokens) == 4
+    with pytest.raises(ConformanceError, match=r"not lossless under .*6 new tokens, gamma 4") as info:
+        assert_lossless(DeepMisreport, configs=SAMPLING_MATRIX[:1], gamma=4)
+    fit = info.value.fit
+    assert fit.worst.name.startswith("level 4") and fit.depth.deepest_verified == 4, fit.describe()
 
 
 def test_rogues_that_need_a_warp_are_exact_without_it():
