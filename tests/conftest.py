@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +12,13 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrain
 FAMILIES = ("gpt2", "llama")
 ATTENTIONS = ("sdpa", "eager")
 TINY_VOCAB = 50
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (`-n auto` in pyproject.toml) every worker runs torch at one thread: the workers already
+    fill the cores, and tiny models at two threads each on two cores spin on each other (a 10 s test took 276 s)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 def tiny_config(family: str, **overrides):
