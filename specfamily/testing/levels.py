@@ -8,6 +8,12 @@ follow their own prefix's p, wherever in the sequence they stand. An error that 
 in these tokens undiluted: the power of the test depends on N_L, the number of level-L tokens, not on how often a
 request reaches depth L nor on which position the depth-L node lands at.
 
+The argument needs the level to be known before the token's draw: whether the node a token is decided at has
+children may depend on everything drafted and decided before, but not on the children's own sampled tokens. Drafts
+whose shape is fixed by the context and gamma meet it (chains, fixed-shape trees, trees whose tokens are a function of
+the context); a sampled tree that drops or grows a child because of the token it drew selects on that token, and its
+level tests are not exact (the registered drafters pass them; a shape rule of that kind has not been audited).
+
 The draws are independent given the past but not identically distributed (each token has its own prefix), so the
 test pools them as counts against summed probabilities: for tokens x_s with laws p_s,
 
