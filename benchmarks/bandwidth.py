@@ -7,7 +7,7 @@ reads divided by the machine's read bandwidth. This script measures, in one proc
 - the weights one pass reads: every linear weight of SmolLM2 (30 decoder layers and the tied LM head), from the
   fetched ``zoo:smollm2`` when it is in the cache, else random tensors of its shapes (``--weights``);
 - per pass size k = g + 1 (``--sizes``), the time of one product per weight for each matmul kind (exact = F.linear,
-  skinny, stream = the C++ kernel of ``specfamily.core.kernel``, whose packed copies of the weights are made in the
+  skinny, stream = the C++ kernel of ``specfamily.runtime.kernel``, whose packed copies of the weights are made in the
   warm-up round and reported as its memory cost), kinds interleaved, best of ``--repeats``;
 
 and prints them beside the floor (bytes / bandwidth), with t(k)/t(1) per kind. Numbers are only as quiet as the
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specfamily.core.kernel import packed_bytes, stream_kernel
-from specfamily.core.matmul import skinny_linear, stream_linear
+from specfamily.runtime.kernel import packed_bytes, stream_kernel
+from specfamily.runtime.matmul import skinny_linear, stream_linear
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 

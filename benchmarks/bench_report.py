@@ -96,7 +96,7 @@ def write_json(path: str | Path, data: dict) -> Path:
 
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` atomically (a temporary file renamed over ``path``)."""
-    from specfamily.files import write_text_atomically
+    from specfamily.io.files import write_text_atomically
 
     return write_text_atomically(path, text)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specfamily.tokens import fixed_windows
+from specfamily.train.tokens import fixed_windows
 
 
 @dataclass
@@ -40,7 +40,7 @@ class DrafterCard:
 def medusa_accuracies(target, heads, windows: torch.Tensor) -> dict[str, list[float]]:
     """Per-head top-1 and top-5 on the windows as written and on the target's greedy continuations."""
     from specfamily.drafters.medusa.calibrate import batched_features, head_accuracies
-    from specfamily.tokens import greedy_windows
+    from specfamily.train.tokens import greedy_windows
 
     half = windows.shape[1] // 2
     continued = greedy_windows(target.model, windows, half, target.eos_token_id or 0)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> DrafterCard:
     torch.set_num_threads(args.threads)
     card = measure(args.workdir, args.target, args.medusa, args.eagle, args.windows, args.seq_len)
     if args.out:
-        from specfamily.files import write_text_atomically
+        from specfamily.io.files import write_text_atomically
 
         write_text_atomically(Path(args.out), json.dumps(asdict(card), indent=1) + "\n")
     print(markdown(card))

@@ -39,7 +39,7 @@ def heldout_loss(target, texts: list[str], max_tokens: int = 512) -> tuple[float
 
 def samples(target, prompts: list[str], max_new_tokens: int) -> list[dict]:
     import specfamily as sf
-    from specfamily.eval.chat import answer_text, chat_prompt_ids
+    from specfamily.io.chat import answer_text, chat_prompt_ids
 
     out = []
     for text in prompts:

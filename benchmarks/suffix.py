@@ -3,7 +3,7 @@
 Two workloads on one target (default ``zoo:smollm2``):
 - Spec-Bench first turns in category order, ``--per-category`` questions each; one suffix drafter serves every
   question, so its global cache grows across them (as it would in a server).
-- a repeated-task workload (:mod:`specfamily.eval.repeated`): three instructions, each asked about ``--tasks``
+- a repeated-task workload (:mod:`specfamily.recipes.repeated`): three instructions, each asked about ``--tasks``
   held-out zoo-corpus functions. ``suffix cold`` starts with an empty global cache; ``suffix warm`` loads a cache
   (``save_cache`` / ``cache=``) written by a run over *other* functions with the same instructions: primed on
   purpose (the scenario measured: a server that has answered such tasks before), never with a timed prompt's answer.
@@ -218,8 +218,8 @@ def spec_bench_items(tokenizer, per_category: int) -> list[Item]:
 
 
 def repeated_items(tokenizer, tasks: int, offset: int) -> list[Item]:
-    from specfamily.eval.chat import chat_prompt_ids
-    from specfamily.eval.repeated import heldout_functions, repeated_task_rows
+    from specfamily.io.chat import chat_prompt_ids
+    from specfamily.recipes.repeated import heldout_functions, repeated_task_rows
 
     rows = repeated_task_rows(heldout_functions(limit=offset + tasks), tasks, offset=offset)
     return [Item(row["category"], chat_prompt_ids(tokenizer, row["turns"])) for row in rows]

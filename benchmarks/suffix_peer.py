@@ -106,7 +106,7 @@ def compare(history: list[list[int]], queries: list[list[int]], stride: int, max
 
 def corpus_sequences(count: int, tokenizer_name: str | None) -> list[list[int]]:
     """Held-out zoo-corpus functions as token ids (the zoo code tokenizer, or bytes without one)."""
-    from specfamily.eval.repeated import heldout_functions
+    from specfamily.recipes.repeated import heldout_functions
 
     texts = heldout_functions(limit=count)
     if tokenizer_name is None:

@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 
 import specfamily as sf
+from specfamily.core.context import DecodeContext
 from specfamily.core.loop import truncate
-from specfamily.core.types import DecodeContext, Draft, SamplingConfig, VerifyOutcome
+from specfamily.core.types import Draft, SamplingConfig, VerifyOutcome
 from specfamily.core.verify import greedy_tree
-from specfamily.files import write_text_atomically
+from specfamily.io.files import write_text_atomically
 
 
 @dataclass

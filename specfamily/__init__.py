@@ -20,7 +20,7 @@ _EXPORTS = {
     "SamplingConfig": "specfamily.core.types",
     "Draft": "specfamily.core.types",
     "VerifyOutcome": "specfamily.core.types",
-    "DecodeContext": "specfamily.core.types",
+    "DecodeContext": "specfamily.core.context",
     "GenerationResult": "specfamily.core.types",
     "Metrics": "specfamily.core.metrics",
     "Drafter": "specfamily.core.drafter",

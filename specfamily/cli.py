@@ -80,7 +80,7 @@ def app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from specfamily.eval.runner import run_experiment
-    from specfamily.sources import UnreachableError
+    from specfamily.io.sources import UnreachableError
 
     _checked(cfg)
     own_dir = Path(HydraConfig.get().runtime.output_dir)

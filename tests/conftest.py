@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrain
 FAMILIES = ("gpt2", "llama")
 ATTENTIONS = ("sdpa", "eager")
 TINY_VOCAB = 50
+pytest_plugins = ["corpus_fixtures"]  # the tiny corpus and prepared work folder (recipes, trainers)
 
 
 def pytest_configure(config) -> None:
@@ -95,7 +96,7 @@ def _paths(items) -> set[str]:
 @pytest.fixture
 def lean_calls(monkeypatch) -> list[int]:
     """The number of tokens of each pass the lean forward ran (the lean path was taken, not only offered)."""
-    from specfamily.core.fast import LeanLlama
+    from specfamily.runtime.lean import LeanLlama
 
     calls: list[int] = []
     original = LeanLlama.__call__

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.policy import Policy, make_policy
-from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+from specfamily.core.types import Draft, VerifyOutcome
 
 
 @runtime_checkable

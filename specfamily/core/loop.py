@@ -10,13 +10,14 @@ from collections.abc import Sequence
 
 import torch
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, target_cost_curve
 from specfamily.core.drafter import Drafter
 from specfamily.core.metrics import MetricsRecorder
 from specfamily.core.processors import with_processors
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
-from specfamily.core.types import DecodeContext, Draft, GenerationResult, SamplingConfig, VerifyOutcome
+from specfamily.core.types import Draft, GenerationResult, SamplingConfig, VerifyOutcome
 from specfamily.core.verify import DraftProbabilityError, greedy_tree, verify_tree
 
 

@@ -19,7 +19,8 @@ import torch
 from transformers import PreTrainedModel
 
 if TYPE_CHECKING:
-    from specfamily.core.types import DecodeContext, Draft
+    from specfamily.core.context import DecodeContext
+    from specfamily.core.types import Draft
 
 # Logits processors transformers' generate() builds from a model's generation config, with the values at which
 # each one acts (as in GenerationMixin._get_logits_processor, transformers 5.24, where every default is None).

@@ -15,12 +15,14 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specfamily.core.fast import BufferedLayer, LeanLlama, lean_unsupported
-from specfamily.core.matmul import MatmulChoice, choose_matmul, linear_for
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
-from specfamily.sources import is_local, unreachable_model
+from specfamily.io.sources import is_local, unreachable_model
+from specfamily.runtime.kv_cache import BufferedLayer
+from specfamily.runtime.lean import LeanLlama
+from specfamily.runtime.lean_support import lean_unsupported
+from specfamily.runtime.matmul import MatmulChoice, choose_matmul, linear_for
 
 __all__ = ["SUPPORTED_ATTENTION", "Target", "TargetOutput", "check_supported", "load_target"]
 
@@ -50,12 +52,12 @@ class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact") -> None:
-        """``fast``: use the lean forward (``specfamily.core.fast``) where it reproduces the model exactly.
+        """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
         and ``stream`` (a streaming C++ kernel) in other float32 orders that are faster on some CPUs, ``auto`` the
-        fastest measured here (``specfamily.core.matmul``). ``self.matmul`` is the kind in use, ``self.matmul_choice``
-        the choice with auto's timings.
+        fastest measured here (``specfamily.runtime.matmul``). ``self.matmul`` is the kind in use,
+        ``self.matmul_choice`` the choice with auto's timings.
         """
         check_supported(model)
         self.model = model.eval()

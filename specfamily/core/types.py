@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
     from specfamily.core.metrics import Metrics
-    from specfamily.core.target import Target
 
 
 @dataclass(frozen=True)
@@ -106,17 +105,6 @@ class VerifyOutcome:
     draft_size: int
     features: torch.Tensor | None = None  # (m, H) or (m, k * H)
     feature_start: int = 0
-
-
-@dataclass
-class DecodeContext:
-    """Per-request state a drafter may read: the committed tokens grow as the loop commits."""
-
-    target: Target
-    prompt_ids: torch.Tensor  # (L,) long
-    sampling: SamplingConfig
-    generator: torch.Generator
-    tokens: list[int] = field(default_factory=list)  # prompt + committed new tokens
 
 
 @dataclass

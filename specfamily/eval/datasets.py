@@ -5,7 +5,7 @@ local file directly, a shipped zoo prompt set (``zoo:complete``, ``zoo:continue`
 set shipped with specfamily (``specfamily:spec_bench``), and says how to make a prompt of each row:
 a text field, a format template over the row's fields, a field of ready token ids, or a field of
 user turns (a chat question: turn 1 is the prompt, later turns are asked after the model's own
-answers, see :mod:`specfamily.eval.chat`); optionally wrapped in the tokenizer's chat template.
+answers, see :mod:`specfamily.io.chat`); optionally wrapped in the tokenizer's chat template.
 A category field labels each prompt (for per-category results and ``select: per_category``).
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from specfamily.eval.chat import chat_prompt_ids
-from specfamily.sources import is_local, unreachable_dataset
+from specfamily.io.chat import chat_prompt_ids
+from specfamily.io.sources import is_local, unreachable_dataset
 
 SELECT_MODES = ("first", "spread", "per_category")
 SHIPPED_PREFIX = "specfamily:"

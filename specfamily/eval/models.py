@@ -6,7 +6,7 @@ import torch
 from omegaconf import DictConfig
 
 from specfamily.core.target import Target
-from specfamily.sources import is_local, unreachable_model
+from specfamily.io.sources import is_local, unreachable_model
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,16 +33,10 @@ from specfamily.eval.results import (
     PromptRecord,
     Record,
     RepeatRecord,
-    ResultWriter,
     RunInfo,
     read_repeats,
     read_run,
-    repeats_path,
 )
-
-if TYPE_CHECKING:
-    from specfamily.eval.datasets import Prompt
-    from specfamily.eval.start import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -175,40 +168,3 @@ def record_noise(folder: Path) -> RunInfo:
     info.noise = noise_checks(read_run(folder), read_repeats(folder), info)
     info.save(folder)
     return info
-
-
-@dataclass
-class PlainRepeats:
-    """Plain decoding re-timed on a shard's first prompt (the probe) after the scheduled prompt positions."""
-
-    plan: RunPlan
-    probe: Prompt | None
-    schedule: dict[int, int]  # prompt position -> repeat number
-    writer: ResultWriter
-
-    @classmethod
-    def schedule_for(cls, plan: RunPlan, prompts: list[Prompt]) -> PlainRepeats:
-        """The repeats this rank still owes on its shard ``prompts`` (none recorded twice on a resumed run)."""
-        schedule = pending_repeats(plan.out_dir, plan.info.rank, len(prompts), plan.noise.repeats)
-        path = repeats_path(plan.out_dir, plan.info.rank, plan.info.world_size)
-        return cls(plan, prompts[0] if prompts else None, schedule, ResultWriter(path))
-
-    def after(self, position: int) -> None:
-        """Run and record the repeat scheduled after prompt ``position``, if any."""
-        repeat = self.schedule.get(position)
-        if repeat is None or self.probe is None:
-            return
-        import specfamily as sf
-
-        plan, probe = self.plan, self.probe
-        try:
-            start = time.perf_counter()
-            result = sf.generate(plan.target, None, probe.ids, plan.dataset.max_new_tokens, plan.sampling,
-                                 seed=plan.seed + probe.index)
-            wall = time.perf_counter() - start
-        except Exception as err:  # the noise measurement never stops the run
-            log.warning("plain repeat %d failed: %s: %s", repeat, type(err).__name__, err)
-            plan.target.reset()
-            return
-        self.writer.write(RepeatRecord(probe.id, probe.index, repeat, position + 1, list(result.tokens), wall,
-                                       plan.info.rank))

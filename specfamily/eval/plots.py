@@ -16,7 +16,7 @@ from pathlib import Path
 from specfamily.core import theory
 from specfamily.eval.config import PLAIN
 from specfamily.eval.summary import SummaryRow
-from specfamily.files import write_atomically
+from specfamily.io.files import write_atomically
 
 PLOTS = ("speedup_vs_gamma.png", "per_position_acceptance.png", "tau_by_dataset.png")
 

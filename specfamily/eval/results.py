@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specfamily.files import write_text_atomically
+from specfamily.io.files import write_text_atomically
 
 RESULTS = "results.jsonl"
 RUN_INFO = "run.json"
@@ -230,7 +230,7 @@ class RunInfo:
     hardware: dict[str, Any] = field(default_factory=dict)  # cpu / gpu model, CUDA, cores, threads, load
     pass_seconds: list[dict[str, float]] = field(default_factory=list)  # per verify-cost round: g -> median s
     noise: list[NoiseCheck] = field(default_factory=list)  # the run's noise checks, written when it finishes
-    matmul: str = "exact"  # how the target's lean forward multiplied (specfamily.core.matmul): exact, skinny, stream
+    matmul: str = "exact"  # how the target's lean forward multiplied (specfamily.runtime.matmul): exact, skinny, stream
     matmul_seconds: dict[str, float] = field(default_factory=dict)  # auto's median timed round per kind; {} if not
 
     @property

@@ -28,15 +28,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specfamily.core.types import SamplingConfig
-from specfamily.eval import distributed
-from specfamily.eval.chat import answer_text, turn_id
 from specfamily.eval.config import DrafterSpec, check_config, sampling_config, sampling_label
 from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompts, turn_prompt_ids
 from specfamily.eval.models import load_model_target, load_model_tokenizer, pick_device
-from specfamily.eval.noise import NoiseSettings, PlainRepeats, record_noise
+from specfamily.eval.noise import NoiseSettings, record_noise
+from specfamily.eval.repeats import PlainRepeats
 from specfamily.eval.results import FailureRecord, PromptRecord, Record, ResultWriter, consolidate, read_run
 from specfamily.eval.results import results_path as rank_results_path
 from specfamily.eval.start import RunPlan, is_finished, start_run
+from specfamily.io.chat import answer_text, turn_id
+from specfamily.train import distributed
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from specfamily.core.target import Target
 from specfamily.core.types import SamplingConfig
 from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
 from specfamily.eval.datasets import DatasetSpec, Prompt
-from specfamily.eval.distributed import DistInfo, broadcast
 from specfamily.eval.environment import (
     git_commit,
     hardware,
@@ -29,6 +28,7 @@ from specfamily.eval.environment import (
 )
 from specfamily.eval.noise import NoiseSettings
 from specfamily.eval.results import RUN_INFO, PromptRecord, RunInfo, read_run
+from specfamily.train.distributed import DistInfo, broadcast
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ class SweepReport(Callback):
     """Hydra callback (``hydra.callbacks.sweep_report``): the combined report at the end of a multirun."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from specfamily.eval.distributed import env_world
         from specfamily.eval.report import write_report
+        from specfamily.train.distributed import env_world
 
         if env_world()[0] != 0:  # under torchrun only rank 0 writes the sweep report
             return

@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.policy import ConstantPolicy
-from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+from specfamily.core.types import Draft, VerifyOutcome
 
 
 @dataclass

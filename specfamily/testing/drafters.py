@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
-from specfamily.core.types import DecodeContext, Draft
+from specfamily.core.types import Draft
 
 
 class OracleDrafter(BaseDrafter):

@@ -19,9 +19,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
-from specfamily.core.types import DecodeContext, Draft, SamplingConfig, VerifyOutcome
+from specfamily.core.types import Draft, SamplingConfig, VerifyOutcome
 
 _MEMO_LIMIT = 200_000
 

@@ -9,10 +9,9 @@ import time. Drafters use only the names exported here.
 
 from __future__ import annotations
 
-import difflib
-from importlib import resources
 from pathlib import Path
 
+from specfamily.zoo import paths
 from specfamily.zoo.catalogue import (
     CATALOGUE,
     KIND_INFO,
@@ -24,9 +23,9 @@ from specfamily.zoo.catalogue import (
     names,
     serving,
 )
+from specfamily.zoo.prompts import PROMPT_SETS, prompt_ids, prompt_set_path
 
 ZOO_NAMES = names()
-PROMPT_SETS = ("complete", "continue", "instruct")  # instruct: chat prompts written here, none from an eval set
 
 __all__ = [
     "KINDS", "PROMPT_SETS", "ZOO_NAMES", "ZOO_PREFIX", "Entry", "available", "catalogue", "default_weights",
@@ -37,24 +36,6 @@ __all__ = [
 def is_zoo_name(name: object) -> bool:
     """True for strings of the form ``zoo:<anything>``."""
     return isinstance(name, str) and name.startswith(ZOO_PREFIX)
-
-
-def _package_dir(*parts: str) -> Path:
-    """A folder or file inside the installed ``specfamily.zoo`` package, as a real path."""
-    node = resources.files(__name__).joinpath(*parts)
-    if not isinstance(node, Path):
-        raise FileNotFoundError(
-            f"specfamily.zoo is installed as {type(node).__name__}, not as files on disk; "
-            "install specfamily as a regular (unzipped) package to use the zoo"
-        )
-    return node
-
-
-def _unknown(kind: str, name: str, bare: str, known: tuple[str, ...], prefix: str = "") -> ValueError:
-    close = difflib.get_close_matches(bare, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
-    listing = ", ".join(prefix + k for k in known)
-    return ValueError(f"unknown {kind} {name!r}{hint} (known: {listing})")
 
 
 def catalogue() -> tuple[Entry, ...]:
@@ -69,15 +50,15 @@ def entry(name: str) -> Entry:
     bare = name[len(ZOO_PREFIX) :] if is_zoo_name(name) else name
     found = find(bare)
     if found is None:
-        raise _unknown("zoo model", name, bare, ZOO_NAMES, prefix=ZOO_PREFIX)
+        raise paths.unknown_name("zoo model", name, bare, ZOO_NAMES, prefix=ZOO_PREFIX)
     return found
 
 
 def _shipped_path(item: Entry) -> Path:
     """Where a shipped entry lies inside the installed package (``location`` is relative to ``specfamily``)."""
     if item.location[0] == "zoo":
-        return _package_dir(*item.location[1:])
-    return _package_dir().parent.joinpath(*item.location)
+        return paths.package_dir(*item.location[1:])
+    return paths.package_dir().parent.joinpath(*item.location)
 
 
 def _marker(item: Entry, path: Path) -> Path:
@@ -157,25 +138,3 @@ def default_weights(kind: str, target) -> str:
             f"{info.drafter} drafter"
         )
     return made.qualified
-
-
-def prompt_ids(name: str, count: int | None, tokenizer=None, last: int | None = None) -> list[list[int]]:
-    """Token ids of ``count`` prompts spread evenly over a shipped prompt set (see ``specfamily.zoo.prompts``)."""
-    from specfamily.zoo.prompts import prompt_ids as _prompt_ids
-
-    return _prompt_ids(name, count, tokenizer, last)
-
-
-def prompt_set_path(name: str) -> Path:
-    """The shipped jsonl file of a held-out prompt set (``"complete"`` or ``"continue"``)."""
-    if not isinstance(name, str):
-        raise TypeError(f"prompt set name must be a string, got {type(name).__name__}")
-    if name not in PROMPT_SETS:
-        raise _unknown("zoo prompt set", name, name, PROMPT_SETS)
-    path = _package_dir("data", "prompts", f"{name}.jsonl")
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"zoo prompt set {name!r} is not shipped with this installation (no {path}); "
-            "build it with `specfamily-zoo prompts --workdir work/zoo --out specfamily/zoo/data/prompts`"
-        )
-    return path

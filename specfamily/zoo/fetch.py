@@ -21,7 +21,7 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specfamily.files import write_folder_atomically
+from specfamily.io.files import write_folder_atomically
 from specfamily.zoo.catalogue import WheelSource
 
 CACHE_ENV = "SPECFAMILY_CACHE"

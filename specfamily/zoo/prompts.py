@@ -1,133 +1,16 @@
-"""Held-out prompt sets built from the zoo corpus's held-out files (deterministic, jsonl).
-
-- ``complete.jsonl``: a file up to a function's docstring (or signature, when it has none), the
-  function's body as the reference.
-- ``continue.jsonl``: a window of held-out tokens, the tokens that follow as the reference.
-
-Each line holds ``id``, ``prompt``, ``reference``, ``source`` (the file, relative to the corpus
-root) and token counts; ``continue`` rows also hold the exact ``prompt_ids`` (zoo tokenizer).
-"""
+"""The zoo's shipped held-out prompt sets, read: ``load_prompt_set`` (a ``datasets.Dataset``) and ``prompt_ids``
+(token ids of prompts spread evenly over a set). How they were built: ``specfamily.recipes.prompt_sets``."""
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import json
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from transformers import PreTrainedTokenizerFast
 
-from specfamily.files import write_text_atomically
-from specfamily.zoo.corpus import Document
+from specfamily.zoo import paths
 
-
-@dataclass(frozen=True)
-class PromptSetConfig:
-    complete_count: int = 300  # every docstring function, then signature-only ones up to this many
-    complete_context: int = 768  # max prompt tokens (whole lines kept, truncated from the left)
-    complete_reference: int = 128  # max reference tokens (whole lines where possible)
-    continue_count: int = 300
-    continue_context: int = 256
-    continue_reference: int = 128
-    continue_per_file: int = 16  # at most this many windows from one file, evenly spaced
-
-
-@dataclass(frozen=True)
-class FunctionSite:
-    """A function whose body follows line ``prompt_end`` (1-based, inclusive) up to ``body_end``."""
-
-    source: str
-    name: str
-    prompt_end: int
-    body_end: int
-    has_docstring: bool
-
-
-# ---------------------------------------------------------------- reading the held-out files
-
-
-def heldout_documents(workdir: Path) -> list[Document]:
-    """The held-out files recorded in ``workdir/corpus.json``, read from the recorded corpus root."""
-    meta = json.loads((workdir / "corpus.json").read_text())
-    root = Path(meta["root"])
-    docs = [Document(rel, (root / rel).read_text(encoding="utf-8")) for rel in meta["heldout_files"]]
-    if not docs:
-        raise ValueError(f"{workdir / 'corpus.json'} lists no held-out files")
-    return docs
-
-
-def load_tokenizer(workdir: Path) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast.from_pretrained(str(workdir / "tokenizer"))
-
-
-def _count(tokenizer: PreTrainedTokenizerFast, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-# ---------------------------------------------------------------- complete: functions
-
-
-def function_sites(doc: Document) -> list[FunctionSite]:
-    """Functions with a multi-line body that continues past the docstring / signature."""
-    try:
-        tree = ast.parse(doc.text)
-    except (SyntaxError, ValueError):
-        return []
-    sites = []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.body[0].lineno == node.lineno:
-            continue
-        has_doc = ast.get_docstring(node, clean=False) is not None
-        if has_doc and len(node.body) == 1:
-            continue  # nothing after the docstring
-        prompt_end = node.body[0].end_lineno if has_doc else node.body[0].lineno - 1
-        sites.append(FunctionSite(doc.path, node.name, prompt_end, node.end_lineno, has_doc))
-    return sorted(sites, key=lambda s: s.prompt_end)
-
-
-def _largest_fitting(count: int, fits) -> int:
-    """The largest k in [0, count] with fits(k) true, given fits is monotone (true then false)."""
-    lo, hi = 0, count
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
-
-
-def complete_row(site: FunctionSite, lines: Sequence[str], tokenizer, cfg: PromptSetConfig) -> dict | None:
-    """One ``complete`` row; the prompt ends without its newline, the reference starts with it."""
-    head = lines[: site.prompt_end]
-    drop = len(head) - _largest_fitting(
-        len(head), lambda k: _count(tokenizer, "".join(head[len(head) - k :]).rstrip("\n")) <= cfg.complete_context
-    )
-    prompt = "".join(head[drop:]).rstrip("\n")
-    if not prompt.strip():
-        return None
-    newline = "".join(head)[len("".join(head).rstrip("\n")) :]
-    body = lines[site.prompt_end : site.body_end]
-    keep = _largest_fitting(
-        len(body), lambda k: _count(tokenizer, newline + "".join(body[:k])) <= cfg.complete_reference
-    )
-    if keep:
-        reference = (newline + "".join(body[:keep])).rstrip("\n")
-    else:  # a single overlong line: cut by tokens
-        ids = tokenizer(newline + "".join(body), add_special_tokens=False)["input_ids"][: cfg.complete_reference]
-        reference = tokenizer.decode(ids)
-    if not reference.strip():
-        return None
-    return {
-        "prompt": prompt,
-        "reference": reference,
-        "source": site.source,
-        "function": site.name,
-        "line": site.prompt_end,
-        "has_docstring": site.has_docstring,
-        "n_prompt_tokens": _count(tokenizer, prompt),
-        "n_reference_tokens": _count(tokenizer, reference),
-    }
+PROMPT_SETS = ("complete", "continue", "instruct")  # instruct: chat prompts written here, none from an eval set
 
 
 def evenly(items: Sequence, count: int) -> list:
@@ -139,104 +22,9 @@ def evenly(items: Sequence, count: int) -> list:
     return [items[i] for i in np.linspace(0, len(items) - 1, num=count).round().astype(int)]
 
 
-def select_sites(sites: Sequence[FunctionSite], count: int) -> list[FunctionSite]:
-    """Every docstring function (evenly thinned if too many), then signature-only ones up to ``count``."""
-    with_doc = evenly([s for s in sites if s.has_docstring], count)
-    rest = evenly([s for s in sites if not s.has_docstring], count - len(with_doc))
-    chosen = set(with_doc) | set(rest)
-    return [s for s in sites if s in chosen]
-
-
-def build_complete(docs: Sequence[Document], tokenizer, cfg: PromptSetConfig) -> list[dict]:
-    """The ``complete`` rows, ordered by file then line."""
-    sites = [site for doc in docs for site in function_sites(doc)]
-    lines = {doc.path: doc.text.splitlines(keepends=True) for doc in docs}
-    rows = []
-    for site in select_sites(sites, cfg.complete_count):
-        row = complete_row(site, lines[site.source], tokenizer, cfg)
-        if row is not None:
-            rows.append({"id": f"complete-{len(rows):04d}"} | row)
-    return rows
-
-
-# ---------------------------------------------------------------- continue: token windows
-
-
-def _windows(doc_ids: list[int], length: int, per_file: int) -> list[int]:
-    starts = list(range(0, len(doc_ids) - length + 1, length))
-    return evenly(starts, per_file)
-
-
-def continue_rows_of(doc: Document, tokenizer, cfg: PromptSetConfig) -> Iterator[dict]:
-    """Windows of one file whose prompt and reference decode to exact text."""
-    ids = tokenizer(doc.text, add_special_tokens=False)["input_ids"]
-    length = cfg.continue_context + cfg.continue_reference
-    for start in _windows(ids, length, cfg.continue_per_file):
-        prompt_ids = ids[start : start + cfg.continue_context]
-        reference_ids = ids[start + cfg.continue_context : start + length]
-        prompt, reference = tokenizer.decode(prompt_ids), tokenizer.decode(reference_ids)
-        if prompt + reference != tokenizer.decode(prompt_ids + reference_ids) or "\ufffd" in prompt + reference:
-            continue  # a window edge splits a multi-byte character
-        yield {
-            "prompt": prompt,
-            "reference": reference,
-            "source": doc.path,
-            "start_token": start,
-            "n_prompt_tokens": len(prompt_ids),
-            "n_reference_tokens": len(reference_ids),
-            "prompt_ids": prompt_ids,
-        }
-
-
-def build_continue(docs: Sequence[Document], tokenizer, cfg: PromptSetConfig) -> list[dict]:
-    """The ``continue`` rows, ordered by file then position."""
-    candidates = [row for doc in docs for row in continue_rows_of(doc, tokenizer, cfg)]
-    return [{"id": f"continue-{i:04d}"} | row for i, row in enumerate(evenly(candidates, cfg.continue_count))]
-
-
-# ---------------------------------------------------------------- writing
-
-
-def write_jsonl(rows: Sequence[dict], path: Path) -> None:
-    """Write rows as jsonl atomically (a temp file renamed into place)."""
-    write_text_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def build_prompt_sets(workdir: Path, out: Path, cfg: PromptSetConfig | None = None) -> dict:
-    """Build ``complete.jsonl``, ``continue.jsonl`` and ``manifest.json`` in ``out``; returns the manifest."""
-    cfg = cfg or PromptSetConfig()
-    workdir, out = Path(workdir), Path(out)
-    docs = heldout_documents(workdir)
-    tokenizer = load_tokenizer(workdir)
-    out.mkdir(parents=True, exist_ok=True)
-    sets = {"complete": build_complete(docs, tokenizer, cfg), "continue": build_continue(docs, tokenizer, cfg)}
-    for name, rows in sets.items():
-        if not rows:
-            raise ValueError(f"the held-out files in {workdir} yield no {name!r} prompts")
-        write_jsonl(rows, out / f"{name}.jsonl")
-    corpus = json.loads((workdir / "corpus.json").read_text())
-    manifest = {
-        "config": asdict(cfg),
-        "counts": {name: len(rows) for name, rows in sets.items()},
-        "sha256": {f"{name}.jsonl": _sha256(out / f"{name}.jsonl") for name in sets},
-        "corpus_sha256": corpus.get("sha256"),
-        "tokenizer_sha256": _sha256(workdir / "tokenizer" / "tokenizer.json"),
-        "heldout_files": [d.path for d in docs],
-        "command": "specfamily-zoo prompts --workdir work/zoo --out specfamily/zoo/data/prompts",
-    }
-    write_text_atomically(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
-    return manifest
-
-
 def load_prompt_set(name: str, path: Path | None = None):
     """A shipped (or given) prompt set as a ``datasets.Dataset``."""
     from datasets import load_dataset
-
-    from specfamily.zoo import prompt_set_path
 
     file = Path(path) if path is not None else prompt_set_path(name)
     return load_dataset("json", data_files=str(file), split="train")
@@ -263,7 +51,22 @@ def prompt_ids(name: str, count: int | None, tokenizer=None, last: int | None = 
 def _encode(row: dict, tokenizer) -> list[int]:
     """A row's text as token ids; rows marked ``chat`` become a user turn in the tokenizer's chat template."""
     if row.get("chat"):
-        from specfamily.eval.chat import chat_prompt_ids
+        from specfamily.io.chat import chat_prompt_ids
 
         return chat_prompt_ids(tokenizer, [row["prompt"]])
     return list(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"])
+
+
+def prompt_set_path(name: str) -> Path:
+    """The shipped jsonl file of a held-out prompt set (``"complete"`` or ``"continue"``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"prompt set name must be a string, got {type(name).__name__}")
+    if name not in PROMPT_SETS:
+        raise paths.unknown_name("zoo prompt set", name, name, PROMPT_SETS)
+    path = paths.package_dir("data", "prompts", f"{name}.jsonl")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"zoo prompt set {name!r} is not shipped with this installation (no {path}); "
+            "build it with `specfamily-zoo prompts --workdir work/zoo --out specfamily/zoo/data/prompts`"
+        )
+    return path

@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 import specfamily as sf
 from specfamily.core import loop, processors
+from specfamily.core.context import DecodeContext
 from specfamily.core.processors import (
     SUPPORTED,
     Processors,
@@ -18,7 +19,7 @@ from specfamily.core.processors import (
     with_processors,
 )
 from specfamily.core.target import Target, load_target
-from specfamily.core.types import DecodeContext, Draft, SamplingConfig
+from specfamily.core.types import Draft, SamplingConfig
 from specfamily.testing import OracleDrafter, RandomTreeDrafter
 from specfamily.testing.law import reference_process
 from specfamily.testing.tiny import single_thread, tiny_model

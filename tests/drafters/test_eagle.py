@@ -5,13 +5,13 @@ import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import specfamily as sf
-import specfamily.core.feature_drafting as feature_drafting
 import specfamily.drafters.eagle.drafter as eagle_drafter
-from specfamily.core.feature_drafting import TreeFeeder
+import specfamily.drafters.shared.feature_drafting as feature_drafting
 from specfamily.core.tree_mask import additive
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.eagle.drafter import EagleDrafter
 from specfamily.drafters.eagle.model import EagleModel, build_model
+from specfamily.drafters.shared.feature_drafting import TreeFeeder
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import specfamily as sf
-from specfamily.core.draft_vocab import DraftVocab, d2t_of, t2d_of, vocab_from_d2t
 from specfamily.drafters.eagle3.drafter import Eagle3Drafter
 from specfamily.drafters.eagle3.model import default_layers
+from specfamily.drafters.shared.draft_vocab import DraftVocab, d2t_of, t2d_of, vocab_from_d2t
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
 PRUNED = [0, 2, 3, 5, 6]
@@ -130,7 +130,7 @@ def test_without_weights_it_loads_the_zoo_eagle3_for_its_target(monkeypatch, tmp
 
     target = tiny_target("llama")
     trained = Eagle3Drafter(target, weights="random", draft_vocab=PRUNED, seed=3).model
-    monkeypatch.setattr(zoo, "_package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))
+    monkeypatch.setattr(zoo.paths, "package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))
     monkeypatch.setattr(zoo, "identify", lambda target: "zoo:smollm2")  # as if given the fetched target
     save_eagle3(trained, tmp_path / "zoo" / "weights" / "smollm2-eagle3", target)
     for drafter in (Eagle3Drafter(target), Eagle3Drafter(target, weights="zoo:smollm2-eagle3")):

@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specfamily.core.feature_drafting import crop
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.drafters.eagle3.drafter import Eagle3Drafter
 from specfamily.drafters.eagle3.lean import LeanEagle3Layer, lean_eagle3_unsupported
 from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, draft_layer_config
+from specfamily.drafters.shared.feature_drafting import crop
 from specfamily.testing import tiny_model
 from specfamily.testing.conformance import assert_greedy_equivalent
 from specfamily.testing.tiny import single_thread
@@ -75,8 +75,8 @@ def test_lean_layer_equals_the_module_bit_for_bit(dtype, kv_heads, before_residu
 
 
 def test_under_the_stream_kind_within_float32_rounding():
-    from specfamily.core.kernel import stream_kernel
-    from specfamily.core.matmul import linear_for
+    from specfamily.runtime.kernel import stream_kernel
+    from specfamily.runtime.matmul import linear_for
 
     if stream_kernel().module is None:
         pytest.skip(f"the stream kernel is not available here: {stream_kernel().reason}")

@@ -169,9 +169,9 @@ def test_a_rerun_resumes_and_other_options_are_refused(tmp_path):
 def test_distilled_conversations_train_with_features_from_the_target(tmp_path):
     """The distillation files' stored (last-layer) features are not EAGLE-3's three layers: the trainer reads the
     conversations and computes the layers online; the draft vocabulary is counted on the answers."""
-    from specfamily.core.draft_vocab import frequent_tokens
-    from specfamily.zoo.distill import DistillConfig, write_batch
-    from specfamily.zoo.distilled import is_heldout, load_distilled
+    from specfamily.drafters.shared.draft_vocab import frequent_tokens
+    from specfamily.recipes.distill import DistillConfig, write_batch
+    from specfamily.train.distilled import is_heldout, load_distilled
 
     target = tiny_target("llama", vocab_size=32, layers=4, dtype=torch.float32, spread=2.0)
     gen = torch.Generator().manual_seed(0)

@@ -14,11 +14,11 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-import specfamily.core.lean as core_lean
-from specfamily.core.feature_drafting import crop
+import specfamily.runtime.lean as core_lean
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.drafters.eagle.lean import LeanEagleLayer, lean_eagle_unsupported
 from specfamily.drafters.eagle.model import EagleModel, build_model
+from specfamily.drafters.shared.feature_drafting import crop
 from specfamily.testing import tiny_model
 from specfamily.testing.tiny import single_thread
 

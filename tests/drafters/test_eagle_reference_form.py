@@ -15,8 +15,8 @@ import specfamily as sf
 import specfamily.drafters.eagle.train as eagle_train
 from specfamily.drafters.eagle.checkpoint import load_eagle, save_eagle
 from specfamily.drafters.eagle.model import build_model
+from specfamily.recipes.cli import main as zoo_main
 from specfamily.testing import tiny_model, tiny_target
-from specfamily.zoo.cli import main as zoo_main
 
 
 def _train_argv(tmp_path, out: str, steps: int = 8) -> list[str]:

@@ -10,13 +10,13 @@ import torch
 
 import specfamily as sf
 import specfamily.drafters.eagle.train as eagle_train
-from specfamily.core import train_state
 from specfamily.drafters.eagle.checkpoint import load_eagle, save_eagle
 from specfamily.drafters.eagle.drafter import EagleDrafter
 from specfamily.drafters.eagle.model import build_model
 from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
 from specfamily.drafters.eagle.train import TrainConfig, train
 from specfamily.testing import tiny_model, tiny_target
+from specfamily.train import state as train_state
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

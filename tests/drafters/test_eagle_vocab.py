@@ -9,14 +9,14 @@ import torch
 from eval_helpers import chat_tokenizer, tiny_llama
 
 import specfamily as sf
-from specfamily.core.draft_vocab import DraftVocab
 from specfamily.drafters.eagle.checkpoint import load_eagle, save_eagle
 from specfamily.drafters.eagle.model import build_model
 from specfamily.drafters.eagle.train import TrainConfig, train
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.recipes import user_turns
+from specfamily.recipes.distill import DistillConfig, distill
 from specfamily.testing import tiny_target
 from specfamily.testing.tiny import single_thread
-from specfamily.zoo import user_turns
-from specfamily.zoo.distill import DistillConfig, distill
 
 IDS = [0, 3, 5, 8, 13, 21, 34, 55]
 

@@ -12,7 +12,7 @@ from specfamily.drafters.medusa.checkpoint import (
 )
 from specfamily.drafters.medusa.drafter import MedusaDrafter
 from specfamily.drafters.medusa.heads import build_heads, shape_for
-from specfamily.identity import target_identity
+from specfamily.io.identity import target_identity
 from specfamily.testing import tiny_target
 
 

@@ -8,14 +8,14 @@ import torch
 from safetensors.torch import load_file
 
 import specfamily as sf
-from specfamily.core.draft_vocab import frequent_tokens
 from specfamily.drafters.medusa import train as medusa_train
 from specfamily.drafters.medusa.calibrate import target_features
 from specfamily.drafters.medusa.checkpoint import read_checkpoint
 from specfamily.drafters.medusa.train import TrainConfig, parse_args, train
+from specfamily.drafters.shared.draft_vocab import frequent_tokens
+from specfamily.recipes.distill import DistillConfig, write_batch
 from specfamily.testing import tiny_target
-from specfamily.zoo.distill import DistillConfig, write_batch
-from specfamily.zoo.distilled import is_heldout, load_distilled
+from specfamily.train.distilled import is_heldout, load_distilled
 
 V = 64
 

@@ -18,7 +18,7 @@ from specfamily.drafters.medusa.train import (
     train,
 )
 from specfamily.testing import tiny_target
-from specfamily.tokens import greedy_windows
+from specfamily.train.tokens import greedy_windows
 
 
 def _greedy_stream(target, docs: int, length: int, seed: int) -> np.ndarray:

@@ -8,14 +8,14 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import specfamily as sf
-from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.medusa.calibrate import head_accuracies, head_hits, rank_table, target_features
 from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint, read_checkpoint, save_checkpoint
 from specfamily.drafters.medusa.drafter import MedusaDrafter
 from specfamily.drafters.medusa.heads import IGNORE_INDEX, HeadsShape, MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.train import medusa_loss
-from specfamily.identity import target_identity
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.io.identity import target_identity
 from specfamily.testing import assert_greedy_equivalent, tiny_target
 
 V = 64

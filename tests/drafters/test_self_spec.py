@@ -15,7 +15,7 @@ from transformers import (
 )
 
 import specfamily as sf
-from specfamily.core.types import DecodeContext
+from specfamily.core.context import DecodeContext
 from specfamily.drafters.self_spec.config import SelfSpecConfig, SkipSetRecord, model_key, save_skip_set
 from specfamily.drafters.self_spec.drafter import ExitThreshold, SelfSpecDrafter
 from specfamily.drafters.self_spec.layers import LayerRunner, format_skip, parse_skip

@@ -11,7 +11,6 @@ from eval_helpers import TEXTS, chat_tokenizer
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from specfamily.eval.chat import chat_prompt_ids
 from specfamily.eval.config import configs_dir
 from specfamily.eval.datasets import (
     DatasetSpec,
@@ -22,6 +21,7 @@ from specfamily.eval.datasets import (
     shipped_set_path,
     turn_prompt_ids,
 )
+from specfamily.io.chat import chat_prompt_ids
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import specfamily.eval.runner as runner
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.plugins import get_registry, reset_plugins
-from specfamily.eval.chat import answer_text, chat_prompt_ids
 from specfamily.eval.datasets import DatasetSpec, load_prompts
 from specfamily.eval.environment import prompts_fingerprint, weights_hash
 from specfamily.eval.results import FailureRecord, PromptRecord, RunInfo, read_records
 from specfamily.eval.runner import run_experiment
+from specfamily.io.chat import answer_text, chat_prompt_ids
 
 
 def _prompts(records, label):

@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from specfamily.core import train_state
 from specfamily.core.target import load_target
 from specfamily.drafters.eagle import train as eagle_train
 from specfamily.drafters.medusa import train as medusa_train
+from specfamily.recipes import train as zoo_train
 from specfamily.testing import tiny_model
-from specfamily.zoo import train as zoo_train
+from specfamily.train import state as train_state
 from specfamily.zoo import zoo_path
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -5,7 +5,7 @@ decoding and for the drafters shipped for it: prompt_lookup, suffix, self_spec w
 self-distilled EAGLE layer, EAGLE-3 drafter and Medusa heads (reduced draft vocabularies) and the distilled draft
 model, at their cost-aware defaults and at a fixed draft length (so drafts are proposed and verified on every pass).
 The same with
-the skinny matmul (``matmul="skinny"``, ``specfamily.core.matmul``), whose logits differ from transformers' in the
+the skinny matmul (``matmul="skinny"``, ``specfamily.runtime.matmul``), whose logits differ from transformers' in the
 last bits: on these prompts its greedy text is still transformers'.
 """
 

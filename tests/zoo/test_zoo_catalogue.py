@@ -153,7 +153,7 @@ def test_smollm2_eagle3_is_the_default_once_its_folder_is_there(monkeypatch, tmp
 
 
 def test_list_shows_every_entry_and_whether_it_is_here(monkeypatch, tmp_path, capsys):
-    from specfamily.zoo.cli import main
+    from specfamily.recipes.cli import main
 
     monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))
     with pytest.raises(SystemExit) as done:

@@ -26,7 +26,7 @@ def test_unknown_name_suggests_the_nearest():
 
 
 def test_prefix_optional_and_missing_folder_is_explained(tmp_path, monkeypatch):
-    monkeypatch.setattr(zoo, "_package_dir", lambda *parts: tmp_path.joinpath(*parts))
+    monkeypatch.setattr(zoo.paths, "package_dir", lambda *parts: tmp_path.joinpath(*parts))
     with pytest.raises(FileNotFoundError, match="'zoo:code-medusa' is not shipped"):
         zoo.zoo_path("code-medusa")
     folder = tmp_path / "weights" / "code-draft"
@@ -43,5 +43,5 @@ def test_prefix_optional_and_missing_folder_is_explained(tmp_path, monkeypatch):
 
 
 def test_lookup_is_inside_the_installed_package():
-    path = zoo._package_dir("weights", "code-target")
+    path = zoo.paths.package_dir("weights", "code-target")
     assert path.parent.parent == __import__("pathlib").Path(zoo.__file__).parent

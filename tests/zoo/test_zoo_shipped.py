@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from specfamily.recipes.models import llama_config
 from specfamily.zoo import PROMPT_SETS, zoo_path
-from specfamily.zoo.models import llama_config
 from specfamily.zoo.prompts import load_prompt_set
 
 SHIPPED = ("zoo:code-target", "zoo:code-draft")  # HF model folders; the Medusa heads and EAGLE layer below

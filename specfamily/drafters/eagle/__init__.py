@@ -11,8 +11,8 @@ Train one for any target (frozen; features computed on the fly)::
         --tokens work/zoo/train.npy --heldout work/zoo/heldout.npy --minutes 10 --threads 1
 
 Modules: ``model`` (the network), ``drafter`` (propose/observe, KV rollback; EAGLE-2 tree growth and reranking
-is ``specfamily.core.dynamic_tree``, shared with eagle3), ``objective`` and ``train`` (training), ``calibrate``
-(the tree shape for this machine), ``checkpoint``, ``config``.
+is ``specfamily.drafters.shared.dynamic_tree``, shared with eagle3), ``objective`` and ``train`` (training),
+``calibrate`` (the tree shape for this machine), ``checkpoint``, ``config``.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ import torch
 
 from specfamily.core.costs import process_clock
 from specfamily.core.loop import generate
-from specfamily.core.matmul import MATMUL_KINDS
 from specfamily.drafters.eagle.checkpoint import CONFIG_FILE, load_eagle, resolve_weights
-from specfamily.files import write_text_atomically
+from specfamily.io.files import write_text_atomically
+from specfamily.runtime.matmul import MATMUL_KINDS
 
 # (gamma, total_tokens); the smallest trees are for targets whose verify cost climbs steeply after a few tokens
 CANDIDATES = ((2, 2), (3, 3), (3, 4), (4, 5), (4, 6), (4, 8), (5, 8), (5, 12), (6, 16), (6, 24))
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> Trial:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--matmul", default="auto", choices=MATMUL_KINDS,
-                        help="the target's products, as decoding will multiply (specfamily.core.matmul)")
+                        help="the target's products, as decoding will multiply (specfamily.runtime.matmul)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from specfamily.core.target import load_target

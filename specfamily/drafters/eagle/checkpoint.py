@@ -5,7 +5,7 @@ folder or a model-hub name.
 
 ``config.json`` records the format, whether the decoder layer normalises its input (``input_norm``; absent in
 checkpoints written before it existed, which all do), the identity of the target the drafter was trained for
-(``specfamily.identity``) and free-form training information. Loading for a different target is refused. The
+(``specfamily.io.identity``) and free-form training information. Loading for a different target is refused. The
 folder is written under a temporary name and swapped in whole.
 """
 
@@ -19,12 +19,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from specfamily.core.draft_vocab import DraftVocab
 from specfamily.drafters.eagle.formats import is_eagle_repo, load_eagle_repo
 from specfamily.drafters.eagle.model import EagleModel, build_model
-from specfamily.files import write_folder_atomically
-from specfamily.hub import resolve_source
-from specfamily.identity import check_identity, target_identity
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.io.files import write_folder_atomically
+from specfamily.io.hub import resolve_source
+from specfamily.io.identity import check_identity, target_identity
 
 FORMAT = "specfamily-eagle"
 FORMAT_VERSION = 1

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specfamily.core.target import Target
-from specfamily.tokens import dataset_tokens, fixed_windows, random_windows, split_heldout, token_array
+from specfamily.train.tokens import dataset_tokens, fixed_windows, random_windows, split_heldout, token_array
 
 Batch = tuple[torch.Tensor, "torch.Tensor | None"]  # tokens (B, T) long; features (B, T, H) or None (compute them)
 
@@ -48,7 +48,7 @@ def token_source(cfg, target: Target) -> EagleData:
 
 def distilled_source(cfg, target: Target) -> EagleData:
     """Windows of stored conversations with their features; held-out conversations' chat prompts measure tau."""
-    from specfamily.zoo.distilled import WindowSampler, load_for_target
+    from specfamily.train.distilled import WindowSampler, load_for_target
 
     train, heldout = load_for_target(cfg.distilled, target, 100 * cfg.heldout_fraction)
     sampler, fixed = WindowSampler(train, cfg.seq_len), WindowSampler(heldout, cfg.seq_len)

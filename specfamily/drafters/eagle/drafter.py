@@ -4,7 +4,7 @@ The drafter's KV cache holds one entry per committed pair (target feature at t, 
 ``0 .. real - 1``. ``observe`` rolls back the entries of the last draft (their features were predictions) and
 queues the target's real features; ``propose`` feeds the queued pairs in one call, whose last output predicts the
 root's feature, then drafts from there with one batched call per depth. The queue, catch-up, chain and tree are
-``specfamily.core.feature_drafting``'s; this module holds EAGLE's model, lean layer and calibrated defaults.
+``specfamily.drafters.shared.feature_drafting``'s; this module holds EAGLE's model, lean layer and calibrated defaults.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import torch
 from transformers import DynamicCache
 
 from specfamily import zoo
-from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
-from specfamily.core.feature_drafting import FeatureDrafter
-from specfamily.core.matmul import linear_for
 from specfamily.core.target import Target
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.eagle.checkpoint import load_eagle
 from specfamily.drafters.eagle.config import EagleConfig
 from specfamily.drafters.eagle.lean import LeanEagleLayer, lean_eagle_unsupported
 from specfamily.drafters.eagle.model import EagleModel, build_model
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.drafters.shared.feature_drafting import FeatureDrafter
+from specfamily.runtime.matmul import linear_for
 
 DEFAULT_GAMMA = {"tree": 5, "chain": 4}
 DEFAULT_TOP_K = 4
@@ -87,7 +87,7 @@ class EagleDrafter(FeatureDrafter):
 
 def fast_forward(model: EagleModel, linear: Callable = torch.nn.functional.linear) -> Callable:
     """``model``'s forward through the lean layer whenever that reproduces the module path, multiplying with
-    ``linear`` (``specfamily.core.matmul``: the target's kind)."""
+    ``linear`` (``specfamily.runtime.matmul``: the target's kind)."""
     if lean_eagle_unsupported(model) is not None:
         return model
     lean = LeanEagleLayer(model, linear)

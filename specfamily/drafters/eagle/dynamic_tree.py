@@ -1,6 +1,6 @@
-"""Re-export: the EAGLE-2 dynamic tree moved to :mod:`specfamily.core.dynamic_tree` (shared with eagle3)."""
+"""Re-export: the EAGLE-2 dynamic tree moved to :mod:`specfamily.drafters.shared.dynamic_tree` (shared with eagle3)."""
 
-from specfamily.core.dynamic_tree import (
+from specfamily.drafters.shared.dynamic_tree import (
     Candidates,
     DraftTree,
     StepFn,

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 
 from specfamily.drafters.eagle.model import EagleModel, build_model, layer_config, target_family
 from specfamily.drafters.eagle3.formats import check_embedding, load_checked, read_tensors
-from specfamily.files import write_folder_atomically
+from specfamily.io.files import write_folder_atomically
 
 FAMILIES = ("llama",)  # the reference's draft layer is a Llama layer
 SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")

@@ -3,7 +3,7 @@
 A drafter call is a handful of small matrix products; on CPU the module tree (embedding, fc, rotary, decoder
 layer, attention, MLP, norms: about fifteen Python module calls) and transformers' per-call helpers cost as much.
 ``LeanEagleLayer`` runs ``EagleModel.forward`` with the per-layer pieces of the target's lean forward
-(``specfamily.core.lean``): the same ops in the same order on the model's own parameters, sdpa down the branch
+(``specfamily.runtime.lean``): the same ops in the same order on the model's own parameters, sdpa down the branch
 transformers takes, and the same ``DynamicCache.update`` on layer 0, so outputs and cache contents are
 bit-identical to the module path (``torch.equal``, float32 and bfloat16) and the two paths can share one cache.
 
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfamily.core.lean import LeanLayer, ModuleWatch, drafting_ready, plan_attention, rope
-from specfamily.core.lean_support import hooked, layer_unsupported
-from specfamily.core.matmul import Linear
 from specfamily.drafters.eagle.model import ROPE_FAMILIES, EagleModel
+from specfamily.runtime.lean import LeanLayer, ModuleWatch, drafting_ready, plan_attention, rope
+from specfamily.runtime.lean_support import hooked, layer_unsupported
+from specfamily.runtime.matmul import Linear
 
 __all__ = ["LeanEagleLayer", "lean_eagle_unsupported"]
 
@@ -50,7 +50,7 @@ class LeanEagleLayer:
     """
 
     def __init__(self, model: EagleModel, linear: Linear = F.linear) -> None:
-        """``linear``: how to multiply by the weights (``specfamily.core.matmul``; F.linear is the module path's)."""
+        """``linear``: how to multiply by the weights (``specfamily.runtime.matmul``; F.linear is the module path's)."""
         reason = lean_eagle_unsupported(model)
         if reason is not None:
             raise ValueError(f"the lean eagle layer cannot run this model: {reason}")

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from specfamily.core.draft_vocab import DraftVocab
-from specfamily.core.matmul import head_product
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.runtime.matmul import head_product
 
 # decoder layer (config, layer_idx) + rotary embeddings handed in by the model; Mistral without a sliding window
 ROPE_FAMILIES = ("llama", "qwen2", "mistral")
@@ -130,7 +130,7 @@ class EagleModel(nn.Module):
     def logits(self, hidden: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
         """(..., V) the target's LM head over predicted features; (..., N) over the draft vocabulary's rows.
 
-        ``linear``: how a single row is multiplied when drafting (``specfamily.core.matmul``); F.linear by default.
+        ``linear``: how a single row is multiplied when drafting (``specfamily.runtime.matmul``); F.linear by default.
         """
         head = self.parts.lm_head
         if self.head_weight is not None:

@@ -10,7 +10,7 @@ Training state (weights, optimiser, data RNG, best weights) goes to ``--ckpt`` a
 state file is read as tensors and plain containers only (``torch.load(weights_only=True)``), so a state file from
 elsewhere cannot run code. ``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the passes
 under autocast with float32 master weights. Under ``torchrun`` each rank trains a DistributedDataParallel replica on
-its share of every global batch (``--batch`` rows per rank; :mod:`specfamily.core.ddp`), rank 0 evaluates and writes.
+its share of every global batch (``--batch`` rows per rank; :mod:`specfamily.train.ddp`), rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specfamily.core import train_state
-from specfamily.core.ddp import Objective, Ranks, start, unwrap
-from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
 from specfamily.drafters.eagle.data import EagleData, load_data
 from specfamily.drafters.eagle.model import EagleModel, build_model
 from specfamily.drafters.eagle.objective import eagle_loss, feature_agreement, feature_loss, measure_tau, top1_agreement
-from specfamily.precision import Precision, device_arg, dtype_arg, optimizer_step
-from specfamily.schedule import budget_progress, warmup_cosine
+from specfamily.drafters.shared.draft_vocab import target_draft_vocab
+from specfamily.train import state as train_state
+from specfamily.train.ddp import Objective, Ranks, start, unwrap
+from specfamily.train.precision import Precision, device_arg, dtype_arg, optimizer_step
+from specfamily.train.schedule import budget_progress, warmup_cosine
 
 
 @dataclass

@@ -7,8 +7,8 @@ Usage::
     drafter = sf.create_drafter("eagle3", target, weights="random", mode="chain", gamma=3)
 
 Modules: ``model`` (the network, reference module names), ``drafter`` (propose/observe, KV rollback; trees from
-``specfamily.core.dynamic_tree``), ``formats`` (checkpoints in the EAGLE/SpecForge and speculators layouts, read
-and written), ``config``.
+``specfamily.drafters.shared.dynamic_tree``), ``formats`` (checkpoints in the EAGLE/SpecForge and speculators
+layouts, read and written), ``config``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ The drafter's KV cache holds one entry per committed pair (fused target feature 
 ``0 .. real - 1``. ``observe`` rolls back the entries of the last draft (their inputs were the layer's own
 outputs) and queues the target's layer features; ``propose`` fuses and feeds the queued pairs in one call, whose
 last output predicts the token after the root, then drafts from there, each step reading its parent's output.
-The queue, catch-up, chain and tree are ``specfamily.core.feature_drafting``'s; this module holds the fusion, the
-layer call and loading.
+The queue, catch-up, chain and tree are ``specfamily.drafters.shared.feature_drafting``'s; this module holds the
+fusion, the layer call and loading.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from specfamily import zoo
-from specfamily.core.draft_vocab import DraftVocab
 from specfamily.core.drafter import BaseDrafter
-from specfamily.core.feature_drafting import FeatureDrafter
-from specfamily.core.matmul import linear_for
 from specfamily.core.target import Target
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.eagle3.config import Eagle3Config
 from specfamily.drafters.eagle3.lean import LeanEagle3Layer, lean_eagle3_unsupported
 from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers, draft_layer_config
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.drafters.shared.feature_drafting import FeatureDrafter
+from specfamily.runtime.matmul import linear_for
 
 DEFAULT_GAMMA = {"tree": 5, "chain": 4}
 DEFAULT_TOP_K = 4
@@ -89,7 +89,7 @@ class Eagle3Drafter(FeatureDrafter):
 
 def fast_forward(model: Eagle3Model, linear: Callable = F.linear) -> Callable:
     """``model``'s forward through the lean layer whenever that reproduces the module path (``linear``: the
-    target's kind of product, ``specfamily.core.matmul``)."""
+    target's kind of product, ``specfamily.runtime.matmul``)."""
     if lean_eagle3_unsupported(model) is not None:
         return model
     lean = LeanEagle3Layer(model, linear)

@@ -58,12 +58,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from specfamily.core.draft_vocab import d2t_of, t2d_of, vocab_from_d2t
 from specfamily.core.target import Target
 from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers
-from specfamily.files import write_folder_atomically
-from specfamily.hub import resolve_source
-from specfamily.identity import check_identity, target_identity
+from specfamily.drafters.shared.draft_vocab import d2t_of, t2d_of, vocab_from_d2t
+from specfamily.io.files import write_folder_atomically
+from specfamily.io.hub import resolve_source
+from specfamily.io.identity import check_identity, target_identity
 
 LAYOUTS = ("eagle", "speculators")
 ARCHITECTURE = "LlamaForCausalLMEagle3"

@@ -3,7 +3,7 @@
 A drafting step is a handful of small products; on a CPU the module tree around them (embedding, rotary, three
 norms, attention, MLP) and transformers' per-call helpers cost as much again. ``LeanEagle3Layer`` runs the same
 ops in the same order on the model's own parameters with the per-layer pieces of the target's lean forward
-(``specfamily.core.lean``): sdpa down the branch transformers takes and the same ``DynamicCache.update`` on layer 0.
+(``specfamily.runtime.lean``): sdpa down the branch transformers takes and the same ``DynamicCache.update`` on layer 0.
 With ``F.linear`` its outputs and cache equal the module path's bit for bit (``torch.equal``, float32 and bfloat16),
 so the two can share one cache; with the target's non-exact kind (``stream``, ``skinny``) they differ in the last
 bits, as the target's own products do.
@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from specfamily.core.lean import LeanLayer, ModuleWatch, drafting_ready, plan_attention, rope
-from specfamily.core.lean_support import hooked, layer_unsupported
-from specfamily.core.matmul import Linear
 from specfamily.drafters.eagle3.model import Eagle3Model
+from specfamily.runtime.lean import LeanLayer, ModuleWatch, drafting_ready, plan_attention, rope
+from specfamily.runtime.lean_support import hooked, layer_unsupported
+from specfamily.runtime.matmul import Linear
 
 __all__ = ["LeanEagle3Layer", "lean_eagle3_unsupported"]
 

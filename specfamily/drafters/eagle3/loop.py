@@ -1,7 +1,7 @@
 """The EAGLE-3 training loop: build or resume, step, evaluate the simulated acceptance length, export the best.
 
 Options are :class:`specfamily.drafters.eagle3.train.TrainConfig`'s; the objective is :mod:`.ttt`'s; data parallel
-under torchrun through :mod:`specfamily.core.ddp` (rank 0 evaluates, exports and writes the training state).
+under torchrun through :mod:`specfamily.train.ddp` (rank 0 evaluates, exports and writes the training state).
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from specfamily.core import train_state
-from specfamily.core.ddp import Ranks, start, unwrap
-from specfamily.core.draft_vocab import target_draft_vocab
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle3.data import Eagle3Data, load_data
 from specfamily.drafters.eagle3.formats import save_eagle3
 from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers, draft_layer_config
 from specfamily.drafters.eagle3.train import TrainConfig
 from specfamily.drafters.eagle3.ttt import TTTLoss, heldout_accuracies, simulated_acceptance, target_pass
-from specfamily.identity import check_identity
-from specfamily.precision import Precision, optimizer_step
-from specfamily.schedule import budget_progress, warmup_cosine
+from specfamily.drafters.shared.draft_vocab import target_draft_vocab
+from specfamily.io.identity import check_identity
+from specfamily.train import state as train_state
+from specfamily.train.ddp import Ranks, start, unwrap
+from specfamily.train.precision import Precision, optimizer_step
+from specfamily.train.schedule import budget_progress, warmup_cosine
 
 RESUME_FIXED = ("layers", "draft_vocab", "ttt_length", "decay")  # what a resumed run must share with its state
 

@@ -23,8 +23,8 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specfamily.core.draft_vocab import DraftVocab
-from specfamily.core.matmul import head_product
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.runtime.matmul import head_product
 
 __all__ = ["Eagle3Model", "Eagle3Shape", "build_model", "default_layers", "draft_layer_config"]
 
@@ -115,7 +115,7 @@ class Eagle3Model(nn.Module):
 
     def logits(self, hidden: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
         """(..., N) draft-vocabulary logits of layer outputs (..., H); N = V without a draft vocabulary.
-        ``linear``: how to multiply by the head (``specfamily.core.matmul.head_product``; F.linear by default)."""
+        ``linear``: how to multiply by the head (``specfamily.runtime.matmul.head_product``; F.linear by default)."""
         return head_product(self.norm(hidden), self.lm_head.weight, None, linear)  # tree rows: head read once
 
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:

@@ -22,10 +22,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specfamily.core import train_state
 from specfamily.drafters.eagle3.formats import LAYOUTS
 from specfamily.drafters.eagle3.ttt import DEFAULT_DECAY, DEFAULT_TTT_LENGTH
-from specfamily.precision import device_arg, dtype_arg
+from specfamily.train import state as train_state
+from specfamily.train.precision import device_arg, dtype_arg
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Heads over a reduced draft vocabulary also save its target ids (``draft_ids``, int64, never cast) with the weights
 and ``draft_vocab: N`` in the shape; a checkpoint without them (all older ones) drafts over the full vocabulary.
 
-The target identity (``specfamily.identity``) is saved with the heads, so heads trained for one target are refused
+The target identity (``specfamily.io.identity``) is saved with the heads, so heads trained for one target are refused
 for another, even one with the same architecture.
 A checkpoint folder is written next to its final place and swapped in, so nothing half-written is ever read.
 ``load_checkpoint`` also reads heads in the Medusa repository's layout (``specfamily.drafters.medusa.formats``),
@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from specfamily.core.draft_vocab import DraftVocab
 from specfamily.drafters.medusa.formats import is_medusa_repo, load_medusa_repo
 from specfamily.drafters.medusa.heads import HeadsShape, MedusaHeads, build_heads
-from specfamily.files import write_folder_atomically
-from specfamily.hub import resolve_source
-from specfamily.identity import check_identity
+from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.io.files import write_folder_atomically
+from specfamily.io.hub import resolve_source
+from specfamily.io.identity import check_identity
 
 FORMAT = "specfamily-medusa"
 VERSION = 1
@@ -39,7 +39,7 @@ class MedusaCheckpoint:
     """Everything in ``config.json``."""
 
     shape: HeadsShape
-    target: dict[str, Any]  # specfamily.identity.target_identity of the target the heads were trained for
+    target: dict[str, Any]  # specfamily.io.identity.target_identity of the target the heads were trained for
     tree: list[list[int]] | None = None  # the default tree (rank paths) chosen at calibration
     calibration: dict[str, Any] = field(default_factory=dict)  # accuracies, cost curve, c, tau
     training: dict[str, Any] = field(default_factory=dict)  # step, data, options

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specfamily.core.draft_vocab import DraftVocab, coverage, target_draft_vocab
 from specfamily.drafters.medusa.calibrate import batched_features
-from specfamily.tokens import (
+from specfamily.drafters.shared.draft_vocab import DraftVocab, coverage, target_draft_vocab
+from specfamily.train.tokens import (
     dataset_tokens,
     fixed_windows,
     greedy_windows,
@@ -84,7 +84,7 @@ def token_source(cfg, target) -> MedusaData:
 
 def distilled_source(cfg, target) -> MedusaData:
     """Windows of stored conversations with their features; held-out conversations' chat prompts measure tau."""
-    from specfamily.zoo.distilled import WindowSampler, load_for_target
+    from specfamily.train.distilled import WindowSampler, load_for_target
 
     train, heldout = load_for_target(cfg.distilled, target)
     sampler = WindowSampler(train, cfg.seq_len)

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from specfamily.drafters.medusa.heads import HeadsShape, MedusaHeads, build_heads
-from specfamily.files import write_folder_atomically
+from specfamily.io.files import write_folder_atomically
 
 PICKLED, SAFE = "medusa_lm_head.pt", "medusa_lm_head.safetensors"
 KEY = re.compile(r"(?:medusa_head\.)?(\d+)\.(\d+)\.(?:linear\.)?(weight|bias)")

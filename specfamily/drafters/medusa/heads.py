@@ -4,9 +4,9 @@ Head k (k = 0 .. K-1) reads the target's feature at position t (the last hidden 
 and predicts the token at position t + 2 + k; the target's own LM head on the same feature predicts t + 1.
 
 With a reduced draft vocabulary (FR-Spec, ``HeadsShape.draft_vocab = N > 0``) every projection scores only the N
-target ids of a :class:`~specfamily.core.draft_vocab.DraftVocab`: head logits are (..., N) over draft indices and
-``MedusaHeads.token_ids`` maps them to target ids. The ids are a (persistent, int64) buffer of the heads, so they
-travel with the weights; a target token outside them is one no head can propose.
+target ids of a :class:`~specfamily.drafters.shared.draft_vocab.DraftVocab`: head logits are (..., N) over draft
+indices and ``MedusaHeads.token_ids`` maps them to target ids. The ids are a (persistent, int64) buffer of the
+heads, so they travel with the weights; a target token outside them is one no head can propose.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specfamily.core.draft_vocab import DraftVocab
+from specfamily.drafters.shared.draft_vocab import DraftVocab
 
 IGNORE_INDEX = -100  # cross-entropy label of a target token outside the draft vocabulary
 
@@ -133,7 +133,7 @@ class MedusaHeads(nn.Module):
         """Logits of the first ``num_heads`` heads (all by default): (k, ..., V); (k, ..., N) over draft ids.
 
         With a shared LM head all heads go through one projection call, which reads its weights once; ``linear``
-        (``specfamily.core.matmul``, when drafting) multiplies by its weight instead of the module's own call.
+        (``specfamily.runtime.matmul``, when drafting) multiplies by its weight instead of the module's own call.
         """
         heads = self.heads if num_heads is None else list(self.heads)[:num_heads]  # slicing a ModuleList builds one
         if self.lm_head is not None:

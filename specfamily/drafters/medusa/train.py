@@ -15,7 +15,7 @@ pass per step; labels are the stored tokens (the target's own greedy answers); a
 windows, tau on their chat prompts. ``--draft-vocab N`` drafts over the N most frequent training (answer) tokens
 only (FR-Spec; EOS always in): labels outside them are ignored by the loss and count as misses, and the vocabulary's
 coverage is reported. Under ``torchrun`` each rank trains a DistributedDataParallel replica on its share of every
-global batch (``--batch`` rows per rank; :mod:`specfamily.core.ddp`); rank 0 evaluates and writes.
+global batch (``--batch`` rows per rank; :mod:`specfamily.train.ddp`); rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specfamily.core.ddp import Objective, start
 from specfamily.drafters.medusa.calibrate import (
     Calibration,
     calibrate,
@@ -50,10 +49,11 @@ from specfamily.drafters.medusa.checkpoint import (
 from specfamily.drafters.medusa.data import MedusaData, draft_vocabulary, load_data, vocab_report
 from specfamily.drafters.medusa.heads import IGNORE_INDEX, MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import CostCurve
-from specfamily.files import write_atomically
-from specfamily.identity import target_identity
-from specfamily.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
-from specfamily.schedule import budget_progress, warmup_cosine
+from specfamily.io.files import write_atomically
+from specfamily.io.identity import target_identity
+from specfamily.train.ddp import Objective, start
+from specfamily.train.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
+from specfamily.train.schedule import budget_progress, warmup_cosine
 
 
 @dataclass
@@ -96,7 +96,7 @@ class TrainConfig:
     recalibrate: str = ""  # a checkpoint: no training, re-measure accuracies and cost here and rewrite its tree
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
-    matmul: str = "auto"  # the target's products (specfamily.core.matmul): the tree is chosen at decode-time costs
+    matmul: str = "auto"  # the target's products (specfamily.runtime.matmul): the tree is chosen at decode-time costs
 
     def __post_init__(self) -> None:
         check_device(self.device)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
-from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.prompt_lookup.config import PromptLookupConfig
 from specfamily.drafters.prompt_lookup.index import NgramIndex, build_trie
 

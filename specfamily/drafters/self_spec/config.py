@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specfamily.files import write_text_atomically
+from specfamily.io.files import write_text_atomically
 
 SKIP_SET_FORMAT = "specfamily.self_spec.skip_set/1"
 _CONFIG_KEYS = (

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from specfamily import zoo
+from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
-from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.self_spec.config import (
     SelfSpecConfig,
     check_record_fits,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from specfamily import zoo
+from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
-from specfamily.core.types import DecodeContext, Draft, VerifyOutcome
+from specfamily.core.types import Draft, VerifyOutcome
 
 CATCH_UP_TOKENS = 2  # more unseen tokens than a drafted pass leaves (the last draft token and the bonus): a backlog
 

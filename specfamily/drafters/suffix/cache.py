@@ -21,7 +21,7 @@ import torch
 
 from specfamily.drafters.suffix.automaton import SuffixIndex
 from specfamily.drafters.suffix.tree import check_depth, check_tokens
-from specfamily.files import write_atomically, write_text_atomically
+from specfamily.io.files import write_atomically, write_text_atomically
 
 FORMAT = "specfamily-suffix-cache"
 VERSION = 1

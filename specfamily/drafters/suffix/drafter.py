@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
-from specfamily.core.types import DecodeContext, Draft
+from specfamily.core.types import Draft
 from specfamily.drafters.suffix.automaton import Matcher, Sequence, SuffixIndex
 from specfamily.drafters.suffix.cache import GlobalCache
 from specfamily.drafters.suffix.config import SuffixConfig

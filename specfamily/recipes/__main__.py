@@ -1,0 +1,3 @@
+from specfamily.recipes.cli import main
+
+main()

@@ -1,0 +1,251 @@
+"""Train a zoo model (target from the corpus, draft distilled from the target), resumable.
+
+``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the passes under autocast with float32
+master weights. The checkpoint is read as tensors and plain containers only (``weights_only=True``). Under
+``torchrun`` each rank trains a DistributedDataParallel replica on its share of every global batch (``--batch`` rows
+per rank; :mod:`specfamily.train.ddp`); rank 0 evaluates, checkpoints and exports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specfamily.io.files import write_atomically, write_folder_atomically
+from specfamily.recipes.greedy_data import load_greedy_data, sample_rows
+from specfamily.recipes.models import llama_config
+from specfamily.train.ddp import Objective, Ranks, start
+from specfamily.train.precision import Precision, check_device, check_dtype, optimizer_step
+from specfamily.train.schedule import budget_progress, warmup_cosine
+from specfamily.train.tokens import fixed_windows, random_windows
+
+
+@dataclass
+class TrainConfig:
+    kind: str  # "target", "draft" or "tiny"
+    workdir: str  # holds tokenizer.json, train.npy, heldout.npy and the checkpoint
+    out: str  # the exported HF folder
+    steps: int = 2000
+    batch: int = 8
+    seq_len: int = 512
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    max_minutes: float = 0.0  # 0 = no wall-clock budget; else the schedule ends at whichever comes first
+    teacher: str = ""  # HF folder: distil from its distributions (KL) instead of the corpus labels
+    init_from: str = ""  # HF folder: warm restart from these weights with a fresh optimiser
+    greedy_data: str = ""  # .npy of windows continued by the target's greedy decoding (`specfamily-zoo greedy-data`)
+    # share of each batch's rows drawn from greedy_data when given; those rows are shorter than seq_len and start
+    # with a corpus prompt, so the target-written share of the loss is smaller (about 15% at 0.5 in the zoo run)
+    greedy_fraction: float = 0.5
+    eval_every: int = 100
+    eval_windows: int = 32
+    ckpt_every: int = 100
+    seed: int = 0
+    compile: bool = False  # torch.compile the loss (about 1.2x on CPU after a one-minute compile)
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
+
+
+# what a resumed run must share with its checkpoint (steps and minutes may grow)
+RESUME_FIXED = ("teacher", "init_from", "greedy_data", "greedy_fraction", "batch", "seq_len", "seed")
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    tokens_seen: int = 0
+    seconds: float = 0.0
+    heldout_loss: float = float("nan")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    check_device(cfg.device)
+    check_dtype(cfg.dtype)
+    if not 0.0 <= cfg.greedy_fraction <= 1.0:
+        raise ValueError(f"greedy_fraction must be in [0, 1], got {cfg.greedy_fraction}")
+    if cfg.greedy_data and round(cfg.batch * cfg.greedy_fraction) == 0:
+        raise ValueError(f"greedy_fraction {cfg.greedy_fraction} of a batch of {cfg.batch} draws no greedy rows")
+
+
+def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
+    return warmup_cosine(cfg.lr, step, cfg.warmup, progress, cfg.min_lr_ratio)
+
+
+def progress_of(cfg: TrainConfig, state: TrainState) -> float:
+    return budget_progress(state.step, cfg.steps, state.seconds, cfg.max_minutes)
+
+
+def _loss(model, batch: torch.Tensor, teacher) -> torch.Tensor:
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+    logits = model(input_ids=inputs).logits.float()
+    if teacher is None:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    with torch.no_grad():
+        log_p = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
+    log_q = F.log_softmax(logits, dim=-1)
+    return F.kl_div(log_q.flatten(0, 1), log_p.flatten(0, 1), log_target=True, reduction="batchmean")
+
+
+def batch_loss(loss_fn, model, teacher, batches: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """The loss over non-empty batches of different lengths, each weighted by its predicted positions."""
+    sizes = [b[:, 1:].numel() for b in batches]
+    total = sum(sizes)
+    return sum(loss_fn(model, b, teacher) * (size / total) for b, size in zip(batches, sizes, strict=True)), total
+
+
+def training_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | None, step: int) -> list[torch.Tensor]:
+    """One step's rows: corpus windows, plus ``greedy_fraction`` of the batch from the greedy windows if any."""
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    drawn = 0 if greedy is None else round(cfg.batch * cfg.greedy_fraction)
+    batches = [random_windows(tokens, cfg.batch - drawn, cfg.seq_len, generator)] if drawn < cfg.batch else []
+    return batches + [sample_rows(greedy, drawn, generator)] if drawn else batches
+
+
+@torch.no_grad()
+def heldout_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
+    """Mean next-token cross-entropy (nats/token) on fixed held-out windows."""
+    model.eval()
+    total, count = 0.0, 0
+    for chunk in windows.split(batch):
+        chunk = chunk.to(model.device)
+        logits = model(input_ids=chunk[:, :-1]).logits.float()
+        labels = chunk[:, 1:]
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum").item()
+        count += labels.numel()
+    model.train()
+    return total / count
+
+
+def _optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def _build_model(cfg: TrainConfig, vocab_size: int) -> LlamaForCausalLM:
+    if cfg.init_from:
+        return LlamaForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(llama_config(cfg.kind, vocab_size))
+
+
+def _save_checkpoint(path: Path, model, optimizer, state: TrainState, cfg: TrainConfig, scaler=None) -> None:
+    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+               "state": asdict(state), "config": asdict(cfg), "scaler": {} if scaler is None else scaler.state_dict()}
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
+
+
+def _load_checkpoint(path: Path, model, optimizer, cfg: TrainConfig, scaler=None) -> TrainState:
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if saved["config"]["kind"] != cfg.kind:
+        raise ValueError(f"checkpoint {path} is for kind {saved['config']['kind']!r}, not {cfg.kind!r}")
+    defaults = asdict(TrainConfig(kind=cfg.kind, workdir=cfg.workdir, out=cfg.out))
+    differ = [name for name in RESUME_FIXED if saved["config"].get(name, defaults[name]) != getattr(cfg, name)]
+    if differ:
+        raise ValueError(f"cannot resume {path}: options {differ} differ from the checkpoint's; "
+                         "use another --out for a different run")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    if scaler is not None and saved.get("scaler"):
+        scaler.load_state_dict(saved["scaler"])
+    return TrainState(**saved["state"])
+
+
+def training_info(cfg: TrainConfig, state: TrainState, parameters: int) -> dict:
+    """``training.json``: this run's config and final state, the runs it warm-started from (``init_from``'s own
+    ``training.json``, earliest first) and the tokens seen over all of them."""
+    earlier: list[dict] = []
+    previous = Path(cfg.init_from) / "training.json" if cfg.init_from else None
+    if previous is not None and previous.is_file():
+        saved = json.loads(previous.read_text())
+        earlier = saved.get("earlier_runs", []) + [{"config": saved["config"], "state": saved["state"]}]
+    total = state.tokens_seen + sum(run["state"]["tokens_seen"] for run in earlier)
+    return {"config": asdict(cfg), "state": asdict(state), "parameters": parameters, "earlier_runs": earlier,
+            "tokens_seen_total": total}
+
+
+def export(model, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict) -> None:
+    """Write an fp16 HF folder atomically (a temp folder renamed into place)."""
+    half = LlamaForCausalLM(model.config)
+    half.load_state_dict(model.state_dict())
+
+    def fill(tmp: Path) -> None:
+        half.half().save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    write_folder_atomically(out, fill)
+
+
+def local_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | None, step: int,
+                  ranks: Ranks) -> list[torch.Tensor]:
+    """This rank's rows of the step's global batch (``batch`` rows per rank, drawn alike on every rank)."""
+    return [ranks.local(rows) for rows in training_batches(replace(cfg, batch=cfg.batch * ranks.world_size),
+                                                             tokens, greedy, step)]
+
+
+def train(cfg: TrainConfig) -> TrainState:
+    check_config(cfg)
+    ranks = start(cfg.device)
+    try:
+        return _train(cfg, ranks)
+    finally:
+        ranks.close()
+
+
+def _train(cfg: TrainConfig, ranks: Ranks) -> TrainState:
+    precision = Precision.of(cfg.device, cfg.dtype)
+    work = Path(cfg.workdir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer"))
+    tokens = np.load(work / "train.npy", mmap_mode="r")
+    greedy = load_greedy_data(cfg.greedy_data, len(tokenizer)) if cfg.greedy_data else None
+    windows = fixed_windows(np.load(work / "heldout.npy"), cfg.eval_windows, cfg.seq_len)
+    model = _build_model(cfg, len(tokenizer)).to(precision.device)
+    model.train()
+    teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval() if cfg.teacher else None
+    teacher = teacher.to(precision.device) if teacher is not None else None
+    optimizer, scaler = _optimizer(model, cfg), precision.scaler()
+    ckpt = work / f"ckpt-{Path(cfg.out).name}.pt"
+    state = _load_checkpoint(ckpt, model, optimizer, cfg, scaler) if ckpt.exists() else TrainState()
+    loss_fn = torch.compile(_loss) if cfg.compile else _loss
+    objective = ranks.wrap(Objective(model, lambda m, rows: batch_loss(loss_fn, m, teacher, rows)), precision.device)
+    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"train {cfg.kind}", mininterval=10,
+               disable=not ranks.is_main)
+    while state.step < cfg.steps and progress_of(cfg, state) < 1.0:
+        started = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, state.step, progress_of(cfg, state))
+        batches = [b.to(precision.device) for b in local_batches(cfg, tokens, greedy, state.step, ranks)]
+        with precision.autocast():
+            loss, positions = objective(batches)
+        optimizer_step(loss, optimizer, model.parameters(), cfg.clip, scaler)
+        state.step += 1
+        state.tokens_seen += positions * ranks.world_size
+        state.seconds = ranks.agree(state.seconds + time.perf_counter() - started)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{state.heldout_loss:.3f}")
+        if state.step % cfg.eval_every == 0 and ranks.is_main:
+            state.heldout_loss = heldout_loss(model, windows)
+            tqdm.write(f"step {state.step} tokens {state.tokens_seen} heldout {state.heldout_loss:.4f}")
+        if state.step % cfg.ckpt_every == 0 and ranks.is_main:
+            _save_checkpoint(ckpt, model, optimizer, state, cfg, scaler)
+    bar.close()
+    if ranks.is_main:
+        state.heldout_loss = heldout_loss(model, windows)
+        _save_checkpoint(ckpt, model, optimizer, state, cfg, scaler)
+        info = training_info(cfg, state, sum(p.numel() for p in model.parameters()))
+        export(model, tokenizer, Path(cfg.out), info)
+    ranks.barrier()
+    return state

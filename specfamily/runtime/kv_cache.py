@@ -1,0 +1,70 @@
+"""The KV-cache layer of the target wrapper: a layer that appends in place.
+
+On a small model a decode step is dominated by per-call work rather than arithmetic: transformers'
+DynamicLayer copies the whole cache at every append, and the module tree costs a Python call per
+module. ``BufferedLayer`` writes only the new entries; ``LeanLlama`` (``specfamily.runtime.lean``) runs a
+Llama/Mistral/Qwen2 model's own tensor operations without the module calls, bit-identical to its forward.
+Anything the lean forward does not cover exactly is left to the model's forward (``lean_unsupported`` says why).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+__all__ = ["BufferedLayer"]
+
+
+class BufferedLayer(DynamicLayer):
+    """A DynamicLayer that appends into a preallocated buffer instead of concatenating.
+
+    ``keys``/``values`` stay what a DynamicLayer holds, (B, H, length, D) tensors, but as views of a buffer
+    with spare room along the sequence, so a pass writes only its new entries and cropping is a narrower
+    view. The buffer grows by half when full. Anything that replaces ``keys`` with a tensor of its own, or
+    updates with autograd or outside inference mode, takes the concatenating path, and the next update
+    moves the entries into a fresh buffer.
+    """
+
+    _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.requires_grad or not torch.is_inference_mode_enabled():
+            self._buffers = None
+            return super().update(key_states, value_states, *args, **kwargs)
+        length, new = (self.keys.shape[-2] if self.keys.dim() == 4 else 0), key_states.shape[-2]
+        if not self._holds(key_states, length + new):
+            self._grow(key_states, value_states, length, length + new)
+        key_buffer, value_buffer = self._buffers
+        key_buffer[:, :, length : length + new] = key_states
+        value_buffer[:, :, length : length + new] = value_states
+        self.keys, self.values = key_buffer[:, :, : length + new], value_buffer[:, :, : length + new]
+        return self.keys, self.values
+
+    def _holds(self, key_states: torch.Tensor, needed: int) -> bool:
+        """The buffer exists, fits ``needed`` entries of this shape, and ``keys`` is still a view of its start."""
+        if self._buffers is None:
+            return False
+        key_buffer = self._buffers[0]
+        shape = key_buffer.shape
+        return (
+            shape[-2] >= needed
+            and shape[:2] == key_states.shape[:2]
+            and shape[-1] == key_states.shape[-1]
+            and (self.keys.dim() != 4 or self.keys.data_ptr() == key_buffer.data_ptr())
+        )
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, needed: int) -> None:
+        capacity = needed + max(needed // 2, 64)
+        batch, heads, _, dim = key_states.shape
+        key_buffer = key_states.new_empty(batch, heads, capacity, dim)
+        value_buffer = value_states.new_empty(batch, heads, capacity, value_states.shape[-1])
+        if length:
+            key_buffer[:, :, :length] = self.keys
+            value_buffer[:, :, :length] = self.values
+        self._buffers = (key_buffer, value_buffer)
+
+    def reset(self) -> None:
+        self._buffers = None
+        super().reset()

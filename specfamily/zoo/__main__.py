@@ -1,3 +1,0 @@
-from specfamily.zoo.cli import main
-
-main()
