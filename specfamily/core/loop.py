@@ -10,24 +10,15 @@ from collections.abc import Sequence
 
 import torch
 
+from specfamily.core import acceptance
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, target_cost_curve
-from specfamily.core.drafter import Drafter
+from specfamily.core.drafter import Drafter, drafter_name, hooks
 from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.processors import with_processors
-from specfamily.core.sampling import warp
+from specfamily.core.policy import policy_hooks
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig, VerifyOutcome
-from specfamily.core.verify import DraftProbabilityError, greedy_tree, verify_tree
-
-
-def verify_draft(
-    draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
-) -> tuple[list[int], int]:
-    """Warp the target's logits (n+1, V) into p and accept a path of ``draft``."""
-    if sampling.greedy:
-        return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
-    return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
+from specfamily.core.verify import DraftProbabilityError
 
 
 def truncate(tokens: list[int], budget: int, eos_token_ids: int | Sequence[int] | None) -> tuple[list[int], bool]:
@@ -49,13 +40,6 @@ def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: Sampl
         raise TypeError(f"sampling must be a specfamily.SamplingConfig, got {type(sampling).__name__}")
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must implement begin/propose/observe, got {type(drafter).__name__}")
-
-
-def _acceptance(drafter: Drafter | None, ctx: DecodeContext):
-    """The acceptance rule: the exact verifier, or a lossy drafter's own ``accept`` (same signature), fed the
-    logits after the processors the target's generation config sets (each row with its own context)."""
-    own = getattr(drafter, "accept", None) if drafter is not None and drafter.lossy else None
-    return with_processors(own if callable(own) else verify_draft, ctx)
 
 
 def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft) -> Draft:
@@ -89,7 +73,8 @@ def generate(
     generator = torch.Generator(device=target.device).manual_seed(seed)
     ctx = DecodeContext(target, ids, sampling, generator, tokens=ids.tolist())
     needs_features = drafter is not None and drafter.needs_features
-    accept = _acceptance(drafter, ctx)
+    own = hooks(drafter) if drafter is not None else None
+    accept = acceptance.acceptance(own, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     clock = device_clock(device)
     if drafter is not None:
@@ -125,12 +110,11 @@ def generate(
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
             pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0
     finally:
-        if drafter is not None and hasattr(drafter, "end"):
-            drafter.end()
+        if own is not None:
+            own.end()
     lossy = bool(drafter is not None and drafter.lossy)
-    note = getattr(drafter.policy, "describe", None) if drafter is not None else None
-    metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy,
-                              policy_note=note() if callable(note) else "")
+    note = policy_hooks(drafter.policy).describe() if drafter is not None else ""
+    metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy, policy_note=note)
     return GenerationResult(new_tokens, metrics, lossy)
 
 
@@ -143,22 +127,14 @@ def _verified(accept, drafter: Drafter | None, draft: Draft, logits: torch.Tenso
         raise DraftProbabilityError(f"{drafter_name(drafter)}: {err}") from err
 
 
-def drafter_name(drafter: Drafter | None) -> str:
-    """The drafter's class, as errors name it (a wrapper names the drafter it wraps, e.g. the kit's recorder)."""
-    inner = drafter
-    while hasattr(inner, "inner"):  # wrappers that forward the protocol (specfamily.testing.DepthRecorder)
-        inner = inner.inner
-    return f"drafter {type(inner).__name__}"
-
-
 def _bind_costs(drafter: Drafter, target: Target, ids: torch.Tensor, clock) -> float:
     """Give a cost-aware policy (one with ``bind`` and no curve yet) the target's measured verify-cost curve;
     the seconds it took (0 when nothing was measured: the curve is measured once per target)."""
-    policy = drafter.policy
-    if not callable(getattr(policy, "bind", None)) or getattr(policy, "verify_cost", None) is not None:
+    bind = policy_hooks(drafter.policy).bind
+    if bind is None:
         return 0.0
     start = clock()
-    policy.bind(target_cost_curve(target, ids.tolist()))
+    bind(target_cost_curve(target, ids.tolist()))
     return clock() - start
 
 

@@ -4,12 +4,18 @@ The loop asks ``next_gamma()`` before each proposal and reports each verificatio
 ``update(proposed, accepted, c, tokens)``: the depth of the draft just verified, how many draft tokens
 were accepted, the running measured cost ratio c (None while unknown) and the draft's size. ``reset()``
 starts a new request. ``auto`` (the default when no gamma is given) may answer 0: draft nothing.
+
+Optional hooks (declared on :class:`PolicyHooks`): ``bind(verify_cost)`` takes the target's measured verify-cost
+curve (asked for while the policy's ``verify_cost`` is None) and ``describe()`` gives the policy's own account for
+the metrics. :func:`policy_hooks` resolves them once per request, so a policy with only the three required methods
+works unchanged and the loop probes nothing.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,6 +35,38 @@ class Policy(Protocol):
         """Report one verification: draft depth, draft tokens accepted, this pass's cost ratio c (one draft step's
         time over this verification pass's), the draft's token count (more than its depth for a tree), the levels
         the verifier tried, and the drafter's catch-up time over the verification's."""
+
+
+class PolicyHooks(Protocol):
+    """The optional hooks of a draft-length policy."""
+
+    verify_cost: VerifyCost  # None until bound: the loop then measures the target's curve and calls bind
+
+    def bind(self, verify_cost: VerifyCost) -> None:
+        """Take t(g + 1) / t(1), the target's measured verify cost (a callable of g), before the first proposal."""
+
+    def describe(self) -> str:
+        """The policy's own account of its decisions, kept in the metrics (``policy_note``)."""
+
+
+@dataclass(frozen=True)
+class BoundHooks:
+    """A policy's optional hooks for one request: ``bind`` None when it wants no curve (or has one)."""
+
+    bind: Callable[[VerifyCost], None] | None
+    describe: Callable[[], str]
+
+
+def _no_account() -> str:
+    return ""
+
+
+def policy_hooks(policy: Policy) -> BoundHooks:
+    """The optional hooks of ``policy``, with the defaults (no curve wanted, no account) for those it leaves out."""
+    bind = getattr(policy, "bind", None)
+    wants = callable(bind) and getattr(policy, "verify_cost", None) is None
+    describe = getattr(policy, "describe", None)
+    return BoundHooks(bind if wants else None, describe if callable(describe) else _no_account)
 
 
 def _check_int(value: Any, name: str, minimum: int) -> int:

@@ -11,16 +11,10 @@ constraints) are refused at load, each named.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
-
-if TYPE_CHECKING:
-    from specfamily.core.context import DecodeContext
-    from specfamily.core.types import Draft
 
 # Logits processors transformers' generate() builds from a model's generation config, with the values at which
 # each one acts (as in GenerationMixin._get_logits_processor, transformers 5.24, where every default is None).
@@ -214,19 +208,3 @@ class ProcessorState:
 
 def _penalised(scores: torch.Tensor, penalty: float) -> torch.Tensor:
     return torch.where(scores < 0, scores * penalty, scores / penalty)
-
-
-def with_processors(rule: Callable, ctx: DecodeContext) -> Callable:
-    """The acceptance ``rule`` (verify_draft's signature) fed the target's logits after the processors its
-    generation config sets, each row with its own context from ``ctx.tokens``; ``rule`` itself when none is set."""
-    target = ctx.target
-    processors = processors_for(getattr(target.model, "generation_config", None), target.eos_token_ids,
-                                target.vocab_size)
-    if processors is None:
-        return rule
-    state = processors.start(ctx.tokens, target.vocab_size, target.device)
-
-    def accept(draft: Draft, logits: torch.Tensor, sampling, generator) -> tuple[list[int], int]:
-        return rule(draft, state.apply(ctx.tokens, draft.tokens, draft.parents, logits), sampling, generator)
-
-    return accept

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specfamily import zoo
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
 from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
 from specfamily.core.types import Draft
@@ -310,11 +311,7 @@ def load_target(
 def _resolve(name: str | Path) -> str:
     """A ``zoo:`` name becomes its folder (shipped, or fetched into the user's cache on first use); other names and
     paths pass through."""
-    if isinstance(name, str) and name.startswith("zoo:"):
-        from specfamily.zoo import zoo_path
-
-        return str(zoo_path(name))
-    return str(name)
+    return str(zoo.resolve(name))
 
 
 def _default_device() -> torch.device:

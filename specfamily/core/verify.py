@@ -7,9 +7,9 @@ p(x) <- 0 and p is renormalised. Accepting descends to the child's own row of p.
 accepted the next token is sampled from what is left of p. Greedy decoding is the same code with
 one-hot p. Exact: the committed tokens follow p whatever the drafter proposes.
 
-The walk is sequential and branches on every draw, so it runs on the host: whatever of tokens, p and q
-lives on an accelerator is moved to the CPU once per pass (one copy per device, in the tensors' own
-dtypes), never an ``.item()`` per node. With a CPU generator (or none, for CPU tensors) the uniforms
+The walk is sequential and branches on every draw, so it runs on the host (:mod:`specfamily.core.host`):
+whatever of tokens, p and q lives on an accelerator is moved to the CPU once per pass (one copy per device, in
+the tensors' own dtypes), never an ``.item()`` per node. With a CPU generator (or none, for CPU tensors) the uniforms
 are drawn one per tried child, exactly as they always were. With an accelerator's generator they are
 drawn as one block of n + 1 per pass (one per possible try, one for the final token) and travel with
 p and q; the final token is then drawn by inversion from its uniform. The law is the same; that
@@ -18,11 +18,9 @@ stream differs from one draw per node.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-_CPU = torch.device("cpu")
+from specfamily.core import host
 
 
 class DraftProbabilityError(ValueError):
@@ -81,76 +79,6 @@ def _all_zero_fallback(current: torch.Tensor) -> torch.Tensor:
     return current / current.sum()
 
 
-def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
-    return torch.rand((), generator=generator, device=device, dtype=torch.float64).item()
-
-
-def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator).item())
-
-
-def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
-    """The token whose cumulative-probability interval holds u * total; never one of probability 0."""
-    cdf = probs.cumsum(0)  # (V,)
-    index = int(torch.searchsorted(cdf, torch.tensor([u * cdf[-1].item()], dtype=cdf.dtype), right=True))
-    if index >= probs.numel():  # u * total rounded up to the total: the last token with mass
-        index = int(torch.nonzero(probs).max())
-    return index
-
-
-class _HostDraws:
-    """Uniforms drawn one at a time from a CPU generator (or torch's global one): the stream of one draw per try."""
-
-    def __init__(self, generator: torch.Generator | None) -> None:
-        self.generator = generator
-
-    def uniform(self) -> float:
-        return _uniform(self.generator, _CPU)
-
-    def sample(self, probs: torch.Tensor) -> int:
-        return _sample(probs, self.generator)
-
-
-class _BlockDraws:
-    """Uniforms drawn as one block on an accelerator's generator and moved to the host with p and q."""
-
-    def __init__(self, values: list[float]) -> None:
-        self.values, self.used = values, 0
-
-    def uniform(self) -> float:
-        self.used += 1
-        return self.values[self.used - 1]
-
-    def sample(self, probs: torch.Tensor) -> int:
-        return _inverse_cdf(probs, self.values[-1])
-
-
-def to_host(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """The tensors on the CPU, with one device-to-host copy per device for all of them that live elsewhere: their
-    bytes travel packed in one buffer, so dtypes, values and shapes are kept exactly."""
-    host = list(tensors)
-    away: dict[torch.device, list[int]] = {}
-    for i, tensor in enumerate(tensors):
-        if tensor is not None and tensor.device.type != "cpu":
-            away.setdefault(tensor.device, []).append(i)
-    for indices in away.values():
-        parts = [_as_bytes(tensors[i]) for i in indices]
-        flat = torch.cat(parts).cpu()  # the one copy
-        offset = 0
-        for i, part in zip(indices, parts, strict=True):
-            size = tensors[i].numel() * tensors[i].element_size()
-            host[i] = flat[offset : offset + size].view(tensors[i].dtype).view(tensors[i].shape)
-            offset += part.numel()
-    return host
-
-
-def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes, padded to a multiple of 8 so that every packed tensor starts aligned."""
-    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
-    pad = -raw.numel() % 8
-    return torch.cat([raw, raw.new_zeros(pad)]) if pad else raw
-
-
 def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, draws,
                node: int = 0) -> tuple[bool, torch.Tensor]:
     """One rejection step of draft node ``node`` against the current residual: (accepted, residual if rejected)."""
@@ -188,15 +116,6 @@ def _walk(children: dict[int, list[int]], tokens: list[int], q64: torch.Tensor |
         node, residual = accepted, p64[accepted + 1]
 
 
-def _draw_device(p: torch.Tensor, generator: torch.Generator | None) -> torch.device:
-    """Where the uniforms come from: the generator's device, or p's for torch's default generator."""
-    return p.device if generator is None else generator.device
-
-
-def _uniform_block(size: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    return torch.rand(size, generator=generator, device=device, dtype=torch.float64)
-
-
 def verify_tree(
     tokens: torch.Tensor,
     parents: torch.Tensor,
@@ -214,10 +133,10 @@ def verify_tree(
         raise ValueError(f"p must have shape (n + 1 = {n + 1}, V), got {tuple(p.shape)}")
     if q is not None and q.shape != (n, p.shape[1]):
         raise ValueError(f"q must have shape ({n}, {p.shape[1]}), got {tuple(q.shape)}")
-    device = _draw_device(p, generator)
-    block = None if device.type == "cpu" else _uniform_block(n + 1, generator, device)  # n tries at most, 1 token
-    tokens, parents, q, p, block = to_host([tokens, parents, q, p, block])
-    draws = _HostDraws(generator) if block is None else _BlockDraws(block.tolist())
+    device = host.draw_device(p, generator)
+    block = None if device.type == "cpu" else host.uniform_block(n + 1, generator, device)  # n tries at most, 1 token
+    tokens, parents, q, p, block = host.to_host([tokens, parents, q, p, block])
+    draws = host.HostDraws(generator) if block is None else host.BlockDraws(block.tolist())
     q64 = q.double() if q is not None else None
     if q64 is not None:
         check_q(q64, q.dtype)
@@ -244,7 +163,7 @@ def greedy_tree(tokens: torch.Tensor, parents: torch.Tensor, target_argmax: torc
 
     Returns exactly what verify_tree returns for p = one-hot(target_argmax).
     """
-    tokens, parents, target_argmax = to_host([tokens, parents, target_argmax])
+    tokens, parents, target_argmax = host.to_host([tokens, parents, target_argmax])
     token_list, parent_list, best = tokens.tolist(), parents.tolist(), target_argmax.tolist()
     path: list[int] = []
     node = -1

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from specfamily import zoo
 from specfamily.io.chat import chat_prompt_ids
 from specfamily.io.sources import is_local, unreachable_dataset
 
@@ -145,10 +146,8 @@ def shipped_set_path(name: str) -> Path:
 
 def _source(spec: DatasetSpec) -> tuple[str, Any]:
     """(load_dataset path, data_files): zoo sets, shipped sets and bare local files become builder + file."""
-    if spec.path.startswith("zoo:"):
-        from specfamily.zoo import prompt_set_path
-
-        return "json", str(prompt_set_path(spec.path[len("zoo:") :]))
+    if zoo.is_zoo_name(spec.path):
+        return "json", str(zoo.prompt_set_path(spec.path[len(zoo.ZOO_PREFIX) :]))
     if spec.path.startswith(SHIPPED_PREFIX):
         return "json", str(shipped_set_path(spec.path[len(SHIPPED_PREFIX) :]))
     path = Path(spec.path)

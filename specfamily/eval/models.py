@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
+from specfamily import zoo
 from specfamily.core.target import Target
 from specfamily.io.sources import is_local, unreachable_model
 
@@ -29,11 +30,7 @@ def pick_device(name: str | None, local_rank: int = 0) -> torch.device:
 
 def _source(name: str) -> str:
     """A ``zoo:`` name becomes its folder (shipped, or fetched into the user's cache on first use)."""
-    if name.startswith("zoo:"):
-        from specfamily.zoo import zoo_path
-
-        return str(zoo_path(name))
-    return name
+    return str(zoo.resolve(name))
 
 
 def _tokenizer(source: str):

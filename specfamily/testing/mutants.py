@@ -1,7 +1,7 @@
 """A verifier gallery: subtly wrong verifiers (and one wrong warp) to patch into the decode loop.
 
 The rogues' gallery (:mod:`specfamily.testing.rogues`) holds wrong drafters; this one holds wrong *verifiers*:
-each mutant is a realistic bug in ``specfamily.core.verify`` or in the loop's ``verify_draft``, with the honest
+each mutant is a realistic bug in ``specfamily.core.verify`` or in ``core.acceptance.verify_draft``, with the honest
 drafter and the sampling config under which it bites. A conformance test that passes with a mutant installed has
 no power against that bug. Use::
 
@@ -165,7 +165,7 @@ def _readmit_rejected_sibling(hits: Hits) -> Callable:
     return walk
 
 
-# --- wrong p: replacements for specfamily.core.loop.verify_draft and for the warp ------------------------------
+# --- wrong p: replacements for specfamily.core.acceptance.verify_draft and for the warp ------------------------------
 
 def _unwarped_p(hits: Hits) -> Callable:
     """Accepts against softmax(logits), the target's raw distribution, instead of warp(logits, sampling)."""
@@ -208,7 +208,7 @@ def verifier_gallery() -> list[Mutant]:
         Mutant("row_off_by_one", "tree children read the p row one before their own", walk, _row_off_by_one,
                HonestTree, 0.25, tree),
         Mutant("unwarped_p", "accept against softmax(logits) instead of warp(logits, sampling)",
-               "specfamily.core.loop:verify_draft", _unwarped_p, HonestChain, 0.1, chain),
+               "specfamily.core.acceptance:verify_draft", _unwarped_p, HonestChain, 0.1, chain),
         Mutant("bonus_from_last_residual", "after a fully accepted path, the bonus token is drawn from the last "
                "node's distribution instead of the bonus row", walk, _bonus_from_last_residual, HonestChain, 0.1,
                chain),

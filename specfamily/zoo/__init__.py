@@ -29,7 +29,7 @@ ZOO_NAMES = names()
 
 __all__ = [
     "KINDS", "PROMPT_SETS", "ZOO_NAMES", "ZOO_PREFIX", "Entry", "available", "catalogue", "default_weights",
-    "entry", "identify", "is_zoo_name", "prompt_ids", "prompt_set_path", "zoo_path",
+    "entry", "identify", "is_zoo_name", "prompt_ids", "prompt_set_path", "resolve", "zoo_path",
 ]
 
 
@@ -85,6 +85,12 @@ def zoo_path(name: str, fetch: bool = True) -> Path:
             f"make it with `{item.produce}` (ZOO.md, {item.card!r})"
         )
     return path
+
+
+def resolve(name: str | Path, fetch: bool = True) -> str | Path:
+    """The one lookup of ``zoo:`` names: a zoo name becomes its folder (its file, for a skip set; see
+    :func:`zoo_path`); any other name or path is returned as given, for the caller's own loading."""
+    return zoo_path(name, fetch) if is_zoo_name(name) else name
 
 
 def available(name: str) -> bool:

@@ -9,14 +9,14 @@ import torch
 from transformers import GenerationConfig
 
 import specfamily as sf
-from specfamily.core import loop, processors
+from specfamily.core import acceptance, processors
+from specfamily.core.acceptance import with_processors
 from specfamily.core.context import DecodeContext
 from specfamily.core.processors import (
     SUPPORTED,
     Processors,
     active_logits_processors,
     processors_for,
-    with_processors,
 )
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, SamplingConfig
@@ -229,7 +229,7 @@ def test_with_no_processor_the_loop_keeps_its_acceptance_rule_itself():
     """No processor set: the rule the loop calls is verify_draft (or a lossy accept) itself, no wrapper per pass."""
     target = load_target(tiny_model("llama"))
     ctx = DecodeContext(target, torch.tensor([1, 2]), SamplingConfig(), torch.Generator(), tokens=[1, 2])
-    assert with_processors(loop.verify_draft, ctx) is loop.verify_draft
-    assert loop._acceptance(None, ctx) is loop.verify_draft
+    assert with_processors(acceptance.verify_draft, ctx) is acceptance.verify_draft
+    assert acceptance.acceptance(None, ctx) is acceptance.verify_draft
     target.model.generation_config.repetition_penalty = 1.2
-    assert loop._acceptance(None, ctx) is not loop.verify_draft
+    assert acceptance.acceptance(None, ctx) is not acceptance.verify_draft

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specfamily.core import loop, processors
+from specfamily.core import acceptance, processors
 from specfamily.core.sampling import warp
 from specfamily.core.types import SamplingConfig
 from specfamily.testing.conformance import PROMPT, ConformanceError, assert_lossless, exact_distribution
@@ -61,7 +61,7 @@ def test_the_exact_law_does_not_move_with_the_loop_warp():
     law = exact_distribution(target, PROMPT, 2, sampling)
     with warp_gallery()[0].installed() as hits:
         assert torch.equal(exact_distribution(target, PROMPT, 2, sampling), law)
-        assert not torch.equal(loop.warp(torch.tensor([2.0, 1.0, 0.0, -1.0]), sampling),
+        assert not torch.equal(acceptance.warp(torch.tensor([2.0, 1.0, 0.0, -1.0]), sampling),
                                reference_warp(torch.tensor([2.0, 1.0, 0.0, -1.0]), sampling).float())
     assert hits.count == 1 and law.sum().item() == pytest.approx(1.0)
 
@@ -93,7 +93,7 @@ def test_an_honest_drafter_passes_on_a_penalised_target():
 
 
 def test_the_kit_fails_a_loop_that_does_not_apply_the_processors(monkeypatch):
-    monkeypatch.setattr(loop, "with_processors", lambda rule, ctx: rule)
+    monkeypatch.setattr(acceptance, "with_processors", lambda rule, ctx: rule)
     with pytest.raises(ConformanceError, match="not lossless"):
         assert_lossless(lambda target: HonestChain(target), **KIT)
 

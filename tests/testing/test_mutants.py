@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specfamily.core import loop, sampling, verify
+from specfamily.core import acceptance, sampling, verify
 from specfamily.core.types import SamplingConfig
 from specfamily.testing import ConformanceError, assert_lossless, mutants
 from specfamily.testing import rogues as rogue_module
@@ -34,14 +34,14 @@ def test_the_gallery_covers_the_bugs_it_promises():
 
 
 def test_installing_a_mutant_patches_and_restores():
-    walk, verify_draft, warp = verify._walk, loop.verify_draft, sampling.warp
+    walk, verify_draft, warp = verify._walk, acceptance.verify_draft, sampling.warp
     with VERIFIERS[0].installed():
         assert verify._walk is not walk
     with VERIFIERS[2].installed():
-        assert loop.verify_draft is not verify_draft
+        assert acceptance.verify_draft is not verify_draft
     with WARPS[0].installed():  # everywhere: the loop's and the drafters' imported names too
-        assert sampling.warp is not warp and loop.warp is sampling.warp and rogue_module.warp is sampling.warp
-    assert (verify._walk, loop.verify_draft, sampling.warp, loop.warp, rogue_module.warp) == (
+        assert sampling.warp is not warp and acceptance.warp is sampling.warp and rogue_module.warp is sampling.warp
+    assert (verify._walk, acceptance.verify_draft, sampling.warp, acceptance.warp, rogue_module.warp) == (
         walk, verify_draft, warp, warp, warp)
 
 

@@ -111,7 +111,7 @@ def test_an_unknown_target_gets_the_command_that_trains_its_weights():
 
 
 def test_smollm2_drafters_listed_but_not_trained_say_how_to_train_them(monkeypatch, tmp_path):
-    monkeypatch.setattr(zoo, "_package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))  # nothing shipped
+    monkeypatch.setattr(zoo.paths, "package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))  # nothing shipped
     monkeypatch.setattr(zoo, "identify", lambda target: "zoo:smollm2")  # as if given the fetched target
     target = tiny_target("llama", vocab_size=16)
     for kind in KIND_INFO:
@@ -130,7 +130,7 @@ def test_smollm2_drafters_listed_but_not_trained_say_how_to_train_them(monkeypat
 
 
 def test_smollm2_eagle3_is_the_default_once_its_folder_is_there(monkeypatch, tmp_path):
-    monkeypatch.setattr(zoo, "_package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))
+    monkeypatch.setattr(zoo.paths, "package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))
     monkeypatch.setattr(zoo, "identify", lambda target: "zoo:smollm2")  # as if given the fetched target
     target = tiny_target("llama", vocab_size=16)
     folder = tmp_path / "zoo" / "weights" / "smollm2-eagle3"

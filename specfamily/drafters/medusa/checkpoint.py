@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from specfamily import zoo
 from specfamily.drafters.medusa.formats import is_medusa_repo, load_medusa_repo
 from specfamily.drafters.medusa.heads import HeadsShape, MedusaHeads, build_heads
 from specfamily.drafters.shared.draft_vocab import DraftVocab
@@ -68,10 +69,8 @@ def save_checkpoint(folder: str | Path, heads: MedusaHeads, meta: MedusaCheckpoi
 
 def resolve(weights: str | Path) -> Path:
     """A checkpoint folder from a path or a ``zoo:`` name."""
-    if isinstance(weights, str) and weights.startswith("zoo:"):
-        from specfamily.zoo import zoo_path
-
-        return zoo_path(weights)
+    if zoo.is_zoo_name(weights):
+        return zoo.resolve(weights)
     if not isinstance(weights, (str, Path)):
         raise TypeError(f"weights must be a path, a zoo: name or 'random', got {type(weights).__name__}")
     return resolve_source(weights)

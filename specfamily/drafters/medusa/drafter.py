@@ -24,11 +24,11 @@ from specfamily import zoo
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.types import Draft, SamplingConfig, VerifyOutcome
+from specfamily.core.typical import typical_accept
 from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint
 from specfamily.drafters.medusa.config import MedusaConfig
 from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import MedusaTree, build_tree, chain_paths, greedy_paths, nominal_accuracies
-from specfamily.drafters.medusa.typical import typical_accept
 from specfamily.runtime.matmul import linear_for
 
 RANDOM_TREE_NODES = 16  # default tree size for uncalibrated heads (a CPU-sized tree)

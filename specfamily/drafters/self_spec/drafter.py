@@ -87,7 +87,7 @@ def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str, i
     key = model_key(target.model, name="target")
     if skip is None:
         path = zoo.zoo_path(zoo.default_weights("skip_set", target))  # the zoo's skip set for this target
-    elif isinstance(skip, str) and skip.startswith("zoo:"):
+    elif zoo.is_zoo_name(skip):
         path = _named_skip_file(skip)
     else:
         path = Path(skip)
@@ -104,7 +104,7 @@ def resolve_skip(skip: Any, target: Target) -> tuple[frozenset[SubLayer], str, i
 def _named_skip_file(name: str) -> Path:
     """``zoo:<stem>`` of a shipped skip-set file (``zoo:code-target``), or a skip-set entry of the zoo's catalogue."""
     shipped = shipped_skip_sets()
-    stem = name[len("zoo:") :]
+    stem = name[len(zoo.ZOO_PREFIX) :]
     if stem in shipped:
         return shipped[stem]
     try:
@@ -113,7 +113,7 @@ def _named_skip_file(name: str) -> Path:
         is_skip_set = False
     if is_skip_set:
         return zoo.zoo_path(name)
-    known = ", ".join("zoo:" + n for n in shipped) or "none"
+    known = ", ".join(zoo.ZOO_PREFIX + n for n in shipped) or "none"
     raise ValueError(f"no shipped skip set {name!r}; shipped: {known}")
 
 

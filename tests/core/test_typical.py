@@ -1,8 +1,8 @@
 import torch
 
 import specfamily as sf
+from specfamily.core.typical import longest_passing_path, typical_accept, typical_pass
 from specfamily.drafters.medusa.drafter import MedusaDrafter
-from specfamily.drafters.medusa.typical import longest_passing_path, typical_accept, typical_pass
 from specfamily.testing import tiny_target
 
 

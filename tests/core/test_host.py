@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import specfamily.core.verify as verify
-from specfamily.core.verify import greedy_tree, to_host, verify_chain, verify_tree
+import specfamily.core.host as host
+from specfamily.core.host import to_host
+from specfamily.core.verify import greedy_tree, verify_chain, verify_tree
 
 P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
 Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
@@ -158,8 +159,8 @@ def test_to_host_keeps_dtypes_values_and_shapes():
 
 def _block_draws_from(monkeypatch, gen: torch.Generator) -> None:
     """Make verify_tree take its accelerator path (a block of uniforms per pass) with CPU draws."""
-    monkeypatch.setattr(verify, "_draw_device", lambda p, generator: torch.device("cuda", 0))
-    monkeypatch.setattr(verify, "_uniform_block",
+    monkeypatch.setattr(host, "draw_device", lambda p, generator: torch.device("cuda", 0))
+    monkeypatch.setattr(host, "uniform_block",
                         lambda size, generator, device: torch.rand(size, generator=gen, dtype=torch.float64))
 
 
@@ -189,8 +190,8 @@ def test_block_draws_keep_a_deterministic_trees_law(monkeypatch):
 
 def test_inverse_cdf_never_picks_a_token_without_mass():
     probs = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0], dtype=torch.float64)
-    assert verify._inverse_cdf(probs, 0.0) == 1
-    assert verify._inverse_cdf(probs, 0.2499) == 1
-    assert verify._inverse_cdf(probs, 0.25) == 3
-    assert verify._inverse_cdf(probs, 1 - 2**-53) == 3
-    assert verify._inverse_cdf(probs * 3, 1.0) == 3  # u * total rounded up to the total
+    assert host.inverse_cdf(probs, 0.0) == 1
+    assert host.inverse_cdf(probs, 0.2499) == 1
+    assert host.inverse_cdf(probs, 0.25) == 3
+    assert host.inverse_cdf(probs, 1 - 2**-53) == 3
+    assert host.inverse_cdf(probs * 3, 1.0) == 3  # u * total rounded up to the total

@@ -1,0 +1,53 @@
+"""The acceptance rule the decode loop calls, chosen once per request.
+
+``verify_draft`` is the exact rule: greedy matching at temperature 0, else recursive rejection sampling against the
+warped p (:mod:`specfamily.core.verify`). A lossy drafter (``lossy=True``) may bring its own rule with the same
+signature (``Drafter.accept``; Medusa's typical acceptance, :mod:`specfamily.core.typical`). Either is fed the
+target's logits after the processors its generation config sets, each row with its own context
+(:mod:`specfamily.core.processors`); with none set the rule is returned unwrapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from specfamily.core.context import DecodeContext
+from specfamily.core.drafter import AcceptRule, Hooks
+from specfamily.core.processors import processors_for
+from specfamily.core.sampling import warp
+from specfamily.core.types import Draft, SamplingConfig
+from specfamily.core.verify import greedy_tree, verify_tree
+
+
+def verify_draft(
+    draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Warp the target's logits (n+1, V) into p and accept a path of ``draft``: (accepted nodes, next token)."""
+    if sampling.greedy:
+        return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
+    return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
+
+
+def acceptance(hooks: Hooks | None, ctx: DecodeContext) -> AcceptRule:
+    """The rule for this request: the exact verifier, or a lossy drafter's own ``accept`` (same signature), fed the
+    logits after the processors the target's generation config sets. ``hooks`` None: plain decoding."""
+    own = hooks.accept if hooks is not None else None
+    return with_processors(own if own is not None else verify_draft, ctx)
+
+
+def with_processors(rule: Callable, ctx: DecodeContext) -> Callable:
+    """The acceptance ``rule`` (verify_draft's signature) fed the target's logits after the processors its
+    generation config sets, each row with its own context from ``ctx.tokens``; ``rule`` itself when none is set."""
+    target = ctx.target
+    processors = processors_for(getattr(target.model, "generation_config", None), target.eos_token_ids,
+                                target.vocab_size)
+    if processors is None:
+        return rule
+    state = processors.start(ctx.tokens, target.vocab_size, target.device)
+
+    def accept(draft: Draft, logits: torch.Tensor, sampling, generator) -> tuple[list[int], int]:
+        return rule(draft, state.apply(ctx.tokens, draft.tokens, draft.parents, logits), sampling, generator)
+
+    return accept

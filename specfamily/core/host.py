@@ -1,0 +1,90 @@
+"""Host transfer for the verifier: what of tokens, p and q lives on an accelerator reaches the CPU in one packed copy
+per device (``to_host``), and where the walk's uniforms come from (``HostDraws``: one per try from a CPU generator;
+``BlockDraws``: one block per pass drawn on the accelerator's generator and moved with p and q)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_CPU = torch.device("cpu")
+
+
+def uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    return torch.rand((), generator=generator, device=device, dtype=torch.float64).item()
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The token whose cumulative-probability interval holds u * total; never one of probability 0."""
+    cdf = probs.cumsum(0)  # (V,)
+    index = int(torch.searchsorted(cdf, torch.tensor([u * cdf[-1].item()], dtype=cdf.dtype), right=True))
+    if index >= probs.numel():  # u * total rounded up to the total: the last token with mass
+        index = int(torch.nonzero(probs).max())
+    return index
+
+
+class HostDraws:
+    """Uniforms drawn one at a time from a CPU generator (or torch's global one): the stream of one draw per try."""
+
+    def __init__(self, generator: torch.Generator | None) -> None:
+        self.generator = generator
+
+    def uniform(self) -> float:
+        return uniform(self.generator, _CPU)
+
+    def sample(self, probs: torch.Tensor) -> int:
+        return sample(probs, self.generator)
+
+
+class BlockDraws:
+    """Uniforms drawn as one block on an accelerator's generator and moved to the host with p and q."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values, self.used = values, 0
+
+    def uniform(self) -> float:
+        self.used += 1
+        return self.values[self.used - 1]
+
+    def sample(self, probs: torch.Tensor) -> int:
+        return inverse_cdf(probs, self.values[-1])
+
+
+def to_host(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The tensors on the CPU, with one device-to-host copy per device for all of them that live elsewhere: their
+    bytes travel packed in one buffer, so dtypes, values and shapes are kept exactly."""
+    host = list(tensors)
+    away: dict[torch.device, list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        if tensor is not None and tensor.device.type != "cpu":
+            away.setdefault(tensor.device, []).append(i)
+    for indices in away.values():
+        parts = [as_bytes(tensors[i]) for i in indices]
+        flat = torch.cat(parts).cpu()  # the one copy
+        offset = 0
+        for i, part in zip(indices, parts, strict=True):
+            size = tensors[i].numel() * tensors[i].element_size()
+            host[i] = flat[offset : offset + size].view(tensors[i].dtype).view(tensors[i].shape)
+            offset += part.numel()
+    return host
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, padded to a multiple of 8 so that every packed tensor starts aligned."""
+    raw = tensor.contiguous().reshape(-1).view(torch.uint8)
+    pad = -raw.numel() % 8
+    return torch.cat([raw, raw.new_zeros(pad)]) if pad else raw
+
+
+def draw_device(p: torch.Tensor, generator: torch.Generator | None) -> torch.device:
+    """Where the uniforms come from: the generator's device, or p's for torch's default generator."""
+    return p.device if generator is None else generator.device
+
+
+def uniform_block(size: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    return torch.rand(size, generator=generator, device=device, dtype=torch.float64)
