@@ -1,8 +1,8 @@
 """The run's own noise measurement: is this machine steady enough for its speedups to mean anything?
 
-A busy machine tells a different story (a second job on the other core once turned two drafters'
-0.87x and 0.86x into 1.33x and 1.74x), so every run measures its noise two ways and flags the
-results when either spread exceeds ``noise.threshold`` (default 10%):
+Other work on the machine changes speedups, by more than the gaps between drafters (an example is in
+docs/results.md), so every run measures its noise two ways and flags the results when either spread exceeds
+``noise.threshold`` (default 10%):
 
 - **plain repeats**: plain decoding is re-timed on the rank's first prompt ``noise.repeats`` times at
   evenly spaced points of the run (the prompt's own plain record is the first timing). The same

@@ -156,7 +156,7 @@ def _header(infos: list[RunInfo]) -> list[str]:
 
 
 def _matmul_timings(seconds: dict[str, float]) -> str:
-    """`` (auto timed: exact 12.1 ms, stream 6.0 ms)``, or nothing when the kind was not chosen by timing."""
+    """`` (auto timed: <kind> <t> ms, ...)``, one median per kind timed, or nothing when the kind was not timed."""
     if not seconds:
         return ""
     return " (auto timed: " + ", ".join(f"{kind} {s * 1e3:.1f} ms" for kind, s in seconds.items()) + ")"

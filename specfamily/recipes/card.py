@@ -35,7 +35,7 @@ class CardConfig:
     threads: int = 2
     seq_len: int = 512
     windows: int = 0  # held-out windows of seq_len + 1 tokens; 0 = all of them
-    agreement_prompts: int = 80  # continue prompts along which the target decodes greedily (20 gave +-0.034)
+    agreement_prompts: int = 80  # continue prompts along which the target decodes greedily (why 80: docs/results.md)
     agreement_tokens: int = 128
     context: int = 300  # cached tokens under the timed forwards
     max_n: int = 16  # t(n)/t(1) for n = 2..max_n

@@ -42,7 +42,7 @@ __all__ = ["BATCH_INVARIANT_KINDS", "MATMUL_KINDS", "SKINNY_MAX_ROWS", "MatmulCh
 
 MATMUL_KINDS = ("exact", "skinny", "stream", "auto")
 FAST_KINDS = ("stream", "skinny")  # what auto may take instead of exact, in order of preference
-SKINNY_MAX_ROWS = 8  # measured on SmolLM2 (2 threads): past 8 rows F.linear's own kernel is as fast or faster
+SKINNY_MAX_ROWS = 8  # rows skinny takes; past them F.linear's own kernel is as fast (docs/bandwidth-smollm2.md)
 BATCH_INVARIANT_KINDS = ("stream",)  # kinds whose row results do not depend on the other rows of the product
 AUTO_MARGIN = 0.85  # a kind must take at most this share of the preferred kind's time to be chosen over it
 AUTO_BYTES = 64 << 20  # weights timed by auto: more than a CPU's last-level cache, as a real pass reads them

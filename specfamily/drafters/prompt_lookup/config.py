@@ -15,13 +15,13 @@ class PromptLookupConfig:
     """n-gram lookup in prompt + generated text (Saxena 2023; transformers' ``prompt_lookup_num_tokens``).
 
     ``gamma`` (default 10, as transformers): tokens copied per branch, the tree depth when
-    ``branches`` > 1. A copied run tends to be right for many tokens or wrong at the first, and on
-    CPU the extra tokens of a pass are cheap once there is a draft at all: for the dev zoo target
-    (1 thread, 300 cached tokens) t(n)/t(1) is 1.5 at n = 2, 1.8 at n = 5, 1.9 at n = 11, 2.0 at
-    n = 17. Measure t(n)/t(1) for your target before changing it. ``min_ngram``/``max_ngram``: the
-    n-gram sizes matched, longest first (transformers: 1 to 2). ``branches``: distinct earlier
-    matches proposed at once as a token tree (1 = a chain); the tree has up to branches * gamma
-    nodes and is verified in the same single pass.
+    ``branches`` > 1. A copied run tends to be right for many tokens or wrong at the first, and
+    on a CPU a pass that carries a draft at all pays little more for a longer one (the
+    t(n)/t(1) curve this default was chosen on: docs/results.md). Measure t(n)/t(1) for your
+    target before changing it. ``min_ngram``/``max_ngram``: the n-gram sizes matched, longest
+    first (transformers: 1 to 2). ``branches``: distinct earlier matches proposed at once as a
+    token tree (1 = a chain); the tree has up to branches * gamma nodes and is verified in the
+    same single pass.
     """
 
     gamma: int | None = None  # draft length / tree depth (default 10)

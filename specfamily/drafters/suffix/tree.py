@@ -1,7 +1,8 @@
 """A suffix trie of bounded depth with occurrence counts, updated in O(max_depth) per appended token.
 
 The drafter now uses the compact :mod:`specfamily.drafters.suffix.automaton` (same counts and speculation trees,
-~25x less memory); this trie stays as the plain reference the index is tested against and measured beside.
+in far less memory: docs/suffix.md); this trie stays as the plain reference the index is tested against and
+measured beside.
 
 Every substring of length <= ``max_depth`` of the inserted sequences is a path from the root; a node's
 ``count`` is how many times its string occurs (in all sequences inserted and not removed). Appending a token to

@@ -173,7 +173,7 @@ void block(const Problem& p, int64_t q) {
 // Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 4 rows, 3 up to 8, 2 up to 12, 1 past
 // (3 x 8 rows: 24 accumulators, each weight load and x broadcast feeding more FMAs than 2 x 8). The
 // more rows, the longer the FMAs hold up each line's load, and the further ahead the next lines are fetched
-// (measured on SmolLM2's shapes, AMD EPYC: from 8 rows on the fetch doubles the speed; at 1-2 rows it costs ~5%).
+// (what the fetch distance gained and cost when it was tuned: docs/bandwidth-smollm2.md).
 template <int K>
 void panels_of(const Problem& p, int64_t q0, int64_t q1) {
   constexpr int P = K <= 4 ? 4 : (K <= 8 ? 3 : (K <= 12 ? 2 : 1));
