@@ -95,7 +95,8 @@ def timing_context(target: Target, ids: Sequence[int], length: int, sizes: Seque
 
     A pass's time depends on how many tokens are cached, not on which: attention over the cache grows with its
     length times the tokens fed, so a curve timed over a short prompt understates what a verify pass costs later in
-    a request (measured: docs/results.md, "Figures that used to live in the source"). Shortened to leave room for the timed passes within the model's position limit."""
+    a request (measured: docs/results.md, "Figures that used to live in the source"). Shortened to leave room for
+    the timed passes within the model's position limit."""
     ids = list(ids)
     limit = max_positions(target)
     if limit is not None:

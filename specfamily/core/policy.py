@@ -14,12 +14,11 @@ works unchanged and the loop probes nothing.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from specfamily.core.theory import VerifyCost, best_draft_length, optimal_gamma
+from specfamily.core.theory import VerifyCost, best_draft_length, check_int, optimal_gamma
 
 
 @runtime_checkable
@@ -69,21 +68,9 @@ def policy_hooks(policy: Policy) -> BoundHooks:
     return BoundHooks(bind if wants else None, describe if callable(describe) else _no_account)
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def _check_update(proposed: int, accepted: int) -> tuple[int, int]:
-    proposed = _check_int(proposed, "proposed", 0)
-    accepted = _check_int(accepted, "accepted", 0)
+    proposed = check_int(proposed, "proposed", 0)
+    accepted = check_int(accepted, "accepted", 0)
     if accepted > proposed:
         raise ValueError(f"accepted ({accepted}) cannot exceed proposed ({proposed})")
     return proposed, accepted
@@ -96,7 +83,7 @@ class ConstantPolicy:
     gamma: int
 
     def __post_init__(self) -> None:
-        self.gamma = _check_int(self.gamma, "gamma", 1)
+        self.gamma = check_int(self.gamma, "gamma", 1)
 
     def reset(self) -> None:
         pass
@@ -123,9 +110,9 @@ class HeuristicPolicy:
     current: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.gamma = _check_int(self.gamma, "gamma", 1)
+        self.gamma = check_int(self.gamma, "gamma", 1)
         if self.max_gamma is not None:
-            self.max_gamma = _check_int(self.max_gamma, "max_gamma", self.gamma)
+            self.max_gamma = check_int(self.max_gamma, "max_gamma", self.gamma)
         self.current = self.gamma
 
     def reset(self) -> None:
@@ -180,8 +167,8 @@ class OptimalPolicy:
     c_estimate: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.gamma = _check_int(self.gamma, "gamma", 1)
-        self.max_gamma = _check_int(self.max_gamma, "max_gamma", 1)
+        self.gamma = check_int(self.gamma, "gamma", 1)
+        self.max_gamma = check_int(self.max_gamma, "max_gamma", 1)
         if not 0.0 <= self.prior_alpha <= 1.0:
             raise ValueError(f"prior_alpha must be in [0, 1], got {self.prior_alpha!r}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
@@ -260,10 +247,10 @@ class AutoPolicy:
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
     def __post_init__(self) -> None:
-        self.gamma = _check_int(self.gamma, "gamma", 1)
-        self.max_gamma = _check_int(self.max_gamma, "max_gamma", 1)
-        self.probe_every = _check_int(self.probe_every, "probe_every", 1)
-        self.max_probe_every = _check_int(self.max_probe_every, "max_probe_every", self.probe_every)
+        self.gamma = check_int(self.gamma, "gamma", 1)
+        self.max_gamma = check_int(self.max_gamma, "max_gamma", 1)
+        self.probe_every = check_int(self.probe_every, "probe_every", 1)
+        self.max_probe_every = check_int(self.max_probe_every, "max_probe_every", self.probe_every)
         self.interval = self.probe_every
         for name in ("prior_alpha", "memory", "c_smoothing"):
             if not 0.0 <= getattr(self, name) <= 1.0:
@@ -379,7 +366,7 @@ def make_policy(name: str, gamma: int, **options: Any) -> Policy:
     """Build a policy by name: "constant", "heuristic", "optimal" or "auto"; ``gamma`` is the start value."""
     if name not in POLICIES:
         raise ValueError(f"unknown draft-length policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    gamma = _check_int(gamma, "gamma", 1)
+    gamma = check_int(gamma, "gamma", 1)
     cls = POLICIES[name]
     known = {f.name for f in cls.__dataclass_fields__.values() if f.init} - {"gamma"}
     unknown = sorted(set(options) - known)

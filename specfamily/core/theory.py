@@ -24,7 +24,8 @@ def _check_alpha(alpha: float) -> float:
     return alpha
 
 
-def _check_gamma(gamma: int, name: str = "gamma", minimum: int = 0) -> int:
+def check_int(gamma: int, name: str = "gamma", minimum: int = 0) -> int:
+    """``gamma`` as an int >= ``minimum`` (bools and non-integers refused), or a ValueError naming ``name``."""
     if isinstance(gamma, bool):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {gamma!r}")
     try:
@@ -54,7 +55,7 @@ def _verify_cost_at(verify_cost: VerifyCost, gamma: int) -> float:
 
 def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
     """E[tokens per target pass] = (1 - alpha^(gamma + 1)) / (1 - alpha); gamma + 1 when alpha = 1."""
-    alpha, gamma = _check_alpha(alpha), _check_gamma(gamma)
+    alpha, gamma = _check_alpha(alpha), check_int(gamma)
     if alpha == 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
@@ -67,7 +68,7 @@ def expected_speedup(alpha: float, gamma: int, c: float, verify_cost: VerifyCost
     or None for the paper's assumption of 1.
     """
     tokens = expected_tokens_per_pass(alpha, gamma)
-    c, gamma = _check_c(c), _check_gamma(gamma)
+    c, gamma = _check_c(c), check_int(gamma)
     return tokens / (gamma * c + _verify_cost_at(verify_cost, gamma))
 
 
@@ -78,7 +79,7 @@ def optimal_gamma(alpha: float, c: float, verify_cost: VerifyCost = None, max_ga
     costly one); compare ``expected_speedup`` at the result with 1 to decide whether to draft at all.
     """
     alpha, c = _check_alpha(alpha), _check_c(c)
-    max_gamma = _check_gamma(max_gamma, "max_gamma", minimum=1)
+    max_gamma = check_int(max_gamma, "max_gamma", minimum=1)
     speedups = [expected_speedup(alpha, gamma, c, verify_cost) for gamma in range(1, max_gamma + 1)]
     return 1 + max(range(max_gamma), key=speedups.__getitem__)
 
@@ -101,7 +102,7 @@ def expected_tokens_by_depth(acceptance: Sequence[float], gamma: int) -> float:
     With every entry equal to alpha this is ``expected_tokens_per_pass(alpha, gamma)``; measured per depth it also
     fits drafters whose acceptance is far from i.i.d. (prompt lookup: a matched copy tends to go on matching).
     """
-    gamma = _check_gamma(gamma)
+    gamma = check_int(gamma)
     if gamma > len(acceptance):
         raise ValueError(f"gamma {gamma} exceeds the {len(acceptance)} depths given")
     tokens, reach = 1.0, 1.0
