@@ -1,4 +1,4 @@
-// RMSNorm in one call for the stream kernel's module (stream_linear.cpp binds it; specfamily.core.kernel builds both).
+// RMSNorm in one call for the stream kernel's module (stream_linear.cpp binds it; specfamily.runtime.kernel builds both).
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

@@ -1,4 +1,4 @@
-// Streaming float32 products y = x W^T + b, any number of rows of x (specfamily.core.kernel builds this).
+// Streaming float32 products y = x W^T + b, any number of rows of x (specfamily.runtime.kernel builds this).
 //
 // A decode step or a verify pass multiplies a few rows by every weight matrix; the time is the time it takes to
 // read the weights. At 8-16 rows a kernel that takes dot products of weight rows with x rows runs out of loads and
@@ -381,7 +381,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps); 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Streaming float32 products y = x W^T + b, batch-invariant (specfamily.core.kernel)";
+  m.doc() = "Streaming float32 products y = x W^T + b, batch-invariant (specfamily.runtime.kernel)";
   m.def("linear", &linear, "x @ weight^T + bias, any number of rows, each row's result independent of the others",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("linear_with", &linear_with, "linear on a named instruction set (tests)", py::arg("x"), py::arg("weight"),
