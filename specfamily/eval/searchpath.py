@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from specfamily.io.configs import configs_dir as configs_dir  # re-exported: the shipped configs
+
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
@@ -38,20 +40,6 @@ def register_entry() -> str:
 
     ConfigStore.instance().store(name=ENTRY, node={"defaults": ["_self_", "config"]})
     return ENTRY
-
-
-def configs_dir() -> Path:
-    """The folder of the shipped Hydra configs: ``specfamily/configs`` when installed, else the checkout's ``configs/``.
-
-    The build ships the top-level ``configs/`` inside the package (setup.py); a source checkout on
-    ``sys.path`` (an editable install, ``python -m`` from the checkout) reads ``configs/`` beside the package.
-    """
-    package = resources.files("specfamily")
-    if isinstance(package, Path):
-        for folder in (package / "configs", package.parent / "configs"):
-            if (folder / "config.yaml").is_file():
-                return folder
-    raise FileNotFoundError("specfamily's configs are not on disk: no specfamily/configs, no checkout's configs/")
 
 
 def as_entry(path: str | Path) -> str:

@@ -1,4 +1,8 @@
-"""Train Medusa heads on a frozen target: ``python -m specfamily.drafters.medusa.train --help``.
+"""Train Medusa heads on a frozen target: ``python -m specfamily.drafters.medusa.train key=value ...``.
+
+Configured like runs: ``configs/train/medusa.yaml`` holds every key and its default, the command line overrides
+them (``target=zoo:smollm2 data=my.jsonl minutes=60``); the older ``--flag value`` form (``--max-minutes`` for
+``minutes``) still works (``--help`` lists it). The loop is :mod:`specfamily.train.loop`'s.
 
 Loss: sum over heads k of decay**k * cross-entropy(head k at position t, token at t + 2 + k). Every
 ``eval_every`` steps: per-head top-1/top-5 accuracy on held-out windows (as written, and continued by the
@@ -6,16 +10,16 @@ target's own greedy decoding, which is what decoding accepts); a tree chosen fro
 the latter (``tree.JointRanks``) and the verify cost measured on this machine; and tau measured by
 ``sf.generate`` with that tree on held-out prompts. The checkpoint with the best tau is exported (safetensors +
 JSON, no optimizer state); ``out/state.pt`` (with the optimizer) makes the run resumable.
-``--recalibrate CHECKPOINT`` only re-chooses a checkpoint's tree for this machine (re-measured accuracies and
-verify cost). ``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the target's and the heads'
+``recalibrate=CHECKPOINT`` only re-chooses a checkpoint's tree for this machine (re-measured accuracies and
+verify cost). ``device=cuda`` trains on a GPU; ``dtype=bfloat16`` (or float16) runs the target's and the heads'
 passes under autocast with float32 master weights.
 
-``--distilled DIR`` trains on self-distillation data (``specfamily-zoo distill``) with its stored features: no target
+``distilled=DIR`` trains on self-distillation data (``specfamily-zoo distill``) with its stored features: no target
 pass per step; labels are the stored tokens (the target's own greedy answers); accuracies on held-out conversations'
-windows, tau on their chat prompts. ``--draft-vocab N`` drafts over the N most frequent training (answer) tokens
+windows, tau on their chat prompts. ``draft_vocab=N`` drafts over the N most frequent training (answer) tokens
 only (FR-Spec; EOS always in): labels outside them are ignored by the loss and count as misses, and the vocabulary's
 coverage is reported. Under ``torchrun`` each rank trains a DistributedDataParallel replica on its share of every
-global batch (``--batch`` rows per rank; :mod:`specfamily.train.ddp`); rank 0 evaluates and writes.
+global batch (``batch`` rows per rank; :mod:`specfamily.train.ddp`); rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -51,9 +54,11 @@ from specfamily.drafters.medusa.heads import IGNORE_INDEX, MedusaHeads, build_he
 from specfamily.drafters.medusa.tree import CostCurve
 from specfamily.io.files import write_atomically
 from specfamily.io.identity import target_identity
-from specfamily.train.ddp import Objective, start
-from specfamily.train.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, optimizer_step
-from specfamily.train.schedule import budget_progress, warmup_cosine
+from specfamily.train import loop
+from specfamily.train.config import add_flags, from_args
+from specfamily.train.ddp import Objective, Ranks
+from specfamily.train.loop import Budget, Evaluation, LoopSettings, Step, Trainee
+from specfamily.train.precision import Precision, check_device, check_dtype, device_arg, dtype_arg
 
 
 @dataclass
@@ -78,10 +83,12 @@ class TrainConfig:
     seq_len: int = 256
     lr: float = 1e-3
     warmup: int = 20
+    min_lr_ratio: float = 0.1  # the cosine's floor, relative to lr
     weight_decay: float = 0.0
     decay: float = 0.8  # loss weight of head k: decay ** k
     clip: float = 1.0
     eval_every: int = 50
+    ckpt_every: int = 0  # 0: state.pt is written after each evaluation only
     eval_windows: int = 16
     eval_prompts: int = 8
     prompt_len: int = 128
@@ -89,7 +96,7 @@ class TrainConfig:
     ranks: int = 10  # top-k ranks measured per head (the widest a tree can be)
     max_nodes: int = 64  # largest tree considered
     save_dtype: str = "float16"
-    max_minutes: float = 10.0  # 0 = no limit; else the schedule ends (with a final evaluation) after this long
+    minutes: float = 10.0  # 0 = no limit; else the schedule ends (with a final evaluation) after this long
     threads: int = 1
     seed: int = 0
     resume: bool = True
@@ -124,6 +131,15 @@ class TrainState:
     history: list[dict] = field(default_factory=list)  # one row per evaluation
     draft_vocab: dict = field(default_factory=dict)  # size and coverage of the draft vocabulary, if any
 
+    @property
+    def best_score(self) -> float:
+        """What the loop selects by: tau."""
+        return self.best_tau
+
+    @best_score.setter
+    def best_score(self, value: float) -> None:
+        self.best_tau = value
+
 
 def shifted(features: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and labels of head k: features at t (B, T - 2 - k, H) and the tokens at t + 2 + k (B, T - 2 - k)."""
@@ -157,11 +173,15 @@ def argmax_labels(lm_head: torch.nn.Module, features: torch.Tensor, ids: torch.T
     return torch.cat([ids[:, :1], lm_head(features[:, :-1]).argmax(dim=-1).to(ids.dtype)], dim=1)
 
 
+def budget(cfg: TrainConfig) -> Budget:
+    """Linear warm-up, then cosine decay (over the steps after warm-up) to ``min_lr_ratio * lr`` at the last step
+    or at ``minutes``, whichever comes first; evaluations count against the minutes."""
+    return Budget(cfg.steps, cfg.lr, cfg.warmup, cfg.minutes, cfg.min_lr_ratio, decay_after_warmup=True)
+
+
 def learning_rate(cfg: TrainConfig, step: int, minutes: float = 0.0) -> float:
-    """Linear warm-up, then cosine decay to a tenth of ``lr`` at the last step or at ``max_minutes``, whichever
-    comes first."""
-    progress = budget_progress(step, cfg.steps, 60 * minutes, cfg.max_minutes, cfg.warmup)
-    return warmup_cosine(cfg.lr, step, cfg.warmup, progress)
+    """The learning rate of ``step`` after ``minutes`` of training."""
+    return budget(cfg).learning_rate(step, 60 * minutes)
 
 
 def measure_tau(target, heads: MedusaHeads, tree, prompts: list[list[int]], max_new_tokens: int) -> float:
@@ -262,55 +282,67 @@ def open_session(cfg: TrainConfig, target=None) -> Session:
 
 def train(cfg: TrainConfig, target=None) -> TrainState:
     """Train (or resume) heads for ``cfg.target``; returns the final state. ``target``: an already loaded one."""
-    ranks = start(cfg.device)
-    try:
-        return _train(cfg, target, ranks)
-    finally:
-        ranks.close()
+    return loop.train(MedusaTraining(cfg, target))
 
 
-def _train(cfg: TrainConfig, target, ranks) -> TrainState:
-    session = open_session(cfg, target)
-    vocab = draft_vocabulary(cfg, session.target, session.data)
-    shape = shape_for(session.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
-    heads = build_heads(session.target, shape, vocab)
-    session.measure_heads(heads)
-    heads.train()
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    precision = Precision.of(cfg.device, cfg.dtype)
-    scaler = precision.scaler()
-    state_path = Path(cfg.out) / "state.pt"
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    resuming = cfg.resume and state_path.is_file()
-    state = load_state(state_path, heads, optimizer, gen, cfg, scaler) if resuming else TrainState()
-    state.draft_vocab = vocab_report(vocab, session.data)
-    objective = ranks.wrap(Objective(heads, lambda h, ids, f: _step_loss(session, h, ids, f)), precision.device)
-    if vocab is not None and ranks.is_main:
-        tqdm.write(f"draft vocabulary: {vocab.size} tokens, coverage {state.draft_vocab['coverage_train']:.3f} of "
-                   f"the training tokens, {state.draft_vocab['coverage_heldout']:.3f} held out")
-    started, done = time.perf_counter() - state.seconds, state.step >= cfg.steps
-    bar = tqdm(total=cfg.steps, initial=state.step, desc="medusa heads", dynamic_ncols=True, disable=not ranks.is_main)
-    while not done:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(cfg, state.step, state.seconds / 60)
-        ids, features = session.data.sample(cfg.batch * ranks.world_size, gen)  # the global batch, on every rank
-        with precision.autocast():
-            loss, per_head = objective(ranks.local(ids), ranks.local(features))
-        optimizer_step(loss, optimizer, heads.parameters(), cfg.clip, scaler)
-        state.step += 1
-        state.seconds = ranks.agree(time.perf_counter() - started)  # every rank stops at the same step
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", head0=f"{per_head[0]:.3f}")
-        out_of_time = cfg.max_minutes > 0 and state.seconds > 60 * cfg.max_minutes
-        done = state.step >= cfg.steps or out_of_time
-        if done or (cfg.eval_every > 0 and state.step % cfg.eval_every == 0):
-            if ranks.is_main:
-                _evaluate_and_keep(session, heads, state, per_head)
-                save_state(state_path, heads, optimizer, state, gen, cfg, scaler)
-            ranks.barrier()
-    bar.close()
-    return state
+class MedusaTraining:
+    """Medusa heads as a :class:`specfamily.train.loop.Family`: selected by the tau they reach, exported as
+    safetensors + JSON, resumable from ``out/state.pt``."""
+
+    def __init__(self, cfg: TrainConfig, target=None) -> None:
+        self.cfg, self.target = cfg, target
+        self.settings = LoopSettings("medusa heads", budget(cfg), Path(cfg.out) / "state.pt", cfg.device,
+                                     cfg.dtype, cfg.clip, cfg.eval_every, cfg.ckpt_every, cfg.resume)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.per_head: list[float] = []  # the last step's loss of each head
+
+    def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
+        cfg = self.cfg
+        self.session = session = open_session(cfg, self.target)
+        vocab = draft_vocabulary(cfg, session.target, session.data)
+        shape = shape_for(session.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
+        heads = build_heads(session.target, shape, vocab)
+        session.measure_heads(heads)
+        heads.train()
+        optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        state = TrainState(draft_vocab=vocab_report(vocab, session.data))
+        if vocab is not None and ranks.is_main:
+            tqdm.write(f"draft vocabulary: {vocab.size} tokens, coverage {state.draft_vocab['coverage_train']:.3f} "
+                       f"of the training tokens, {state.draft_vocab['coverage_heldout']:.3f} held out")
+        objective = Objective(heads, lambda h, ids, f: _step_loss(session, h, ids, f))
+        return Trainee(heads, optimizer, objective, state, precision.scaler())
+
+    def load(self, trainee: Trainee[TrainState], path: Path) -> None:
+        state = load_state(path, trainee.model, trainee.optimizer, self.generator, self.cfg, trainee.scaler)
+        trainee.state = replace(state, draft_vocab=trainee.state.draft_vocab)
+
+    def save(self, trainee: Trainee[TrainState], path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_state(path, trainee.model, trainee.optimizer, trainee.state, self.generator, self.cfg, trainee.scaler)
+
+    def step(self, trainee: Trainee[TrainState], ranks: Ranks) -> Step:
+        ids, features = self.session.data.sample(self.cfg.batch * ranks.world_size, self.generator)  # global batch
+        loss, self.per_head = trainee.objective(ranks.local(ids), ranks.local(features))
+        return Step(loss, {"loss": f"{loss.item():.3f}", "head0": f"{self.per_head[0]:.3f}"})
+
+    def evaluate(self, trainee: Trainee[TrainState]) -> Evaluation:
+        state = trainee.state
+        cal, tau, corpus_acc = evaluate(self.session, trainee.model)
+        row = {"step": state.step, "seconds": round(state.seconds, 1), "tau": tau, "loss": self.per_head,
+               "top1": cal.top1, "top5": cal.top5, "corpus_top1": corpus_acc[:, 0].tolist(),
+               "corpus_top5": corpus_acc[:, :5].sum(dim=1).tolist(), "tree_nodes": len(cal.tree),
+               "expected_accepted": cal.expected_accepted}
+        state.history.append(row)
+        summary = (f"tau {tau:.3f}; on greedy text top1 {_rounded(cal.top1)} top5 {_rounded(cal.top5)}; on held-out "
+                   f"text top1 {_rounded(row['corpus_top1'])} top5 {_rounded(row['corpus_top5'])}; tree "
+                   f"{len(cal.tree)} nodes")
+        return Evaluation(summary, tau, cal)
+
+    def export(self, trainee: Trainee[TrainState], evaluation: Evaluation) -> None:
+        export(self.session, trainee.model, evaluation.detail, evaluation.score, trainee.state)
+
+    def finish(self, trainee: Trainee[TrainState]) -> None:
+        """Nothing more: the best heads were exported as they came."""
 
 
 def _step_loss(session: Session, heads: MedusaHeads, ids: torch.Tensor,
@@ -323,21 +355,6 @@ def _step_loss(session: Session, heads: MedusaHeads, ids: torch.Tensor,
     if cfg.labels == "argmax":
         ids = argmax_labels(session.target.model.get_output_embeddings(), features, ids)
     return medusa_loss(heads, features, ids, cfg.decay)
-
-
-def _evaluate_and_keep(session: Session, heads: MedusaHeads, state: TrainState, per_head: list[float]) -> None:
-    cal, tau, corpus_acc = evaluate(session, heads)
-    row = {"step": state.step, "seconds": round(state.seconds, 1), "tau": tau, "loss": per_head,
-           "top1": cal.top1, "top5": cal.top5, "corpus_top1": corpus_acc[:, 0].tolist(),
-           "corpus_top5": corpus_acc[:, :5].sum(dim=1).tolist(), "tree_nodes": len(cal.tree),
-           "expected_accepted": cal.expected_accepted}
-    state.history.append(row)
-    if tau > state.best_tau:
-        state.best_tau, state.best_step = tau, state.step
-        export(session, heads, cal, tau, state)
-    tqdm.write(f"step {state.step}: tau {tau:.3f} (best {state.best_tau:.3f} @ {state.best_step}); on greedy text "
-               f"top1 {_rounded(cal.top1)} top5 {_rounded(cal.top5)}; on held-out text top1 "
-               f"{_rounded(row['corpus_top1'])} top5 {_rounded(row['corpus_top5'])}; tree {len(cal.tree)} nodes")
 
 
 def _rounded(values: list[float]) -> list[float]:
@@ -360,17 +377,11 @@ def recalibrate(cfg: TrainConfig, target=None) -> Calibration:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """The config from ``key=value`` overrides of ``configs/train/medusa.yaml``, or from the older flags."""
     parser = argparse.ArgumentParser(prog="python -m specfamily.drafters.medusa.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    checked = {"device": device_arg, "dtype": dtype_arg}
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            kind = checked.get(f.name) or {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f"default: {f.default!r}")
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    add_flags(parser, TrainConfig, {"max-minutes": "minutes"}, {"device": device_arg, "dtype": dtype_arg})
+    return from_args(TrainConfig, "medusa", parser.parse_args(argv), parser)
 
 
 def main(argv: list[str] | None = None) -> None:
