@@ -12,6 +12,7 @@ import torch
 from specfamily.recipes.distill import DistillConfig
 from specfamily.recipes.greedy_data import GreedyDataConfig
 from specfamily.recipes.train import TrainConfig
+from specfamily.train.config import add_flags, from_args
 
 
 def _add_config_args(parser: argparse.ArgumentParser, config: type, required: tuple[str, ...]) -> None:
@@ -37,8 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     prep.add_argument("--root", default=None, help="a folder of text files instead of the stdlib")
     prep.add_argument("--suffix", default=".py")
     prep.add_argument("--vocab-size", type=int, default=4096)
-    _add_config_args(sub.add_parser("train", help="train (or distil) one model"), TrainConfig,
-                     ("kind", "workdir", "out"))
+    train_parser = sub.add_parser("train", help="train (or distil) one model: key=value (configs/train/draft.yaml) "
+                                  "or the --flags")
+    add_flags(train_parser, TrainConfig, {"max-minutes": "minutes"})
     _add_config_args(sub.add_parser("greedy-data", help="training windows continued by the target's greedy text"),
                      GreedyDataConfig, ("workdir", "teacher", "out"))
     _add_config_args(sub.add_parser("distill", help="self-distillation data: the target's answers and features"),
@@ -101,8 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "train":
         from specfamily.recipes.train import train
 
-        values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
-        state = train(TrainConfig(**values))
+        state = train(from_args(TrainConfig, "draft", args, train_parser))
         print(f"done: step {state.step}, tokens {state.tokens_seen}, held-out loss {state.heldout_loss:.4f}")
     elif args.command == "greedy-data":
         from specfamily.recipes.greedy_data import make_greedy_data

@@ -1,30 +1,33 @@
-"""Train a zoo model (target from the corpus, draft distilled from the target), resumable.
+"""Train a zoo model (target from the corpus, draft distilled from the target), resumable:
+``specfamily-zoo train kind=draft workdir=WORK out=DIR teacher=TARGET ...``.
 
-``--device cuda`` trains on a GPU; ``--dtype bfloat16`` (or float16) runs the passes under autocast with float32
+Configured like runs: ``configs/train/draft.yaml`` holds every key and its default, ``key=value`` overrides them (the
+older ``--flag value`` form, ``--max-minutes`` for ``minutes``, still works). The loop is
+:mod:`specfamily.train.loop`'s; the checkpoint is ``WORK/ckpt-<out's name>.pt`` and the final weights are exported.
+``device=cuda`` trains on a GPU; ``dtype=bfloat16`` (or float16) runs the passes under autocast with float32
 master weights. The checkpoint is read as tensors and plain containers only (``weights_only=True``). Under
-``torchrun`` each rank trains a DistributedDataParallel replica on its share of every global batch (``--batch`` rows
+``torchrun`` each rank trains a DistributedDataParallel replica on its share of every global batch (``batch`` rows
 per rank; :mod:`specfamily.train.ddp`); rank 0 evaluates, checkpoints and exports.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specfamily.io.files import write_atomically, write_folder_atomically
 from specfamily.recipes.greedy_data import load_greedy_data, sample_rows
 from specfamily.recipes.models import llama_config
-from specfamily.train.ddp import Objective, Ranks, start
-from specfamily.train.precision import Precision, check_device, check_dtype, optimizer_step
-from specfamily.train.schedule import budget_progress, warmup_cosine
+from specfamily.train import loop
+from specfamily.train.ddp import Objective, Ranks
+from specfamily.train.loop import Budget, Evaluation, LoopSettings, Step, Trainee
+from specfamily.train.precision import Precision, check_device, check_dtype
 from specfamily.train.tokens import fixed_windows, random_windows
 
 
@@ -41,7 +44,7 @@ class TrainConfig:
     warmup: int = 100
     weight_decay: float = 0.1
     clip: float = 1.0
-    max_minutes: float = 0.0  # 0 = no wall-clock budget; else the schedule ends at whichever comes first
+    minutes: float = 0.0  # 0 = no budget of step time; else the schedule ends at whichever comes first
     teacher: str = ""  # HF folder: distil from its distributions (KL) instead of the corpus labels
     init_from: str = ""  # HF folder: warm restart from these weights with a fresh optimiser
     greedy_data: str = ""  # .npy of windows continued by the target's greedy decoding (`specfamily-zoo greedy-data`)
@@ -51,6 +54,7 @@ class TrainConfig:
     eval_every: int = 100
     eval_windows: int = 32
     ckpt_every: int = 100
+    resume: bool = True  # continue from the checkpoint when it exists
     seed: int = 0
     compile: bool = False  # torch.compile the loss (about 1.2x on CPU after a one-minute compile)
     device: str = "cpu"  # cpu, cuda or cuda:N
@@ -76,14 +80,6 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError(f"greedy_fraction must be in [0, 1], got {cfg.greedy_fraction}")
     if cfg.greedy_data and round(cfg.batch * cfg.greedy_fraction) == 0:
         raise ValueError(f"greedy_fraction {cfg.greedy_fraction} of a batch of {cfg.batch} draws no greedy rows")
-
-
-def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
-    return warmup_cosine(cfg.lr, step, cfg.warmup, progress, cfg.min_lr_ratio)
-
-
-def progress_of(cfg: TrainConfig, state: TrainState) -> float:
-    return budget_progress(state.step, cfg.steps, state.seconds, cfg.max_minutes)
 
 
 def _loss(model, batch: torch.Tensor, teacher) -> torch.Tensor:
@@ -197,55 +193,56 @@ def local_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | Non
 
 
 def train(cfg: TrainConfig) -> TrainState:
+    """Train (or resume) the model ``cfg`` describes, then export it to ``cfg.out``; the final state."""
     check_config(cfg)
-    ranks = start(cfg.device)
-    try:
-        return _train(cfg, ranks)
-    finally:
-        ranks.close()
+    return loop.train(ZooTraining(cfg))
 
 
-def _train(cfg: TrainConfig, ranks: Ranks) -> TrainState:
-    precision = Precision.of(cfg.device, cfg.dtype)
-    work = Path(cfg.workdir)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer"))
-    tokens = np.load(work / "train.npy", mmap_mode="r")
-    greedy = load_greedy_data(cfg.greedy_data, len(tokenizer)) if cfg.greedy_data else None
-    windows = fixed_windows(np.load(work / "heldout.npy"), cfg.eval_windows, cfg.seq_len)
-    model = _build_model(cfg, len(tokenizer)).to(precision.device)
-    model.train()
-    teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval() if cfg.teacher else None
-    teacher = teacher.to(precision.device) if teacher is not None else None
-    optimizer, scaler = _optimizer(model, cfg), precision.scaler()
-    ckpt = work / f"ckpt-{Path(cfg.out).name}.pt"
-    state = _load_checkpoint(ckpt, model, optimizer, cfg, scaler) if ckpt.exists() else TrainState()
-    loss_fn = torch.compile(_loss) if cfg.compile else _loss
-    objective = ranks.wrap(Objective(model, lambda m, rows: batch_loss(loss_fn, m, teacher, rows)), precision.device)
-    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"train {cfg.kind}", mininterval=10,
-               disable=not ranks.is_main)
-    while state.step < cfg.steps and progress_of(cfg, state) < 1.0:
-        started = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(cfg, state.step, progress_of(cfg, state))
-        batches = [b.to(precision.device) for b in local_batches(cfg, tokens, greedy, state.step, ranks)]
-        with precision.autocast():
-            loss, positions = objective(batches)
-        optimizer_step(loss, optimizer, model.parameters(), cfg.clip, scaler)
-        state.step += 1
+class ZooTraining:
+    """A zoo model as a :class:`specfamily.train.loop.Family`: no selection (held-out loss is logged, the final
+    weights are exported), step time alone counts against ``minutes``."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        budget = Budget(cfg.steps, cfg.lr, cfg.warmup, cfg.minutes, cfg.min_lr_ratio, timed_evaluations=False)
+        self.settings = LoopSettings(f"train {cfg.kind}", budget, Path(cfg.workdir) / f"ckpt-{Path(cfg.out).name}.pt",
+                                     cfg.device, cfg.dtype, cfg.clip, cfg.eval_every, cfg.ckpt_every, cfg.resume)
+
+    def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
+        cfg, work, self.device = self.cfg, Path(self.cfg.workdir), precision.device
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer"))
+        self.tokens = np.load(work / "train.npy", mmap_mode="r")
+        self.greedy = load_greedy_data(cfg.greedy_data, len(self.tokenizer)) if cfg.greedy_data else None
+        self.windows = fixed_windows(np.load(work / "heldout.npy"), cfg.eval_windows, cfg.seq_len)
+        model = _build_model(cfg, len(self.tokenizer)).to(precision.device).train()
+        teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval() if cfg.teacher else None
+        teacher = teacher.to(precision.device) if teacher is not None else None
+        loss_fn = torch.compile(_loss) if cfg.compile else _loss
+        objective = Objective(model, lambda m, rows: batch_loss(loss_fn, m, teacher, rows))
+        return Trainee(model, _optimizer(model, cfg), objective, TrainState(), precision.scaler())
+
+    def load(self, trainee: Trainee[TrainState], path: Path) -> None:
+        trainee.state = _load_checkpoint(path, trainee.model, trainee.optimizer, self.cfg, trainee.scaler)
+
+    def save(self, trainee: Trainee[TrainState], path: Path) -> None:
+        _save_checkpoint(path, trainee.model, trainee.optimizer, trainee.state, self.cfg, trainee.scaler)
+
+    def step(self, trainee: Trainee[TrainState], ranks: Ranks) -> Step:
+        state = trainee.state
+        batches = [b.to(self.device) for b in local_batches(self.cfg, self.tokens, self.greedy, state.step, ranks)]
+        loss, positions = trainee.objective(batches)
         state.tokens_seen += positions * ranks.world_size
-        state.seconds = ranks.agree(state.seconds + time.perf_counter() - started)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", heldout=f"{state.heldout_loss:.3f}")
-        if state.step % cfg.eval_every == 0 and ranks.is_main:
-            state.heldout_loss = heldout_loss(model, windows)
-            tqdm.write(f"step {state.step} tokens {state.tokens_seen} heldout {state.heldout_loss:.4f}")
-        if state.step % cfg.ckpt_every == 0 and ranks.is_main:
-            _save_checkpoint(ckpt, model, optimizer, state, cfg, scaler)
-    bar.close()
-    if ranks.is_main:
-        state.heldout_loss = heldout_loss(model, windows)
-        _save_checkpoint(ckpt, model, optimizer, state, cfg, scaler)
-        info = training_info(cfg, state, sum(p.numel() for p in model.parameters()))
-        export(model, tokenizer, Path(cfg.out), info)
-    ranks.barrier()
-    return state
+        return Step(loss, {"loss": f"{loss.item():.3f}", "heldout": f"{state.heldout_loss:.3f}"})
+
+    def evaluate(self, trainee: Trainee[TrainState]) -> Evaluation:
+        state = trainee.state
+        state.heldout_loss = heldout_loss(trainee.model, self.windows)
+        return Evaluation(f"tokens {state.tokens_seen} heldout {state.heldout_loss:.4f}")
+
+    def export(self, trainee: Trainee[TrainState], evaluation: Evaluation) -> None:
+        """Never called: no evaluation has a score (the final weights are exported by :meth:`finish`)."""
+
+    def finish(self, trainee: Trainee[TrainState]) -> None:
+        model = trainee.model
+        info = training_info(self.cfg, trainee.state, sum(p.numel() for p in model.parameters()))
+        export(model, self.tokenizer, Path(self.cfg.out), info)
