@@ -108,7 +108,7 @@ def test_draft_model(prepared, tmp_path):
 
     def trained(name, batch, ranks):
         out = tmp_path / f"ddp-{tmp_path.name}-{name}"  # the checkpoint goes to the shared work folder, by this name
-        run("specfamily.zoo", [*common, "--out", str(out), "--batch", str(batch)], ranks)
+        run("specfamily.recipes", [*common, "--out", str(out), "--batch", str(batch)], ranks)
         return weights(prepared / f"ckpt-{out.name}.pt", "model")
 
     check(trained, tmp_path)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -238,34 +238,6 @@ def export(session: Session, heads: MedusaHeads, cal: Calibration, tau: float, s
     return save_checkpoint(folder, heads, meta, dtype=getattr(torch, cfg.save_dtype))
 
 
-def save_state(path: Path, heads: MedusaHeads, optimizer, state: TrainState, gen: torch.Generator,
-               cfg: TrainConfig, scaler: torch.amp.GradScaler | None = None) -> None:
-    payload = {"heads": heads.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
-               "generator": gen.get_state(), "config": asdict(cfg),
-               "scaler": {} if scaler is None else scaler.state_dict()}
-    write_atomically(path, lambda tmp: torch.save(payload, tmp))
-
-
-def load_state(path: Path, heads: MedusaHeads, optimizer, gen: torch.Generator, cfg: TrainConfig,
-               scaler: torch.amp.GradScaler | None = None) -> TrainState:
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    none = torch.zeros(0, dtype=torch.long)
-    ids = heads.draft_ids.cpu() if heads.vocab is not None else none
-    if not torch.equal(saved["heads"].get("draft_ids", none), ids):
-        raise ValueError(f"cannot resume {path}: it was trained with another draft vocabulary (use a new --out)")
-    keys = ("target", "num_heads", "layers", "share_lm_head", "seq_len", "data", "distilled", "draft_vocab")
-    defaults = {"distilled": "", "draft_vocab": 0}  # states saved before these options
-    changed = [k for k in keys if saved["config"].get(k, defaults.get(k)) != getattr(cfg, k)]
-    if changed:
-        raise ValueError(f"cannot resume {path}: options {changed} differ from the saved run (use a new --out)")
-    heads.load_state_dict(saved["heads"])
-    optimizer.load_state_dict(saved["optimizer"])
-    gen.set_state(saved["generator"])
-    if scaler is not None and saved.get("scaler"):
-        scaler.load_state_dict(saved["scaler"])
-    return TrainState(**saved["state"])
-
-
 def open_session(cfg: TrainConfig, target=None) -> Session:
     from specfamily.core.target import load_target
 
@@ -313,12 +285,29 @@ class MedusaTraining:
         return Trainee(heads, optimizer, objective, state, precision.scaler())
 
     def load(self, trainee: Trainee[TrainState], path: Path) -> None:
-        state = load_state(path, trainee.model, trainee.optimizer, self.generator, self.cfg, trainee.scaler)
-        trainee.state = replace(state, draft_vocab=trainee.state.draft_vocab)
+        """Resume from ``out/state.pt`` (tensors and plain containers only) if it is this run's."""
+        saved, heads, none = torch.load(path, map_location="cpu", weights_only=True), trainee.model, torch.zeros(0)
+        ids = heads.draft_ids.cpu() if heads.vocab is not None else none
+        if not torch.equal(saved["heads"].get("draft_ids", none), ids):
+            raise ValueError(f"cannot resume {path}: it was trained with another draft vocabulary (use a new out)")
+        keys = ("target", "num_heads", "layers", "share_lm_head", "seq_len", "data", "distilled", "draft_vocab")
+        defaults = {"distilled": "", "draft_vocab": 0}  # states saved before these options
+        changed = [k for k in keys if saved["config"].get(k, defaults.get(k)) != getattr(self.cfg, k)]
+        if changed:
+            raise ValueError(f"cannot resume {path}: options {changed} differ from the saved run (use a new out)")
+        heads.load_state_dict(saved["heads"])
+        trainee.optimizer.load_state_dict(saved["optimizer"])
+        self.generator.set_state(saved["generator"])
+        if saved.get("scaler"):
+            trainee.scaler.load_state_dict(saved["scaler"])
+        trainee.state = TrainState(**{**saved["state"], "draft_vocab": trainee.state.draft_vocab})
 
     def save(self, trainee: Trainee[TrainState], path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_state(path, trainee.model, trainee.optimizer, trainee.state, self.generator, self.cfg, trainee.scaler)
+        payload = {"heads": trainee.model.state_dict(), "optimizer": trainee.optimizer.state_dict(),
+                   "state": asdict(trainee.state), "generator": self.generator.get_state(), "config": asdict(self.cfg),
+                   "scaler": trainee.scaler.state_dict()}
+        write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
     def step(self, trainee: Trainee[TrainState], ranks: Ranks) -> Step:
         ids, features = self.session.data.sample(self.cfg.batch * ranks.world_size, self.generator)  # global batch
