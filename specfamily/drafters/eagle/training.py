@@ -33,14 +33,20 @@ from specfamily.train.precision import Precision
 
 
 @dataclass
-class TrainState:
-    """EAGLE-1/2's counters and evaluations (saved with the training state; ``BEST`` names the score to beat)."""
+class Counters:
+    """What every variant's training state counts (saved with it; ``BEST`` names the score to beat)."""
 
     step: int = 0
     seconds: float = 0.0
     tokens_seen: int = 0
-    best_tau: float = float("-inf")
     best_step: int = -1
+
+
+@dataclass
+class TrainState(Counters):
+    """EAGLE-1/2's counters and evaluations."""
+
+    best_tau: float = float("-inf")
     last_agreement: float = float("nan")
     last_tau: float = float("nan")
 
@@ -48,14 +54,10 @@ class TrainState:
 
 
 @dataclass
-class Eagle3TrainState:
+class Eagle3TrainState(Counters):
     """EAGLE-3's counters and evaluations."""
 
-    step: int = 0
-    seconds: float = 0.0
-    tokens_seen: int = 0
     best_acceptance: float = -math.inf
-    best_step: int = -1
     last_acceptance: float = math.nan
     last_loss: float = math.nan
     last_accuracies: list[float] = field(default_factory=list)
@@ -82,45 +84,25 @@ class Run:
 
 
 class Variant:
-    """The variant-specific parts of the trainer; ``name`` is the registered drafter's."""
+    """The variant-specific parts of the trainer (``name``: the registered drafter's; ``loss_names``: what
+    ``step``'s shown losses are called on the progress bar). Contracts:
+
+    - ``build(cfg, target, vocab)``: a freshly initialised network for ``target``, in training mode;
+    - ``objective(cfg, model, target, generator)``: the loss over ``model`` as a module (what DDP wraps);
+    - ``step(run, rows, features)``: (differentiable loss, shown losses) of this rank's share of the global batch;
+    - ``evaluate(run, data)``: fill the state's last evaluations, return the score the best export must beat;
+      ``report(state)``: that evaluation in a line; ``summary(state)``: the run's last line;
+    - ``save(run)``: write the model's current weights as the drafter in ``--out``;
+    - ``check_resume(run, saved)``: refuse a state trained for another target or with options a resume must share;
+    - ``state_extra(run)``: entries saved with the training state beside the common ones.
+    """
 
     name: str
     state_type: type
-    loss_names: tuple[str, ...]  # what ``step``'s shown losses are called on the progress bar
-
-    def build(self, cfg, target: Target, vocab: DraftVocab | None) -> DraftNetwork:
-        """A freshly initialised network for ``target`` in training mode."""
-        raise NotImplementedError
-
-    def objective(self, cfg, model: DraftNetwork, target: Target, generator: torch.Generator) -> torch.nn.Module:
-        """The loss over ``model`` as a module (what DistributedDataParallel wraps)."""
-        raise NotImplementedError
-
-    def step(self, run: Run, rows: torch.Tensor, features: torch.Tensor | None) -> tuple[torch.Tensor, tuple]:
-        """(differentiable loss, shown losses) of this rank's share of the global batch ``rows`` (B, T)."""
-        raise NotImplementedError
-
-    def evaluate(self, run: Run, data: EagleData) -> float:
-        """Fill the state's last evaluations; return the score the best export must beat."""
-        raise NotImplementedError
-
-    def report(self, state) -> str:
-        raise NotImplementedError
-
-    def save(self, run: Run) -> None:
-        """Write the model's current weights as the drafter in ``--out``."""
-        raise NotImplementedError
-
-    def check_resume(self, run: Run, saved: dict) -> None:
-        """Refuse a saved state trained for another target or with options a resume must share."""
-        raise NotImplementedError
+    loss_names: tuple[str, ...]
 
     def state_extra(self, run: Run) -> dict[str, Any]:
-        """Entries saved with the training state beside the common ones."""
         return {}
-
-    def summary(self, state) -> str:
-        raise NotImplementedError
 
 
 def _loss(model, windows: torch.Tensor, features: torch.Tensor | None, target_model, options: tuple):
