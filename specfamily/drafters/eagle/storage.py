@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from specfamily import zoo
 from specfamily.io.hub import resolve_source
 
 CONFIG_FILE = "config.json"
@@ -19,10 +20,8 @@ CONFIG_FILE = "config.json"
 def resolve_weights(source: str | Path, what: str = "eagle") -> Path:
     """A ``zoo:`` name becomes its shipped folder, a hub name (``owner/name``) its downloaded one; a path must be a
     folder holding a config.json (any of the layouts); ``what`` (eagle, eagle3) names the drafter in the error."""
-    if isinstance(source, str) and source.startswith("zoo:"):
-        from specfamily.zoo import zoo_path
-
-        return zoo_path(source)
+    if zoo.is_zoo_name(source):
+        return zoo.resolve(source)
     folder = resolve_source(source)
     if not (folder / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"no {what} checkpoint at {str(folder)!r} (expected {CONFIG_FILE} and weights)")
