@@ -34,7 +34,6 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "specfamily.drafters.self_spec",
     "specfamily.drafters.medusa",
     "specfamily.drafters.eagle",
-    "specfamily.drafters.eagle3",
     "specfamily.drafters.suffix",
 )
 

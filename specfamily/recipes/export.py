@@ -66,7 +66,7 @@ def export(request: ExportRequest, target=None) -> Path:
     if out.is_dir():
         out.rmdir()  # empty (checked): the atomic writer renames a fresh folder into its place
     if request.drafter == "eagle3":
-        from specfamily.drafters.eagle3.formats import load_eagle3, save_eagle3
+        from specfamily.drafters.eagle.formats3 import load_eagle3, save_eagle3
 
         return save_eagle3(load_eagle3(request.weights, target), out, target, request.layout, dtype, request.base_model,
                            request.embedding)

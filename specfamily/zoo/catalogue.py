@@ -126,7 +126,7 @@ KIND_INFO = {
                       "--data-files CORPUS.jsonl --out DIR"),
     "eagle3": KindInfo("eagle3", "weights= (a folder in ours/EAGLE/SpecForge/speculators layout, or 'random')",
                        "train", "trained",
-                       "python -m specfamily.drafters.eagle3.train --target {target} --dataset json "
+                       "python -m specfamily.drafters.eagle.train --variant eagle3 --target {target} --dataset json "
                        "--data-files CORPUS.jsonl --out DIR"),
     "skip_set": KindInfo("self_spec", "skip=[...] (e.g. ['mlp:1']) or a skip-set file", "search", "searched",
                          "python -m specfamily.drafters.self_spec.search --model {target} --out SKIP.json"),
@@ -203,7 +203,8 @@ CATALOGUE: tuple[Entry, ...] = (
           location=("zoo", "weights", "smollm2-eagle")),
     Entry("smollm2-eagle3", "eagle3", _SMOL, "smollm2", "shipped", _SMOL_CARD,
           "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
-          "python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled work/smollm2-distill "
+          "python -m specfamily.drafters.eagle.train --variant eagle3 --target zoo:smollm2 "
+          "--distilled work/smollm2-distill "
           "--draft-vocab 16384 --out work/smollm2-eagle3 (ZOO.md: the options used), then specfamily-zoo export "
           "--drafter eagle3 --weights work/smollm2-eagle3 --target zoo:smollm2 --layout eagle --without-embedding "
           "--out specfamily/zoo/weights/smollm2-eagle3",

@@ -81,8 +81,8 @@ def test_medusa_and_eagle_rows_cover_tree_and_chain_modes(bench, pair):
 
 
 def test_eagle3_rows_run_with_the_weights_given_and_are_skipped_without(bench, pair, tmp_path):
-    from specfamily.drafters.eagle3.drafter import Eagle3Drafter
-    from specfamily.drafters.eagle3.formats import save_eagle3
+    from specfamily.drafters.eagle.drafter import Eagle3Drafter
+    from specfamily.drafters.eagle.formats3 import save_eagle3
 
     target, _ = pair
     model = Eagle3Drafter(target, weights="random", layers=[0, 1, 2], draft_vocab=list(range(0, VOCAB, 2)), seed=3)

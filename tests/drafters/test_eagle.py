@@ -5,7 +5,7 @@ import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import specfamily as sf
-import specfamily.drafters.eagle.drafter as eagle_drafter
+import specfamily.drafters.eagle.checkpoint as eagle_checkpoint
 import specfamily.drafters.shared.feature_drafting as feature_drafting
 from specfamily.core.tree_mask import additive
 from specfamily.core.types import VerifyOutcome
@@ -226,7 +226,7 @@ def test_default_weights_are_the_zoo_drafter_made_for_the_target(monkeypatch):
         seen.append(source)
         return build_model(model), {}
 
-    monkeypatch.setattr(eagle_drafter, "load_eagle", fake_load)
+    monkeypatch.setattr(eagle_checkpoint, "load_eagle", fake_load)
     with pytest.raises(ValueError, match=r"there are no eagle weights for this target in the zoo.*"
                                          r"`python -m specfamily\.drafters\.eagle\.train --target "):
         sf.create_drafter("eagle", target)  # a target the zoo's catalogue does not know

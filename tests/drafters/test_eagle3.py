@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import specfamily as sf
-from specfamily.drafters.eagle3.drafter import Eagle3Drafter
-from specfamily.drafters.eagle3.model import default_layers
+from specfamily.drafters.eagle.drafter import Eagle3Drafter
+from specfamily.drafters.eagle.model3 import default_layers
 from specfamily.drafters.shared.draft_vocab import DraftVocab, d2t_of, t2d_of, vocab_from_d2t
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
@@ -85,8 +85,8 @@ def test_bad_options_are_refused():
     assert str(caught.value) == (
         "there are no eagle3 weights for this target in the zoo: it is none of the zoo's targets (zoo:code-target, "
         "zoo:smollm2); pass weights= (a folder in ours/EAGLE/SpecForge/speculators layout, or 'random') to the "
-        "eagle3 drafter, or train them with `python -m specfamily.drafters.eagle3.train --target TARGET "
-        "--dataset json --data-files CORPUS.jsonl --out DIR`")
+        "eagle3 drafter, or train them with `python -m specfamily.drafters.eagle.train --variant eagle3 "
+        "--target TARGET --dataset json --data-files CORPUS.jsonl --out DIR`")
     with pytest.raises(ValueError, match="applies to weights='random'"):
         Eagle3Drafter(target, weights="somewhere", draft_vocab=[1, 2])
 
@@ -126,7 +126,7 @@ def test_lossless_every_config(mode):
 
 def test_without_weights_it_loads_the_zoo_eagle3_for_its_target(monkeypatch, tmp_path):
     import specfamily.zoo as zoo
-    from specfamily.drafters.eagle3.formats import save_eagle3
+    from specfamily.drafters.eagle.formats3 import save_eagle3
 
     target = tiny_target("llama")
     trained = Eagle3Drafter(target, weights="random", draft_vocab=PRUNED, seed=3).model

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import specfamily as sf
-from specfamily.drafters.eagle3.drafter import Eagle3Drafter
-from specfamily.drafters.eagle3.formats import load_eagle3, save_eagle3
+from specfamily.drafters.eagle.drafter import Eagle3Drafter
+from specfamily.drafters.eagle.formats3 import load_eagle3, save_eagle3
 from specfamily.testing import tiny_target
 
 PRUNED = [0, 2, 3, 5, 6]

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import specfamily as sf
-from specfamily.drafters.eagle3.drafter import Eagle3Drafter
-from specfamily.drafters.eagle3.formats import load_eagle3, save_eagle3
+from specfamily.drafters.eagle.drafter import Eagle3Drafter
+from specfamily.drafters.eagle.formats3 import load_eagle3, save_eagle3
 from specfamily.testing import tiny_target
 
 LAYERS = 8  # decoder layers of the tiny target
@@ -133,7 +133,7 @@ def test_ids_that_disagree_with_our_record_are_refused_naming_both(tmp_path, tar
 
 
 def test_specforge_deepseek_v3_ids_name_the_references_default_layers():
-    from specfamily.drafters.eagle3.formats import feature_layers
+    from specfamily.drafters.eagle.formats3 import feature_layers
 
     config = {"architectures": ["LlamaForCausalLMEagle3"],  # SpecForge configs/deepseek-v3-671b-eagle3.json
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57], "use_aux_hidden_state": True}}
@@ -143,7 +143,7 @@ def test_specforge_deepseek_v3_ids_name_the_references_default_layers():
 def test_the_shipped_smollm2_eagle3_config_names_hidden_states_2_15_27():
     """zoo:smollm2-eagle3 was trained on hidden_states 2, 15, 27 of SmolLM2's 30 layers (its record); read from its
     config.json alone, without the target's weights."""
-    from specfamily.drafters.eagle3.formats import detect_layout, feature_layers
+    from specfamily.drafters.eagle.formats3 import detect_layout, feature_layers
 
     config = json.loads(SHIPPED.read_text())
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]  # SGLang captures 2, 15, 27

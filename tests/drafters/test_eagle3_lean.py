@@ -8,9 +8,9 @@ import torch
 from transformers import DynamicCache
 
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
-from specfamily.drafters.eagle3.drafter import Eagle3Drafter
-from specfamily.drafters.eagle3.lean import LeanEagle3Layer, lean_eagle3_unsupported
-from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, draft_layer_config
+from specfamily.drafters.eagle.drafter import Eagle3Drafter
+from specfamily.drafters.eagle.lean import LeanEagle3Layer, lean_eagle3_unsupported
+from specfamily.drafters.eagle.model3 import Eagle3Model, Eagle3Shape, build_model, draft_layer_config
 from specfamily.drafters.shared.feature_drafting import crop
 from specfamily.testing import tiny_model
 from specfamily.testing.conformance import assert_greedy_equivalent

@@ -7,11 +7,11 @@ import torch
 from transformers import DynamicCache
 
 import specfamily as sf
-from specfamily.drafters.eagle3.formats import read_tensors
-from specfamily.drafters.eagle3.loop import train
-from specfamily.drafters.eagle3.model import Eagle3Shape, build_model, default_layers, draft_layer_config
-from specfamily.drafters.eagle3.train import TrainConfig
-from specfamily.drafters.eagle3.ttt import (
+from specfamily.drafters.eagle.model3 import Eagle3Shape, build_model, default_layers, draft_layer_config
+from specfamily.drafters.eagle.storage import read_tensors
+from specfamily.drafters.eagle.train import Eagle3TrainConfig as TrainConfig
+from specfamily.drafters.eagle.train import train
+from specfamily.drafters.eagle.ttt import (
     simulated_acceptance,
     step_weights,
     target_pass,

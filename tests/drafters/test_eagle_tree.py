@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specfamily.drafters.eagle.dynamic_tree import Candidates, expand, grow_tree, select_tree
+from specfamily.drafters.shared.dynamic_tree import Candidates, expand, grow_tree, select_tree
 
 V = 6
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import specfamily as sf
-from specfamily.drafters.eagle3.drafter import Eagle3Drafter
-from specfamily.drafters.eagle3.formats import save_eagle3
+from specfamily.drafters.eagle.drafter import Eagle3Drafter
+from specfamily.drafters.eagle.formats3 import save_eagle3
 from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, save_checkpoint
 from specfamily.drafters.medusa.heads import build_heads, shape_for
 from specfamily.io.identity import target_identity

@@ -62,7 +62,8 @@ def test_eagle3(tiny, tmp_path):
               "--eval-every", "0", "--ckpt-every", "0", "--minutes", "0", "--eval-windows", "4", *STEPS]
 
     def trained(name, batch, ranks):
-        run("specfamily.drafters.eagle3.train", [*common, "--out", str(tmp_path / name), "--batch", str(batch)], ranks)
+        run("specfamily.drafters.eagle.train",
+            ["--variant", "eagle3", *common, "--out", str(tmp_path / name), "--batch", str(batch)], ranks)
         return weights(tmp_path / f"{name}.train.pt", "model")
 
     check(trained, tmp_path)

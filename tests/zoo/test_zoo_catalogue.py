@@ -37,10 +37,10 @@ def test_every_entry_serves_a_target_of_its_family_and_every_target_has_each_kin
         "eagle3", "smollm2", "smollm2", "shipped", ("zoo", "weights", "smollm2-eagle3"))
     assert eagle3.description == "EAGLE-3 drafter for zoo:smollm2 (self-distilled, 16384-token draft vocabulary, fp16)"
     assert eagle3.produce.endswith(
-        "python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled work/smollm2-distill "
-        "--draft-vocab 16384 --out work/smollm2-eagle3 (ZOO.md: the options used), then specfamily-zoo export "
-        "--drafter eagle3 --weights work/smollm2-eagle3 --target zoo:smollm2 --layout eagle --without-embedding "
-        "--out specfamily/zoo/weights/smollm2-eagle3")
+        "python -m specfamily.drafters.eagle.train --variant eagle3 --target zoo:smollm2 "
+        "--distilled work/smollm2-distill --draft-vocab 16384 --out work/smollm2-eagle3 (ZOO.md: the options used), "
+        "then specfamily-zoo export --drafter eagle3 --weights work/smollm2-eagle3 --target zoo:smollm2 --layout eagle "
+        "--without-embedding --out specfamily/zoo/weights/smollm2-eagle3")
     assert targets["smollm2"].source == "fetched" and targets["smollm2"].produce == "specfamily-zoo fetch smollm2"
 
 
@@ -87,7 +87,7 @@ def test_default_weights_for_the_code_target_are_the_shipped_code_family(code_ta
     assert str(caught.value) == (
         "the zoo lists no eagle3 weights for zoo:code-target; pass weights= (a folder in "
         "ours/EAGLE/SpecForge/speculators layout, or 'random') to the eagle3 drafter, or train them with "
-        "`python -m specfamily.drafters.eagle3.train --target zoo:code-target --dataset json "
+        "`python -m specfamily.drafters.eagle.train --variant eagle3 --target zoo:code-target --dataset json "
         "--data-files CORPUS.jsonl --out DIR`")
     skip_file = zoo.zoo_path(found["skip_set"])
     assert skip_file.name == "code-target.json" and skip_file.parent.name == "skip_sets" and skip_file.is_file()
@@ -99,7 +99,7 @@ def test_an_unknown_target_gets_the_command_that_trains_its_weights():
     target = tiny_target("llama", vocab_size=16)
     for kind, command in (("medusa", "python -m specfamily.drafters.medusa.train --target "),
                           ("eagle", "python -m specfamily.drafters.eagle.train --target "),
-                          ("eagle3", "python -m specfamily.drafters.eagle3.train --target "),
+                          ("eagle3", "python -m specfamily.drafters.eagle.train --variant eagle3 --target "),
                           ("skip_set", "python -m specfamily.drafters.self_spec.search --model "),
                           ("draft", "specfamily-zoo train --kind draft --teacher ")):
         with pytest.raises(ValueError) as caught:
@@ -140,7 +140,7 @@ def test_smollm2_eagle3_is_the_default_once_its_folder_is_there(monkeypatch, tmp
     assert str(caught.value) == (
         "there are no eagle3 weights for zoo:smollm2 yet: zoo:smollm2-eagle3 is in the zoo's catalogue but not "
         "trained yet; train them with `specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, "
-        "resumable), then python -m specfamily.drafters.eagle3.train --target zoo:smollm2 --distilled "
+        "resumable), then python -m specfamily.drafters.eagle.train --variant eagle3 --target zoo:smollm2 --distilled "
         "work/smollm2-distill --draft-vocab 16384 --out work/smollm2-eagle3 (ZOO.md: the options used), then "
         "specfamily-zoo export --drafter eagle3 --weights work/smollm2-eagle3 --target zoo:smollm2 --layout eagle "
         "--without-embedding --out specfamily/zoo/weights/smollm2-eagle3`, or pass weights= "

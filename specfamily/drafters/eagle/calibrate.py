@@ -21,7 +21,8 @@ import torch
 
 from specfamily.core.costs import process_clock
 from specfamily.core.loop import generate
-from specfamily.drafters.eagle.checkpoint import CONFIG_FILE, load_eagle, resolve_weights
+from specfamily.drafters.eagle.checkpoint import load_eagle
+from specfamily.drafters.eagle.storage import CONFIG_FILE, resolve_weights
 from specfamily.io.files import write_text_atomically
 from specfamily.runtime.matmul import MATMUL_KINDS
 

@@ -1,7 +1,9 @@
-"""EAGLE drafter weights on disk: ``model.safetensors`` (fc + decoder layer) and ``config.json``.
+"""EAGLE drafter weights: where a drafter's model comes from (``load_eagle_weights``, ``load_eagle3_weights``:
+a built model, fresh modules, the zoo's or a checkpoint) and our EAGLE-1/2 format on disk: ``model.safetensors``
+(fc + decoder layer) and ``config.json``.
 
 ``load_eagle`` also reads heads in the EAGLE repository's layout (``specfamily.drafters.eagle.formats``), from a
-folder or a model-hub name.
+folder or a model-hub name; EAGLE-3 checkpoints are read in their layouts by ``specfamily.drafters.eagle.formats3``.
 
 ``config.json`` records the format, whether the decoder layer normalises its input (``input_norm``; absent in
 checkpoints written before it existed, which all do), the identity of the target the drafter was trained for
@@ -19,11 +21,17 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from specfamily import zoo
+from specfamily.core.target import Target
+from specfamily.drafters.eagle.config import Eagle3Config, EagleConfig
 from specfamily.drafters.eagle.formats import is_eagle_repo, load_eagle_repo
+from specfamily.drafters.eagle.formats3 import load_eagle3
 from specfamily.drafters.eagle.model import EagleModel, build_model
+from specfamily.drafters.eagle.model3 import Eagle3Model, Eagle3Shape, default_layers, draft_layer_config
+from specfamily.drafters.eagle.model3 import build_model as build_eagle3_model
+from specfamily.drafters.eagle.storage import CONFIG_FILE, resolve_weights
 from specfamily.drafters.shared.draft_vocab import DraftVocab
 from specfamily.io.files import write_folder_atomically
-from specfamily.io.hub import resolve_source
 from specfamily.io.identity import check_identity, target_identity
 
 FORMAT = "specfamily-eagle"
@@ -31,7 +39,6 @@ FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 DRAFT_IDS = "draft_ids"  # the reduced draft vocabulary's target ids (int64), when the drafter has one
 DRAFT_COUNTS = "draft_counts"  # how often each occurred in the training data (int64), to restrict it later
-CONFIG_FILE = "config.json"
 
 
 def save_eagle(
@@ -65,19 +72,6 @@ def save_eagle(
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
     return write_folder_atomically(folder, fill)
-
-
-def resolve_weights(source: str | Path) -> Path:
-    """A ``zoo:`` name becomes its shipped folder, a hub name (``owner/name``) its downloaded one; a path must be a
-    folder holding a config.json (our checkpoint or the EAGLE repository's layout)."""
-    if isinstance(source, str) and source.startswith("zoo:"):
-        from specfamily.zoo import zoo_path
-
-        return zoo_path(source)
-    folder = resolve_source(source)
-    if not (folder / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"no eagle checkpoint at {str(folder)!r} (expected {CONFIG_FILE} and weights)")
-    return folder
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -126,3 +120,55 @@ def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[Eagle
     state = {k: v.to(target_model.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True)
     return model.eval(), config
+
+
+def load_eagle_weights(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
+    """The EAGLE-1/2 model and its calibration: fresh modules for weights="random", a built model as is, else the
+    checkpoint (default: the zoo's eagle weights for this target) with the tree shape calibrated for it, if any."""
+    if isinstance(config.weights, EagleModel):
+        if config.weights.parts.lm_head is not target.model.get_output_embeddings():
+            raise ValueError("this EagleModel was built for another target (it reads another model's LM head)")
+        return config.weights, {}
+    if config.weights == "random":
+        ids = config.draft_vocab if isinstance(config.draft_vocab, list) else None
+        return build_model(target.model, seed=config.seed, vocab=_random_vocab(ids, target.vocab_size)), {}
+    weights = zoo.default_weights("eagle", target) if config.weights is None else config.weights
+    model, saved = load_eagle(weights, target.model)
+    if config.draft_vocab == "full":
+        model.use_vocab(None)
+    elif isinstance(config.draft_vocab, int):
+        if model.vocab is None:
+            raise ValueError("these eagle weights draft over the full vocabulary; draft_vocab=<size> restricts a "
+                             "reduced one (train with --draft-vocab N)")
+        model.use_vocab(model.vocab.restrict(config.draft_vocab))
+    return model, saved.get("calibration") or {}
+
+
+def load_eagle3_weights(target: Target, config: Eagle3Config) -> Eagle3Model:
+    """The EAGLE-3 model: a built one as is, fresh modules for weights="random", else the checkpoint folder in any
+    layout (default: the zoo's eagle3 weights for this target; a ``zoo:`` name is its shipped folder)."""
+    weights = config.weights
+    if isinstance(weights, Eagle3Model):
+        if weights.target_embed[0] is not target.model.get_input_embeddings():
+            raise ValueError("this Eagle3Model was built for another target (it reads another model's embedding)")
+        return _checked_layers(weights, config.layers)
+    if weights == "random":
+        layers = config.layers or default_layers(target.num_layers)
+        target.check_feature_layers(layers)
+        shape = Eagle3Shape(draft_layer_config(target.model), layers)
+        ids = None if config.draft_vocab is None else list(set(config.draft_vocab))  # repeats allowed here
+        return build_eagle3_model(target.model, shape, _random_vocab(ids, target.vocab_size), seed=config.seed)
+    if weights is None:
+        weights = zoo.default_weights("eagle3", target)  # the zoo's for this target, else says how to train them
+    return _checked_layers(load_eagle3(weights, target), config.layers)
+
+
+def _checked_layers(model: Eagle3Model, layers: tuple[int, ...] | None) -> Eagle3Model:
+    if layers is not None and tuple(layers) != model.shape.layers:
+        raise ValueError(f"eagle3 layers {list(layers)} differ from the {list(model.shape.layers)} these weights "
+                         "were trained on")
+    return model
+
+
+def _random_vocab(ids: list[int] | None, vocab_size: int) -> DraftVocab | None:
+    return None if ids is None else DraftVocab(torch.tensor(sorted(ids), dtype=torch.long), vocab_size)

@@ -1,4 +1,8 @@
-"""Options of the EAGLE drafter."""
+"""Options of the two EAGLE drafters: ``eagle`` (EAGLE-1/2) and ``eagle3`` (EAGLE-3).
+
+Both share the drafting shape (mode, gamma, policy, top_k, total_tokens) and its checks; each adds what its
+weights need. Field order is the drafters' positional order.
+"""
 
 from __future__ import annotations
 
@@ -11,25 +15,47 @@ MODES = ("tree", "chain")
 
 
 @dataclass
-class EagleConfig:
-    weights: Any = None  # a folder, a zoo: name, "random" or an EagleModel for the target; None: the zoo's
+class DraftShapeConfig:
+    """The options both variants take; ``NAME`` is the registered name their messages use."""
+
+    weights: Any = None  # a folder, a zoo: name, "random" or a built model for the target; None: the zoo's
     gamma: int | None = None  # tree depth (tree mode) or draft length (chain mode); default per mode
     policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
-    mode: str | None = None  # tree: EAGLE-2 dynamic tree; chain: EAGLE-1 style; None: the calibrated one, else tree
+    mode: str | None = None  # tree: EAGLE-2 dynamic tree; chain: one sampled (or argmax) path; None: see variant
     top_k: int | None = None  # tree mode: children per expanded node and nodes expanded per depth
     total_tokens: int | None = None  # tree mode: nodes kept after reranking
+
+    NAME = "eagle"
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"{self.NAME} mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("gamma", "top_k", "total_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{self.NAME} {name} must be an integer >= 1, got {value!r}")
+
+    def _check_weights(self, accepted: str) -> None:
+        """A built model given as weights must be the variant's; ``accepted`` lists what may be given."""
+        if self.weights is not None and not isinstance(self.weights, (str, Path)) \
+                and not isinstance(self.weights, self._model_type()):
+            raise TypeError(f"{self.NAME} weights must be {accepted}, got {type(self.weights).__name__}")
+
+    def _model_type(self) -> type:
+        raise NotImplementedError
+
+
+@dataclass
+class EagleConfig(DraftShapeConfig):
+    """EAGLE-1/2; mode None: the checkpoint's calibrated one, else tree."""
+
     seed: int = 0  # initialisation of weights="random"
     # None: as trained; "full": the target's whole LM head; an int n: the n most frequent ids of the trained draft
     # vocabulary; a list of target ids: weights="random" only
     draft_vocab: Any = None
 
     def __post_init__(self) -> None:
-        if self.mode is not None and self.mode not in MODES:
-            raise ValueError(f"eagle mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("gamma", "top_k", "total_tokens"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"eagle {name} must be an integer >= 1, got {value!r}")
+        super().__post_init__()
         vocab = self.draft_vocab
         if isinstance(vocab, Sequence) and not isinstance(vocab, str):
             vocab = self.draft_vocab = [int(token) for token in vocab]  # a list or tuple, or a Hydra ListConfig
@@ -39,11 +65,46 @@ class EagleConfig:
         if not (vocab is None or vocab == "full" or isinstance(vocab, list)
                 or (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab >= 1)):
             raise ValueError(f"eagle draft_vocab must be 'full', a size >= 1 or a list of ids, got {vocab!r}")
-        if self.weights is not None and not isinstance(self.weights, (str, Path)):
-            from specfamily.drafters.eagle.model import EagleModel
+        self._check_weights("a folder, a zoo: name, 'random' or an EagleModel")
 
-            if not isinstance(self.weights, EagleModel):
-                raise TypeError(
-                    "eagle weights must be a folder, a zoo: name, 'random' or an EagleModel, "
-                    f"got {type(self.weights).__name__}"
-                )
+    def _model_type(self) -> type:
+        from specfamily.drafters.eagle.model import EagleModel
+
+        return EagleModel
+
+
+@dataclass
+class Eagle3Config(DraftShapeConfig):
+    """EAGLE-3 (weights: ours, EAGLE/SpecForge or speculators layout); mode None: tree."""
+
+    layers: Any = None  # target feature layer ids; None: the checkpoint's, else the reference's (2, L // 2, L - 3)
+    draft_vocab: Any = None  # weights="random": None (the whole vocabulary) or a list of target ids
+    seed: int = 0  # initialisation of weights="random"
+
+    NAME = "eagle3"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.layers = _int_tuple("layers", self.layers)
+        vocab = _int_tuple("draft_vocab", self.draft_vocab)
+        self.draft_vocab = None if vocab is None else list(vocab)
+        if self.draft_vocab is not None and self.weights != "random":
+            raise ValueError("an eagle3 draft_vocab list of ids applies to weights='random'; trained weights carry "
+                             "their own (d2t)")
+        self._check_weights("a folder, 'random' or an Eagle3Model")
+
+    def _model_type(self) -> type:
+        from specfamily.drafters.eagle.model3 import Eagle3Model
+
+        return Eagle3Model
+
+
+def _int_tuple(name: str, value: Any) -> tuple[int, ...] | None:
+    """None, or a non-empty sequence of ints (a list, a tuple or a Hydra ListConfig) as a tuple."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not len(value):
+        raise ValueError(f"eagle3 {name} must be a non-empty list of integers, got {value!r}")
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+        raise ValueError(f"eagle3 {name} must be a list of integers, got {list(value)!r}")
+    return tuple(int(i) for i in value)

@@ -3,6 +3,9 @@ data (``specfamily-zoo distill``) whose features were stored while the target wr
 
 Either way a trainer sees one :class:`EagleData`: random training windows (with their features when stored),
 fixed held-out windows, held-out prompts for measuring tau, and the tokens a reduced draft vocabulary is counted on.
+Both variants read it: EAGLE-3 fuses three target layers, which distillation files do not store (they hold the last
+one), so its trainer ignores stored features and computes every batch's online; it asks for no prompts
+(``cfg.tau_prompts`` 0).
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""EAGLE drafter: a dynamic token tree (EAGLE-2) or a chain (EAGLE-1 style) from one decoder layer over features.
+"""The EAGLE drafters: a dynamic token tree (EAGLE-2) or a chain from one draft layer over the target's features.
+
+One class hierarchy, as vLLM's single ``EagleProposer``: :class:`EagleFamilyDrafter` holds what both variants do
+(defaults, the lean forward, the layer call, the head, q over the whole vocabulary, the feature checks); a variant
+supplies its model and how the target's features become the layer's input (``_fuse``, vLLM's
+``combine_hidden_states``): EAGLE-1/2 reads the last feature as it is, EAGLE-3 fuses low/middle/high layers.
 
 The drafter's KV cache holds one entry per committed pair (target feature at t, token t + 1): positions
-``0 .. real - 1``. ``observe`` rolls back the entries of the last draft (their features were predictions) and
-queues the target's real features; ``propose`` feeds the queued pairs in one call, whose last output predicts the
-root's feature, then drafts from there with one batched call per depth. The queue, catch-up, chain and tree are
-``specfamily.drafters.shared.feature_drafting``'s; this module holds EAGLE's model, lean layer and calibrated defaults.
+``0 .. real - 1``. ``observe`` rolls back the entries of the last draft (their inputs were the layer's own
+outputs) and queues the target's features; ``propose`` feeds the queued pairs in one call, whose last output is
+the root's, then drafts from there with one batched call per depth. The queue, catch-up, chain and tree are
+``specfamily.drafters.shared.feature_drafting``'s.
 """
 
 from __future__ import annotations
@@ -13,17 +18,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
-from specfamily import zoo
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
 from specfamily.core.types import VerifyOutcome
-from specfamily.drafters.eagle.checkpoint import load_eagle
-from specfamily.drafters.eagle.config import EagleConfig
-from specfamily.drafters.eagle.lean import LeanEagleLayer, lean_eagle_unsupported
-from specfamily.drafters.eagle.model import EagleModel, build_model
-from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.drafters.eagle.checkpoint import load_eagle3_weights, load_eagle_weights
+from specfamily.drafters.eagle.config import Eagle3Config, EagleConfig
+from specfamily.drafters.eagle.lean import (
+    LeanEagle3Layer,
+    LeanEagleLayer,
+    lean_eagle3_unsupported,
+    lean_eagle_unsupported,
+)
+from specfamily.drafters.eagle.model import DraftNetwork, EagleModel
+from specfamily.drafters.eagle.model3 import Eagle3Model
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter
 from specfamily.runtime.matmul import linear_for
 
@@ -35,8 +45,55 @@ DEFAULT_TOP_K = 4
 DEFAULT_TOTAL_TOKENS = 12
 
 
-class EagleDrafter(FeatureDrafter):
-    """EAGLE-1/2 over the target's features; deterministic trees (q = None) or sampled chains with honest q."""
+class EagleFamilyDrafter(FeatureDrafter):
+    """Deterministic trees (q = None) or sampled chains with honest q (over the draft vocabulary, zero outside it).
+
+    ``calibration``: the drafting shape a checkpoint was calibrated for (mode, gamma, total_tokens), or {}.
+    """
+
+    model: DraftNetwork
+
+    def __init__(self, target: Target, model: DraftNetwork, calibration: dict, gamma: int | None,
+                 policy: str | None, mode: str | None, top_k: int | None, total_tokens: int | None) -> None:
+        self.model = model
+        self.linear = linear_for(target.matmul)  # the layer and the head's single rows, multiplied as the target does
+        self.forward = fast_forward(model, self.linear)
+        mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
+        calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
+        self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if calibrated else DEFAULT_GAMMA[mode]
+        self.auto_max_gamma = None if mode == "tree" else BaseDrafter.auto_max_gamma  # trees: calibrated depth
+        super().__init__(gamma, policy)
+        self.mode = mode
+        self.top_k = DEFAULT_TOP_K if top_k is None else top_k
+        calibrated_tree = calibrated and mode == "tree"
+        self.total_tokens = total_tokens or (calibration.get("total_tokens") if calibrated_tree else None) \
+            or DEFAULT_TOTAL_TOKENS
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        """Roll back the last draft's entries and queue the target's features of the committed positions."""
+        self._check_features(outcome.features)
+        super().observe(outcome)
+
+    def _check_features(self, features: torch.Tensor | None) -> None:
+        """Refuse an outcome without the features this variant reads."""
+        raise NotImplementedError
+
+    def _step(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor,
+              mask: torch.Tensor | None, cache: DynamicCache) -> torch.Tensor:
+        """(1, q, H) the layer's outputs for the pairs (input at t, token t + 1): what the next step reads and the
+        head predicts from; through the lean layer when it reproduces the module path."""
+        return self.forward(tokens, inputs, positions, mask, cache)
+
+    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden, self.linear)  # single rows multiplied as the target does
+
+    def _full_q(self, q: torch.Tensor) -> torch.Tensor:
+        return self.model.full_q(q)
+
+
+class EagleDrafter(EagleFamilyDrafter):
+    """EAGLE-1/2: one decoder layer of the target's family over (last target feature, next-token embedding),
+    predicting the next feature, read by the target's LM head (or its draft-vocabulary rows)."""
 
     needs_features = True
 
@@ -53,65 +110,57 @@ class EagleDrafter(FeatureDrafter):
         draft_vocab: int | str | list[int] | None = None,
     ) -> None:
         config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab)
-        self.model, calibration = _load(target, config)
-        self.linear = linear_for(target.matmul)  # the layer and the head's single rows, multiplied as the target does
-        self.forward = fast_forward(self.model, self.linear)
-        mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
-        calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
-        self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if calibrated else DEFAULT_GAMMA[mode]
-        self.auto_max_gamma = None if mode == "tree" else BaseDrafter.auto_max_gamma  # trees: calibrated depth
-        super().__init__(gamma, policy)
-        self.mode = mode
-        self.top_k = DEFAULT_TOP_K if top_k is None else top_k
-        calibrated_tree = calibrated and mode == "tree"
-        self.total_tokens = total_tokens or (calibration.get("total_tokens") if calibrated_tree else None) \
-            or DEFAULT_TOTAL_TOKENS
+        model, calibration = load_eagle_weights(target, config)
+        super().__init__(target, model, calibration, gamma, policy, mode, top_k, total_tokens)
 
-    def observe(self, outcome: VerifyOutcome) -> None:
-        """Roll back the last draft's entries and queue the target's features of the committed positions."""
-        if outcome.features is None:
+    def _check_features(self, features: torch.Tensor | None) -> None:
+        if features is None:
             raise RuntimeError("eagle needs the target's features: the loop passes them when needs_features is True")
-        super().observe(outcome)
-
-    def _step(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor,
-              mask: torch.Tensor | None, cache: DynamicCache) -> torch.Tensor:
-        """(1, q, H) predicted features at t + 1 of the pairs (feature at t, token t + 1), through the lean layer."""
-        return self.forward(tokens, inputs, positions, mask, cache)
-
-    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.logits(hidden, self.linear)  # single rows multiplied as the target does
-
-    def _full_q(self, q: torch.Tensor) -> torch.Tensor:
-        return q if self.model.vocab is None else self.model.vocab.full_q(q)
 
 
-def fast_forward(model: EagleModel, linear: Callable = torch.nn.functional.linear) -> Callable:
-    """``model``'s forward through the lean layer whenever that reproduces the module path, multiplying with
-    ``linear`` (``specfamily.runtime.matmul``: the target's kind)."""
-    if lean_eagle_unsupported(model) is not None:
+class Eagle3Drafter(EagleFamilyDrafter):
+    """EAGLE-3: ``fc`` fuses the target's low/middle/high layer features; one widened Llama layer; its own head over
+    a draft vocabulary (d2t/t2d)."""
+
+    def __init__(
+        self,
+        target: Target,
+        weights=None,
+        gamma: int | None = None,
+        policy: str | None = None,
+        mode: str | None = None,
+        top_k: int | None = None,
+        total_tokens: int | None = None,
+        layers: list[int] | tuple[int, ...] | None = None,
+        draft_vocab: list[int] | None = None,
+        seed: int = 0,
+    ) -> None:
+        config = Eagle3Config(weights, gamma, policy, mode, top_k, total_tokens, layers, draft_vocab, seed)
+        model = load_eagle3_weights(target, config)
+        self.needs_features: tuple[int, ...] = target.check_feature_layers(model.shape.layers)
+        super().__init__(target, model, {}, gamma, policy, mode, top_k, total_tokens)
+
+    def _check_features(self, features: torch.Tensor | None) -> None:
+        if features is None:
+            raise RuntimeError("eagle3 needs the target's layer features: the loop passes them when needs_features "
+                               "names layers")
+        width = self.model.fc.in_features
+        if features.shape[-1] != width:
+            raise RuntimeError(f"eagle3 fuses {width}-wide features (layers {list(self.needs_features)}); "
+                               f"got {features.shape[-1]}")
+
+    def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model.fuse(features)  # (m, H) of (m, k * H): vLLM's combine_hidden_states
+
+
+def fast_forward(model: DraftNetwork, linear: Callable = F.linear) -> Callable:
+    """``model``'s forward through its lean layer whenever that reproduces the module path (``linear``: the
+    target's kind of product, ``specfamily.runtime.matmul``)."""
+    if isinstance(model, Eagle3Model):
+        unsupported, lean_type = lean_eagle3_unsupported, LeanEagle3Layer
+    else:
+        unsupported, lean_type = lean_eagle_unsupported, LeanEagleLayer
+    if unsupported(model) is not None:
         return model
-    lean = LeanEagleLayer(model, linear)
+    lean = lean_type(model, linear)
     return lambda *args: lean(*args) if lean.ready() else model(*args)
-
-
-def _load(target: Target, config: EagleConfig) -> tuple[EagleModel, dict]:
-    """The model and its calibration: fresh modules for weights="random", a built model as is, else the
-    checkpoint (default: the zoo's eagle weights for this target) with the tree shape calibrated for it, if any."""
-    if isinstance(config.weights, EagleModel):
-        if config.weights.parts.lm_head is not target.model.get_output_embeddings():
-            raise ValueError("this EagleModel was built for another target (it reads another model's LM head)")
-        return config.weights, {}
-    if config.weights == "random":
-        ids = config.draft_vocab if isinstance(config.draft_vocab, list) else None
-        vocab = None if ids is None else DraftVocab(torch.tensor(sorted(ids), dtype=torch.long), target.vocab_size)
-        return build_model(target.model, seed=config.seed, vocab=vocab), {}
-    weights = zoo.default_weights("eagle", target) if config.weights is None else config.weights
-    model, saved = load_eagle(weights, target.model)
-    if config.draft_vocab == "full":
-        model.use_vocab(None)
-    elif isinstance(config.draft_vocab, int):
-        if model.vocab is None:
-            raise ValueError("these eagle weights draft over the full vocabulary; draft_vocab=<size> restricts a "
-                             "reduced one (train with --draft-vocab N)")
-        model.use_vocab(model.vocab.restrict(config.draft_vocab))
-    return model, saved.get("calibration") or {}

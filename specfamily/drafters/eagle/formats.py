@@ -31,7 +31,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specfamily.drafters.eagle.model import EagleModel, build_model, layer_config, target_family
-from specfamily.drafters.eagle3.formats import check_embedding, load_checked, read_tensors
+from specfamily.drafters.eagle.storage import check_embedding, load_checked, read_tensors
 from specfamily.io.files import write_folder_atomically
 
 FAMILIES = ("llama",)  # the reference's draft layer is a Llama layer

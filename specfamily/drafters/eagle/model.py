@@ -73,7 +73,21 @@ def target_parts(model: PreTrainedModel) -> TargetParts:
     return parts
 
 
-class EagleModel(nn.Module):
+class DraftNetwork(nn.Module):
+    """What both EAGLE networks share: the draft vocabulary's index mapping (``vocab``: None drafts over all ids)."""
+
+    vocab: DraftVocab | None
+
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Target token ids of positions in :meth:`logits`' last dimension (draft-vocabulary indices)."""
+        return index if self.vocab is None else self.vocab.to_target(index)
+
+    def full_q(self, q: torch.Tensor) -> torch.Tensor:
+        """(..., V) a draft-vocabulary distribution (..., N) with zero outside the draft vocabulary."""
+        return q if self.vocab is None else self.vocab.full_q(q)
+
+
+class EagleModel(DraftNetwork):
     """fc + one decoder layer of the target's family; the target's embedding and LM head are read, not owned."""
 
     def __init__(self, model: PreTrainedModel, vocab: DraftVocab | None = None, input_norm: bool = True) -> None:
@@ -93,6 +107,11 @@ class EagleModel(nn.Module):
         self.rotary = _rotary(model, config) if self.family in ROPE_FAMILIES else None
         self.parts = target_parts(model)  # a plain attribute: not a submodule, not in state_dict()
         self.use_vocab(vocab)
+
+    @property
+    def embed(self) -> nn.Module:
+        """The token embedding (the target's, or a checkpoint's own when it differs)."""
+        return self.parts.embed
 
     @property
     def input_norm(self) -> bool:
@@ -122,10 +141,6 @@ class EagleModel(nn.Module):
             kwargs["position_embeddings"] = self.rotary(x, positions)
             kwargs["position_ids"] = positions
         return self.layer(x, **kwargs)
-
-    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
-        """Target token ids of positions in :meth:`logits`' last dimension."""
-        return index if self.vocab is None else self.vocab.to_target(index)
 
     def logits(self, hidden: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
         """(..., V) the target's LM head over predicted features; (..., N) over the draft vocabulary's rows.

@@ -23,6 +23,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from specfamily.drafters.eagle.model import DraftNetwork
 from specfamily.drafters.shared.draft_vocab import DraftVocab
 from specfamily.runtime.matmul import head_product
 
@@ -68,7 +69,7 @@ def draft_layer_config(model: PreTrainedModel) -> LlamaConfig:
     return config
 
 
-class Eagle3Model(nn.Module):
+class Eagle3Model(DraftNetwork):
     """fc + one widened Llama layer + norm + draft LM head; the target's embedding is read unless owned."""
 
     def __init__(self, shape: Eagle3Shape, embed: nn.Module, vocab: DraftVocab | None) -> None:
@@ -118,13 +119,6 @@ class Eagle3Model(nn.Module):
         ``linear``: how to multiply by the head (``specfamily.runtime.matmul.head_product``; F.linear by default)."""
         return head_product(self.norm(hidden), self.lm_head.weight, None, linear)  # tree rows: head read once
 
-    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
-        """Target token ids of draft-vocabulary indices."""
-        return index if self.vocab is None else self.vocab.to_target(index)
-
-    def full_q(self, q: torch.Tensor) -> torch.Tensor:
-        """(..., V) a draft-vocabulary distribution (..., N) with zero outside the draft vocabulary."""
-        return q if self.vocab is None else self.vocab.full_q(q)
 
 
 def _midlayer(config: LlamaConfig) -> nn.Module:

@@ -55,14 +55,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import LlamaConfig
 
 from specfamily.core.target import Target
-from specfamily.drafters.eagle3.model import Eagle3Model, Eagle3Shape, build_model, default_layers
+from specfamily.drafters.eagle.model3 import Eagle3Model, Eagle3Shape, build_model, default_layers
+from specfamily.drafters.eagle.storage import check_embedding, load_checked, read_tensors, resolve_weights
 from specfamily.drafters.shared.draft_vocab import d2t_of, t2d_of, vocab_from_d2t
 from specfamily.io.files import write_folder_atomically
-from specfamily.io.hub import resolve_source
 from specfamily.io.identity import check_identity, target_identity
 
 LAYOUTS = ("eagle", "speculators")
@@ -90,51 +90,10 @@ def detect_layout(config: dict[str, Any], where: str) -> str:
                      f"{ARCHITECTURE!r} or a speculators config)")
 
 
-def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint folder: safetensors (single or sharded), else pytorch_model.bin (weights only)."""
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        return load_file(str(single))
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
-    pickled = folder / "pytorch_model.bin"
-    if pickled.is_file():
-        return torch.load(pickled, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no weights in {str(folder)!r} (model.safetensors, its index, or pytorch_model.bin)")
-
-
-def check_embedding(embed: torch.Tensor, ours: torch.Tensor, where: str) -> None:
-    """A checkpoint's ``embed_tokens.weight`` must have the target embedding's shape (one line naming both)."""
-    if tuple(embed.shape) != tuple(ours.shape):
-        raise ValueError(f"{where}: embed_tokens.weight has shape {tuple(embed.shape)}; the target's embedding is "
-                         f"{tuple(ours.shape)}")
-
-
-def load_checked(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str, what: str,
-                 device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """Load ``tensors`` (our names) into ``model`` strictly, in eval mode: an unknown name, a shape this target
-    does not take or a missing tensor is refused in one line naming both sides (``what``: EAGLE or eagle3)."""
-    expected = model.state_dict()
-    for name, tensor in tensors.items():
-        if name not in expected:
-            raise ValueError(f"{where}: unexpected tensor {name!r} {tuple(tensor.shape)} in an {what} checkpoint")
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ValueError(f"{where}: {name} has shape {tuple(tensor.shape)}; this target needs "
-                             f"{tuple(expected[name].shape)}")
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise ValueError(f"{where}: {what} checkpoint lacks {missing}")
-    model.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=True)
-    return model.eval()
-
-
 def load_eagle3(source: str | Path, target: Target) -> Eagle3Model:
     """The EAGLE-3 drafter stored in folder ``source`` (either layout; a model-hub name ``owner/name`` is downloaded
-    first) for ``target``, refused if it does not fit."""
-    folder = resolve_source(source)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no eagle3 checkpoint at {str(folder)!r} (expected config.json and weights)")
+    first, a ``zoo:`` name is its shipped folder) for ``target``, refused if it does not fit."""
+    folder = resolve_weights(source, "eagle3")
     config = json.loads((folder / "config.json").read_text())
     layout = detect_layout(config, str(folder))
     if "specfamily" in config:

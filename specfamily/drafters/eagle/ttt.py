@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specfamily.core.tree_mask import additive
-from specfamily.drafters.eagle3.model import Eagle3Model
+from specfamily.drafters.eagle.model3 import Eagle3Model
 
 DEFAULT_TTT_LENGTH = 7  # the reference's unrolled steps
 DEFAULT_DECAY = 0.8  # the reference's step weights: decay ** s
