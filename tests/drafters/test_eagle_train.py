@@ -108,9 +108,9 @@ def _recording_steps(monkeypatch, losses: list, crash_at: int | None = None) -> 
         if run.state.step == crash_at:
             raise KeyboardInterrupt
         before = run.state.step
-        regression, classification, lr = real_step(run, data)
+        loss, (regression, classification) = real_step(run, data)
         losses.append((before, regression, classification))
-        return regression, classification, lr
+        return loss, (regression, classification)
 
     monkeypatch.setattr(eagle_train, "train_step", step)
 

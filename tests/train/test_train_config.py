@@ -8,12 +8,14 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
+from specfamily.drafters.eagle import train as eagle
 from specfamily.drafters.medusa import train as medusa
 from specfamily.recipes import train as zoo
 from specfamily.recipes.cli import main as zoo_main
 from specfamily.train.config import compose_config, train_configs
 
-TRAINERS = {"medusa": medusa.TrainConfig, "draft": zoo.TrainConfig}
+TRAINERS = {"medusa": medusa.TrainConfig, "draft": zoo.TrainConfig, "eagle": eagle.TrainConfig,
+            "eagle3": eagle.Eagle3TrainConfig}
 SHARED = ("steps", "minutes", "lr", "warmup", "min_lr_ratio", "weight_decay", "clip", "batch", "seq_len", "seed",
           "eval_every", "eval_windows", "ckpt_every", "out", "resume", "device", "dtype")
 

@@ -1,5 +1,8 @@
-"""Train an EAGLE drafter for a frozen target: ``python -m specfamily.drafters.eagle.train --target T --out DIR``
-(EAGLE-1/2) or ``python -m specfamily.drafters.eagle.train --variant eagle3 --target T --out DIR`` (EAGLE-3).
+"""Train an EAGLE drafter for a frozen target: ``python -m specfamily.drafters.eagle.train target=T out=DIR``
+(EAGLE-1/2) or ``python -m specfamily.drafters.eagle.train --variant eagle3 target=T out=DIR`` (EAGLE-3).
+
+Configured like runs: ``configs/train/eagle.yaml`` (``eagle3.yaml``) holds every key and its default, ``key=value``
+overrides them, the older ``--flag value`` form still works (``--help``); :class:`EagleRun` runs on the one loop.
 
 Data is a token array (``--tokens``, e.g. the zoo corpus ``work/zoo/train.npy``), any HF dataset (``--dataset
 json --data-files a.jsonl``) or self-distillation data (``--distilled``, ``specfamily-zoo distill``); features come
@@ -18,125 +21,125 @@ three layers and recomputes them). ``--draft-vocab N`` drafts over the N most fr
   products); the best is exported to ``--out`` in the EAGLE/SpecForge layout (``--layout speculators`` for vLLM's),
   which ``sf.create_drafter("eagle3", target, weights=DIR)`` loads.
 
-Training state (weights, optimiser, data RNG, best weights) goes to ``--ckpt`` (default ``<out>.train.pt``) and a
-rerun resumes from it; the state file is read as tensors and plain containers only (``torch.load(weights_only=
-True)``), so a state file from elsewhere cannot run code. ``--device cuda`` trains on a GPU; ``--dtype bfloat16``
-(or float16) runs the passes under autocast with float32 master weights. Under ``torchrun`` each rank trains a
-DistributedDataParallel replica on its share of every global batch (``--batch`` rows per rank;
-:mod:`specfamily.train.ddp`): ``torchrun --nproc-per-node 2 -m specfamily.drafters.eagle.train --variant eagle3 ...``
-(gloo on CPU; ``--device cuda`` uses NCCL and GPU LOCAL_RANK). Rank 0 evaluates and writes.
+Training state (weights, optimiser, data RNG, best weights) goes to ``ckpt`` (default ``<out>.train.pt``), read
+back as tensors and plain containers only, and a rerun resumes from it. ``device``, ``dtype`` and ``torchrun``
+(``batch`` rows per rank) work as for every trainer on the loop; rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from specfamily.core.target import Target, load_target
 from specfamily.drafters.eagle.data import EagleData, load_data
 from specfamily.drafters.eagle.train_config import CommonTrainConfig, Eagle3TrainConfig, TrainConfig
-from specfamily.drafters.eagle.training import Run, variant_for
+from specfamily.drafters.eagle.training import Variant, variant_for
 from specfamily.drafters.shared.draft_vocab import target_draft_vocab
-from specfamily.train import state as train_state
-from specfamily.train.ddp import start, unwrap
-from specfamily.train.precision import Precision, device_arg, dtype_arg, optimizer_step
-from specfamily.train.schedule import budget_progress, warmup_cosine
+from specfamily.io.files import write_atomically
+from specfamily.io.identity import target_identity
+from specfamily.train import loop
+from specfamily.train.config import add_flags, from_args
+from specfamily.train.ddp import Ranks
+from specfamily.train.loop import Budget, Evaluation, LoopSettings, Step, Trainee
+from specfamily.train.precision import Precision, device_arg, dtype_arg
+from specfamily.train.state import read_state
 
-__all__ = ["Eagle3TrainConfig", "TrainConfig", "main", "parse_args", "train", "train_step"]
+__all__ = ["EagleRun", "Eagle3TrainConfig", "TrainConfig", "main", "parse_args", "train", "train_step"]
 
 PROG = "python -m specfamily.drafters.eagle.train"
 CONFIGS = {"eagle": TrainConfig, "eagle3": Eagle3TrainConfig}
 
 
-def progress_of(cfg: CommonTrainConfig, state) -> float:
-    """The larger of the step fraction and the time fraction (budget 0 = steps only)."""
-    return budget_progress(state.step, cfg.steps, state.seconds, cfg.minutes)
+class EagleRun:
+    """An EAGLE variant's training as a :class:`specfamily.train.loop.Family`: selected by the variant's held-out
+    score (tau, or EAGLE-3's simulated acceptance), exported in the variant's format, resumable from
+    ``cfg.ckpt_path``. It is also the ``run`` the variant's parts read (:class:`~.training.Variant`)."""
+
+    def __init__(self, cfg: CommonTrainConfig, target: Target | None = None) -> None:
+        self.cfg, self.target = cfg, target
+        self.variant: Variant = variant_for(cfg)
+        budget = Budget(cfg.steps, cfg.lr, cfg.warmup, cfg.minutes, cfg.min_lr_ratio)
+        self.settings = LoopSettings(self.variant.name, budget, cfg.ckpt_path, cfg.device, cfg.dtype, cfg.clip,
+                                     cfg.eval_every, cfg.ckpt_every, cfg.resume)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.best: dict[str, torch.Tensor] | None = None  # the best evaluation's weights (saved with the state)
+        self.trainee: Trainee | None = None
+
+    @property
+    def objective(self) -> torch.nn.Module:
+        return self.trainee.objective
+
+    @property
+    def state(self):
+        return self.trainee.state
+
+    def build(self, ranks: Ranks, precision: Precision) -> Trainee:
+        """Load the target (unless given) and the data, build the draft vocabulary, the network and its optimiser."""
+        cfg, self.ranks, self.precision = self.cfg, ranks, precision
+        if self.target is None:
+            self.target = load_target(cfg.target, device=precision.device, dtype=torch.float32)
+        elif self.target.device != precision.device:
+            raise ValueError(f"the target given is on {self.target.device}, not on --device {cfg.device}")
+        self.target.model.requires_grad_(False)
+        self.data: EagleData = load_data(cfg, self.target)
+        vocab = target_draft_vocab(cfg.draft_vocab, self.target, self.data.counted)
+        self.model = model = self.variant.build(cfg, self.target, vocab)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        objective = self.variant.objective(cfg, model, self.target, self.generator)
+        self.trainee = Trainee(model, optimizer, objective, self.variant.state_type(), precision.scaler())
+        return self.trainee
+
+    def load(self, trainee: Trainee, path: Path) -> None:
+        """Continue from the saved training state, after the variant's checks (target, fixed options)."""
+        saved = read_state(path)
+        self.variant.check_resume(self, saved)
+        trainee.model.load_state_dict(saved["model"])
+        trainee.optimizer.load_state_dict(saved["optimizer"])
+        self.generator.set_state(saved["generator"])
+        if saved.get("scaler"):
+            trainee.scaler.load_state_dict(saved["scaler"])
+        trainee.state = self.variant.state_type(**saved["state"])
+        self.best = saved["best"]
+
+    def save(self, trainee: Trainee, path: Path) -> None:
+        """Write the resumable training state (temporary file, then rename)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "config": asdict(self.cfg), "state": asdict(trainee.state), "target": target_identity(self.target.model),
+            "model": trainee.model.state_dict(), "optimizer": trainee.optimizer.state_dict(),
+            "generator": self.generator.get_state(), "best": self.best, "scaler": trainee.scaler.state_dict(),
+            **self.variant.state_extra(self),
+        }
+        write_atomically(path, lambda tmp: torch.save(payload, tmp))
+
+    def step(self, trainee: Trainee, ranks: Ranks) -> Step:
+        loss, shown = train_step(self, self.data)
+        return Step(loss, {name: f"{value:.3f}" for name, value in zip(self.variant.loss_names, shown, strict=True)})
+
+    def evaluate(self, trainee: Trainee) -> Evaluation:
+        score = self.variant.evaluate(self, self.data)
+        return Evaluation(self.variant.report(trainee.state), score)
+
+    def export(self, trainee: Trainee, evaluation: Evaluation) -> None:
+        """Keep the current weights as the best and write them as the drafter in ``out``."""
+        self.best = {k: v.detach().clone() for k, v in trainee.model.state_dict().items()}
+        self.variant.save(self)
+
+    def finish(self, trainee: Trainee) -> None:
+        """Nothing more: the best drafter was exported as it came."""
 
 
-def start_run(cfg: CommonTrainConfig, target: Target | None = None) -> tuple[Run, EagleData]:
-    """Join the ranks, load the target (unless given) and the data, build (draft vocabulary included) or resume
-    the drafter and optimiser."""
-    variant = variant_for(cfg)
-    ranks = start(cfg.device)
-    precision = Precision.of(cfg.device, cfg.dtype)
-    if target is None:
-        target = load_target(cfg.target, device=precision.device, dtype=torch.float32)
-    elif target.device != precision.device:
-        raise ValueError(f"the target given is on {target.device}, not on --device {cfg.device}")
-    target.model.requires_grad_(False)
-    data = load_data(cfg, target)
-    vocab = target_draft_vocab(cfg.draft_vocab, target, data.counted)
-    model = variant.build(cfg, target, vocab)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    objective = variant.objective(cfg, model, target, generator)
-    run = Run(cfg, variant, target, model, objective, optimizer, generator, precision, precision.scaler(), ranks,
-              variant.state_type())
-    if cfg.ckpt_path.is_file():
-        resume(run)
-    run.objective = ranks.wrap(objective, precision.device)
-    return run, data
-
-
-def resume(run: Run) -> None:
-    """Continue from the saved training state, after the variant's checks (target, fixed options)."""
-    saved = train_state.read_state(run.cfg.ckpt_path)
-    run.variant.check_resume(run, saved)
-    train_state.restore(run, saved, run.variant.state_type)
-
-
-def save_state(run: Run) -> None:
-    """Write the resumable training state (temporary file, then rename)."""
-    train_state.save(run, **run.variant.state_extra(run))
-
-
-def export(run: Run, weights: dict[str, torch.Tensor]) -> None:
-    """Write ``weights`` as the drafter in ``--out`` (the variant's format, the configured dtype)."""
-    current = {k: v.clone() for k, v in run.model.state_dict().items()}
-    run.model.load_state_dict(weights)
-    run.variant.save(run)
-    run.model.load_state_dict(current)
-
-
-def evaluate(run: Run, data: EagleData) -> None:
-    """The variant's evaluation; a better score than the best so far becomes the exported drafter."""
-    run.model.eval()
-    state = run.state
-    score = run.variant.evaluate(run, data)
-    if score > getattr(state, state.BEST):
-        setattr(state, state.BEST, score)
-        state.best_step = state.step
-        run.best = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
-        export(run, run.best)
-    tqdm.write(run.variant.report(state))
-    run.model.train()
-
-
-def train_step(run: Run, data: EagleData) -> tuple[float, ...]:
-    """One optimiser step on this rank's share of a random global batch: (the variant's shown losses..., lr)."""
-    cfg, state = run.cfg, run.state
-    lr = warmup_cosine(cfg.lr, state.step, cfg.warmup, progress_of(cfg, state), cfg.min_lr_ratio)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
-    rows, features = data.sample(cfg.batch * run.ranks.world_size, run.generator)  # the same on every rank
-    loss, shown = run.variant.step(run, rows, features)
-    optimizer_step(loss, run.optimizer, run.model.parameters(), cfg.clip, run.scaler)
-    state.step += 1
-    state.tokens_seen += rows.numel()
-    return (*shown, lr)
-
-
-def checkpoint(run: Run, data: EagleData, evaluating: bool) -> None:
-    """Rank 0 evaluates (when asked) and writes the training state; every rank waits for it."""
-    if run.ranks.is_main:
-        if evaluating:
-            evaluate(run, data)
-        save_state(run)
-    run.ranks.barrier()
+def train_step(run: EagleRun, data: EagleData) -> tuple[torch.Tensor, tuple[float, ...]]:
+    """This rank's loss on its share of a random global batch (the same rows on every rank) and the variant's shown
+    losses; the batch's tokens are counted."""
+    rows, features = data.sample(run.cfg.batch * run.ranks.world_size, run.generator)
+    run.state.tokens_seen += rows.numel()
+    return run.variant.step(run, rows, features)
 
 
 def train(cfg: CommonTrainConfig, target: Target | None = None):
@@ -144,35 +147,19 @@ def train(cfg: CommonTrainConfig, target: Target | None = None):
     TrainState). ``target``: an already loaded one (tests)."""
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    run, data = start_run(cfg, target)
-    state, ranks, names = run.state, run.ranks, run.variant.loss_names
-    try:
-        bar = tqdm(total=cfg.steps, initial=state.step, desc=run.variant.name, unit="step", disable=not ranks.is_main)
-        while progress_of(cfg, state) < 1.0:
-            started = time.perf_counter()
-            *losses, lr = train_step(run, data)
-            evaluating = bool(cfg.eval_every) and state.step % cfg.eval_every == 0
-            if evaluating or (cfg.ckpt_every and state.step % cfg.ckpt_every == 0):
-                checkpoint(run, data, evaluating)
-            state.seconds = ranks.agree(state.seconds + time.perf_counter() - started)  # every rank stops together
-            bar.update(1)
-            bar.set_postfix({name: f"{loss:.3f}" for name, loss in zip(names, losses, strict=True)}, lr=f"{lr:.1e}")
-        bar.close()
-        checkpoint(run, data, evaluating=not cfg.eval_every or state.step % cfg.eval_every != 0)
-    finally:
-        run.objective = unwrap(run.objective)  # free DDP's reducer while the process group is alive
-        ranks.close()
-    return state
+    return loop.train(EagleRun(cfg, target))
 
 
 def parse_args(argv: list[str] | None = None) -> CommonTrainConfig:
-    """``--variant eagle|eagle3`` (default eagle), then flags from that variant's config fields (``--seq-len 256``)."""
+    """``--variant eagle|eagle3`` (default eagle), then ``key=value`` overrides of ``configs/train/<variant>.yaml``
+    or the older flags (``--seq-len 256``)."""
     chooser = argparse.ArgumentParser(add_help=False)
     chooser.add_argument("--variant", choices=tuple(CONFIGS), default="eagle")
     known, rest = chooser.parse_known_args(argv)
-    prog = PROG if known.variant == "eagle" else f"{PROG} --variant {known.variant}"
-    return train_state.parse_config(CONFIGS[known.variant], prog, __doc__, rest,
-                                    {"device": device_arg, "dtype": dtype_arg})
+    parser = argparse.ArgumentParser(prog=PROG if known.variant == "eagle" else f"{PROG} --variant {known.variant}",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(parser, CONFIGS[known.variant], checked={"device": device_arg, "dtype": dtype_arg})
+    return from_args(CONFIGS[known.variant], known.variant, parser.parse_args(rest), parser)
 
 
 def main(argv: list[str] | None = None) -> None:

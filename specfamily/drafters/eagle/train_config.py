@@ -1,8 +1,9 @@
 """Options of the EAGLE trainer, one dataclass per variant over the options both share.
 
 :class:`TrainConfig` trains ``eagle`` (EAGLE-1/2: feature regression + soft labels, tau on held-out prompts);
-:class:`Eagle3TrainConfig` trains ``eagle3`` (the training-time test, simulated acceptance length). The command
-line is made from their fields (``--seq-len 256``; :func:`specfamily.train.state.parse_config`).
+:class:`Eagle3TrainConfig` trains ``eagle3`` (the training-time test, simulated acceptance length). Their keys and
+defaults are ``configs/train/eagle.yaml`` and ``eagle3.yaml`` (:mod:`specfamily.train.config`: ``key=value``
+overrides, or the older flags made from the fields, ``--seq-len 256``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import ClassVar
 
 from specfamily.drafters.eagle.formats3 import LAYOUTS
 from specfamily.drafters.eagle.ttt import DEFAULT_DECAY, DEFAULT_TTT_LENGTH
-from specfamily.train import state as train_state
+from specfamily.train.precision import check_device, check_dtype
 
 SAVE_DTYPES = ("float16", "float32", "bfloat16")
 
@@ -50,11 +51,17 @@ class CommonTrainConfig:
     seed: int = 0
     save_dtype: str = "float16"  # dtype of the exported weights
     threads: int = 0  # torch threads; 0 = leave as is
+    resume: bool = True  # continue from the training state when it exists (off: it is overwritten)
     device: str = "cpu"  # cpu, cuda or cuda:N (under torchrun: cuda, each rank on GPU LOCAL_RANK)
     dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
 
     def __post_init__(self) -> None:
-        train_state.check_common(self)
+        check_device(self.device)
+        check_dtype(self.dtype)
+        if sum(map(bool, (self.tokens, self.dataset, self.distilled))) != 1:
+            raise ValueError("give exactly one data source: --tokens FILE.npy, --dataset NAME or --distilled DIR")
+        if self.draft_vocab < 0:
+            raise ValueError(f"draft_vocab must be >= 0 (0 = the full vocabulary), got {self.draft_vocab}")
         if self.save_dtype not in SAVE_DTYPES:
             raise ValueError(f"save_dtype must be float16, float32 or bfloat16, got {self.save_dtype!r}")
 

@@ -1,5 +1,6 @@
-"""What each EAGLE variant brings to the one trainer (:mod:`specfamily.drafters.eagle.train`): its network, its
-objective, its half of a step, its evaluation score, its export and its resume checks.
+"""What each EAGLE variant brings to the family's trainer (:mod:`specfamily.drafters.eagle.train`, a family of
+:mod:`specfamily.train.loop`): its network, its objective, its half of a step, its evaluation score, its export and
+its resume checks.
 
 - :class:`EagleTraining` (EAGLE-1/2): feature regression + soft labels (:mod:`.objective`) on features computed
   here or stored; scored by greedy tau on held-out prompts (top-1 agreement without prompts); our format.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -34,12 +35,21 @@ from specfamily.train.precision import Precision
 
 @dataclass
 class Counters:
-    """What every variant's training state counts (saved with it; ``BEST`` names the score to beat)."""
+    """What every variant's training state counts (saved with it; ``BEST`` names the score to beat, which the loop
+    reads and writes as ``best_score``)."""
 
     step: int = 0
     seconds: float = 0.0
     tokens_seen: int = 0
     best_step: int = -1
+
+    @property
+    def best_score(self) -> float:
+        return getattr(self, self.BEST)
+
+    @best_score.setter
+    def best_score(self, value: float) -> None:
+        setattr(self, self.BEST, value)
 
 
 @dataclass
@@ -65,22 +75,17 @@ class Eagle3TrainState(Counters):
     BEST: ClassVar[str] = "best_acceptance"
 
 
-@dataclass
-class Run:
-    """Everything one training run holds (``objective``: the loss over the model, under DDP when distributed)."""
+class Run(Protocol):
+    """What the variants read of a run: the family the loop trains (:class:`.train.EagleRun`)."""
 
-    cfg: CommonTrainConfig
-    variant: Variant
+    cfg: Any
     target: Target
     model: DraftNetwork
-    objective: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    generator: torch.Generator
+    objective: torch.nn.Module  # the loss over ``model``, under DDP when distributed
+    generator: torch.Generator  # the data's and the feature noise's
     precision: Precision
-    scaler: torch.amp.GradScaler
     ranks: Ranks
-    state: Any = None
-    best: dict[str, torch.Tensor] | None = None
+    state: Any
 
 
 class Variant:
@@ -89,9 +94,11 @@ class Variant:
 
     - ``build(cfg, target, vocab)``: a freshly initialised network for ``target``, in training mode;
     - ``objective(cfg, model, target, generator)``: the loss over ``model`` as a module (what DDP wraps);
-    - ``step(run, rows, features)``: (differentiable loss, shown losses) of this rank's share of the global batch;
+    - ``step(run, rows, features)``: (differentiable loss, shown losses) of this rank's share of the global batch
+      (called under autocast);
     - ``evaluate(run, data)``: fill the state's last evaluations, return the score the best export must beat;
-      ``report(state)``: that evaluation in a line; ``summary(state)``: the run's last line;
+      ``report(state)``: that evaluation in a line (the loop adds the step and the best); ``summary(state)``: the
+      run's last line;
     - ``save(run)``: write the model's current weights as the drafter in ``--out``;
     - ``check_resume(run, saved)``: refuse a state trained for another target or with options a resume must share;
     - ``state_extra(run)``: entries saved with the training state beside the common ones.
@@ -127,8 +134,7 @@ class EagleTraining(Variant):
         windows, features = ranks.local(rows), ranks.local(features)
         noise_shape = (windows.shape[0], windows.shape[1] - 1, run.model.hidden_size) if run.cfg.noise > 0 else None
         ranks.skip_draws(run.generator, noise_shape, ranks.rank)  # this rank's rows of the global batch's noise
-        with run.precision.autocast():
-            parts = run.objective(windows.to(device), None if features is None else features.to(device))
+        parts = run.objective(windows.to(device), None if features is None else features.to(device))
         ranks.skip_draws(run.generator, noise_shape, ranks.world_size - 1 - ranks.rank)
         return parts.loss, (parts.regression, parts.classification)
 
@@ -143,8 +149,7 @@ class EagleTraining(Variant):
         return state.last_tau if prompts else state.last_agreement
 
     def report(self, state: TrainState) -> str:
-        return (f"step {state.step}: top-1 agreement {state.last_agreement:.3f}, tau {state.last_tau:.3f} "
-                f"(best {state.best_tau:.3f} at step {state.best_step})")
+        return f"top-1 agreement {state.last_agreement:.3f}, tau {state.last_tau:.3f}"
 
     def save(self, run: Run) -> None:
         state = run.state
@@ -185,9 +190,8 @@ class Eagle3Training(Variant):
     def step(self, run: Run, rows: torch.Tensor, features: torch.Tensor | None) -> tuple[torch.Tensor, tuple]:
         """Stored features (distillation data) are the last layer only: every layer's come online here."""
         windows = run.ranks.local(rows).to(run.precision.device)
-        with run.precision.autocast():
-            features, logits = target_pass(run.target.model, windows, run.model.shape.layers)
-            result = run.objective(windows, features, logits)
+        features, logits = target_pass(run.target.model, windows, run.model.shape.layers)
+        result = run.objective(windows, features, logits)
         return result.loss, (float(result.loss.detach()),)
 
     def evaluate(self, run: Run, data: EagleData) -> float:
@@ -200,9 +204,8 @@ class Eagle3Training(Variant):
 
     def report(self, state: Eagle3TrainState) -> str:
         accuracies = " ".join(f"{a:.3f}" for a in state.last_accuracies)
-        return (f"step {state.step}: held-out loss {state.last_loss:.3f}, accuracy by step {accuracies}, simulated "
-                f"acceptance {state.last_acceptance:.3f} (best {state.best_acceptance:.3f} at step "
-                f"{state.best_step})")
+        return (f"held-out loss {state.last_loss:.3f}, accuracy by step {accuracies}, simulated acceptance "
+                f"{state.last_acceptance:.3f}")
 
     def save(self, run: Run) -> None:
         save_eagle3(run.model, run.cfg.out, run.target, run.cfg.layout, getattr(torch, run.cfg.save_dtype),
