@@ -33,8 +33,9 @@ def test_eagle_trains_on_cuda(tmp_path, dtype, monkeypatch):
 
     def step(run, data):
         assert run.target.device.type == "cuda" and next(run.model.parameters()).device.type == "cuda"
-        losses.append(real_step(run, data))
-        return losses[-1]
+        loss, (regression, ce) = real_step(run, data)
+        losses.append((regression, ce, run.trainee.optimizer.param_groups[0]["lr"]))
+        return loss, (regression, ce)
 
     monkeypatch.setattr(eagle_train, "train_step", step)
     cfg = eagle_train.TrainConfig(target=str(tmp_path / "target"), out=str(tmp_path / "eagle"),
