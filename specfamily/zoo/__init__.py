@@ -90,7 +90,9 @@ def zoo_path(name: str, fetch: bool = True) -> Path:
 def resolve(name: str | Path, fetch: bool = True) -> str | Path:
     """The one lookup of ``zoo:`` names: a zoo name becomes its folder (its file, for a skip set; see
     :func:`zoo_path`); any other name or path is returned as given, for the caller's own loading."""
-    return zoo_path(name, fetch) if is_zoo_name(name) else name
+    if not is_zoo_name(name):
+        return name
+    return zoo_path(name) if fetch else zoo_path(name, fetch=False)
 
 
 def available(name: str) -> bool:
