@@ -89,8 +89,8 @@ def is_code_batch(cfg: DistillConfig, index: int) -> bool:
 
 
 @dataclass
-class Session:
-    """What every batch uses: the model, its tokenizer, the prefix, the filter and the code snippets."""
+class Teacher:
+    """The distillation teacher and what every batch uses: its tokenizer, the prefix, the filter, the code snippets."""
 
     model: torch.nn.Module
     tokenizer: object
@@ -101,7 +101,7 @@ class Session:
     lean: LeanLlama | None = None  # the fast engine's forward; None: answers by generate()
 
 
-def open_session(cfg: DistillConfig) -> Session:
+def load_teacher(cfg: DistillConfig) -> Teacher:
     from specfamily.core.target import load_target
 
     target = load_target(cfg.target, dtype=torch.float32, matmul=cfg.matmul if cfg.engine == "fast" else "exact")
@@ -111,66 +111,66 @@ def open_session(cfg: DistillConfig) -> Session:
     tokenizer = target.tokenizer
     prefix = tokenizer(user_turns.user_prefix(tokenizer), add_special_tokens=False, return_tensors="pt").input_ids
     snippets = user_turns.corpus_functions() if cfg.code_share > 0 else []
-    return Session(target.model.eval(), tokenizer, int(target.eos_token_id), prefix, user_turns.spec_bench_filter(),
+    return Teacher(target.model.eval(), tokenizer, int(target.eos_token_id), prefix, user_turns.spec_bench_filter(),
                    snippets, target.lean if cfg.engine == "fast" else None)
 
 
-def magpie_turns(session: Session, cfg: DistillConfig, generator_seed: int) -> list[str]:
+def magpie_turns(teacher: Teacher, cfg: DistillConfig, generator_seed: int) -> list[str]:
     """``batch`` user turns sampled from the user prefix; unfinished ones come back empty."""
     torch.manual_seed(generator_seed)
-    ids = session.prefix_ids.repeat(cfg.batch, 1)
-    out = session.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+    ids = teacher.prefix_ids.repeat(cfg.batch, 1)
+    out = teacher.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                  temperature=cfg.user_temperature, top_p=cfg.user_top_p, top_k=0,
-                                 max_new_tokens=cfg.user_tokens, eos_token_id=session.eos, pad_token_id=session.eos)
+                                 max_new_tokens=cfg.user_tokens, eos_token_id=teacher.eos, pad_token_id=teacher.eos)
     turns = []
     for row in out[:, ids.shape[1]:].tolist():
-        finished = session.eos in row
-        turns.append(session.tokenizer.decode(row[: row.index(session.eos)]).strip() if finished else "")
+        finished = teacher.eos in row
+        turns.append(teacher.tokenizer.decode(row[: row.index(teacher.eos)]).strip() if finished else "")
     return turns
 
 
-def answer(session: Session, prompts: list[list[int]], answer_tokens: int) -> list[tuple[list[int], torch.Tensor]]:
-    """Greedy answers: (conversation tokens, features of all but the last) per prompt, by the session's engine."""
-    if session.lean is not None:
-        return fast_answers(session.lean, prompts, session.eos, answer_tokens)
-    return generate_answers(session, prompts, answer_tokens)
+def answer(teacher: Teacher, prompts: list[list[int]], answer_tokens: int) -> list[tuple[list[int], torch.Tensor]]:
+    """Greedy answers: (conversation tokens, features of all but the last) per prompt, by the teacher's engine."""
+    if teacher.lean is not None:
+        return fast_answers(teacher.lean, prompts, teacher.eos, answer_tokens)
+    return generate_answers(teacher, prompts, answer_tokens)
 
 
-def generate_answers(session: Session, prompts: list[list[int]],
+def generate_answers(teacher: Teacher, prompts: list[list[int]],
                      answer_tokens: int) -> list[tuple[list[int], torch.Tensor]]:
     """Greedy answers of the left-padded batch: (conversation tokens, features of all but the last) per prompt."""
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), session.eos, dtype=torch.long)
+    ids = torch.full((len(prompts), width), teacher.eos, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt):] = torch.tensor(prompt)
         mask[row, width - len(prompt):] = 1
-    out = session.model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=answer_tokens,
-                                 eos_token_id=session.eos, pad_token_id=session.eos, output_hidden_states=True,
+    out = teacher.model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=answer_tokens,
+                                 eos_token_id=teacher.eos, pad_token_id=teacher.eos, output_hidden_states=True,
                                  return_dict_in_generate=True, top_p=None, top_k=None, temperature=None)
     steps = [step[-1] for step in out.hidden_states]  # [(B, width, H), (B, 1, H), ...], after the final norm
     fed = torch.cat(steps, dim=1)  # (B, width + generated - 1, H): the feature of every fed position
     results = []
     for row, prompt in enumerate(prompts):
         new = out.sequences[row, width:].tolist()
-        new = new[: new.index(session.eos) + 1] if session.eos in new else new
+        new = new[: new.index(teacher.eos) + 1] if teacher.eos in new else new
         tokens = prompt + new
         features = fed[row, width - len(prompt): width - len(prompt) + len(tokens) - 1]
         results.append((tokens, features))
     return results
 
 
-def make_batch(session: Session, cfg: DistillConfig, index: int) -> dict | None:
+def make_batch(teacher: Teacher, cfg: DistillConfig, index: int) -> dict | None:
     """Write batch ``index``; None when every turn was dropped (nothing written, the batch counts as done)."""
     seed = cfg.seed * 1_000_003 + index
     code = is_code_batch(cfg, index)
-    turns = user_turns.code_requests(session.snippets, cfg.batch, seed) if code else magpie_turns(session, cfg, seed)
-    kept = [t for t in dict.fromkeys(turns) if t and session.keep.clean(t)]
+    turns = user_turns.code_requests(teacher.snippets, cfg.batch, seed) if code else magpie_turns(teacher, cfg, seed)
+    kept = [t for t in dict.fromkeys(turns) if t and teacher.keep.clean(t)]
     record = {"index": index, "code": code, "asked": len(turns), "kept": len(kept)}
     if kept:
-        prompts = [chat_prompt_ids(session.tokenizer, [turn]) for turn in kept]
+        prompts = [chat_prompt_ids(teacher.tokenizer, [turn]) for turn in kept]
         answer_started = time.perf_counter()
-        convs = answer(session, prompts, cfg.answer_tokens)
+        convs = answer(teacher, prompts, cfg.answer_tokens)
         record["answer_seconds"] = round(time.perf_counter() - answer_started, 2)
         record["answer_tokens"] = sum(len(t) - len(p) for (t, _), p in zip(convs, prompts, strict=True))
         write_batch(cfg, index, kept, prompts, convs)
@@ -214,12 +214,12 @@ def distill(cfg: DistillConfig) -> dict:
     started = time.perf_counter()
     records = []
     if mine:
-        session = open_session(cfg)
+        teacher = load_teacher(cfg)
         for index in tqdm(mine, desc=f"distill worker {cfg.worker}", unit="batch"):
             if cfg.max_minutes and time.perf_counter() - started > 60 * cfg.max_minutes:
                 break
             batch_started = time.perf_counter()
-            record = make_batch(session, cfg, index)
+            record = make_batch(teacher, cfg, index)
             records.append({**record, "seconds": round(time.perf_counter() - batch_started, 1)})
     summary = {"worker": cfg.worker, "batches_made": len(records), "seconds": round(time.perf_counter() - started, 1),
                "tokens": sum(r.get("tokens", 0) for r in records), "remaining": len(mine) - len(records),

@@ -43,7 +43,7 @@ from specfamily.testing.power import (
     level_power,
     tests_per_run,
 )
-from specfamily.testing.sampling_run import Run, exact_steps, joint_law, sample_run
+from specfamily.testing.sampling_run import Samples, exact_steps, joint_law, sample_run
 from specfamily.testing.setting import GAMMA, N_TOKENS, PROMPT, VOCAB, KitSetting, make_setting
 from specfamily.testing.sizing import MAX_SAMPLES, PILOT_SAMPLES, PILOT_SEED, Budget
 from specfamily.testing.stats import ChiSquare, chi_square, impossible_samples, pool_cells, sequence_tests
@@ -179,7 +179,7 @@ def _run_and_test(plan: Plan, sampling: SamplingConfig) -> FitResult:
     return fit
 
 
-def _evaluate(run: Run, steps: list[torch.Tensor], plan: Plan, sampling: SamplingConfig, look: int) -> FitResult:
+def _evaluate(run: Samples, steps: list[torch.Tensor], plan: Plan, sampling: SamplingConfig, look: int) -> FitResult:
     """Every test of one run (at its ``look``-th look), and what it had power against."""
     setting, budget = plan.setting, plan.budget
     joint = joint_law(steps)

@@ -21,7 +21,7 @@ from specfamily.testing.levels import PAD
 
 
 @dataclass
-class Run:
+class Samples:
     """Sampled sequences and the level of every token."""
 
     sequences: torch.Tensor  # (S, n) token ids, EOS-padded
@@ -29,9 +29,9 @@ class Run:
     depth: DepthStats | None  # None for plain decoding
     drafts: list[tuple[list[int], Draft]] | None = None  # (context, draft) of every drafted pass, when kept
 
-    def extended(self, more: Run) -> Run:
+    def extended(self, more: Samples) -> Samples:
         """This run followed by ``more`` (sampled on the next seeds into the same depth record)."""
-        return Run(torch.cat([self.sequences, more.sequences]), torch.cat([self.levels, more.levels]), more.depth)
+        return Samples(torch.cat([self.sequences, more.sequences]), torch.cat([self.levels, more.levels]), more.depth)
 
     def level_counts(self, level: int) -> torch.Tensor:
         """(S,) tokens of each sample decided at ``level``."""
@@ -48,7 +48,7 @@ def _padded(tokens: list[int], n_tokens: int, eos_ids: Sequence[int], seed: int)
 
 def sample_run(target, drafter, prompt: Sequence[int], n_tokens: int, sampling: SamplingConfig, samples: int,
                gamma: int | None = None, first_seed: int = 0, keep_drafts: bool = False,
-               stats: DepthStats | None = None) -> Run:
+               stats: DepthStats | None = None) -> Samples:
     """Generate ``samples`` requests with ``drafter`` (None: plain decoding) driven at the constant length
     ``gamma`` (None: its own policy), recording the level of every token (``keep_drafts``: and every draft) into
     ``stats`` (None: a new record)."""
@@ -67,8 +67,8 @@ def sample_run(target, drafter, prompt: Sequence[int], n_tokens: int, sampling: 
     for row, length in enumerate(lengths):
         levels[row, length:] = PAD
     if recorder is None:
-        return Run(sequences, levels, None)
-    return Run(sequences, levels, recorder.stats, recorder.drafts)
+        return Samples(sequences, levels, None)
+    return Samples(sequences, levels, recorder.stats, recorder.drafts)
 
 
 @torch.inference_mode()

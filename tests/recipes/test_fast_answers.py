@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specfamily.recipes.distill import Session, generate_answers
+from specfamily.recipes.distill import Teacher, generate_answers
 from specfamily.recipes.fast_answers import SlotCache, fast_answers, left_pad
 from specfamily.runtime.kernel import stream_kernel
 from specfamily.runtime.lean import LeanLlama
@@ -36,8 +36,8 @@ def _prompts() -> list[list[int]]:
 
 
 def _generate(model, prompts: list[list[int]], eos: int) -> list[tuple[list[int], torch.Tensor]]:
-    session = Session(model, None, eos, torch.empty(1, 0, dtype=torch.long), None, [])
-    return generate_answers(session, prompts, ANSWER_TOKENS)
+    teacher = Teacher(model, None, eos, torch.empty(1, 0, dtype=torch.long), None, [])
+    return generate_answers(teacher, prompts, ANSWER_TOKENS)
 
 
 @pytest.fixture(scope="module")
