@@ -41,6 +41,9 @@ class Metrics:
     policy_note: str = ""  # the draft-length policy's own account (the cost-aware one says why it drafts or not)
     conditional_acceptance: list[float] = field(default_factory=list)  # i: of the passes whose verifier tried a node
     # at depth i + 1, the share that accepted one there (vLLM's per-position rate)
+    prefill_seconds: float = NAN  # verify time of the first pass (the prompt's prefill); the rest are steady passes
+    drafted_passes: int = 0  # passes after the prefill that verified a draft ...
+    drafted_verify_seconds: float = 0.0  # ... and their verify time: what a drafted pass costs in this run
 
     def as_dict(self) -> dict[str, Any]:
         """Flat and JSON-friendly: nan becomes None."""
@@ -137,6 +140,7 @@ class MetricsRecorder:
     c_verify_seconds: float = 0.0  # and their time
     catch_up_seconds: float = 0.0
     calibration_seconds: float = 0.0
+    prefill_seconds: float = NAN
     proposed_at: list[int] = field(default_factory=list)  # i: passes counted at depth i + 1 (see counted_depth)
     accepted_at: list[int] = field(default_factory=list)  # i: passes that accepted a node at depth i + 1
     tried_at: list[int] = field(default_factory=list)  # i: passes whose verifier tried a node at depth i + 1
@@ -174,7 +178,9 @@ class MetricsRecorder:
         verified_depth = _check_verified(verified_depth, proposed_depth, accepted)
 
         self.catch_up_seconds += catch_up_seconds
-        if self.target_passes > 0:
+        if self.target_passes == 0:
+            self.prefill_seconds = verify_seconds
+        else:
             self._count_cost(proposed_depth, draft_steps, draft_seconds - catch_up_seconds, verify_seconds)
         self.target_passes += 1
         self.draft_steps += draft_steps
@@ -238,4 +244,7 @@ class MetricsRecorder:
             drafted_share=ratio(self.proposals, self.target_passes - 1),
             policy_note=policy_note,
             conditional_acceptance=per_position_acceptance(self.tried_at, self.accepted_at),
+            prefill_seconds=self.prefill_seconds,
+            drafted_passes=self.c_verify_passes,
+            drafted_verify_seconds=self.c_verify_seconds,
         )

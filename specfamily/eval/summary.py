@@ -2,10 +2,10 @@
 
 Speedup is throughput (new tokens per second of ``sf.generate`` wall time) relative to plain
 decoding over the prompts both finished in the same run. The prediction is
-``sf.theory.expected_speedup(alpha, gamma, c1, V)`` with the measured alpha, the draft length
-gamma, V = t(n + 1) / t(1) of the target measured in the run at n = the mean draft tokens fed
-per verification pass, and c1 = c * V: the per-prompt measured c is relative to a verification
-pass, the formula's c to a one-token pass.
+``sf.theory.expected_speedup_at_share(alpha, gamma, c1, V, share)`` with the measured alpha, the draft length
+gamma (the mean drafted depth when the policy varies it), the share of passes that drafted, V = what a drafted
+pass cost in the run relative to plain decoding's pass (:func:`measured_verify_cost`) and c1 = c * V: the
+per-prompt measured c is relative to a verification pass, the formula's c to a one-token pass.
 
 Each row also carries bootstrap 95% intervals of tau and speedup over prompts
 (:mod:`specfamily.eval.stats`) and, for greedy runs, how many prompts' tokens are identical to
@@ -48,7 +48,7 @@ class SummaryRow:
     seconds: float
     tokens_per_second: float
     speedup: float
-    verify_cost: float  # t(n + 1) / t(1) at n = draft_tokens_per_pass
+    verify_cost: float  # a drafted pass / a plain pass, measured in the run (older results: the curve at n fed)
     predicted_speedup: float
     lossy: bool
     per_position: list[float] = field(default_factory=list)  # cumulative: P(accepted length > i), mean over prompts
@@ -145,12 +145,12 @@ def per_position(records: list[PromptRecord], key: str = "per_position_acceptanc
     return [_mean(row[i] for row in rows if i < len(row)) for i in range(depth)]
 
 
-def predicted_speedup(alpha: float, gamma: int | None, c: float, verify_cost: float) -> float:
-    """``theory.expected_speedup`` with c rescaled to a one-token pass; nan without the inputs."""
-    if gamma is None or gamma < 1 or not all(math.isfinite(x) for x in (alpha, c, verify_cost)):
+def predicted_speedup(alpha: float, gamma: int | None, c: float, verify_cost: float, share: float = 1.0) -> float:
+    """``theory.expected_speedup_at_share`` with c rescaled to a one-token pass; nan without the inputs."""
+    if gamma is None or gamma < 1 or not all(math.isfinite(x) for x in (alpha, c, verify_cost, share)):
         return NAN
     alpha = min(max(alpha, 0.0), 1.0)
-    return theory.expected_speedup(alpha, int(gamma), c * verify_cost, verify_cost=verify_cost)
+    return theory.expected_speedup_at_share(alpha, int(gamma), c * verify_cost, verify_cost, min(max(share, 0.0), 1.0))
 
 
 def _fed_per_pass(records: list[PromptRecord]) -> float:
@@ -158,12 +158,47 @@ def _fed_per_pass(records: list[PromptRecord]) -> float:
     return sum(r.metrics["proposed_tokens"] for r in records) / passes if passes else NAN
 
 
+def steady_pass_seconds(records: list[PromptRecord]) -> float:
+    """Mean verify seconds of a pass after the prefill; nan when a record lacks its prefill time (results written
+    before the loop kept it) or there is no such pass."""
+    seconds = passes = 0.0
+    for record in records:
+        prefill = record.metrics.get("prefill_seconds")
+        if prefill is None:
+            return NAN
+        seconds += record.metrics["verify_seconds"] - prefill
+        passes += record.metrics["target_passes"] - 1
+    return seconds / passes if passes > 0 else NAN
+
+
+def measured_verify_cost(records: list[PromptRecord], plain: list[PromptRecord]) -> float:
+    """What a drafted pass cost in this run relative to a plain one: the drafter's mean verify time of a drafted pass
+    over plain decoding's mean pass after the prefill, on the prompts both finished (the pass the run really made:
+    its size, mask, cache rewrite, cache lengths and sampling); nan when either was not recorded."""
+    shared = {r.prompt_id for r in records} & {r.prompt_id for r in plain}
+    base = steady_pass_seconds([r for r in plain if r.prompt_id in shared])
+    mine = [r for r in records if r.prompt_id in shared]
+    passes = sum(r.metrics.get("drafted_passes", 0) for r in mine)
+    if not passes or not math.isfinite(base) or base <= 0:
+        return NAN
+    return sum(r.metrics["drafted_verify_seconds"] for r in mine) / passes / base
+
+
 def _prediction(
-    records: list[PromptRecord], info: RunInfo, alpha: float, gamma: int | None, c: float
+    records: list[PromptRecord], plain: list[PromptRecord], info: RunInfo, alpha: float, gamma: int | None, c: float
 ) -> tuple[float, float, float]:
-    """(draft tokens fed per pass, verify cost there, predicted speedup) of a drafter's records."""
-    curve = {int(g): v for g, v in info.verify_cost.items()}
+    """(draft tokens fed per pass, what a drafted pass costs, predicted speedup) of a drafter's records.
+
+    The cost is the run's own (:func:`measured_verify_cost`), the prediction counts the passes that did not draft
+    (:func:`drafted_share`) and, without a fixed gamma, takes the mean drafted depth. Results recorded before runs
+    timed their passes fall back to the run's cost curve at the tokens fed per pass, every pass drafting."""
     fed = _fed_per_pass(records)
+    verify = measured_verify_cost(records, plain)
+    if math.isfinite(verify):
+        drafted = sum(r.metrics["drafted_passes"] for r in records)
+        depth = gamma if gamma is not None else round(sum(r.metrics["draft_steps"] for r in records) / drafted)
+        return fed, verify, predicted_speedup(alpha, depth, c, verify, drafted_share(records))
+    curve = {int(g): v for g, v in info.verify_cost.items()}
     if not curve or not math.isfinite(fed):
         return fed, NAN, NAN
     verify = verify_cost_at(curve, fed)
@@ -193,7 +228,7 @@ def summarize(
     """The row of one drafter in one run."""
     gamma = next((r.gamma for r in records if r.gamma is not None), None)
     alpha, c = _mean(r.metrics["acceptance_rate"] for r in records), _median(r.metrics["c"] for r in records)
-    fed, verify, predicted = (NAN, 1.0, 1.0) if label == PLAIN else _prediction(records, info, alpha, gamma, c)
+    fed, verify, predicted = (NAN, 1.0, 1.0) if label == PLAIN else _prediction(records, plain, info, alpha, gamma, c)
     new_tokens = sum(r.metrics["new_tokens"] for r in records)
     passes = sum(r.metrics["target_passes"] for r in records)
     status = _status(len(records), info.prompts, failure)

@@ -180,3 +180,13 @@ def test_the_loop_counts_what_the_verifier_tried_on_a_tree():
     metrics = sf.generate(target, LeafFirst(target, gamma=3), [1, 2, 3], max_new_tokens=9).metrics
     assert metrics.acceptance_rate == 1.0 and metrics.conditional_acceptance == [1.0]
     assert metrics.per_position_acceptance == [1.0]
+
+
+def test_the_prefill_and_the_drafted_passes_are_timed_apart():
+    recorder = speculative_recorder()
+    recorder.record_pass(0, 0, draft_seconds=0.0, verify_seconds=0.08)  # a pass that drafted nothing
+    metrics = recorder.finish(new_tokens=13, total_seconds=1.3)
+    assert metrics.prefill_seconds == 0.5
+    assert metrics.drafted_passes == 4  # the prefill and the undrafted pass left out
+    assert metrics.drafted_verify_seconds == pytest.approx(0.4)
+    assert math.isnan(MetricsRecorder().finish(new_tokens=0, total_seconds=0.0).prefill_seconds)

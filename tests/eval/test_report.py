@@ -178,3 +178,22 @@ def test_identical_share_is_only_reported_for_greedy_runs(tmp_path):
     _synthetic(tmp_path, sampling="t1")
     small = next(row for row in write_report(tmp_path, plots=False).rows if row.drafter == "small_model")
     assert small.identical is None and small.compared == 8
+
+
+def test_predicted_speedup_uses_the_cost_of_the_passes_the_run_made(tmp_path):
+    timed = {"prefill_seconds": 0.1, "verify_seconds": 1.0}  # plain: 9 steady passes of 0.1 s after a 0.1 s prefill
+    drafted = {"drafted_passes": 3, "drafted_verify_seconds": 0.36, "drafted_share": 0.75, "prefill_seconds": 0.1}
+    records = [
+        _record("plain", 0, None, 1.0, {**_metrics(10, 10, 0, 0, None, None, []), **timed}),
+        _record("small_model", 0, None, 0.5, {**_metrics(10, 5, 8, 5, 0.8, 0.1, [0.9, 0.7]), **drafted}),
+        _record("plain", 1, None, 1.0, {**_metrics(10, 10, 0, 0, None, None, []), **timed}),
+        _record("small_model", 1, None, 0.5, {**_metrics(10, 5, 8, 5, 0.6, 0.3, [0.7, 0.5]), **drafted}),
+    ]
+    _write(tmp_path, _info(), records)
+    assert main([str(tmp_path), "--no-plots"]) == 0
+    small = {row["drafter"]: row for row in csv.DictReader((tmp_path / "summary.csv").open())}["small_model"]
+    assert float(small["verify_cost"]) == pytest.approx(1.2)  # 0.12 s a drafted pass against plain's 0.1 s
+    # no fixed gamma: the mean drafted depth, 16 steps over 6 drafted passes, rounds to 3; 3 passes in 4 drafted
+    expected = theory.expected_speedup_at_share(0.7, 3, 0.2 * 1.2, 1.2, 0.75)
+    assert float(small["predicted_speedup"]) == pytest.approx(expected)
+    assert expected != pytest.approx(theory.expected_speedup(0.7, 2, 0.2 * 1.4, verify_cost=1.4))  # not the curve's
