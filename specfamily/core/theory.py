@@ -72,19 +72,6 @@ def expected_speedup(alpha: float, gamma: int, c: float, verify_cost: VerifyCost
     return tokens / (gamma * c + _verify_cost_at(verify_cost, gamma))
 
 
-def expected_speedup_at_share(alpha: float, gamma: int, c: float, verify_cost: VerifyCost = None,
-                              share: float = 1.0) -> float:
-    """``expected_speedup`` for a drafter that drafts in a ``share`` of its passes only (prompt lookup, suffix: no
-    match, no draft): a drafted pass brings ``expected_tokens_per_pass`` at ``gamma * c + verify_cost``, the others
-    one token at a plain pass's cost, 1. ``share`` 1 is ``expected_speedup``."""
-    share = float(share)
-    if not 0.0 <= share <= 1.0:  # also rejects nan
-        raise ValueError(f"share must be in [0, 1], got {share!r}")
-    tokens = share * expected_tokens_per_pass(alpha, gamma) + (1.0 - share)
-    c, gamma = _check_c(c), check_int(gamma)
-    return tokens / (share * (gamma * c + _verify_cost_at(verify_cost, gamma)) + (1.0 - share))
-
-
 def optimal_gamma(alpha: float, c: float, verify_cost: VerifyCost = None, max_gamma: int = 32) -> int:
     """The integer gamma in [1, max_gamma] that maximises ``expected_speedup`` (the smallest on ties).
 

@@ -197,13 +197,14 @@ tau = new tokens / target passes (prefill included; plain decoding = 1). alpha =
 acceptance rate. speedup = tokens per second relative to plain decoding over the same prompts in
 the same run. 95% CI: bootstrap percentile intervals over prompts (a question's turns together;
 speedup paired by prompt, as a ratio of sums); "-" with under 3 prompts. identical = prompts whose
-tokens equal plain decoding's (greedy runs only; bf16 on a GPU can flip near-ties). verify_cost = V,
-what a drafted pass cost in this run relative to plain decoding's pass (mean verify seconds, prefill
-left out: the real pass, with its tree, cache rewrite, cache lengths and sampling). predicted =
-`sf.theory.expected_speedup_at_share(alpha, gamma, c * V, V, share)` with the measured alpha, c (one
-draft step / one verification pass) and share of passes that drafted; gamma = the mean drafted depth
-when the policy varies it (for tree drafters the chain formula is an approximation). Results from
-before runs timed their passes use the cost curve t(n + 1) / t(1) at the draft tokens n fed per pass.
+tokens equal plain decoding's (greedy runs only; bf16 on a GPU can flip near-ties). verify_cost = what
+a drafted pass cost in this run relative to plain decoding's pass (mean verify seconds, prefill left
+out: the real pass, with its tree, cache rewrite, cache lengths and sampling). predicted = the
+acceptance model on the run's own costs: tokens per pass share * (1 - alpha^(gamma + 1)) / (1 - alpha)
++ 1 - share (share: passes that drafted; gamma: the mean drafted depth when the policy varies it)
+over the drafter's measured prefills and mean pass time (for tree drafters the chain formula is an
+approximation). Results from before runs timed their passes: `sf.theory.expected_speedup(alpha,
+gamma, c * V, V)` with V the cost curve t(n + 1) / t(1) at the draft tokens n fed per pass.
 lossy = results of a lossy mode (e.g. Medusa typical acceptance).
 """
 

@@ -1,11 +1,12 @@
 """From per-prompt records to one row per drafter and run: tau, alpha, speedup, predicted speedup.
 
 Speedup is throughput (new tokens per second of ``sf.generate`` wall time) relative to plain
-decoding over the prompts both finished in the same run. The prediction is
-``sf.theory.expected_speedup_at_share(alpha, gamma, c1, V, share)`` with the measured alpha, the draft length
-gamma (the mean drafted depth when the policy varies it), the share of passes that drafted, V = what a drafted
-pass cost in the run relative to plain decoding's pass (:func:`measured_verify_cost`) and c1 = c * V: the
-per-prompt measured c is relative to a verification pass, the formula's c to a one-token pass.
+decoding over the prompts both finished in the same run. The prediction (:func:`modelled_speedup`) puts the
+acceptance model's tokens per pass (from the measured alpha, the draft length gamma and the share of passes that
+drafted) on the run's own costs: the drafter's measured prefills and mean pass time. ``verify_cost`` is what a
+drafted pass cost relative to a plain one in the run (:func:`measured_verify_cost`). Results recorded before runs
+timed their passes use ``sf.theory.expected_speedup(alpha, gamma, c * V, V)`` with V the cost curve at the draft
+tokens fed per pass.
 
 Each row also carries bootstrap 95% intervals of tau and speedup over prompts
 (:mod:`specfamily.eval.stats`) and, for greedy runs, how many prompts' tokens are identical to
@@ -145,12 +146,13 @@ def per_position(records: list[PromptRecord], key: str = "per_position_acceptanc
     return [_mean(row[i] for row in rows if i < len(row)) for i in range(depth)]
 
 
-def predicted_speedup(alpha: float, gamma: int | None, c: float, verify_cost: float, share: float = 1.0) -> float:
-    """``theory.expected_speedup_at_share`` with c rescaled to a one-token pass; nan without the inputs."""
-    if gamma is None or gamma < 1 or not all(math.isfinite(x) for x in (alpha, c, verify_cost, share)):
+def predicted_speedup(alpha: float, gamma: int | None, c: float, verify_cost: float) -> float:
+    """``theory.expected_speedup`` with c rescaled to a one-token pass; nan without the inputs (results recorded
+    before runs timed their own passes)."""
+    if gamma is None or gamma < 1 or not all(math.isfinite(x) for x in (alpha, c, verify_cost)):
         return NAN
     alpha = min(max(alpha, 0.0), 1.0)
-    return theory.expected_speedup_at_share(alpha, int(gamma), c * verify_cost, verify_cost, min(max(share, 0.0), 1.0))
+    return theory.expected_speedup(alpha, int(gamma), c * verify_cost, verify_cost=verify_cost)
 
 
 def _fed_per_pass(records: list[PromptRecord]) -> float:
@@ -158,30 +160,43 @@ def _fed_per_pass(records: list[PromptRecord]) -> float:
     return sum(r.metrics["proposed_tokens"] for r in records) / passes if passes else NAN
 
 
-def steady_pass_seconds(records: list[PromptRecord]) -> float:
-    """Mean verify seconds of a pass after the prefill; nan when a record lacks its prefill time (results written
-    before the loop kept it) or there is no such pass."""
-    seconds = passes = 0.0
-    for record in records:
-        prefill = record.metrics.get("prefill_seconds")
-        if prefill is None:
-            return NAN
-        seconds += record.metrics["verify_seconds"] - prefill
-        passes += record.metrics["target_passes"] - 1
-    return seconds / passes if passes > 0 else NAN
+def _timed(records: list[PromptRecord]) -> bool:
+    """Whether every record kept its prefill's time (results written before the loop kept it did not)."""
+    return bool(records) and all(r.metrics.get("prefill_seconds") is not None for r in records)
 
 
 def measured_verify_cost(records: list[PromptRecord], plain: list[PromptRecord]) -> float:
     """What a drafted pass cost in this run relative to a plain one: the drafter's mean verify time of a drafted pass
-    over plain decoding's mean pass after the prefill, on the prompts both finished (the pass the run really made:
-    its size, mask, cache rewrite, cache lengths and sampling); nan when either was not recorded."""
+    over plain decoding's mean verify time of a pass after the prefill, on the prompts both finished (the pass the run
+    really made: its size, mask, cache rewrite, cache lengths and sampling); nan when not recorded."""
     shared = {r.prompt_id for r in records} & {r.prompt_id for r in plain}
-    base = steady_pass_seconds([r for r in plain if r.prompt_id in shared])
-    mine = [r for r in records if r.prompt_id in shared]
-    passes = sum(r.metrics.get("drafted_passes", 0) for r in mine)
-    if not passes or not math.isfinite(base) or base <= 0:
+    mine, base = [r for r in records if r.prompt_id in shared], [r for r in plain if r.prompt_id in shared]
+    drafted = sum(r.metrics.get("drafted_passes", 0) for r in mine)
+    steady = sum(r.metrics["target_passes"] - 1 for r in base)
+    if not (_timed(mine) and _timed(base)) or not drafted or steady <= 0:
         return NAN
-    return sum(r.metrics["drafted_verify_seconds"] for r in mine) / passes / base
+    plain_pass = sum(r.metrics["verify_seconds"] - r.metrics["prefill_seconds"] for r in base) / steady
+    return sum(r.metrics["drafted_verify_seconds"] for r in mine) / drafted / plain_pass if plain_pass > 0 else NAN
+
+
+def modelled_speedup(records: list[PromptRecord], plain: list[PromptRecord], alpha: float, gamma: int) -> float:
+    """The speedup the acceptance model predicts with this run's own costs: the drafter's measured prefills and mean
+    time of a later pass (drafting, verification, the loop's own work), over as many passes as the model says its
+    tokens need: share * (1 - alpha^(gamma + 1)) / (1 - alpha) + 1 - share tokens a pass (share: the passes that
+    drafted). Against plain decoding's measured throughput on the same prompts; nan when not recorded."""
+    shared = {r.prompt_id for r in records} & {r.prompt_id for r in plain}
+    mine = [r for r in records if r.prompt_id in shared]
+    share, base = drafted_share(mine), _throughput([r for r in plain if r.prompt_id in shared])
+    later = sum(r.metrics["target_passes"] - 1 for r in mine)
+    if not _timed(mine) or later <= 0 or not all(math.isfinite(x) for x in (alpha, share, base)):
+        return NAN
+    prefill = sum(r.metrics["prefill_seconds"] for r in mine)
+    per_pass = (sum(r.wall_seconds for r in mine) - prefill) / later
+    share = min(max(share, 0.0), 1.0)
+    per_pass_tokens = share * theory.expected_tokens_per_pass(min(max(alpha, 0.0), 1.0), gamma) + 1.0 - share
+    tokens = sum(r.metrics["new_tokens"] for r in mine)
+    seconds = prefill + per_pass * max(tokens - len(mine), 0) / per_pass_tokens  # the prefill brings a token each
+    return tokens / seconds / base if seconds > 0 else NAN
 
 
 def _prediction(
@@ -189,15 +204,15 @@ def _prediction(
 ) -> tuple[float, float, float]:
     """(draft tokens fed per pass, what a drafted pass costs, predicted speedup) of a drafter's records.
 
-    The cost is the run's own (:func:`measured_verify_cost`), the prediction counts the passes that did not draft
-    (:func:`drafted_share`) and, without a fixed gamma, takes the mean drafted depth. Results recorded before runs
-    timed their passes fall back to the run's cost curve at the tokens fed per pass, every pass drafting."""
+    Timed results: the run's own costs (:func:`measured_verify_cost`, :func:`modelled_speedup`; without a fixed
+    gamma, the mean drafted depth). Results recorded before runs timed their passes: the run's cost curve at the
+    tokens fed per pass and ``theory.expected_speedup``, every pass drafting."""
     fed = _fed_per_pass(records)
     verify = measured_verify_cost(records, plain)
     if math.isfinite(verify):
         drafted = sum(r.metrics["drafted_passes"] for r in records)
-        depth = gamma if gamma is not None else round(sum(r.metrics["draft_steps"] for r in records) / drafted)
-        return fed, verify, predicted_speedup(alpha, depth, c, verify, drafted_share(records))
+        depth = gamma if gamma is not None else max(1, round(sum(r.metrics["draft_steps"] for r in records) / drafted))
+        return fed, verify, modelled_speedup(records, plain, alpha, depth)
     curve = {int(g): v for g, v in info.verify_cost.items()}
     if not curve or not math.isfinite(fed):
         return fed, NAN, NAN

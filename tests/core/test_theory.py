@@ -139,13 +139,3 @@ def test_best_draft_length_is_zero_when_nothing_pays():
     assert gamma == brute and speedup == pytest.approx(theory.expected_speedup(0.8, brute, 0.05, lambda x: 1 + 0.1 * x))
     assert theory.best_draft_length([0.8] * 8, 0.05, 1.0, min_speedup=100.0) == (0, 1.0)
 
-
-def test_speedup_at_share_counts_the_passes_that_did_not_draft():
-    alpha, gamma, c, verify = 0.6, 3, 0.1, 1.2
-    assert theory.expected_speedup_at_share(alpha, gamma, c, verify, 1.0) == expected_speedup(alpha, gamma, c, verify)
-    assert theory.expected_speedup_at_share(alpha, gamma, c, verify, 0.0) == 1.0  # never drafts: plain decoding
-    tokens = 0.25 * expected_tokens_per_pass(alpha, gamma) + 0.75  # a quarter of the passes drafted
-    assert theory.expected_speedup_at_share(alpha, gamma, c, verify, 0.25) == pytest.approx(
-        tokens / (0.25 * (gamma * c + verify) + 0.75), rel=1e-12)
-    with pytest.raises(ValueError, match=r"^share must be in \[0, 1\], got 1.5$"):
-        theory.expected_speedup_at_share(alpha, gamma, c, verify, 1.5)
