@@ -29,6 +29,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -43,22 +44,17 @@ from specfamily.drafters.medusa.calibrate import (
     rank_table,
     target_features,
 )
-from specfamily.drafters.medusa.checkpoint import (
-    MedusaCheckpoint,
-    load_checkpoint,
-    resolve,
-    save_checkpoint,
-)
-from specfamily.drafters.medusa.data import MedusaData, draft_vocabulary, load_data, vocab_report
+from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint, resolve, save_checkpoint
+from specfamily.drafters.medusa.data import MedusaData, load_data, vocab_report
 from specfamily.drafters.medusa.heads import IGNORE_INDEX, MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import CostCurve
-from specfamily.io.files import write_atomically
+from specfamily.drafters.shared.draft_vocab import target_draft_vocab
 from specfamily.io.identity import target_identity
 from specfamily.train import loop
 from specfamily.train.config import add_flags, from_args
 from specfamily.train.ddp import Objective, Ranks
-from specfamily.train.loop import Budget, Evaluation, LoopSettings, Step, Trainee
-from specfamily.train.precision import Precision, check_device, check_dtype, device_arg, dtype_arg
+from specfamily.train.loop import Evaluation, LoopSettings, NamedBest, Resumable, Step, Trainee, check_draft_vocabulary
+from specfamily.train.precision import Precision, check_device, check_dtype, device_arg, dtype_arg, frozen_target
 
 
 @dataclass
@@ -123,7 +119,7 @@ class TrainConfig:
 
 
 @dataclass
-class TrainState:
+class TrainState(NamedBest):
     step: int = 0
     seconds: float = 0.0
     best_tau: float = -math.inf
@@ -131,14 +127,7 @@ class TrainState:
     history: list[dict] = field(default_factory=list)  # one row per evaluation
     draft_vocab: dict = field(default_factory=dict)  # size and coverage of the draft vocabulary, if any
 
-    @property
-    def best_score(self) -> float:
-        """What the loop selects by: tau."""
-        return self.best_tau
-
-    @best_score.setter
-    def best_score(self, value: float) -> None:
-        self.best_tau = value
+    BEST: ClassVar[str] = "best_tau"  # what the loop selects by
 
 
 def shifted(features: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,17 +162,6 @@ def argmax_labels(lm_head: torch.nn.Module, features: torch.Tensor, ids: torch.T
     return torch.cat([ids[:, :1], lm_head(features[:, :-1]).argmax(dim=-1).to(ids.dtype)], dim=1)
 
 
-def budget(cfg: TrainConfig) -> Budget:
-    """Linear warm-up, then cosine decay (over the steps after warm-up) to ``min_lr_ratio * lr`` at the last step
-    or at ``minutes``, whichever comes first; evaluations count against the minutes."""
-    return Budget(cfg.steps, cfg.lr, cfg.warmup, cfg.minutes, cfg.min_lr_ratio, decay_after_warmup=True)
-
-
-def learning_rate(cfg: TrainConfig, step: int, minutes: float = 0.0) -> float:
-    """The learning rate of ``step`` after ``minutes`` of training."""
-    return budget(cfg).learning_rate(step, 60 * minutes)
-
-
 def measure_tau(target, heads: MedusaHeads, tree, prompts: list[list[int]], max_new_tokens: int) -> float:
     """tau = new tokens / target passes over the prompts (greedy), with the shared verifier."""
     from specfamily.core.loop import generate
@@ -198,8 +176,9 @@ def measure_tau(target, heads: MedusaHeads, tree, prompts: list[list[int]], max_
 
 
 @dataclass
-class Session:
-    """What a training run holds besides the heads: target, data (held-out sets included), the measured costs."""
+class HeadsContext:
+    """What training and recalibrating heads read besides the heads: the target, the data (held-out sets included)
+    and the measured costs."""
 
     cfg: TrainConfig
     target: object
@@ -212,44 +191,29 @@ class Session:
         self.c = measure_heads_cost(heads, self.cfg.ranks, self.seconds_per_pass)
 
 
-def evaluate(session: Session, heads: MedusaHeads) -> tuple[Calibration, float, torch.Tensor]:
+def evaluate(context: HeadsContext, heads: MedusaHeads) -> tuple[Calibration, float, torch.Tensor]:
     """The tree chosen from accuracies on the target's own greedy text, the tau it reaches, and the accuracies
     (K, ranks) on the held-out text itself."""
-    cfg = session.cfg
+    cfg = context.cfg
     heads.eval()
-    corpus, greedy = session.data.corpus, session.data.greedy
+    corpus, greedy = context.data.corpus, context.data.greedy
     acc = head_accuracies(heads, greedy.features, greedy.ids, cfg.ranks, greedy.start, cfg.batch)
     corpus_acc = acc if corpus is greedy else head_accuracies(heads, corpus.features, corpus.ids, cfg.ranks,
                                                               corpus.start, cfg.batch)
     ranks = rank_table(heads, greedy.features, greedy.ids, cfg.ranks, greedy.start, cfg.batch)
-    cal = calibrate(acc, ranks, session.curve, session.c, cfg.max_nodes)
-    tau = measure_tau(session.target, heads, cal.tree, session.data.prompts, cfg.eval_tokens)
+    cal = calibrate(acc, ranks, context.curve, context.c, cfg.max_nodes)
+    tau = measure_tau(context.target, heads, cal.tree, context.data.prompts, cfg.eval_tokens)
     heads.train()
     return cal, tau, corpus_acc
 
 
-def export(session: Session, heads: MedusaHeads, cal: Calibration, tau: float, state: TrainState) -> Path:
-    cfg = session.cfg
-    folder = Path(cfg.export or Path(cfg.out) / "heads")
-    meta = MedusaCheckpoint(
-        heads.shape, target_identity(session.target.model), cal.tree, {**cal.as_dict(), "tau": tau},
-        {"step": state.step, "data": session.data.source, "config": asdict(cfg), "draft_vocab": state.draft_vocab},
-    )
-    return save_checkpoint(folder, heads, meta, dtype=getattr(torch, cfg.save_dtype))
-
-
-def open_session(cfg: TrainConfig, target=None) -> Session:
-    from specfamily.core.target import load_target
-
+def open_context(cfg: TrainConfig, target=None) -> HeadsContext:
+    """The frozen target (``target``: an already loaded one), the data and the target's verify cost."""
     device = Precision.of(cfg.device, cfg.dtype).device
-    if target is None:
-        target = load_target(cfg.target, device=device, dtype=torch.float32, matmul=cfg.matmul)
-    elif target.device != device:
-        raise ValueError(f"the target given is on {target.device}, not on --device {cfg.device}")
-    target.model.requires_grad_(False)
+    target = frozen_target(cfg.target, device, cfg.device, target, matmul=cfg.matmul)
     data = load_data(cfg, target)
     curve, t1 = measure_verify_cost(target, max_size=cfg.max_nodes + 1)
-    return Session(cfg, target, data, curve, t1)
+    return HeadsContext(cfg, target, data, curve, t1)
 
 
 def train(cfg: TrainConfig, target=None) -> TrainState:
@@ -257,66 +221,49 @@ def train(cfg: TrainConfig, target=None) -> TrainState:
     return loop.train(MedusaTraining(cfg, target))
 
 
-class MedusaTraining:
+class MedusaTraining(Resumable):
     """Medusa heads as a :class:`specfamily.train.loop.Family`: selected by the tau they reach, exported as
-    safetensors + JSON, resumable from ``out/state.pt``."""
+    safetensors + JSON, resumable from ``out/state.pt`` (the heads under ``heads``; the draft vocabulary's report is
+    measured anew)."""
+
+    model_key, kept_state, hint = "heads", ("draft_vocab",), "use a new out"
+    fixed_options = ("target", "num_heads", "layers", "share_lm_head", "seq_len", "data", "distilled", "draft_vocab")
 
     def __init__(self, cfg: TrainConfig, target=None) -> None:
         self.cfg, self.target = cfg, target
-        self.settings = LoopSettings("medusa heads", budget(cfg), Path(cfg.out) / "state.pt", cfg.device,
-                                     cfg.dtype, cfg.clip, cfg.eval_every, cfg.ckpt_every, cfg.resume)
+        # the cosine runs over the steps after warm-up; evaluations count against the minutes
+        self.settings = LoopSettings.of(cfg, "medusa heads", Path(cfg.out) / "state.pt", decay_after_warmup=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.per_head: list[float] = []  # the last step's loss of each head
 
     def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
         cfg = self.cfg
-        self.session = session = open_session(cfg, self.target)
-        vocab = draft_vocabulary(cfg, session.target, session.data)
-        shape = shape_for(session.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
-        heads = build_heads(session.target, shape, vocab)
-        session.measure_heads(heads)
+        self.context = context = open_context(cfg, self.target)
+        vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
+        shape = shape_for(context.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
+        heads = build_heads(context.target, shape, vocab)
+        context.measure_heads(heads)
         heads.train()
         optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        state = TrainState(draft_vocab=vocab_report(vocab, session.data))
+        state = TrainState(draft_vocab=vocab_report(vocab, context.data))
         if vocab is not None and ranks.is_main:
             tqdm.write(f"draft vocabulary: {vocab.size} tokens, coverage {state.draft_vocab['coverage_train']:.3f} "
                        f"of the training tokens, {state.draft_vocab['coverage_heldout']:.3f} held out")
-        objective = Objective(heads, lambda h, ids, f: _step_loss(session, h, ids, f))
+        objective = Objective(heads, lambda h, ids, f: _step_loss(context, h, ids, f))
         return Trainee(heads, optimizer, objective, state, precision.scaler())
 
-    def load(self, trainee: Trainee[TrainState], path: Path) -> None:
-        """Resume from ``out/state.pt`` (tensors and plain containers only) if it is this run's."""
-        saved, heads, none = torch.load(path, map_location="cpu", weights_only=True), trainee.model, torch.zeros(0)
-        ids = heads.draft_ids.cpu() if heads.vocab is not None else none
-        if not torch.equal(saved["heads"].get("draft_ids", none), ids):
-            raise ValueError(f"cannot resume {path}: it was trained with another draft vocabulary (use a new out)")
-        keys = ("target", "num_heads", "layers", "share_lm_head", "seq_len", "data", "distilled", "draft_vocab")
-        defaults = {"distilled": "", "draft_vocab": 0}  # states saved before these options
-        changed = [k for k in keys if saved["config"].get(k, defaults.get(k)) != getattr(self.cfg, k)]
-        if changed:
-            raise ValueError(f"cannot resume {path}: options {changed} differ from the saved run (use a new out)")
-        heads.load_state_dict(saved["heads"])
-        trainee.optimizer.load_state_dict(saved["optimizer"])
-        self.generator.set_state(saved["generator"])
-        if saved.get("scaler"):
-            trainee.scaler.load_state_dict(saved["scaler"])
-        trainee.state = TrainState(**{**saved["state"], "draft_vocab": trainee.state.draft_vocab})
-
-    def save(self, trainee: Trainee[TrainState], path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"heads": trainee.model.state_dict(), "optimizer": trainee.optimizer.state_dict(),
-                   "state": asdict(trainee.state), "generator": self.generator.get_state(), "config": asdict(self.cfg),
-                   "scaler": trainee.scaler.state_dict()}
-        write_atomically(path, lambda tmp: torch.save(payload, tmp))
+    def check_resume(self, trainee: Trainee[TrainState], saved: dict, path: Path) -> None:
+        ids = trainee.model.draft_ids if trainee.model.vocab is not None else None
+        check_draft_vocabulary(path, saved["heads"].get("draft_ids"), ids, self.hint)
 
     def step(self, trainee: Trainee[TrainState], ranks: Ranks) -> Step:
-        ids, features = self.session.data.sample(self.cfg.batch * ranks.world_size, self.generator)  # global batch
+        ids, features = self.context.data.sample(self.cfg.batch * ranks.world_size, self.generator)  # global batch
         loss, self.per_head = trainee.objective(ranks.local(ids), ranks.local(features))
         return Step(loss, {"loss": f"{loss.item():.3f}", "head0": f"{self.per_head[0]:.3f}"})
 
     def evaluate(self, trainee: Trainee[TrainState]) -> Evaluation:
         state = trainee.state
-        cal, tau, corpus_acc = evaluate(self.session, trainee.model)
+        cal, tau, corpus_acc = evaluate(self.context, trainee.model)
         row = {"step": state.step, "seconds": round(state.seconds, 1), "tau": tau, "loss": self.per_head,
                "top1": cal.top1, "top5": cal.top5, "corpus_top1": corpus_acc[:, 0].tolist(),
                "corpus_top5": corpus_acc[:, :5].sum(dim=1).tolist(), "tree_nodes": len(cal.tree),
@@ -328,21 +275,26 @@ class MedusaTraining:
         return Evaluation(summary, tau, cal)
 
     def export(self, trainee: Trainee[TrainState], evaluation: Evaluation) -> None:
-        export(self.session, trainee.model, evaluation.detail, evaluation.score, trainee.state)
+        cfg, cal, state, heads = self.cfg, evaluation.detail, trainee.state, trainee.model
+        training = {"step": state.step, "data": self.context.data.source, "config": asdict(cfg),
+                    "draft_vocab": state.draft_vocab}
+        meta = MedusaCheckpoint(heads.shape, target_identity(self.context.target.model), cal.tree,
+                                {**cal.as_dict(), "tau": evaluation.score}, training)
+        save_checkpoint(cfg.export or Path(cfg.out) / "heads", heads, meta, dtype=getattr(torch, cfg.save_dtype))
 
     def finish(self, trainee: Trainee[TrainState]) -> None:
         """Nothing more: the best heads were exported as they came."""
 
 
-def _step_loss(session: Session, heads: MedusaHeads, ids: torch.Tensor,
+def _step_loss(context: HeadsContext, heads: MedusaHeads, ids: torch.Tensor,
                features: torch.Tensor | None) -> tuple[torch.Tensor, list[float]]:
     """The training loss on one batch of windows (B, T): the target's features (computed unless stored), then the
     heads' loss."""
-    cfg, device = session.cfg, session.target.device
+    cfg, device = context.cfg, context.target.device
     ids = ids.to(device)
-    features = target_features(session.target.model, ids) if features is None else features.to(device)
+    features = target_features(context.target.model, ids) if features is None else features.to(device)
     if cfg.labels == "argmax":
-        ids = argmax_labels(session.target.model.get_output_embeddings(), features, ids)
+        ids = argmax_labels(context.target.model.get_output_embeddings(), features, ids)
     return medusa_loss(heads, features, ids, cfg.decay)
 
 
@@ -353,12 +305,12 @@ def _rounded(values: list[float]) -> list[float]:
 def recalibrate(cfg: TrainConfig, target=None) -> Calibration:
     """Re-choose the tree of the checkpoint ``cfg.recalibrate`` for this machine; written to ``cfg.export`` (default:
     in place)."""
-    session = open_session(cfg, target)
-    heads, meta = load_checkpoint(cfg.recalibrate, session.target)
+    context = open_context(cfg, target)
+    heads, meta = load_checkpoint(cfg.recalibrate, context.target)
     if heads.shape.output_size < cfg.ranks:
         raise ValueError(f"--ranks {cfg.ranks} exceeds the checkpoint's draft vocabulary of {heads.shape.output_size}")
-    session.measure_heads(heads)
-    cal, tau, _ = evaluate(session, heads)
+    context.measure_heads(heads)
+    cal, tau, _ = evaluate(context, heads)
     tqdm.write(f"recalibrated: tau {tau:.3f}, top1 {[round(a, 3) for a in cal.top1]}, tree {len(cal.tree)} nodes")
     meta.tree, meta.calibration = cal.tree, {**cal.as_dict(), "tau": tau}
     save_checkpoint(cfg.export or resolve(cfg.recalibrate), heads, meta, dtype=getattr(torch, cfg.save_dtype))
