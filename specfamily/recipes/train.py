@@ -3,11 +3,11 @@
 
 Configured like runs: ``configs/train/draft.yaml`` holds every key and its default, ``key=value`` overrides them (the
 older ``--flag value`` form, ``--max-minutes`` for ``minutes``, still works). The loop is
-:mod:`specfamily.train.loop`'s; the checkpoint is ``WORK/ckpt-<out's name>.pt`` and the final weights are exported.
-``device=cuda`` trains on a GPU; ``dtype=bfloat16`` (or float16) runs the passes under autocast with float32
-master weights. The checkpoint is read as tensors and plain containers only (``weights_only=True``). Under
-``torchrun`` each rank trains a DistributedDataParallel replica on its share of every global batch (``batch`` rows
-per rank; :mod:`specfamily.train.ddp`); rank 0 evaluates, checkpoints and exports.
+:mod:`specfamily.train.loop`'s, and so is the checkpoint ``WORK/ckpt-<out's name>.pt`` (read as tensors and plain
+containers only); the final weights are exported. ``device=cuda`` trains on a GPU; ``dtype=bfloat16`` (or float16)
+runs the passes under autocast with float32 master weights. Under ``torchrun`` each rank trains a
+DistributedDataParallel replica on its share of every global batch (``batch`` rows per rank;
+:mod:`specfamily.train.ddp`); rank 0 evaluates, checkpoints and exports.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specfamily.io.files import write_atomically, write_folder_atomically
+from specfamily.io.files import write_folder_atomically
 from specfamily.recipes.greedy_data import load_greedy_data, sample_rows
 from specfamily.recipes.models import llama_config
 from specfamily.train import loop
 from specfamily.train.ddp import Objective, Ranks
-from specfamily.train.loop import Budget, Evaluation, LoopSettings, Step, Trainee
+from specfamily.train.loop import Evaluation, LoopSettings, Resumable, Step, Trainee
 from specfamily.train.precision import Precision, check_device, check_dtype
 from specfamily.train.tokens import fixed_windows, random_windows
 
@@ -59,10 +59,6 @@ class TrainConfig:
     compile: bool = False  # torch.compile the loss (about 1.2x on CPU after a one-minute compile)
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
-
-
-# what a resumed run must share with its checkpoint (steps and minutes may grow)
-RESUME_FIXED = ("teacher", "init_from", "greedy_data", "greedy_fraction", "batch", "seq_len", "seed")
 
 
 @dataclass
@@ -137,28 +133,6 @@ def _build_model(cfg: TrainConfig, vocab_size: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(llama_config(cfg.kind, vocab_size))
 
 
-def _save_checkpoint(path: Path, model, optimizer, state: TrainState, cfg: TrainConfig, scaler=None) -> None:
-    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-               "state": asdict(state), "config": asdict(cfg), "scaler": {} if scaler is None else scaler.state_dict()}
-    write_atomically(path, lambda tmp: torch.save(payload, tmp))
-
-
-def _load_checkpoint(path: Path, model, optimizer, cfg: TrainConfig, scaler=None) -> TrainState:
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    if saved["config"]["kind"] != cfg.kind:
-        raise ValueError(f"checkpoint {path} is for kind {saved['config']['kind']!r}, not {cfg.kind!r}")
-    defaults = asdict(TrainConfig(kind=cfg.kind, workdir=cfg.workdir, out=cfg.out))
-    differ = [name for name in RESUME_FIXED if saved["config"].get(name, defaults[name]) != getattr(cfg, name)]
-    if differ:
-        raise ValueError(f"cannot resume {path}: options {differ} differ from the checkpoint's; "
-                         "use another --out for a different run")
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    if scaler is not None and saved.get("scaler"):
-        scaler.load_state_dict(saved["scaler"])
-    return TrainState(**saved["state"])
-
-
 def training_info(cfg: TrainConfig, state: TrainState, parameters: int) -> dict:
     """``training.json``: this run's config and final state, the runs it warm-started from (``init_from``'s own
     ``training.json``, earliest first) and the tokens seen over all of them."""
@@ -185,28 +159,25 @@ def export(model, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict) -> 
     write_folder_atomically(out, fill)
 
 
-def local_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | None, step: int,
-                  ranks: Ranks) -> list[torch.Tensor]:
-    """This rank's rows of the step's global batch (``batch`` rows per rank, drawn alike on every rank)."""
-    return [ranks.local(rows) for rows in training_batches(replace(cfg, batch=cfg.batch * ranks.world_size),
-                                                             tokens, greedy, step)]
-
-
 def train(cfg: TrainConfig) -> TrainState:
     """Train (or resume) the model ``cfg`` describes, then export it to ``cfg.out``; the final state."""
     check_config(cfg)
     return loop.train(ZooTraining(cfg))
 
 
-class ZooTraining:
+class ZooTraining(Resumable):
     """A zoo model as a :class:`specfamily.train.loop.Family`: no selection (held-out loss is logged, the final
-    weights are exported), step time alone counts against ``minutes``."""
+    weights are exported), step time alone counts against ``minutes``; no generator is saved (each step draws from
+    its own seed)."""
+
+    # what a resumed run must share with its checkpoint (steps and minutes may grow)
+    fixed_options = ("kind", "teacher", "init_from", "greedy_data", "greedy_fraction", "batch", "seq_len", "seed")
+    hint = "use another --out for a different run"
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        budget = Budget(cfg.steps, cfg.lr, cfg.warmup, cfg.minutes, cfg.min_lr_ratio, timed_evaluations=False)
-        self.settings = LoopSettings(f"train {cfg.kind}", budget, Path(cfg.workdir) / f"ckpt-{Path(cfg.out).name}.pt",
-                                     cfg.device, cfg.dtype, cfg.clip, cfg.eval_every, cfg.ckpt_every, cfg.resume)
+        self.settings = LoopSettings.of(cfg, f"train {cfg.kind}", Path(cfg.workdir) / f"ckpt-{Path(cfg.out).name}.pt",
+                                        timed_evaluations=False)
 
     def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
         cfg, work, self.device = self.cfg, Path(self.cfg.workdir), precision.device
@@ -221,16 +192,10 @@ class ZooTraining:
         objective = Objective(model, lambda m, rows: batch_loss(loss_fn, m, teacher, rows))
         return Trainee(model, _optimizer(model, cfg), objective, TrainState(), precision.scaler())
 
-    def load(self, trainee: Trainee[TrainState], path: Path) -> None:
-        trainee.state = _load_checkpoint(path, trainee.model, trainee.optimizer, self.cfg, trainee.scaler)
-
-    def save(self, trainee: Trainee[TrainState], path: Path) -> None:
-        _save_checkpoint(path, trainee.model, trainee.optimizer, trainee.state, self.cfg, trainee.scaler)
-
     def step(self, trainee: Trainee[TrainState], ranks: Ranks) -> Step:
-        state = trainee.state
-        batches = [b.to(self.device) for b in local_batches(self.cfg, self.tokens, self.greedy, state.step, ranks)]
-        loss, positions = trainee.objective(batches)
+        state, cfg = trainee.state, self.cfg  # the step's global batch (``batch`` rows per rank), drawn alike by all
+        rows = training_batches(replace(cfg, batch=cfg.batch * ranks.world_size), self.tokens, self.greedy, state.step)
+        loss, positions = trainee.objective([ranks.local(b).to(self.device) for b in rows])
         state.tokens_seen += positions * ranks.world_size
         return Step(loss, {"loss": f"{loss.item():.3f}", "heldout": f"{state.heldout_loss:.3f}"})
 

@@ -1,14 +1,16 @@
 """The one training loop: every trainer is a :class:`Family` run by :func:`train`.
 
-A family (Medusa heads, the zoo's models; the EAGLE drafters next) supplies what differs: how to build the model,
-its optimizer and its loss (:meth:`Family.build`), one step's loss (:meth:`Family.step`), a held-out evaluation
-(:meth:`Family.evaluate`), what it writes for a new best and at the end (:meth:`Family.export`,
-:meth:`Family.finish`) and its own checkpoint format (:meth:`Family.save`, :meth:`Family.load`). The loop owns the
-rest, the same for every trainer:
+A family (Medusa heads, the zoo's models, the EAGLE drafters) supplies what differs: how to build the model, its
+optimizer and its loss (:meth:`Family.build`), one step's loss (:meth:`Family.step`), a held-out evaluation
+(:meth:`Family.evaluate`) and what it writes for a new best and at the end (:meth:`Family.export`,
+:meth:`Family.finish`). The loop owns the rest, the same for every trainer:
 
 - the budget and the schedule (:class:`Budget`): linear warm-up, then cosine decay to a floor over steps or
   wall-clock minutes, whichever runs out first;
-- resume: a checkpoint that exists is loaded before the first step (``resume`` off: it is overwritten);
+- the checkpoint and resume (:class:`Resumable`: a family's :meth:`Family.save` and :meth:`Family.load`): one
+  payload for every trainer (the weights under ``model_key``, optimizer, loss scaler, state and config as dicts,
+  the data generator's state, the family's extras), written atomically and read back as tensors and plain
+  containers only; a checkpoint that exists is loaded before the first step (``resume`` off: it is overwritten);
 - data parallel under torchrun (:mod:`specfamily.train.ddp`): the loss module runs under DistributedDataParallel,
   the ranks agree on the clock, only rank 0 evaluates and writes, the others wait;
 - precision: the step's loss under autocast, then one clipped (and, for float16, scaled) optimiser step;
@@ -21,15 +23,17 @@ rest, the same for every trainer:
 
 from __future__ import annotations
 
+import pickle
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
+from specfamily.io.files import write_atomically
 from specfamily.train.ddp import Ranks, start, unwrap
 from specfamily.train.precision import Precision, optimizer_step
 from specfamily.train.schedule import budget_progress, warmup_cosine
@@ -72,13 +76,21 @@ class LoopSettings:
 
     label: str  # the progress bar's
     budget: Budget
-    checkpoint: Path  # the resumable training state (the family's own format)
+    checkpoint: Path  # the resumable training state
     device: str = "cpu"  # cpu, cuda or cuda:N (under torchrun: cuda, each rank on GPU LOCAL_RANK)
     dtype: str = "float32"  # the passes' autocast dtype over float32 weights
     clip: float = 1.0  # gradient-norm clip
     eval_every: int = 0  # 0: evaluate after the last step only
     ckpt_every: int = 0  # 0: checkpoint after evaluations and at the end only
     resume: bool = True  # load ``checkpoint`` when it exists
+
+    @classmethod
+    def of(cls, cfg: Any, label: str, checkpoint: Path, **schedule: bool) -> LoopSettings:
+        """From a trainer's config, by field name (steps, lr, warmup, minutes, min_lr_ratio, device, dtype, clip,
+        eval_every, ckpt_every, resume); ``schedule``: :class:`Budget`'s switches."""
+        budget = Budget(cfg.steps, cfg.lr, cfg.warmup, cfg.minutes, cfg.min_lr_ratio, **schedule)
+        return cls(label, budget, checkpoint, cfg.device, cfg.dtype, cfg.clip, cfg.eval_every, cfg.ckpt_every,
+                   cfg.resume)
 
 
 class LoopState(Protocol):
@@ -89,11 +101,24 @@ class LoopState(Protocol):
 
 
 class KeepsBest(LoopState, Protocol):
-    """The state of a family that selects by a held-out score (``best_score`` may be a property over the family's
-    own field name, e.g. ``best_tau``)."""
+    """The state of a family that selects by a held-out score (``best_score`` may be a :class:`NamedBest`'s)."""
 
     best_score: float
     best_step: int
+
+
+class NamedBest:
+    """A state dataclass whose ``best_score`` is the field its ``BEST`` names (e.g. ``best_tau``)."""
+
+    BEST: ClassVar[str]
+
+    @property
+    def best_score(self) -> float:
+        return getattr(self, self.BEST)
+
+    @best_score.setter
+    def best_score(self, value: float) -> None:
+        setattr(self, self.BEST, value)
 
 
 S = TypeVar("S", bound=LoopState)
@@ -140,11 +165,12 @@ class Family(Protocol[S]):
 
     def load(self, trainee: Trainee[S], path: Path) -> None:
         """Restore ``trainee`` (weights, optimizer, scaler, generators, state) from its checkpoint; refuse (ValueError)
-        a checkpoint of another run. Runs on every rank, before DistributedDataParallel wraps the loss."""
+        a checkpoint of another run. Runs on every rank, before DistributedDataParallel wraps the loss
+        (:class:`Resumable`'s, for the trainers)."""
         ...
 
     def save(self, trainee: Trainee[S], path: Path) -> None:
-        """Write the resumable checkpoint (atomically)."""
+        """Write the resumable checkpoint (atomically; :class:`Resumable`'s)."""
         ...
 
     def step(self, trainee: Trainee[S], ranks: Ranks) -> Step:
@@ -163,6 +189,70 @@ class Family(Protocol[S]):
     def finish(self, trainee: Trainee[S]) -> None:
         """After the last checkpoint (e.g. export the final weights)."""
         ...
+
+
+def read_state(path: Path, hint: str = "use another --ckpt") -> dict:
+    """A saved training state, tensors and plain containers only: anything else in the file is refused unrun."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"refusing to resume from {str(path)!r}: it holds objects other than tensors and plain "
+                         f"containers, which loading would have to run as code ({err}); delete it or {hint}") from None
+
+
+def check_draft_vocabulary(path: Path, saved: torch.Tensor | None, ids: torch.Tensor | None, hint: str) -> None:
+    """Refuse a checkpoint that drafted over other target ids than ``ids`` (None: the full vocabulary)."""
+    none = torch.zeros(0)
+    if not torch.equal(none if saved is None else saved.cpu(), none if ids is None else ids.cpu()):
+        raise ValueError(f"cannot resume {path}: it was trained with another draft vocabulary; {hint}")
+
+
+class Resumable:
+    """Save and load for a family with a dataclass ``cfg``. A family sets its ``model_key``, the config keys a resumed
+    run must share (``fixed_options``: a key an older checkpoint lacks counts as at its default), the state fields its
+    build measures anew (``kept_state``), the refusals' advice (``hint``), its data ``generator`` if any, and the hooks
+    :meth:`check_resume` (run before the fixed options), :meth:`extras` and :meth:`restore`."""
+
+    cfg: Any
+    model_key: ClassVar[str] = "model"
+    fixed_options: tuple[str, ...] = ()
+    kept_state: ClassVar[tuple[str, ...]] = ()
+    hint: ClassVar[str] = "use another --ckpt"
+    generator: torch.Generator | None = None
+
+    def save(self, trainee: Trainee, path: Path) -> None:
+        payload = {self.model_key: trainee.model.state_dict(), "optimizer": trainee.optimizer.state_dict(),
+                   "scaler": trainee.scaler.state_dict(), "state": asdict(trainee.state), "config": asdict(self.cfg),
+                   **({} if self.generator is None else {"generator": self.generator.get_state()}),
+                   **self.extras(trainee)}
+        write_atomically(path, lambda tmp: torch.save(payload, tmp))
+
+    def load(self, trainee: Trainee, path: Path) -> None:
+        saved = read_state(path, self.hint)
+        self.check_resume(trainee, saved, path)
+        defaults = {f.name: f.default for f in fields(self.cfg) if f.default is not MISSING}
+        changed = [k for k in self.fixed_options if saved["config"].get(k, defaults.get(k)) != getattr(self.cfg, k)]
+        if changed:
+            raise ValueError(f"cannot resume {path}: options {changed} differ from the saved run; {self.hint}")
+        trainee.model.load_state_dict(saved[self.model_key])
+        trainee.optimizer.load_state_dict(saved["optimizer"])
+        if saved.get("scaler"):
+            trainee.scaler.load_state_dict(saved["scaler"])
+        if self.generator is not None:
+            self.generator.set_state(saved["generator"])
+        fresh = trainee.state
+        trainee.state = type(fresh)(**{**saved["state"], **{name: getattr(fresh, name) for name in self.kept_state}})
+        self.restore(trainee, saved)
+
+    def check_resume(self, trainee: Trainee, saved: dict, path: Path) -> None:
+        """Refuse (ValueError) a checkpoint of another run on the family's own grounds (its target, its vocabulary)."""
+
+    def extras(self, trainee: Trainee) -> dict[str, Any]:
+        """The family's own entries of the checkpoint."""
+        return {}
+
+    def restore(self, trainee: Trainee, saved: dict) -> None:
+        """Take back what :meth:`extras` saved."""
 
 
 def train(family: Family[S]) -> S:

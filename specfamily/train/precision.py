@@ -89,6 +89,19 @@ class Precision:
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
 
+def frozen_target(name: str, device: torch.device, flag: str, given=None, **options):
+    """The frozen target a trainer reads on ``device`` (``flag``: the ``--device`` it came from): ``given`` (refused
+    on another device) or ``name`` loaded in float32 (``options``: :func:`~specfamily.core.target.load_target`'s)."""
+    from specfamily.core import target as targets
+
+    if given is None:
+        given = targets.load_target(name, device=device, dtype=torch.float32, **options)
+    elif given.device != device:
+        raise ValueError(f"the target given is on {given.device}, not on --device {flag}")
+    given.model.requires_grad_(False)
+    return given
+
+
 def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, parameters, clip: float,
                    scaler: torch.amp.GradScaler) -> None:
     """Backward, unscale, clip the gradient norm to ``clip`` and step (the scaler may skip a step with inf/nan

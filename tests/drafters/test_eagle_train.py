@@ -16,7 +16,7 @@ from specfamily.drafters.eagle.model import build_model
 from specfamily.drafters.eagle.objective import eagle_loss, measure_tau, top1_agreement
 from specfamily.drafters.eagle.train import TrainConfig, train
 from specfamily.testing import tiny_model, tiny_target
-from specfamily.train import state as train_state
+from specfamily.train.loop import read_state
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -134,8 +134,8 @@ def test_training_resumes_exactly_and_exports_the_best_tau(tmp_path, monkeypatch
     assert [s for s, *_ in resumed_losses] == [3, 4, 5]
     assert crashed_losses == straight_losses[:4]
     assert resumed_losses == straight_losses[3:]  # step 3 again (its state was saved before it), then on: the same
-    a = train_state.read_state(tmp_path / "a.train.pt")
-    b = train_state.read_state(tmp_path / "b.train.pt")
+    a = read_state(tmp_path / "a.train.pt")
+    b = read_state(tmp_path / "b.train.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert torch.equal(a["generator"], b["generator"])
     for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values(), strict=True):
@@ -173,7 +173,7 @@ def test_bfloat16_autocast_training_runs_with_float32_weights(tmp_path, monkeypa
     state = train(TrainConfig(out=str(tmp_path / "bf16"), dtype="bfloat16", **options))
     assert state.step == 3 and len(losses) == 3
     assert all(math.isfinite(r) and math.isfinite(c) for _, r, c in losses)
-    saved = train_state.read_state(tmp_path / "bf16.train.pt")
+    saved = read_state(tmp_path / "bf16.train.pt")
     assert saved["config"]["dtype"] == "bfloat16"
     assert all(t.dtype == torch.float32 for t in saved["model"].values())
     reference = build_model(sf.load_target(str(tmp_path / "target")).model, seed=0).state_dict()

@@ -8,7 +8,7 @@ from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.medusa.calibrate import target_features
 from specfamily.drafters.medusa.drafter import MedusaDrafter
 from specfamily.drafters.medusa.heads import HeadsShape, build_heads, shape_for
-from specfamily.drafters.medusa.train import medusa_loss
+from specfamily.drafters.medusa.objective import medusa_loss
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
 PROMPT = [3, 1, 4, 1, 5]

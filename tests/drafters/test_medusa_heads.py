@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from specfamily.drafters.medusa.calibrate import head_accuracies, head_hits, rank_table, target_features
 from specfamily.drafters.medusa.heads import HeadsShape, MedusaHeads, build_heads, shape_for
-from specfamily.drafters.medusa.train import medusa_loss, shifted
+from specfamily.drafters.medusa.objective import medusa_loss, shifted
 from specfamily.testing import tiny_target
 
 

@@ -10,9 +10,9 @@ from specfamily.drafters.medusa.calibrate import target_features
 from specfamily.drafters.medusa.checkpoint import read_checkpoint
 from specfamily.drafters.medusa.heads import build_heads, shape_for
 from specfamily.drafters.medusa.train import (
+    MedusaTraining,
     TrainConfig,
     argmax_labels,
-    learning_rate,
     parse_args,
     recalibrate,
     train,
@@ -40,6 +40,11 @@ def zoo_dir(tmp_path, target):
     np.save(tmp_path / "train.npy", _greedy_stream(target, 12, 60, seed=0))
     np.save(tmp_path / "heldout.npy", _greedy_stream(target, 4, 60, seed=1))
     return tmp_path
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """Medusa's schedule at ``step`` before any time is spent."""
+    return MedusaTraining(cfg).settings.budget.learning_rate(step, 0.0)
 
 
 def _config(zoo_dir, **overrides):
@@ -142,7 +147,7 @@ def test_device_and_dtype_flags_are_parsed_and_checked(capsys, target, zoo_dir):
 
 def test_the_session_loads_the_target_with_the_products_decoding_will_use(monkeypatch):
     """Recalibrated trees are chosen at decode-time pass costs: matmul auto unless asked."""
-    from specfamily.drafters.medusa.train import open_session
+    from specfamily.drafters.medusa.train import open_context
 
     seen = []
 
@@ -153,5 +158,5 @@ def test_the_session_loads_the_target_with_the_products_decoding_will_use(monkey
     monkeypatch.setattr("specfamily.core.target.load_target", loading)
     for cfg in (TrainConfig(target="zoo:smollm2"), TrainConfig(target="zoo:smollm2", matmul="exact")):
         with pytest.raises(RuntimeError, match="loaded"):
-            open_session(cfg)
+            open_context(cfg)
     assert seen == ["auto", "exact"]

@@ -13,7 +13,7 @@ from specfamily.drafters.medusa.calibrate import head_accuracies, head_hits, ran
 from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint, read_checkpoint, save_checkpoint
 from specfamily.drafters.medusa.drafter import MedusaDrafter
 from specfamily.drafters.medusa.heads import IGNORE_INDEX, HeadsShape, MedusaHeads, build_heads, shape_for
-from specfamily.drafters.medusa.train import medusa_loss
+from specfamily.drafters.medusa.objective import medusa_loss
 from specfamily.drafters.shared.draft_vocab import DraftVocab
 from specfamily.io.identity import target_identity
 from specfamily.testing import assert_greedy_equivalent, tiny_target

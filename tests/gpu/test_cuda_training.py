@@ -14,7 +14,7 @@ from specfamily.drafters.eagle import train as eagle_train
 from specfamily.drafters.medusa import train as medusa_train
 from specfamily.recipes import train as zoo_train
 from specfamily.testing import tiny_model
-from specfamily.train import state as train_state
+from specfamily.train.loop import read_state
 from specfamily.zoo import zoo_path
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -45,7 +45,7 @@ def test_eagle_trains_on_cuda(tmp_path, dtype, monkeypatch):
     state = eagle_train.train(cfg)
     assert state.step == 3 and len(losses) == 3
     assert all(math.isfinite(regression) and math.isfinite(ce) for regression, ce, _ in losses)
-    saved = train_state.read_state(tmp_path / "eagle.train.pt")
+    saved = read_state(tmp_path / "eagle.train.pt")
     assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in saved["model"].values())
 
 

@@ -30,24 +30,21 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from specfamily.core.target import Target, load_target
+from specfamily.core.target import Target
 from specfamily.drafters.eagle.data import EagleData, load_data
 from specfamily.drafters.eagle.train_config import CommonTrainConfig, Eagle3TrainConfig, TrainConfig
 from specfamily.drafters.eagle.training import Variant, variant_for
 from specfamily.drafters.shared.draft_vocab import target_draft_vocab
-from specfamily.io.files import write_atomically
-from specfamily.io.identity import target_identity
+from specfamily.io.identity import check_identity, target_identity
 from specfamily.train import loop
 from specfamily.train.config import add_flags, from_args
 from specfamily.train.ddp import Ranks
-from specfamily.train.loop import Budget, Evaluation, LoopSettings, Step, Trainee
-from specfamily.train.precision import Precision, device_arg, dtype_arg
-from specfamily.train.state import read_state
+from specfamily.train.loop import Evaluation, LoopSettings, Resumable, Step, Trainee
+from specfamily.train.precision import Precision, device_arg, dtype_arg, frozen_target
 
 __all__ = ["EagleRun", "Eagle3TrainConfig", "TrainConfig", "main", "parse_args", "train", "train_step"]
 
@@ -55,17 +52,17 @@ PROG = "python -m specfamily.drafters.eagle.train"
 CONFIGS = {"eagle": TrainConfig, "eagle3": Eagle3TrainConfig}
 
 
-class EagleRun:
+class EagleRun(Resumable):
     """An EAGLE variant's training as a :class:`specfamily.train.loop.Family`: selected by the variant's held-out
     score (tau, or EAGLE-3's simulated acceptance), exported in the variant's format, resumable from
-    ``cfg.ckpt_path``. It is also the ``run`` the variant's parts read (:class:`~.training.Variant`)."""
+    ``cfg.ckpt_path`` (with the target's identity and the best weights). It is also the ``run`` the variant's parts
+    read (:class:`~.training.Variant`)."""
 
     def __init__(self, cfg: CommonTrainConfig, target: Target | None = None) -> None:
         self.cfg, self.target = cfg, target
         self.variant: Variant = variant_for(cfg)
-        budget = Budget(cfg.steps, cfg.lr, cfg.warmup, cfg.minutes, cfg.min_lr_ratio)
-        self.settings = LoopSettings(self.variant.name, budget, cfg.ckpt_path, cfg.device, cfg.dtype, cfg.clip,
-                                     cfg.eval_every, cfg.ckpt_every, cfg.resume)
+        self.fixed_options = self.variant.fixed_options
+        self.settings = LoopSettings.of(cfg, self.variant.name, cfg.ckpt_path)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.best: dict[str, torch.Tensor] | None = None  # the best evaluation's weights (saved with the state)
         self.trainee: Trainee | None = None
@@ -81,11 +78,7 @@ class EagleRun:
     def build(self, ranks: Ranks, precision: Precision) -> Trainee:
         """Load the target (unless given) and the data, build the draft vocabulary, the network and its optimiser."""
         cfg, self.ranks, self.precision = self.cfg, ranks, precision
-        if self.target is None:
-            self.target = load_target(cfg.target, device=precision.device, dtype=torch.float32)
-        elif self.target.device != precision.device:
-            raise ValueError(f"the target given is on {self.target.device}, not on --device {cfg.device}")
-        self.target.model.requires_grad_(False)
+        self.target = frozen_target(cfg.target, precision.device, cfg.device, self.target)
         self.data: EagleData = load_data(cfg, self.target)
         vocab = target_draft_vocab(cfg.draft_vocab, self.target, self.data.counted)
         self.model = model = self.variant.build(cfg, self.target, vocab)
@@ -94,28 +87,17 @@ class EagleRun:
         self.trainee = Trainee(model, optimizer, objective, self.variant.state_type(), precision.scaler())
         return self.trainee
 
-    def load(self, trainee: Trainee, path: Path) -> None:
-        """Continue from the saved training state, after the variant's checks (target, fixed options)."""
-        saved = read_state(path)
+    def check_resume(self, trainee: Trainee, saved: dict, path: Path) -> None:
+        """Refuse a state trained for another target, then the variant's own checks."""
+        check_identity(saved["target"], self.target.model, f"{self.variant.name} training state {str(path)!r}",
+                       self.hint)
         self.variant.check_resume(self, saved)
-        trainee.model.load_state_dict(saved["model"])
-        trainee.optimizer.load_state_dict(saved["optimizer"])
-        self.generator.set_state(saved["generator"])
-        if saved.get("scaler"):
-            trainee.scaler.load_state_dict(saved["scaler"])
-        trainee.state = self.variant.state_type(**saved["state"])
-        self.best = saved["best"]
 
-    def save(self, trainee: Trainee, path: Path) -> None:
-        """Write the resumable training state (temporary file, then rename)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "config": asdict(self.cfg), "state": asdict(trainee.state), "target": target_identity(self.target.model),
-            "model": trainee.model.state_dict(), "optimizer": trainee.optimizer.state_dict(),
-            "generator": self.generator.get_state(), "best": self.best, "scaler": trainee.scaler.state_dict(),
-            **self.variant.state_extra(self),
-        }
-        write_atomically(path, lambda tmp: torch.save(payload, tmp))
+    def extras(self, trainee: Trainee) -> dict:
+        return {"target": target_identity(self.target.model), "best": self.best, **self.variant.state_extra(self)}
+
+    def restore(self, trainee: Trainee, saved: dict) -> None:
+        self.best = saved["best"]
 
     def step(self, trainee: Trainee, ranks: Ranks) -> Step:
         loss, shown = train_step(self, self.data)

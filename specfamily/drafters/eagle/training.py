@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from specfamily.core.target import Target
-from specfamily.drafters.eagle.checkpoint import check_target, save_eagle
+from specfamily.drafters.eagle.checkpoint import save_eagle
 from specfamily.drafters.eagle.data import EagleData
 from specfamily.drafters.eagle.formats3 import save_eagle3
 from specfamily.drafters.eagle.model import DraftNetwork, build_model
@@ -28,28 +28,19 @@ from specfamily.drafters.eagle.objective import eagle_loss, feature_agreement, f
 from specfamily.drafters.eagle.train_config import CommonTrainConfig, Eagle3TrainConfig, TrainConfig
 from specfamily.drafters.eagle.ttt import TTTLoss, heldout_accuracies, simulated_acceptance, target_pass
 from specfamily.drafters.shared.draft_vocab import DraftVocab
-from specfamily.io.identity import check_identity
 from specfamily.train.ddp import Objective, Ranks
+from specfamily.train.loop import NamedBest, check_draft_vocabulary
 from specfamily.train.precision import Precision
 
 
 @dataclass
-class Counters:
-    """What every variant's training state counts (saved with it; ``BEST`` names the score to beat, which the loop
-    reads and writes as ``best_score``)."""
+class Counters(NamedBest):
+    """What every variant's training state counts (saved with it; ``BEST`` names the score to beat)."""
 
     step: int = 0
     seconds: float = 0.0
     tokens_seen: int = 0
     best_step: int = -1
-
-    @property
-    def best_score(self) -> float:
-        return getattr(self, self.BEST)
-
-    @best_score.setter
-    def best_score(self, value: float) -> None:
-        setattr(self, self.BEST, value)
 
 
 @dataclass
@@ -100,13 +91,18 @@ class Variant:
       ``report(state)``: that evaluation in a line (the loop adds the step and the best); ``summary(state)``: the
       run's last line;
     - ``save(run)``: write the model's current weights as the drafter in ``--out``;
-    - ``check_resume(run, saved)``: refuse a state trained for another target or with options a resume must share;
+    - ``fixed_options``: the config keys a resumed run must share with its state (the loop's check);
+      ``check_resume(run, saved)``: refuse a state on the variant's own further grounds (the target is the run's);
     - ``state_extra(run)``: entries saved with the training state beside the common ones.
     """
 
     name: str
     state_type: type
     loss_names: tuple[str, ...]
+    fixed_options: tuple[str, ...] = ()
+
+    def check_resume(self, run: Run, saved: dict) -> None:
+        pass
 
     def state_extra(self, run: Run) -> dict[str, Any]:
         return {}
@@ -158,10 +154,9 @@ class EagleTraining(Variant):
         save_eagle(run.cfg.out, run.model, run.target.model, info, dtype=getattr(torch, run.cfg.save_dtype))
 
     def check_resume(self, run: Run, saved: dict) -> None:
-        check_target({"target": saved["target"]}, run.target.model, str(run.cfg.ckpt_path))
         vocab = run.model.vocab
-        if not torch.equal(saved.get("draft_ids", torch.zeros(0)), vocab.ids if vocab else torch.zeros(0)):
-            raise ValueError(f"{run.cfg.ckpt_path} was trained with another draft vocabulary; use another --ckpt")
+        check_draft_vocabulary(run.cfg.ckpt_path, saved.get("draft_ids"), vocab.ids if vocab else None,
+                               "use another --ckpt")
         saved_form = bool(saved["config"].get("reference_form", False))
         if saved_form != run.cfg.reference_form:
             raise ValueError(f"{run.cfg.ckpt_path} was trained {'with' if saved_form else 'without'} "
@@ -176,7 +171,7 @@ class EagleTraining(Variant):
 
 class Eagle3Training(Variant):
     name, state_type, loss_names = "eagle3", Eagle3TrainState, ("loss",)
-    RESUME_FIXED = ("layers", "draft_vocab", "ttt_length", "decay")  # what a resumed run must share with its state
+    fixed_options = ("layers", "draft_vocab", "ttt_length", "decay")
 
     def build(self, cfg: Eagle3TrainConfig, target: Target, vocab: DraftVocab | None) -> DraftNetwork:
         layers = cfg.feature_layers or default_layers(target.num_layers)
@@ -210,13 +205,6 @@ class Eagle3Training(Variant):
     def save(self, run: Run) -> None:
         save_eagle3(run.model, run.cfg.out, run.target, run.cfg.layout, getattr(torch, run.cfg.save_dtype),
                     verifier=run.cfg.base_model or None)
-
-    def check_resume(self, run: Run, saved: dict) -> None:
-        path = run.cfg.ckpt_path
-        check_identity(saved["target"], run.target.model, f"eagle3 training state {str(path)!r}")
-        differ = [key for key in self.RESUME_FIXED if saved["config"].get(key) != getattr(run.cfg, key)]
-        if differ:
-            raise ValueError(f"cannot resume {path}: options {differ} differ from the saved run; use another --ckpt")
 
     def summary(self, state: Eagle3TrainState) -> str:
         return (f"done: {state.step} steps, best simulated acceptance {state.best_acceptance:.3f} at step "

@@ -3,7 +3,7 @@ dataset), or self-distillation data (``specfamily-zoo distill``) whose features 
 
 Either way the trainer sees one :class:`MedusaData`: random training windows (with their features when stored), the
 held-out evaluation windows with their features, held-out prompts for measuring tau, and the tokens a reduced draft
-vocabulary is counted on (``draft_vocabulary``).
+vocabulary is counted on (``counted``: answer tokens of distilled data).
 
 Distilled data: labels are the stored tokens, which along the answers are the target's own greedy choices, so the
 held-out windows serve both as the text as written and as what decoding accepts; tau is measured on the held-out
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from specfamily.drafters.medusa.calibrate import batched_features
-from specfamily.drafters.shared.draft_vocab import DraftVocab, coverage, target_draft_vocab
+from specfamily.drafters.shared.draft_vocab import DraftVocab, coverage
 from specfamily.train.tokens import (
     dataset_tokens,
     fixed_windows,
@@ -97,12 +97,6 @@ def distilled_source(cfg, target) -> MedusaData:
 
 def load_data(cfg, target) -> MedusaData:
     return distilled_source(cfg, target) if cfg.distilled else token_source(cfg, target)
-
-
-def draft_vocabulary(cfg, target, data: MedusaData) -> DraftVocab | None:
-    """The ``draft_vocab`` most frequent training tokens (answer tokens of distilled data; EOS always in), or None
-    for the full vocabulary."""
-    return target_draft_vocab(cfg.draft_vocab, target, data.counted)
 
 
 def vocab_report(vocab: DraftVocab | None, data: MedusaData) -> dict:
