@@ -1,5 +1,8 @@
 """Every registered drafter, in chain and tree modes, under the three sampling configs, verified to depth 3.
 
+The default suite runs each case under one of the three configs, rotating down the list of cases so that every
+config meets chains and trees and several families (:func:`rotated`); ``pytest -m slow`` runs the other two too.
+
 Each case drafts depth 3 (gamma 3); the conformance run asserts the verifier tried depth-3 nodes and that the
 drafts were trees in tree mode and chains in chain mode. Feature drafters (Medusa, EAGLE) draft from their second
 pass on (the prefill is their warm-up); the 5 generated tokens leave a depth-3 draft and its bonus position.
@@ -121,6 +124,14 @@ MIN_DEPTH = {
 SAMPLED_Q = ("small_model-chain", "eagle-chain", "eagle3-chain")  # chains that report the q they sampled from
 
 
+def rotated(cases: list[Case], suffix: str = "") -> list:
+    """(case, sampling) for every case and config, the configs other than case i's (config i mod 3) marked slow."""
+    configs = list(enumerate(zip(SAMPLING_MATRIX, SAMPLING_IDS, strict=True)))
+    return [pytest.param(case, sampling, id=f"{case}{suffix}-{name}",
+                         marks=() if j == i % len(configs) else pytest.mark.slow)
+            for i, case in enumerate(cases) for j, (sampling, name) in configs]
+
+
 def min_depth(key: str, sampling) -> int:
     return MIN_DEPTH[key][SAMPLING_MATRIX.index(sampling)]
 
@@ -141,8 +152,7 @@ def test_lookup_prompts_repeat_their_base():
     assert prompts["tree"][3] != prompts["tree"][9]  # two branches from depth 1
 
 
-@pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=SAMPLING_IDS)
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize(("case", "sampling"), rotated(CASES))
 def test_lossless_at_full_depth(case, sampling):
     [fit] = assert_lossless(case.factory, configs=[sampling], min_depth=min_depth(str(case), sampling),
                             prompt=case.prompt())
@@ -152,8 +162,7 @@ def test_lossless_at_full_depth(case, sampling):
     print(f"\n{case}: {fit.describe()}")
 
 
-@pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=SAMPLING_IDS)
-@pytest.mark.parametrize("case", PRUNED_CASES, ids=lambda case: f"{case}-pruned")
+@pytest.mark.parametrize(("case", "sampling"), rotated(PRUNED_CASES, "-pruned"))
 def test_lossless_with_a_reduced_draft_vocabulary(case, sampling):
     """FR-Spec: drafts over 5 of the 8 tokens, verified over all 8; the drafts never leave the subset."""
     drafted: set[int] = set()
