@@ -49,14 +49,15 @@ def top_p_keep(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> t
     read WIDEN times more, up to all V. On an accelerator the whole row is sorted at once (no host sync)."""
     vocab = probs.shape[-1]
     k = vocab if probs.device.type != "cpu" else min(max(start, 1), vocab)
-    if k == vocab:
-        return head_keep(probs, vocab, top_p)[0]
-    keep = torch.zeros_like(probs, dtype=torch.bool)
-    pending = torch.arange(probs.shape[0], device=probs.device)  # the rows not settled yet
+    keep, done = head_keep(probs, k, top_p)
+    if k == vocab or bool(done.all()):
+        return keep  # every row settled by its first head: the common case
+    pending = (~done).nonzero().view(-1)  # the rows not settled yet; keep's other rows are final
     while pending.numel():
+        k = min(WIDEN * k, vocab)
         head, done = head_keep(probs[pending], k, top_p)
-        keep[pending[done]] = head[done]
-        pending, k = pending[~done], min(WIDEN * k, vocab)
+        keep[pending] = head
+        pending = pending[~done]
     return keep
 
 
@@ -73,10 +74,13 @@ def head_keep(probs: torch.Tensor, k: int, top_p: float) -> tuple[torch.Tensor, 
 
 
 def descending(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest values of each row (b, V), descending, and their indices: tied values in token order."""
+    """The k largest values of each row (b, V), descending, and their indices: tied values in token order (on
+    the CPU for k < V: it reads whether the head has ties)."""
     if k == probs.shape[-1]:
         return probs.sort(dim=-1, descending=True, stable=True)
     values, indices = probs.topk(k, dim=-1)  # (b, k): the head's values, its ties in no given order
+    if not bool((values[:, 1:] == values[:, :-1]).any()):
+        return values, indices  # no ties to order
     indices, by_token = indices.sort(dim=-1)
     values, order = values.gather(-1, by_token).sort(dim=-1, descending=True, stable=True)
     return values, indices.gather(-1, order)
