@@ -18,15 +18,23 @@ from specfamily.core.drafter import AcceptRule, Hooks
 from specfamily.core.processors import processors_for
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import greedy_tree, verify_tree
+from specfamily.core.verify import greedy_tree, verify_tree, verify_tree_rows
 
 
 def verify_draft(
     draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
 ) -> tuple[list[int], int]:
-    """Warp the target's logits (n+1, V) into p and accept a path of ``draft``: (accepted nodes, next token)."""
+    """Warp the target's logits (n+1, V) into p and accept a path of ``draft``: (accepted nodes, next token).
+
+    On the CPU only the rows the walk reads are warped, each when first reached (the same rows, bit for bit, as
+    warping all of them); on an accelerator all rows are warped there in one call and cross to the host once."""
     if sampling.greedy:
         return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
+    if logits.device.type == "cpu" and (generator is None or generator.device.type == "cpu"):
+        def p_row(i: int) -> torch.Tensor:
+            return warp(logits[i : i + 1], sampling)[0]  # (V,)
+
+        return verify_tree_rows(draft.tokens, draft.parents, draft.q, p_row, tuple(logits.shape), generator)
     return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
 
 

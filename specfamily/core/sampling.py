@@ -1,6 +1,8 @@
 """Logits -> probabilities: temperature, top-k, softmax, top-p (the order transformers uses).
 
-The same function warps the target's p and a drafter's q.
+The same function warps the target's p and a drafter's q. Top-p reads only the head of each row: a bounded
+``torch.topk``, widened (x4, up to the whole vocabulary) until the kept mass has been crossed for good; the kept
+set is the one a full descending sort gives (ties in token order), with no full-vocabulary sort on the CPU.
 """
 
 from __future__ import annotations
@@ -8,6 +10,9 @@ from __future__ import annotations
 import torch
 
 from specfamily.core.types import SamplingConfig
+
+TOP_P_START = 64  # how many of the most probable tokens top-p reads first
+WIDEN = 4  # how much the head grows when the first one did not settle a row
 
 
 def greedy_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -24,16 +29,72 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the most probable tokens until their mass reaches top_p (the crossing token kept)."""
+def top_p_filter(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> torch.Tensor:
+    """Keep the most probable tokens until their mass reaches top_p (the crossing token kept), renormalised.
+
+    ``start``: how many tokens per row to read first (the warp passes top_k + 1); more are read when needed."""
     if top_p >= 1.0:
         return probs
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-    keep_sorted = mass_before < top_p
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    keep = top_p_keep(probs.reshape(-1, probs.shape[-1]), top_p, start).view(probs.shape)
     kept = probs * keep
     return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def top_p_keep(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> torch.Tensor:
+    """(B, V) probabilities -> (B, V) bool: the tokens top-p keeps, row by row.
+
+    A token is kept when the mass of the tokens before it (descending, ties in token order) is below top_p, that
+    mass summed as a full sorted cumsum sums it (a CPU cumsum is sequential, so the head's prefix sums are the full
+    ones bit for bit). Each row reads its k most probable tokens; a settled row (:func:`settled`) is done, the others
+    read WIDEN times more, up to all V. On an accelerator the whole row is sorted at once (no host sync)."""
+    vocab = probs.shape[-1]
+    k = vocab if probs.device.type != "cpu" else min(max(start, 1), vocab)
+    keep, done = head_keep(probs, k, top_p)
+    if k == vocab or bool(done.all()):
+        return keep  # every row settled by its first head: the common case
+    pending = (~done).nonzero().view(-1)  # the rows not settled yet; keep's other rows are final
+    while pending.numel():
+        k = min(WIDEN * k, vocab)
+        head, done = head_keep(probs[pending], k, top_p)
+        keep[pending] = head
+        pending = pending[~done]
+    return keep
+
+
+def head_keep(probs: torch.Tensor, k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-p over the k most probable tokens of each row (b, V): (b, V) bool kept, (b,) bool settled (all of
+    them when k = V)."""
+    values, indices = descending(probs, k)  # (b, k)
+    cumulative = values.cumsum(dim=-1)
+    keep_sorted = (cumulative - values) < top_p  # the mass before each token
+    head = keep_sorted.new_zeros(probs.shape).scatter_(-1, indices, keep_sorted)
+    if k == probs.shape[-1]:
+        return head, keep_sorted.new_ones(probs.shape[0])
+    return head, settled(values, cumulative, keep_sorted, top_p)
+
+
+def descending(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row (b, V), descending, and their indices: tied values in token order (on
+    the CPU for k < V: it reads whether the head has ties)."""
+    if k == probs.shape[-1]:
+        return probs.sort(dim=-1, descending=True, stable=True)
+    values, indices = probs.topk(k, dim=-1)  # (b, k): the head's values, its ties in no given order
+    if not bool((values[:, 1:] == values[:, :-1]).any()):
+        return values, indices  # no ties to order
+    indices, by_token = indices.sort(dim=-1)
+    values, order = values.gather(-1, by_token).sort(dim=-1, descending=True, stable=True)
+    return values, indices.gather(-1, order)
+
+
+def settled(values: torch.Tensor, cumulative: torch.Tensor, keep_sorted: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(b,) bool: whether a head of descending values (b, k), with its cumsum, decides its row's kept set.
+
+    It does when (1) the head's mass exceeds top_p by more than a float cumsum's rounding (16 eps of the dtype):
+    every token after the head then has a mass before it >= top_p; and (2) every kept value is larger than the
+    head's last, so no token tied with a kept one lies outside the head."""
+    crossed = cumulative[:, -1] >= top_p + 16 * torch.finfo(values.dtype).eps
+    smallest_kept = values.masked_fill(~keep_sorted, float("inf")).amin(dim=-1)
+    return crossed & (smallest_kept > values[:, -1])
 
 
 def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -42,4 +103,5 @@ def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         return greedy_probs(logits)
     scaled = logits.float() / sampling.temperature
     probs = torch.softmax(top_k_filter(scaled, sampling.top_k), dim=-1)
-    return top_p_filter(probs, sampling.top_p)
+    start = sampling.top_k + 1 if sampling.top_k > 0 else TOP_P_START
+    return top_p_filter(probs, sampling.top_p, start)

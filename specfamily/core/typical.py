@@ -4,7 +4,8 @@ A draft token x at a node is accepted when the target's probability of it clears
 p(x) > min(epsilon, delta * exp(-H(p))), instead of the rejection-sampling test; the committed text then no
 longer follows the target's distribution exactly. The path kept is the longest one whose tokens all pass (the
 first in node order on ties); the next token is sampled from the target's p after it. At temperature 0 the rule
-is plain greedy matching (what Medusa does too), so greedy output stays exact.
+is plain greedy matching (what Medusa does too), so greedy output stays exact. Only the rows that score a node,
+and the row the next token is drawn from, are warped.
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ def typical_pass(tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor, e
 
     tokens (n,), parents (n,), p (n + 1, V): row 0 at the root, row i + 1 after node i.
     """
+    return clears_threshold(tokens, parents.to(p.device) + 1, p, epsilon, delta)
+
+
+def clears_threshold(tokens: torch.Tensor, rows: torch.Tensor, p: torch.Tensor, epsilon: float,
+                     delta: float) -> torch.Tensor:
+    """(n,) bool: whether node i's token clears the typical threshold of row ``rows[i]`` of p (r, V)."""
     p64 = p.double()
-    entropy = -(p64 * torch.log(p64.clamp_min(1e-300))).sum(dim=-1)  # (n + 1,)
-    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # (n + 1,)
-    rows = parents.to(p.device) + 1  # the row that scores each node
+    entropy = -(p64 * torch.log(p64.clamp_min(1e-300))).sum(dim=-1)  # (r,)
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # (r,)
     return p64[rows, tokens.to(p.device)] > threshold[rows]
 
 
@@ -55,9 +61,14 @@ def typical_accept(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Te
     if sampling.greedy:
         return greedy_tree(tokens, parents, logits.argmax(dim=-1))
     delta = epsilon**0.5 if delta is None else delta
-    p = warp(logits, sampling)  # (n + 1, V)
-    passed = typical_pass(tokens, parents, p, epsilon, delta)
-    path = longest_passing_path(parents.tolist(), passed.tolist())
-    row = p[path[-1] + 1] if path else p[0]
+    parent_list = parents.tolist()
+    scoring = sorted({parent + 1 for parent in parent_list})  # the rows that score some node
+    slot = {row: i for i, row in enumerate(scoring)}
+    p = warp(logits[scoring], sampling)  # (r, V): no other row is warped unless the path ends there
+    rows = torch.tensor([slot[parent + 1] for parent in parent_list], dtype=torch.long, device=logits.device)
+    passed = clears_threshold(tokens, rows, p, epsilon, delta)
+    path = longest_passing_path(parent_list, passed.tolist())
+    end = path[-1] + 1 if path else 0  # the row the next token is drawn from
+    row = p[slot[end]] if end in slot else warp(logits[end : end + 1], sampling)[0]
     next_token = int(torch.multinomial(row, 1, generator=generator).item())
     return path, next_token

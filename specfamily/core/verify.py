@@ -14,9 +14,14 @@ are drawn one per tried child, exactly as they always were. With an accelerator'
 drawn as one block of n + 1 per pass (one per possible try, one for the final token) and travel with
 p and q; the final token is then drawn by inversion from its uniform. The law is the same; that
 stream differs from one draw per node.
+
+Only the rows the walk reaches are read (the root's, then each accepted node's; q's for each tried child), each
+converted to float64 once; :func:`verify_tree_rows` takes p row by row, so that its caller warps no other row.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -42,7 +47,7 @@ def check_q(q: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     tolerance = sum_tolerance(q.dtype if dtype is None else dtype)
     finite = torch.isfinite(q).all(dim=1)  # (n,)
     negative = (q < 0).any(dim=1)  # (n,)
-    sums = q.double().sum(dim=1)  # (n,)
+    sums = q.sum(dim=1, dtype=torch.float64)  # (n,)
     off = (sums - 1).abs() > tolerance
     bad = ~finite | negative | off
     if not bool(bad.any()):
@@ -55,6 +60,19 @@ def check_q(q: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     else:
         problem = f"a sum of {float(sums[node]):.6g} (more than {tolerance:.3g} from 1)"
     raise DraftProbabilityError(f"q of draft node {node} is not a distribution: {problem}")
+
+
+class Rows:
+    """The rows of a (m, V) matrix that the walk reads, each computed on its first read (``row(i)``) and kept:
+    p and q in float64, with no work for the rows of nodes the walk never reaches."""
+
+    def __init__(self, row: Callable[[int], torch.Tensor]) -> None:
+        self.row, self.read = row, {}
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i not in self.read:
+            self.read[i] = self.row(i)
+        return self.read[i]
 
 
 def _children(parents: list[int]) -> dict[int, list[int]]:
@@ -97,9 +115,9 @@ def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, d
     return False, torch.clamp(residual - q_row, min=0.0)
 
 
-def _walk(children: dict[int, list[int]], tokens: list[int], q64: torch.Tensor | None, p64: torch.Tensor,
+def _walk(children: dict[int, list[int]], tokens: list[int], q64: Rows | None, p64: Rows,
           draws) -> tuple[list[int], int]:
-    """Recursive rejection sampling down the tree, on host tensors."""
+    """Recursive rejection sampling down the tree, on host tensors: p64[i] / q64[i] is row i of p / q in float64."""
     path: list[int] = []
     node, residual = -1, p64[0]
     while True:
@@ -116,6 +134,23 @@ def _walk(children: dict[int, list[int]], tokens: list[int], q64: torch.Tensor |
         node, residual = accepted, p64[accepted + 1]
 
 
+def _check_shapes(n: int, p_shape: tuple[int, ...], q: torch.Tensor | None) -> None:
+    if len(p_shape) != 2 or p_shape[0] != n + 1:
+        raise ValueError(f"p must have shape (n + 1 = {n + 1}, V), got {tuple(p_shape)}")
+    if q is not None and q.shape != (n, p_shape[1]):
+        raise ValueError(f"q must have shape ({n}, {p_shape[1]}), got {tuple(q.shape)}")
+
+
+def _host_walk(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor | None,
+               p_row: Callable[[int], torch.Tensor], draws) -> tuple[list[int], int]:
+    """The walk over host tensors, p row i read as ``p_row(i)`` and q's rows in float64, each when first needed."""
+    q64 = None
+    if q is not None:
+        check_q(q)
+        q64 = Rows(lambda i: q[i].double())
+    return _walk(_children(parents.tolist()), tokens.tolist(), q64, Rows(p_row), draws)
+
+
 def verify_tree(
     tokens: torch.Tensor,
     parents: torch.Tensor,
@@ -129,18 +164,32 @@ def verify_tree(
     Returns (accepted node indices from the root down, the next token sampled by the target).
     """
     n = tokens.numel()
-    if p.dim() != 2 or p.shape[0] != n + 1:
-        raise ValueError(f"p must have shape (n + 1 = {n + 1}, V), got {tuple(p.shape)}")
-    if q is not None and q.shape != (n, p.shape[1]):
-        raise ValueError(f"q must have shape ({n}, {p.shape[1]}), got {tuple(q.shape)}")
+    _check_shapes(n, tuple(p.shape), q)
     device = host.draw_device(p, generator)
     block = None if device.type == "cpu" else host.uniform_block(n + 1, generator, device)  # n tries at most, 1 token
     tokens, parents, q, p, block = host.to_host([tokens, parents, q, p, block])
     draws = host.HostDraws(generator) if block is None else host.BlockDraws(block.tolist())
-    q64 = q.double() if q is not None else None
-    if q64 is not None:
-        check_q(q64, q.dtype)
-    return _walk(_children(parents.tolist()), tokens.tolist(), q64, p.double(), draws)
+    return _host_walk(tokens, parents, q, lambda i: p[i].double(), draws)
+
+
+def verify_tree_rows(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    q: torch.Tensor | None,
+    p_row: Callable[[int], torch.Tensor],
+    p_shape: tuple[int, int],
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], int]:
+    """verify_tree with p given row by row on the host: ``p_row(i)`` (V,) is row i of p (n + 1, V = ``p_shape``),
+    asked for only the rows the walk reads (the root's, then each accepted node's), once each.
+
+    For CPU tensors and a CPU generator (or none): the same draws, so the same result, as verify_tree on the
+    stacked rows."""
+    _check_shapes(tokens.numel(), tuple(p_shape), q)
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(f"verify_tree_rows draws on the host; got a generator on {generator.device}")
+    tokens, parents, q = host.to_host([tokens, parents, q])
+    return _host_walk(tokens, parents, q, lambda i: p_row(i).double(), host.HostDraws(generator))
 
 
 def verify_chain(

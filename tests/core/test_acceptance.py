@@ -1,0 +1,76 @@
+"""verify_draft warps only the rows of p that the walk reads, and gets what warping every row would get.
+
+The reference is the verifier as it was: warp all n + 1 rows, then verify_tree. On CPU tensors with a CPU generator
+both must return the same path and token and leave the generator in the same state, pass after pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfamily.core import acceptance
+from specfamily.core.acceptance import verify_draft
+from specfamily.core.sampling import warp
+from specfamily.core.types import Draft, SamplingConfig
+from specfamily.core.verify import verify_tree
+
+CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=5),
+           SamplingConfig(1.3, top_k=20, top_p=0.8)]
+
+
+def _warp_all(draft: Draft, logits, sampling, generator):
+    return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
+
+
+def _random_draft(gen: torch.Generator, logits: torch.Tensor, sampling: SamplingConfig, sampled: bool) -> Draft:
+    """A random tree whose nodes are drawn from q = warp(the target's logits + a tilt): often accepted, so walks go
+    deep; or, unsampled, tokens drawn from the target's p itself (q = None)."""
+    n, vocab = logits.shape[0] - 1, logits.shape[1]
+    parents = torch.tensor([int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(n)])
+    tilted = logits[parents + 1] + 0.5 * torch.randn(n, vocab, generator=gen)
+    q = warp(tilted, sampling).double() if sampled else None
+    source = q if sampled else warp(logits[parents + 1], sampling).double()
+    tokens = torch.multinomial(source, 1, generator=gen).view(-1)
+    return Draft(tokens=tokens, parents=parents, q=q)
+
+
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "deterministic"])
+@pytest.mark.parametrize("sampling", CONFIGS, ids=str)
+def test_same_paths_tokens_and_generator_state_as_warping_every_row(sampled, sampling):
+    cases = torch.Generator().manual_seed(21)
+    depths = []
+    for seed in range(60):
+        n = int(torch.randint(1, 9, (1,), generator=cases))
+        logits = 3 * torch.randn(n + 1, 300, generator=cases)
+        draft = _random_draft(cases, logits, sampling, sampled)
+        old, new = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(3):  # consecutive passes on one generator stay in step
+            got = verify_draft(draft, logits, sampling, new)
+            assert got == _warp_all(draft, logits, sampling, old)
+            depths.append(len(got[0]))
+        assert torch.equal(old.get_state(), new.get_state())
+    assert max(depths) >= 3  # the comparison reached deep walks
+
+
+def test_only_the_rows_the_walk_reads_are_warped(monkeypatch):
+    sampling = SamplingConfig(0.7, top_p=0.9)
+    warped = []
+
+    def counting(logits, config):
+        warped.append(logits.shape[0])
+        return warp(logits, config)
+
+    monkeypatch.setattr(acceptance, "warp", counting)
+    logits = torch.full((5, 10), -10.0)
+    logits[:, 3] = 10.0  # p is (almost) one-hot at token 3 in every row
+    chain = Draft(tokens=torch.tensor([3, 3, 7, 3]), parents=torch.tensor([-1, 0, 1, 2]), q=None)
+    path, _ = verify_draft(chain, logits, sampling, torch.Generator().manual_seed(0))
+    assert path == [0, 1]  # token 7 is rejected at depth 3
+    assert warped == [1, 1, 1]  # the root's row and the two accepted nodes' rows, once each; not the last two
+
+
+def test_logits_without_n_plus_one_rows_are_refused():
+    with pytest.raises(ValueError, match="p must have shape"):
+        verify_draft(Draft(tokens=torch.tensor([1]), parents=torch.tensor([-1]), q=None), torch.zeros(3, 4),
+                     SamplingConfig(1.0), torch.Generator())
