@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from transformers import LlamaConfig
 
@@ -40,7 +40,3 @@ def llama_config(kind: str, vocab_size: int, max_positions: int = 1024) -> Llama
         pad_token_id=0,
         attn_implementation="sdpa",
     )
-
-
-def shape_dict(kind: str) -> dict:
-    return asdict(SHAPES[kind])

@@ -69,10 +69,6 @@ class GreedyReport:
         return 0 if self.depth is None else self.depth.passes
 
     @property
-    def prompt_flip_rate(self) -> float:
-        return len(self.flips) / self.prompts if self.prompts else math.nan
-
-    @property
     def token_flip_rate(self) -> float:
         """Flips per compared token: the chance that a given greedy step leaves plain greedy."""
         return len(self.flips) / self.tokens if self.tokens else math.nan

@@ -138,8 +138,3 @@ def level_tests(sequences: torch.Tensor, levels: torch.Tensor, laws: torch.Tenso
             if test is not None:
                 tests.append(test)
     return tests, counts
-
-
-def tests_per_level() -> int:
-    """Level-conditional tests per level: one in token space, one in rank space."""
-    return len(SPACES)

@@ -100,13 +100,6 @@ class LoopState(Protocol):
     seconds: float  # training time spent (the ranks' largest)
 
 
-class KeepsBest(LoopState, Protocol):
-    """The state of a family that selects by a held-out score (``best_score`` may be a :class:`NamedBest`'s)."""
-
-    best_score: float
-    best_step: int
-
-
 class NamedBest:
     """A state dataclass whose ``best_score`` is the field its ``BEST`` names (e.g. ``best_tau``)."""
 
