@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from specfamily.core.costs import process_clock
-from specfamily.core.loop import generate
 from specfamily.drafters.eagle.checkpoint import load_eagle
 from specfamily.drafters.eagle.storage import CONFIG_FILE, resolve_weights
+from specfamily.drafters.shared.greedy_tau import greedy_run
 from specfamily.io.files import write_text_atomically
 from specfamily.runtime.matmul import MATMUL_KINDS
 
@@ -42,29 +42,20 @@ class Trial:
     mode: str = "tree"  # a chain's total_tokens is its length
 
 
-def _run(target, drafter, prompts: list[list[int]], new_tokens: int, clock) -> tuple[list[list[int]], float, float]:
-    outputs, tokens, passes, started = [], 0, 0, clock()
-    for prompt in prompts:
-        result = generate(target, drafter, prompt, max_new_tokens=new_tokens)
-        outputs.append(result.tokens)
-        tokens, passes = tokens + result.metrics.new_tokens, passes + result.metrics.target_passes
-    return outputs, tokens / max(passes, 1), clock() - started
-
-
 def measure_trials(target, model, prompts: list[list[int]], new_tokens: int,
                    candidates=CANDIDATES, chains=CHAINS) -> tuple[list[Trial], float]:
     """Each candidate's tau and time over ``prompts`` against plain decoding (timed first); plain seconds too."""
     from specfamily.drafters.eagle.drafter import EagleDrafter
 
     clock = process_clock(target.device)
-    _run(target, None, prompts[:1], 8, clock)  # warm-up
-    plain, _, base = _run(target, None, prompts, new_tokens, clock)
+    greedy_run(target, None, prompts[:1], 8, clock)  # warm-up
+    plain, _, base = greedy_run(target, None, prompts, new_tokens, clock)
     trials = []
     shapes = [("tree", gamma, total) for gamma, total in candidates] + [("chain", g, g) for g in chains]
     for mode, gamma, total in shapes:
         drafter = EagleDrafter(target, weights=model, gamma=gamma, total_tokens=total, mode=mode)
-        _run(target, drafter, prompts[:1], 8, clock)
-        outputs, tau, seconds = _run(target, drafter, prompts, new_tokens, clock)
+        greedy_run(target, drafter, prompts[:1], 8, clock)
+        outputs, tau, seconds = greedy_run(target, drafter, prompts, new_tokens, clock)
         trials.append(Trial(gamma, total, tau, seconds, base / seconds, outputs == plain, mode))
     return trials, base
 

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specfamily.core.loop import generate
 from specfamily.core.target import Target
 from specfamily.core.tree_mask import additive
 from specfamily.drafters.eagle.model import EagleModel
+from specfamily.drafters.shared.greedy_tau import greedy_tau
 
 
 @dataclass
@@ -104,12 +104,7 @@ def measure_tau(target: Target, model: EagleModel, prompts: Sequence[torch.Tenso
     from specfamily.drafters.eagle.drafter import EagleDrafter
 
     drafter = EagleDrafter(target, weights=model, **{"policy": "constant", **options})
-    tokens = passes = 0
-    for prompt in prompts:
-        metrics = generate(target, drafter, prompt, max_new_tokens=new_tokens).metrics
-        tokens += metrics.new_tokens
-        passes += metrics.target_passes
-    return tokens / max(passes, 1)
+    return greedy_tau(target, drafter, prompts, new_tokens)
 
 
 @torch.no_grad()

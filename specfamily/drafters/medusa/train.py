@@ -50,6 +50,7 @@ from specfamily.drafters.medusa.objective import argmax_labels, medusa_loss
 from specfamily.drafters.medusa.train_config import TrainConfig
 from specfamily.drafters.medusa.tree import CostCurve
 from specfamily.drafters.shared.draft_vocab import target_draft_vocab
+from specfamily.drafters.shared.greedy_tau import greedy_tau
 from specfamily.io.identity import target_identity
 from specfamily.train import loop
 from specfamily.train.config import add_flags, from_args
@@ -72,15 +73,10 @@ class TrainState(NamedBest):
 
 def measure_tau(target, heads: MedusaHeads, tree, prompts: list[list[int]], max_new_tokens: int) -> float:
     """tau = new tokens / target passes over the prompts (greedy), with the shared verifier."""
-    from specfamily.core.loop import generate
     from specfamily.drafters.medusa.drafter import MedusaDrafter
 
     drafter = MedusaDrafter.from_heads(target, heads, tree=tree, policy="constant")  # tau independent of timings
-    tokens = passes = 0
-    for prompt in prompts:
-        metrics = generate(target, drafter, prompt, max_new_tokens=max_new_tokens).metrics
-        tokens, passes = tokens + metrics.new_tokens, passes + metrics.target_passes
-    return tokens / max(passes, 1)
+    return greedy_tau(target, drafter, prompts, max_new_tokens)
 
 
 @dataclass
