@@ -48,15 +48,13 @@ class TrainConfig:
     teacher: str = ""  # HF folder: distil from its distributions (KL) instead of the corpus labels
     init_from: str = ""  # HF folder: warm restart from these weights with a fresh optimiser
     greedy_data: str = ""  # .npy of windows continued by the target's greedy decoding (`specfamily-zoo greedy-data`)
-    # share of each batch's rows drawn from greedy_data when given; those rows are shorter than seq_len and start
-    # with a corpus prompt, so the target-written share of the loss is smaller (about 15% at 0.5 in the zoo run)
-    greedy_fraction: float = 0.5
+    greedy_fraction: float = 0.5  # share of each batch's rows drawn from greedy_data when given
     eval_every: int = 100
     eval_windows: int = 32
     ckpt_every: int = 100
     resume: bool = True  # continue from the checkpoint when it exists
     seed: int = 0
-    compile: bool = False  # torch.compile the loss (about 1.2x on CPU after a one-minute compile)
+    compile: bool = False  # torch.compile the loss
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
 

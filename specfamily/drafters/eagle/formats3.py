@@ -1,51 +1,31 @@
 """EAGLE-3 checkpoints on disk, read and written in the field's two layouts.
 
-- ``eagle``: the EAGLE repository / SpecForge layout SGLang loads: ``config.json`` with architectures
-  ``LlamaForCausalLMEagle3``, the draft layer's Llama dimensions, ``vocab_size`` (the target's) and
-  ``draft_vocab_size``; tensors ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``
-  (optionally ``embed_tokens.weight``). Feature layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` when
-  present (SpecForge), else the reference's default.
-- ``speculators``: vLLM's ``speculators`` layout: ``config.json`` with ``speculators_model_type: eagle3``,
-  ``transformer_layer_config``, ``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids`` and
-  ``speculators_config``; tensors as above with ``layers.0.*`` for ``midlayer.*``.
+- ``eagle`` (EAGLE repository / SpecForge, what SGLang loads): config.json with architectures
+  ``LlamaForCausalLMEagle3``, the draft layer's Llama dimensions, ``vocab_size`` and ``draft_vocab_size``; tensors
+  ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` (optionally
+  ``embed_tokens.weight``); feature layers in ``eagle_config.eagle_aux_hidden_state_layer_ids``, else the default.
+- ``speculators`` (vLLM): config.json with ``speculators_model_type: eagle3``, ``transformer_layer_config``,
+  ``draft_vocab_size``, top-level ``eagle_aux_hidden_state_layer_ids`` and ``speculators_config``; tensors as above
+  with ``layers.0.*`` for ``midlayer.*``.
 
-Feature-layer ids. In memory a drafter names target layers as transformers' ``output_hidden_states`` indexes them:
-0 the embeddings, i the output of decoder layer i - 1 (the input of layer i), L the state after the final norm.
-The two layouts count as the engines that load them capture, one apart (``ID_OFFSET``: hidden_states = id + it):
+Feature-layer ids. In memory a layer is named as transformers' ``output_hidden_states`` indexes it (0 the
+embeddings, i the output of decoder layer i - 1, L the state after the final norm). Each layout counts as the
+engine that loads it captures (``ID_OFFSET``: hidden_states index = id + offset):
 
-- ``eagle``: an id names the decoder layer whose *output* is taken, hidden_states[id + 1]. SGLang
-  (sgl-project/sglang, python/sglang/srt/models/llama.py): ``LlamaForCausalLM.set_eagle3_layers_to_capture`` stores
-  each config id plus one as ``layers_to_capture`` (its comment: layer i takes the output of layer i - 1), and
-  ``LlamaModel.forward`` keeps ``hidden_states + residual`` on entering each layer listed. SpecForge
-  (sgl-project/SpecForge) reads the ids from the draft config's ``eagle_config``
-  (specforge/algorithms/model_providers.py, ``resolve_eagle_capture_layers``; default [1, L // 2 - 1, L - 4]) and
-  hands them to that SGLang hook (specforge/offline_capture/sglang_backend/capture.py); its HF backend
-  (specforge/modeling/target/eagle3_target_model.py, ``HFEagle3TargetModel``, earlier revisions) hooks the output
-  of ``layers[id]``. Its shipped configs say e.g. [1, 29, 57] for DeepSeek-V3's 61 layers.
-- ``eagle`` without ids (the EAGLE repository's own checkpoints): SGLang's default [2, L // 2, L - 3] goes to
-  ``layers_to_capture`` with no + 1, and the EAGLE repository (SafeAILab/EAGLE, eagle/model/modeling_llama_kv.py,
-  ``LlamaModel.forward``) keeps the state entering decoder layers 2, L // 2 and L - 3: hidden_states
-  (2, L // 2, L - 3), ``default_layers`` here, the states SpecForge's default ids name too.
-- ``speculators``: an id names the decoder layer whose *input* is taken, hidden_states[id]. vLLM
-  (vllm-project/vllm, vllm/model_executor/models/llama.py): ``LlamaModel.forward`` keeps ``hidden_states +
-  residual`` before running each layer in ``aux_hidden_state_layers``, which get the draft config's top-level ids
-  unchanged (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, ``get_eagle3_aux_layers_from_config``, which
-  adds 1 to DFlash's SpecForge-style ``target_layer_ids`` only; vllm/transformers_utils/configs/speculators/algos.py,
-  ``update_eagle3``, copies them from a speculators config), default (2, L // 2, L - 3)
-  (``LlamaForCausalLM.get_eagle3_aux_hidden_state_layers``). That function does not read
-  ``eagle_config.eagle_aux_hidden_state_layer_ids``: vLLM serves an ``eagle``-layout folder at its default.
+- ``eagle``: an id names the decoder layer whose *output* is taken, hidden_states[id + 1] (SGLang's
+  ``set_eagle3_layers_to_capture`` adds one; SpecForge's default ids are [1, L // 2 - 1, L - 4]). Without ids,
+  SGLang and the EAGLE repository take the states entering layers 2, L // 2 and L - 3: ``default_layers``.
+- ``speculators``: an id names the decoder layer whose *input* is taken, hidden_states[id] (vLLM's
+  ``aux_hidden_state_layers``, default (2, L // 2, L - 3)); vLLM ignores ``eagle_config`` ids in an ``eagle`` folder.
 
-Neither engine captures the embeddings (both Llama forwards add a residual that does not exist before layer 0) nor
-our L (they capture before the final norm): such layers are written as the arithmetic gives (``eagle`` -1 or
-L - 1, ``speculators`` 0 or L) so that our own folders round-trip, but no engine serves them. Our writer also
-records the layers in our indexing (``specfamily.hidden_state_ids``), checked on load; a folder written here
-before the layouts were told apart has a ``specfamily`` entry without it, and its ``eagle`` ids are hidden_states
-indexes (what that writer wrote): they are read so.
+Neither engine captures the embeddings or our L; such layers are written as the arithmetic gives so that our own
+folders round-trip. Our writer also records the layers in our indexing (``specfamily.hidden_state_ids``, checked on
+load); a ``specfamily`` entry without it marks an older folder of ours whose ids are hidden_states indexes.
 
 Tensors come from ``model.safetensors`` (sharded with an index too) or ``pytorch_model.bin`` loaded with
-``weights_only=True`` only. What we write is the ``eagle`` layout unless asked otherwise, with a ``specfamily``
-entry naming the target it was trained for (checked on load; the reference packages ignore it). A checkpoint
-that does not fit the target is refused in one line naming both sides' shapes. Folders are written atomically.
+``weights_only=True`` only. We write the ``eagle`` layout unless asked otherwise, with a ``specfamily`` entry naming
+the target (checked on load). A checkpoint that does not fit the target is refused in one line naming both sides'
+shapes. Folders are written atomically.
 """
 
 from __future__ import annotations
@@ -152,8 +132,8 @@ def feature_layers(config: dict[str, Any], layout: str, num_layers: int, where: 
 
 
 def _convention(config: dict[str, Any], layout: str) -> tuple[int, str]:
-    """(hidden_states index - id, the convention in words) of a config's ids: its layout's, or hidden_states
-    indexes in a folder our writer wrote before it told the layouts apart (a specfamily entry without MARKER)."""
+    """(hidden_states index - id, the convention in words) of a config's ids: its layout's, or 0 for an older
+    folder of ours (a specfamily entry without MARKER)."""
     ours = config.get("specfamily")
     if isinstance(ours, dict) and MARKER not in ours:
         return 0, "ids written here before the layouts' conventions were told apart, hidden_states indexes"
