@@ -1,18 +1,13 @@
 """The run's own noise measurement: is this machine steady enough for its speedups to mean anything?
 
-Other work on the machine changes speedups, by more than the gaps between drafters (an example is in
-docs/results.md), so every run measures its noise two ways and flags the results when either spread exceeds
-``noise.threshold`` (default 10%):
+Every run measures its noise two ways and flags the results when either spread exceeds ``noise.threshold``:
 
-- **plain repeats**: plain decoding is re-timed on the rank's first prompt ``noise.repeats`` times at
-  evenly spaced points of the run (the prompt's own plain record is the first timing). The same
-  work should take the same time; the spread is (max - min) / median of the seconds per new token.
-- **verify cost**: the target's pass-time curve is measured ``noise.cost_rounds`` times (each a
-  median over ``verify_cost.repeats`` passes of every size); the spread is the median over sizes of
-  (max - min) / median of a size's time across rounds. The curve itself is the median of the rounds.
+- **plain repeats**: plain decoding re-timed on the rank's first prompt ``noise.repeats`` times at evenly spaced
+  points of the run; spread = (max - min) / median of the seconds per new token.
+- **verify cost**: the pass-time curve measured ``noise.cost_rounds`` times; spread = the median over sizes of
+  (max - min) / median across rounds. The curve itself is the median of the rounds.
 
-A steady neighbour that slows every timing alike shows in neither; the load average in
-``run.json``'s hardware says whether the machine had more work than cores when the run started.
+A steady neighbour that slows every timing alike shows in neither; ``run.json``'s load average tells.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The comparison runner: every drafter and plain decoding on every prompt, measured in one run.
 
-Prompts go in order and, for each prompt, every arm (plain decoding first, then each drafter)
-runs it, so slow drift of the machine hits all arms alike and speedup is a ratio within one run.
-Each finished prompt is appended to the results file at once; a drafter that raises is recorded
-as failed and dropped while the others go on; run again in the same folder, a run skips every
-(drafter, prompt) it already finished. Under torchrun each rank takes a shard of the prompts.
+For each prompt in order, every arm (plain decoding first) runs it, so drift hits all arms alike and speedup is a
+ratio within one run. Finished prompts are appended to the results file at once; a drafter that raises is recorded
+as failed and dropped; a rerun in the same folder skips what is finished. Under torchrun each rank takes a shard.
 
-A multi-turn (chat) prompt is one record per turn (ids ``81``, ``81:turn2``, ...): each arm asks
-turn t after its own decoded answers to the earlier turns (a resumed run reads them back from the
-records), so every arm's turn t is a prompt of the same kind and per-turn metrics compare.
-
-Plain decoding is also re-timed on the shard's first prompt at evenly spaced points of the run
-(``repeats.jsonl``): the run's own noise measurement (:mod:`specfamily.eval.noise`).
+A chat prompt is one record per turn (ids ``81``, ``81:turn2``, ...), each arm asking turn t after its own answers
+to the earlier turns. Plain decoding is re-timed on the shard's first prompt through the run (``repeats.jsonl``,
+:mod:`specfamily.eval.noise`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """A run's records as a table: ``sf.load_run(run_dir)`` -> ``datasets.Dataset`` (``.to_pandas()`` for pandas).
 
-One row per drafter (or plain decoding) and prompt turn, in the order of ``results.jsonl``. Columns:
-
-- the record: ``run`` (the run folder relative to the folder asked for, "." for a run folder),
-  ``drafter``, ``dataset``, ``sampling``, ``prompt_id``, ``index``, ``turn``, ``category``, ``seed``,
-  ``gamma``, ``prompt`` (the prompt as the model saw it), ``text`` (the new tokens decoded),
-  ``prompt_tokens``, ``tokens`` (the new token ids), ``wall_seconds``, ``lossy``, ``rank``;
-- every metric of :class:`specfamily.Metrics`, one column each under its own name (``new_tokens``,
-  ``target_passes``, ``acceptance_rate`` (alpha), ``mean_accepted_length`` (tau), ``c``,
-  ``per_position_acceptance``, the draft / verify / other seconds, ...);
-- against plain decoding on the same prompt in the same run: ``identical_to_plain`` (the same new
-  tokens) and ``speedup`` (the throughput ratio on this prompt alone); null without a plain record.
-
-Failures and the noise repeats are not rows (they are in ``results.jsonl`` and ``repeats.jsonl``).
-A sweep folder gives the rows of every run below it, told apart by ``run``.
+One row per drafter (or plain decoding) and prompt turn, in the order of ``results.jsonl``. Columns: the record's
+fields (``run``, relative to the folder asked for, ``drafter``, ``dataset``, ``prompt_id``, ``turn``, ``prompt``,
+``text``, ``tokens``, ...); every metric of :class:`specfamily.Metrics` under its own name; and, against plain
+decoding on the same prompt in the same run, ``identical_to_plain`` and ``speedup`` (null without a plain record).
+Failures and noise repeats are not rows. A sweep folder gives the rows of every run below it.
 """
 
 from __future__ import annotations

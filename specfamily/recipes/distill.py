@@ -1,18 +1,14 @@
 """Self-distillation data: the target's own answers to user turns it wrote itself, with its features captured.
 
-``specfamily-zoo distill --out DIR`` works batch by batch. A batch's user turns are either Magpie turns (the target
-sampled from its chat template's user prefix) or requests about functions of the zoo corpus (``code_share`` of the
-batches); turns that overlap Spec-Bench are dropped (``user_turns.NgramFilter``). The target then answers each turn
-greedily, and its last hidden state after the final norm (what the LM head reads, what EAGLE and Medusa read at
-decode time) is kept for every fed position from the same generation: no second pass. ``engine='fast'`` (the
-default) answers on the lean forward with a preallocated cache (``fast_answers``), ``engine='generate'`` with
-transformers' ``generate()``; Magpie turns are sampled by ``generate()`` under both, so both ask the same turns.
+``specfamily-zoo distill --out DIR`` works batch by batch. User turns are Magpie turns (sampled from the chat
+template's user prefix) or requests about functions of the zoo corpus (``code_share`` of the batches), minus those
+overlapping Spec-Bench; the target answers greedily and its final-norm hidden state is kept for every fed position
+from the same generation (``engine='fast'``: ``fast_answers``; ``engine='generate'``: transformers' ``generate()``).
 
-Each batch is one ``batch-NNNNN.safetensors`` in DIR, written atomically: ``tokens`` (int32, the conversations
-back to back), ``features`` (float16, one row per token but each conversation's last), ``starts`` (int64 offsets of
-the conversations, plus the end), ``answer_starts`` (int64, first answer token of each), and the user turns in the
-metadata. Batch b draws from seed ``seed * 1_000_003 + b``, so a rerun skips finished batches and reproduces the
-rest, and ``--workers W --worker i`` splits the batches between processes. ``distilled.DistilledData`` reads DIR.
+Each batch is one ``batch-NNNNN.safetensors``, written atomically: ``tokens`` (int32, conversations back to back),
+``features`` (float16, one row per token but each conversation's last), ``starts`` and ``answer_starts`` (int64),
+and the user turns in the metadata. Batch b draws from seed ``seed * 1_000_003 + b``, so a rerun skips finished
+batches, and ``--workers W --worker i`` splits them between processes. ``distilled.DistilledData`` reads DIR.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Greedy answers of a batch on the lean forward, with a preallocated KV cache: ``distill``'s ``fast`` engine.
 
-The batch is left-padded as ``generate()`` pads it, so every row writes its next key and value at the same slot and
-sees the same positions, pads and keys as under ``generate()`` (``answer_tokens`` steps at most). Differences:
+The batch is left-padded as ``generate()`` pads it, so every row sees the same positions, pads and keys as under
+``generate()`` (``answer_tokens`` steps at most). Unlike ``generate()``, the cache is allocated once and written in
+place; a row that has finished leaves the batch (the last active row's cache moves into its slot); and the lean
+forward (``specfamily.runtime.lean``) returns the final-norm hidden state of every fed position from the same pass.
 
-- the cache is allocated once (layers x rows x kv heads x (prompt width + answer tokens) x head dim) and written in
-  place, where ``generate()``'s dynamic cache concatenates every layer's keys and values at every step;
-- a row that has emitted its end-of-sequence token or its last allowed token leaves the batch: the last active row's
-  cache is copied into its slot, so attention, the LM head and the matmuls run on the rows still answering;
-- the lean forward (``specfamily.runtime.lean``) runs the model's ops without module calls, multiplying with the
-  target's matmul kind (``stream`` is nearly flat in cost from 1 to 16 rows), and returns the final-norm hidden state
-  of every fed position from the same pass: no hidden states of the other layers are kept.
-
-With ``matmul='exact'`` the products are ``generate()``'s own (its features were bit-identical on SmolLM2's first
-distillation batch), but a row leaving the batch changes the shape of later products, which a BLAS may sum in another
-order; ``stream`` and ``skinny`` sum in other float32 orders. Either can flip a greedy choice only where two logits
-tie to float rounding (the tests check token-for-token equality with ``generate()``).
+Rows leaving the batch change later products' shapes, and ``stream``/``skinny`` sum in other orders, so a greedy
+choice can differ from ``generate()``'s only where two logits tie to float rounding.
 """
 
 from __future__ import annotations

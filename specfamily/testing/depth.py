@@ -1,17 +1,11 @@
 """How deep a test reached: a drafter wrapper that records, per pass, the depth drafted, verified and accepted.
 
-A sampling test proves only what it reaches. :class:`DepthRecorder` forwards the drafter protocol to the
-wrapped drafter unchanged and counts, for every pass with a draft, the deepest draft node, the deepest node
-the verifier tried (the accepted path plus one level when the last accepted node has children) and the
-accepted path's length. Observed passes read the accepted nodes from ``observe``; the last pass of a request
-(the loop does not observe it) is read back from the committed tokens, which identify the accepted path
-exactly: a rejected child's token has residual probability 0, so the committed token at a level matches the
-accepted child, or no child at all.
+:class:`DepthRecorder` forwards the drafter protocol unchanged and counts, for every pass with a draft, the deepest
+draft node, the deepest node the verifier tried and the accepted path's length; the last pass of a request (not
+observed) is read back from the committed tokens, which identify the accepted path exactly.
 
-It also records, for every generated token, the **level** it was decided at: the depth of the draft nodes the
-verifier tried when it chose that token (level L: the token's pass had accepted L - 1 nodes and the node it stood
-at had children, L deep), or 0 when no draft node was tried (a pass without a draft, or the token after a leaf).
-``DepthStats.levels`` holds them per request, one per generated token.
+It also records each generated token's **level**: the depth of the draft nodes the verifier tried when it chose
+that token, 0 when none was tried. ``DepthStats.levels`` holds them per request.
 """
 
 from __future__ import annotations

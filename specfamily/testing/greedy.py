@@ -1,20 +1,14 @@
 """Greedy equivalence with transformers' ``generate``: token for token in float32/64, near-ties only in bf16.
 
-In 16-bit floats a pass over n tokens rounds differently from a pass over one (other matmul shapes, other
-summation orders): on the tiny bf16 models the same position's logits differ by up to one bf16 ulp between pass
-shapes (1.95e-3 at logits of magnitude 0.25-0.5). Two candidates whose logits are that close can swap, so a
-speculative decoder's greedy text may leave plain greedy at such a near-tie, and from there on the contexts
-differ. :func:`greedy_report` measures this instead of hiding it: for each prompt, the first position where the
-drafter's text differs, and the reference's logit gap there between its token and ours. A flip is a near-tie
-when the gap is within ``TIE_ULPS`` ulps of the 16-bit format at those logits (each of the two logits may move by
-one ulp); :func:`assert_greedy_equivalent` in bf16 fails on any flip that is not a near-tie. How often drafters
-flipped on the test suite's bf16 models when this was measured: docs/conformance.md.
+In 16-bit floats a pass over n tokens rounds differently from a pass over one, so two candidates whose logits are
+within an ulp can swap and a speculative decoder's greedy text may leave plain greedy at such a near-tie.
+:func:`greedy_report` finds, per prompt, the first differing position and the reference's logit gap there; a flip is
+a near-tie when the gap is within ``TIE_ULPS`` ulps of the 16-bit format, and :func:`assert_greedy_equivalent` in
+bf16 fails on any other flip (measured flip rates: docs/conformance.md).
 
-A greedy check proves only what it drafts: a drafter whose policy goes idle (the cost-aware default on random heads)
-compares plain decoding with itself. So the drafter runs wrapped in a :class:`DepthRecorder`, at the constant draft
-length ``gamma`` (:data:`GAMMA` unless given; ``gamma=None`` keeps the drafter's own policy, for policy tests), the
-report counts drafted passes, draft tokens and positions verified at each depth, and :func:`check_report` fails
-when a drafter drafted nothing.
+A greedy check proves only what it drafts, so the drafter runs wrapped in a :class:`DepthRecorder` at the constant
+draft length ``gamma`` (:data:`GAMMA` unless given; ``gamma=None`` keeps the drafter's own policy), and
+:func:`check_report` fails when it drafted nothing.
 """
 
 from __future__ import annotations

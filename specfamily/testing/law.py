@@ -1,21 +1,18 @@
 """A second, deliberately plain implementation of the sampling warp, used only for the exact law.
 
-The conformance suite compares generated tokens with the exact law of the target. If that law were computed with
-:func:`specfamily.core.sampling.warp`, the function the decode loop uses, a temperature, top-k or top-p bug would
-move the loop and the law together and stay invisible. This module re-derives the same specification (DESIGN.md,
-"Sampling") without sharing any code with it: python floats in double precision, one row at a time, a loop over
-the probabilities sorted by hand.
+If the law were computed with :func:`specfamily.core.sampling.warp`, a warp bug would move the loop and the law
+together and stay invisible. This re-derives the same specification (DESIGN.md, "Sampling") sharing no code with it:
+python floats in double precision, one row at a time.
 
 1. temperature 0: one-hot at the first largest logit;
 2. logits / temperature;
 3. top-k (k > 0): keep every logit >= the k-th largest (ties at the k-th value kept);
 4. softmax over what is kept;
-5. top-p (< 1): walk the tokens from the most probable down (ties in index order), keep each while the mass kept
-   before it is still below top_p (the crossing token kept), renormalise.
+5. top-p (< 1): from the most probable token down (ties in index order), keep each while the mass kept before it is
+   below top_p (the crossing token kept), renormalise.
 
-Before the warp, :func:`reference_process` applies the logits processors a target's generation config sets, with
-transformers' own processor classes over each row's whole context (prompt included), as ``generate()`` builds
-them: an implementation independent of the loop's incremental, per-tree-row one (``specfamily.core.processors``).
+:func:`reference_process` applies a target's generation-config logits processors first, with transformers' own
+classes over each row's whole context, independently of ``specfamily.core.processors``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,23 @@
 """Level-conditional goodness of fit: the tokens decided at each draft level against their own prefixes' exact p.
 
-Pure functions on tensors. For a lossless system, a generated token follows p(. | its prefix) exactly given
-everything the verifier had seen before deciding it: the draft nodes it tries were drawn before verification, from
-the q they report, whatever the acceptance coins of the nodes above them did. So the tokens decided at **level L**
-(after L - 1 accepted nodes of their pass, at a node whose children are L deep; level 0: no draft node tried) each
-follow their own prefix's p, wherever in the sequence they stand. An error that a drafter makes only at depth L shows
-in these tokens undiluted: the power of the test depends on N_L, the number of level-L tokens, not on how often a
-request reaches depth L nor on which position the depth-L node lands at.
+Pure functions on tensors. For a lossless system, a generated token follows p(. | its prefix) given everything the
+verifier had seen before deciding it, so the tokens decided at **level L** (after L - 1 accepted nodes of their pass,
+at a node whose children are L deep; level 0: no draft node tried) each follow their own prefix's p. An error a
+drafter makes only at depth L shows in them undiluted: the power depends on N_L, the number of level-L tokens.
+This needs the level fixed before the token's draw (chains, fixed-shape trees, trees whose tokens are a function of
+the context); a sampled tree whose shape depends on the token it drew makes its level tests inexact.
 
-The argument needs the level to be known before the token's draw: whether the node a token is decided at has
-children may depend on everything drafted and decided before, but not on the children's own sampled tokens. Drafts
-whose shape is fixed by the context and gamma meet it (chains, fixed-shape trees, trees whose tokens are a function of
-the context); a sampled tree that drops or grows a child because of the token it drew selects on that token, and its
-level tests are not exact (the registered drafters pass them; a shape rule of that kind has not been audited).
-
-The draws are independent given the past but not identically distributed (each token has its own prefix), so the
-test pools them as counts against summed probabilities: for tokens x_s with laws p_s,
+The draws are independent given the past but not identically distributed, so they are pooled as counts against
+summed probabilities: for tokens x_s with laws p_s,
 
     C = sum_s e_{x_s},   mu = sum_s p_s,   Sigma = sum_s (diag p_s - p_s p_s^T),
     X = (C - mu)^T Sigma^+ (C - mu)  ~  chi2(rank Sigma)
 
-(the martingale central limit theorem: whether a token is at level L is decided before it is drawn). Cells whose
-expected count is below 5 are merged first, as in a Pearson test. It runs in two spaces: **tokens** (cell = token
-id) and **ranks** (cell k = the k-th most probable token under p_s, ties in index order), which lines up deviations
-such as accepting likely tokens too often that cancel between prefixes in token space.
-
-Power: Sigma <= N_L (diag pbar - pbar pbar^T) for pbar = mu / N_L, so the noncentrality under a law that moves the
-pooled law pbar by total variation delta is at least 4 N_L delta^2, the same bound as a Pearson test of N_L
-identically distributed draws (:func:`specfamily.testing.power.detection_power`).
+(the martingale central limit theorem). Cells whose expected count is below 5 are merged first, as in a Pearson
+test. Two spaces: **tokens** (cell = token id) and **ranks** (cell k = the k-th most probable token under p_s, ties
+in index order), which lines up deviations that cancel between prefixes in token space. The noncentrality under a
+shift of the pooled law by total variation delta is at least 4 N_L delta^2, as for N_L identical draws
+(:func:`specfamily.testing.power.detection_power`).
 """
 
 from __future__ import annotations

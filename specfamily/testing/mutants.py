@@ -1,18 +1,16 @@
 """A verifier gallery: subtly wrong verifiers (and one wrong warp) to patch into the decode loop.
 
-The rogues' gallery (:mod:`specfamily.testing.rogues`) holds wrong drafters; this one holds wrong *verifiers*:
-each mutant is a realistic bug in ``specfamily.core.verify`` or in ``core.acceptance.verify_draft``, with the honest
-drafter and the sampling config under which it bites. A conformance test that passes with a mutant installed has
-no power against that bug. Use::
+Each mutant is a realistic bug in ``specfamily.core.verify`` or ``core.acceptance.verify_draft``, with the honest
+drafter and sampling config under which it bites; a conformance test that passes with a mutant installed has no
+power against that bug. Use::
 
     for mutant in verifier_gallery():
         with mutant.installed() as hits:
             ...  # run your test: it must fail
         assert hits.count  # and the wrong branch must have run
 
-``installed()`` replaces one module attribute for the duration of the block (``everywhere``: also in every loaded
-``specfamily`` module that imported it by name) and counts in ``hits`` each time the bug changed what the verifier
-did. Nothing is registered or patched unless a test asks.
+``installed()`` replaces one module attribute for the block (``everywhere``: also where it was imported by name)
+and counts in ``hits`` each time the bug changed what the verifier did.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """How many samples a conformance run needs: the power of a chi-square goodness-of-fit test.
 
-The suite runs ``tests_per_run(n)`` chi-square tests per sampling config (n per-position marginals, n - 1
-adjacent pairs, the joint) and fails when any p-value is below ``significance / tests`` (Bonferroni). The
-guarantee it sizes for: a drafter that moves the law of the token at **any one position** by total variation
-``delta`` is caught with probability ``power``.
+The suite runs ``tests_per_run(n)`` chi-square tests per sampling config (n per-position marginals, n - 1 adjacent
+pairs, the joint) and fails when any p-value is below ``significance / tests`` (Bonferroni). It is sized so that a
+drafter moving the law of the token at any one position by total variation ``delta`` is caught with probability
+``power``: the Pearson statistic of N samples from p' tested against p is asymptotically noncentral chi-square with
+noncentrality N * chi2(p' || p) >= 4 N delta^2, so ``ncx2.sf(critical value, V - 1, 4 N delta^2)`` bounds the power
+from below.
 
-Why ``4 N delta^2``: the Pearson statistic of N samples from a law p' tested against p is asymptotically
-noncentral chi-square with V - 1 degrees of freedom and noncentrality N * chi2(p' || p), where
-chi2(p' || p) = sum_i (p'_i - p_i)^2 / p_i >= (sum_i |p'_i - p_i|)^2 = 4 delta^2 (Cauchy-Schwarz with sum p_i = 1).
-Power grows with the noncentrality, so ``ncx2.sf(critical value, V - 1, 4 N delta^2)`` is a lower bound on the
-power against every alternative at distance delta.
-
-**An error that appears only at depth d.** A drafter whose q is wrong only at draft depth d changes only the tokens
-the verifier decided at a depth-d node. The kit tests those tokens on their own (:mod:`specfamily.testing.levels`:
-each against its own prefix's p), so the power against a deviation of total variation delta there is
-``detection_power(N_d, delta, V, level)`` with N_d the number of tokens decided at level d: :func:`level_power`.
-The pilot measures N_d per sample (:func:`rate_lower_bound`) and the run is sized to reach
-``samples_for_power(delta, V, level, depth_power)`` such tokens.
-
-A position's marginal sees the same error diluted: where a share ``f`` of the samples decided that position at depth
-d, by about ``f * delta`` (:func:`diluted_power`, falling with f squared). A share counted per *request* overstates
-even that: a drafter that drafts on its first pass lands its depth-3 node at position 3 or, after a short first
-pass, at position 4, so with per-token acceptance a the request share is f = a^2 (2 - a) while each position gets
-about a^2 of it. :func:`share_for_power` and :func:`depth_samples` keep that old per-request sizing, for comparison.
+An error only at draft depth d is tested on the tokens decided at level d (:mod:`specfamily.testing.levels`):
+:func:`level_power` with N_d such tokens, the run sized by ``samples_for_power`` from the pilot's
+:func:`rate_lower_bound`. A position's marginal sees it diluted by the share f of samples decided there at depth d
+(:func:`diluted_power`); :func:`share_for_power` and :func:`depth_samples` keep the per-request sizing for
+comparison.
 """
 
 from __future__ import annotations

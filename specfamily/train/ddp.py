@@ -1,19 +1,12 @@
 """Data-parallel training for every trainer: ``torchrun`` ranks under DistributedDataParallel (gloo on CPU, NCCL on
-GPU); a single process (no torchrun) joins no process group and trains exactly as before.
-
-The pattern each trainer follows:
+GPU); a single process joins no process group.
 
 - :func:`start` before anything touches a device (it selects ``cuda:LOCAL_RANK`` under torchrun);
-- every rank seeds the same data generator and draws the *global* batch (``--batch`` rows per rank times the world
-  size), then keeps its own rows (:meth:`Ranks.local`): the ranks together see exactly what one process with the
-  whole batch sees, so N ranks at ``--batch B`` train like one process at ``--batch N * B`` (the DDP test checks
-  the weights);
-- the loss is computed through :meth:`Ranks.wrap` (an :class:`Objective` module under DDP): gradients are averaged
-  over the ranks during backward, so clipping and the optimiser step agree on every rank;
-- the wall-clock budget is agreed on (:meth:`Ranks.agree`, the slowest rank's seconds) so every rank runs the same
-  steps and learning rates;
-- only rank 0 evaluates, exports and writes training state (:attr:`Ranks.is_main`); the others wait at
-  :meth:`Ranks.barrier`.
+- every rank draws the same *global* batch and keeps its own rows (:meth:`Ranks.local`), so N ranks at ``--batch B``
+  train like one process at ``--batch N * B``;
+- the loss goes through :meth:`Ranks.wrap` (an :class:`Objective` under DDP), so gradients are averaged in backward;
+- the wall-clock budget is agreed on (:meth:`Ranks.agree`, the slowest rank's seconds);
+- only rank 0 evaluates and writes (:attr:`Ranks.is_main`); the others wait at :meth:`Ranks.barrier`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """The one training loop: every trainer is a :class:`Family` run by :func:`train`.
 
-A family (Medusa heads, the zoo's models, the EAGLE drafters) supplies what differs: how to build the model, its
-optimizer and its loss (:meth:`Family.build`), one step's loss (:meth:`Family.step`), a held-out evaluation
-(:meth:`Family.evaluate`) and what it writes for a new best and at the end (:meth:`Family.export`,
-:meth:`Family.finish`). The loop owns the rest, the same for every trainer:
+A family supplies what differs: the model, optimizer and loss (:meth:`Family.build`), one step's loss
+(:meth:`Family.step`), a held-out evaluation (:meth:`Family.evaluate`) and what it writes for a new best and at the
+end (:meth:`Family.export`, :meth:`Family.finish`). The loop owns the rest:
 
-- the budget and the schedule (:class:`Budget`): linear warm-up, then cosine decay to a floor over steps or
-  wall-clock minutes, whichever runs out first;
-- the checkpoint and resume (:class:`Resumable`: a family's :meth:`Family.save` and :meth:`Family.load`): one
-  payload for every trainer (the weights under ``model_key``, optimizer, loss scaler, state and config as dicts,
-  the data generator's state, the family's extras), written atomically and read back as tensors and plain
-  containers only; a checkpoint that exists is loaded before the first step (``resume`` off: it is overwritten);
-- data parallel under torchrun (:mod:`specfamily.train.ddp`): the loss module runs under DistributedDataParallel,
-  the ranks agree on the clock, only rank 0 evaluates and writes, the others wait;
-- precision: the step's loss under autocast, then one clipped (and, for float16, scaled) optimiser step;
-- the cadence: an evaluation every ``eval_every`` steps and after the last step, the checkpoint after every
-  evaluation, every ``ckpt_every`` steps and at the end;
-- held-out selection: an evaluation with a score (higher is better) above the best so far is kept
-  (``best_score``, ``best_step``) and exported;
-- progress: a tqdm bar (rank 0) and one log line per evaluation.
+- the schedule (:class:`Budget`): linear warm-up, then cosine decay to a floor over steps or minutes, whichever
+  runs out first;
+- checkpoint and resume (:class:`Resumable`): one payload for every trainer, written atomically and read back as
+  tensors and plain containers only; an existing checkpoint is loaded before the first step (``resume`` off:
+  overwritten);
+- data parallel under torchrun (:mod:`specfamily.train.ddp`): only rank 0 evaluates and writes;
+- precision: the loss under autocast, one clipped (for float16, scaled) optimiser step;
+- the cadence: an evaluation every ``eval_every`` steps and after the last, a checkpoint after every evaluation,
+  every ``ckpt_every`` steps and at the end; a better score is kept (``best_score``, ``best_step``) and exported.
 """
 
 from __future__ import annotations

@@ -9,21 +9,9 @@ drafters.
 Usage::
 
     drafter = sf.create_drafter("eagle", target)                      # zoo:code-eagle for the zoo target
-    drafter = sf.create_drafter("eagle", target, weights="path/to/eagle", mode="chain", gamma=3)
     drafter = sf.create_drafter("eagle3", target, weights="random", mode="chain", gamma=3)
 
-Train one for any target (frozen; features computed on the fly)::
-
-    python -m specfamily.drafters.eagle.train --target zoo:code-target --out DIR \\
-        --tokens work/zoo/train.npy --heldout work/zoo/heldout.npy --minutes 10 --threads 1
-    python -m specfamily.drafters.eagle.train --variant eagle3 --target zoo:smollm2 --out DIR --distilled DIR
-
-Modules: ``drafter`` (one drafter hierarchy: propose/observe, KV rollback; trees from
-``specfamily.drafters.shared.dynamic_tree``), ``model`` / ``model3`` (the two networks), ``lean`` (their lean
-forwards), ``config`` (options), ``checkpoint`` (where a drafter's model comes from; our EAGLE-1/2 format),
-``formats`` / ``formats3`` (the EAGLE repository's and EAGLE-3's layouts), ``storage`` (what the readers share),
-``data`` (training data), ``objective`` / ``ttt`` (the two objectives), ``training`` (the variants' parts of the
-trainer), ``train_config`` and ``train`` (the trainer), ``calibrate`` (the tree shape for this machine).
+Training: :mod:`specfamily.drafters.eagle.train`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """EAGLE-1/2 heads in the EAGLE repository's layout, read and written.
 
-The layout (SafeAILab/EAGLE ``eagle/model/cnets1.py`` / eagle-llm's ``eagle/model/cnets.py`` ``Model``; loaded by
-``ea_model.py``): ``config.json`` of a one-layer Llama (the draft layer's dimensions, equal to the target's, and
-``bias`` for ``fc``, default true) and tensors ``fc.weight`` (+ ``fc.bias``), ``layers.0.self_attn.*``,
-``layers.0.mlp.*``, ``layers.0.post_attention_layernorm.weight`` and, usually, ``embed_tokens.weight`` (the base
-model's embedding) in ``pytorch_model.bin`` (loaded with ``weights_only=True`` only) or ``model.safetensors``.
+The layout: ``config.json`` of a one-layer Llama (``bias`` for ``fc``, default true) and tensors ``fc.weight``
+(+ ``fc.bias``), ``layers.0.self_attn.*``, ``layers.0.mlp.*``, ``layers.0.post_attention_layernorm.weight`` and,
+usually, ``embed_tokens.weight``, in ``pytorch_model.bin`` (``weights_only=True``) or ``model.safetensors``.
 
-The math, as the reference computes it: ``fc(concat(embed(x[t + 1]), f[t]))`` (embedding first), then a Llama
-decoder layer whose input is *not* normalised (layer 0 of the reference has no ``input_layernorm``: only layers
-with index > 0 do), then the base model's own LM head; no final norm. Our :class:`EagleModel` is the same network
-with an optional ``input_layernorm``: a head read from this layout is built in the reference form (no input
-norm, ``input_norm=False``). The rotary embedding is the
-target's (eagle-llm 1.2.1 fixes its base at 10000, which is what Llama-1/2 and Vicuna targets use).
-
-Only the Llama family has this layout. A checkpoint whose sizes do not fit the target is refused in one line
-naming both sides. Export (:func:`save_eagle_repo`) needs a head in the reference form: one read from this layout,
-or one trained here with ``--reference-form``. A head that normalises its layer input (the default form, and the
-shipped heads') cannot be expressed by EAGLE's layer 0, and an export would compute something else.
+The reference computes ``fc(concat(embed(x[t + 1]), f[t]))``, then a Llama decoder layer whose input is *not*
+normalised (its layer 0 has no ``input_layernorm``), then the target's LM head, no final norm. A head read from this
+layout is an :class:`EagleModel` with ``input_norm=False``; only such heads can be exported
+(:func:`save_eagle_repo`). Only the Llama family has this layout; a checkpoint whose sizes do not fit the target is
+refused in one line naming both sides.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Lean forwards of the EAGLE networks: ``EagleModel.forward`` and ``Eagle3Model.forward`` on their own ops.
 
-A drafter call is a handful of small matrix products; on CPU the module tree (embedding, fc, rotary, decoder
-layer, attention, MLP, norms: about fifteen Python module calls) and transformers' per-call helpers cost as much.
-The lean layers run the same ops in the same order on the model's own parameters with the per-layer pieces of the
-target's lean forward (``specfamily.runtime.lean``): sdpa down the branch transformers takes and the same
-``DynamicCache.update`` on layer 0. With ``F.linear`` their outputs and cache contents equal the module path's bit
-for bit (``torch.equal``, float32 and bfloat16), so the two paths can share one cache; with the target's non-exact
-kind (``stream``, ``skinny``) they differ in the last bits, as the target's own products do.
+The lean layers run the same ops in the same order on the model's own parameters, with the per-layer pieces of the
+target's lean forward (``specfamily.runtime.lean``), skipping the module calls that dominate a small drafter call on
+CPU. With ``F.linear`` their outputs and cache contents equal the module path's bit for bit (float32 and bfloat16),
+so the two paths can share one cache; with a non-exact matmul kind they differ in the last bits.
 
-- :class:`LeanEagleLayer` (EAGLE-1/2): ``fc(concat(embed, feature))`` then the target family's decoder layer;
-  rope families only (llama, qwen2, mistral); GPT-2 stays on the module path.
+- :class:`LeanEagleLayer` (EAGLE-1/2): ``fc(concat(embed, feature))`` then the target family's decoder layer; rope
+  families only (llama, qwen2, mistral); GPT-2 stays on the module path.
 - :class:`LeanEagle3Layer` (EAGLE-3): ``concat(input_norm(embed), hidden_norm(g))`` through the widened Llama layer.
 
-Inference only: ``ready`` is False while gradients are enabled or the model trains (training takes the modules).
-A lean layer reads the parameters by reference (in-place updates, ``.to()`` and ``load_state_dict`` are seen;
-replacing modules needs a new one). Hooks on the model itself are not watched: they run around its forward,
-whichever path it takes inside.
+Inference only: ``ready`` is False while gradients are enabled or the model trains. Parameters are read by
+reference (in-place updates, ``.to()`` and ``load_state_dict`` are seen; replaced modules need a new layer).
 """
 
 from __future__ import annotations

@@ -2,28 +2,21 @@
 (EAGLE-1/2) or ``python -m specfamily.drafters.eagle.train --variant eagle3 target=T out=DIR`` (EAGLE-3).
 
 Configured like runs: ``configs/train/eagle.yaml`` (``eagle3.yaml``) holds every key and its default, ``key=value``
-overrides them, the older ``--flag value`` form still works (``--help``); :class:`EagleRun` runs on the one loop.
+overrides them, the ``--flag value`` form works too (``--help``); :class:`EagleRun` runs on the one loop.
 
-Data is a token array (``--tokens``, e.g. the zoo corpus ``work/zoo/train.npy``), any HF dataset (``--dataset
-json --data-files a.jsonl``) or self-distillation data (``--distilled``, ``specfamily-zoo distill``); features come
-from the target on the fly (EAGLE-1/2 also reads the stored last-layer features of distillation data; EAGLE-3 fuses
-three layers and recomputes them). ``--draft-vocab N`` drafts over the N most frequent training tokens.
+Data: a token array (``--tokens``), any HF dataset (``--dataset json --data-files a.jsonl``) or self-distillation
+data (``--distilled``); features come from the target on the fly. ``--draft-vocab N`` drafts over the N most
+frequent training tokens.
 
-- ``eagle``: feature regression + soft labels. Every ``--eval-every`` steps: top-1 agreement with the target on
-  held-out windows and greedy tau through the shared verifier on held-out prompts; the drafter with the best tau is
-  exported to ``--out`` (safetensors + config.json). ``--reference-form`` trains the draft layer without its input
-  norm, as EAGLE's layer 0 has none, so that ``specfamily-zoo export --drafter eagle --layout eagle`` can write it
-  in the EAGLE repository's layout.
-- ``eagle3``: the training-time test (:mod:`specfamily.drafters.eagle.ttt`): the draft unrolled ``--ttt-length``
-  steps (default 7) over its own outputs, soft-label cross-entropy against the target at every step, step weights
-  0.8^s. Features of three target layers (``--layers`` or the reference's). Every ``--eval-every`` steps the
-  per-step top-1 accuracies on held-out windows give the simulated acceptance length (1 + sum of their running
-  products); the best is exported to ``--out`` in the EAGLE/SpecForge layout (``--layout speculators`` for vLLM's),
-  which ``sf.create_drafter("eagle3", target, weights=DIR)`` loads.
+- ``eagle``: feature regression + soft labels; evaluated by top-1 agreement on held-out windows and greedy tau on
+  held-out prompts, the best tau exported to ``--out``. ``--reference-form`` trains the layer without its input
+  norm, so that it can be exported in the EAGLE repository's layout.
+- ``eagle3``: the training-time test (:mod:`specfamily.drafters.eagle.ttt`) over three target layers (``--layers``);
+  evaluated by the simulated acceptance length, the best exported in the EAGLE/SpecForge layout (``--layout
+  speculators`` for vLLM's).
 
-Training state (weights, optimiser, data RNG, best weights) goes to ``ckpt`` (default ``<out>.train.pt``), read
-back as tensors and plain containers only, and a rerun resumes from it. ``device``, ``dtype`` and ``torchrun``
-(``batch`` rows per rank) work as for every trainer on the loop; rank 0 evaluates and writes.
+Training state goes to ``ckpt`` (default ``<out>.train.pt``) and a rerun resumes from it; ``device``, ``dtype`` and
+``torchrun`` work as for every trainer on the loop.
 """
 
 from __future__ import annotations

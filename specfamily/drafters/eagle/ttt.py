@@ -1,17 +1,14 @@
 """EAGLE-3's training-time test (TTT): the draft unrolled over its own outputs, scored against the target at every step.
 
-A window x[0 .. T-1] gives L = T - 1 pairs: at index t the fused target feature g[t] (``fc`` over the target's
-low/middle/high layers at t) and the token x[t + 1]. Step 0 reads (g[t], x[t + 1]) and predicts x[t + 2]; step s
-reads its own step s - 1 output at t with the token x[t + 1 + s] and predicts x[t + 2 + s], at rotary position
-t + s. Each step's keys join one cache; the query of step s at t reads, as the reference trainers do (EAGLE
-``traineagle3``, SpecForge), the step-0 keys of indices j <= t - s and the keys of steps 1 .. s at t itself
-(:func:`unrolled_visible`). Nothing at an index past t (nor a token past x[t + 1 + s]) is read.
+A window x[0 .. T-1] gives L = T - 1 pairs (g[t], x[t + 1]), g the fused target feature. Step s reads its own step
+s - 1 output at t with the token x[t + 1 + s] and predicts x[t + 2 + s], at rotary position t + s; its query at t
+reads the step-0 keys of indices j <= t - s and the keys of steps 1 .. s at t itself (:func:`unrolled_visible`), as
+the reference trainers do. Nothing past t is read.
 
-Loss of step s: cross-entropy of the draft head against the target's distribution of x[t + 2 + s] restricted to the
-draft vocabulary and renormalised, counted only where the target's own argmax is inside the draft vocabulary, mean
-over the indices with a target (t <= L - 1 - s); total = sum_s decay^s * loss_s (decay 0.8: the reference's). No
-feature regression. Accuracy of step s: share of those indices whose draft argmax is the target's argmax (an argmax
-outside the draft vocabulary is a miss). The simulated acceptance length is 1 + sum_k prod_{s <= k} acc_s.
+Loss of step s: cross-entropy against the target's distribution of x[t + 2 + s] restricted to the draft vocabulary
+and renormalised, where the target's argmax is inside it; total = sum_s decay^s * loss_s (decay 0.8). Accuracy of
+step s: the share of those indices whose draft argmax is the target's. Simulated acceptance length:
+1 + sum_k prod_{s <= k} acc_s.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Medusa-1 drafter (Cai et al. 2024): K heads on the frozen target's last feature propose a token tree.
 
-Alignment. The target's cache holds every committed token but the root (the last committed token, at position R,
-not fed yet). The last feature row handed to ``observe`` is that of the last position the target processed on
-the committed path (the previous root or the deepest accepted node), at position R - 1: its LM-head output is
-the root token itself (the bonus token). Head k on that feature predicts the token at (R - 1) + 2 + k = R + 1 + k,
-so head 0 proposes the root's children (depth 1) and head d - 1 the nodes at depth d, exactly as the heads are
-trained (head k at position t predicts t + 2 + k). On the first pass there is no feature yet: an empty draft
-(the plain prefill pass).
+Alignment: the last feature row handed to ``observe`` is at position R - 1 (R: the root, the last committed token),
+so head k predicts the token at R + 1 + k: head 0 proposes depth 1, head d - 1 depth d, as the heads are trained
+(head k at position t predicts t + 2 + k). The first pass has no feature: an empty draft.
 
-Candidates. The node at rank path (r1, ..., rd) carries the rank-rd token of head d - 1 (Medusa-1 heads see only
-the feature, not the path). Siblings come from one head's top-k, so they are distinct, and the proposal is a
-deterministic function of the context (q = None): the shared tree verifier is exact under sampling too.
-
-Draft vocabulary. Heads over a reduced draft vocabulary rank N draft indices; the proposed tokens are their target
-ids (``MedusaHeads.token_ids``), so the verifier (over the whole vocabulary) never sees a draft index.
+The node at rank path (r1, ..., rd) carries the rank-rd token of head d - 1. Siblings come from one head's top-k, so
+they are distinct and the proposal is deterministic (q = None). Heads over a reduced draft vocabulary propose their
+target ids (``MedusaHeads.token_ids``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """Train Medusa heads on a frozen target: ``python -m specfamily.drafters.medusa.train key=value ...``.
 
 Configured like runs: ``configs/train/medusa.yaml`` holds every key and its default, the command line overrides
-them (``target=zoo:smollm2 data=my.jsonl minutes=60``); the older ``--flag value`` form (``--max-minutes`` for
-``minutes``) still works (``--help`` lists it). The loop is :mod:`specfamily.train.loop`'s.
+them (``target=zoo:smollm2 data=my.jsonl minutes=60``; the ``--flag value`` form works too, ``--help``). The loop is
+:mod:`specfamily.train.loop`'s.
 
-Loss: sum over heads k of decay**k * cross-entropy(head k at position t, token at t + 2 + k). Every
-``eval_every`` steps: per-head top-1/top-5 accuracy on held-out windows (as written, and continued by the
-target's own greedy decoding, which is what decoding accepts); a tree chosen from the joint rank statistics on
-the latter (``tree.JointRanks``) and the verify cost measured on this machine; and tau measured by
-``sf.generate`` with that tree on held-out prompts. The checkpoint with the best tau is exported (safetensors +
-JSON, no optimizer state); ``out/state.pt`` (with the optimizer) makes the run resumable.
-``recalibrate=CHECKPOINT`` only re-chooses a checkpoint's tree for this machine (re-measured accuracies and
-verify cost). ``device=cuda`` trains on a GPU; ``dtype=bfloat16`` (or float16) runs the target's and the heads'
-passes under autocast with float32 master weights.
+Loss: sum over heads k of decay**k * cross-entropy(head k at position t, token at t + 2 + k). Each evaluation
+measures per-head accuracy on held-out windows (as written and as the target's greedy continuation), chooses a tree
+from the latter's joint rank statistics and this machine's verify cost, and measures tau with it; the best tau is
+exported. ``recalibrate=CHECKPOINT`` only re-chooses a checkpoint's tree for this machine.
 
-``distilled=DIR`` trains on self-distillation data (``specfamily-zoo distill``) with its stored features: no target
-pass per step; labels are the stored tokens (the target's own greedy answers); accuracies on held-out conversations'
-windows, tau on their chat prompts. ``draft_vocab=N`` drafts over the N most frequent training (answer) tokens
-only (FR-Spec; EOS always in): labels outside them are ignored by the loss and count as misses, and the vocabulary's
-coverage is reported. Under ``torchrun`` each rank trains a DistributedDataParallel replica on its share of every
-global batch (``batch`` rows per rank; :mod:`specfamily.train.ddp`); rank 0 evaluates and writes.
+``distilled=DIR`` trains on self-distillation data with its stored features (no target pass per step).
+``draft_vocab=N`` drafts over the N most frequent training tokens (FR-Spec; EOS always in); labels outside them are
+ignored by the loss and count as misses.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Skip-set search: which sub-layers to skip so that self-speculation runs fastest.
 
-Scoring (``score="theory"``, the default) is cheap and exact where it can be:
+``score="theory"`` (the default): from a calibration pass over each prompt's greedy continuation, alpha_d(r) =
+sum_x min(p, q) for every root r and depth d <= ``depth`` (q computed as ``propose`` does, one batched pass per
+residue class mod ``depth``); c(S) and the verify cost t(g + 1) / t(1) from timed sub-layers; score = max over gamma of
+``sf.theory.expected_speedup(alpha(gamma), gamma, c, verify_cost(gamma))``. Under greedy the exact tau of
+constant-gamma decoding on the calibration text is reported too. ``score="measured"`` times real generations.
 
-- calibration: for each prompt, the target's greedy continuation and, in one target pass, its KV cache and p at
-  every continuation position;
-- alpha: for every root position r and depth d <= ``depth``, the drafter's q for the d-th draft token of a chain
-  started at r, computed as ``propose`` does (committed prefix from the target's cache, the chain's own entries
-  through the kept layers), for all roots of one residue class mod ``depth`` in one batched pass; alpha_d(r) =
-  sum_x min(p, q) (under greedy: whether the draft's argmax is the target's token);
-- c(S) = (t_fixed + kept attention sub-layers * t_attn + kept MLPs * t_mlp) / t(1) and the verify cost
-  t(g + 1) / t(1), timed once (interleaved medians) through the real target pass and draft step;
-- score = max over gamma of ``sf.theory.expected_speedup(alpha(gamma), gamma, c, verify_cost(gamma))``, alpha(gamma)
-  the mean of alpha_d over roots and d <= gamma. Under greedy the exact tau of constant-gamma decoding on the
-  calibration text is reported too.
-
-``score="measured"`` times real generations instead (slow, noisy). The search itself is a beam search over
-sub-layers (``beam=1`` is greedy forward selection): grow each set in the beam by one sub-layer, keep the best
-``beam`` sets, stop after ``patience`` rounds without a better score. SWIFT uses Bayesian optimisation; this is
-the simple, deterministic alternative.
+The search is a beam search over sub-layers (``beam=1``: greedy forward selection), stopping after ``patience``
+rounds without a better score.
 
 Command: ``python -m specfamily.drafters.self_spec.search --model PATH_OR_ZOO --out FILE.json``.
 """

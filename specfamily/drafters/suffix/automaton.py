@@ -1,18 +1,13 @@
 """A compact suffix index: a generalized suffix automaton with occurrence counts for substrings up to ``max_depth``.
 
-The automaton over the inserted sequences has at most two states and three transitions per token (a suffix trie of
-depth 64 materialises up to 64 nodes per token), and answers what the speculation needs from the trie: the count of
-any substring of at most ``max_depth`` tokens (its occurrences, those at a sequence's end included) and the counts
-of its one-token continuations. A state holds the substrings that end at the same positions, so they share a count
-and the same continuations; a *node* of the index is a state together with one length of its strings, packed as
-``state << 8 | length`` (``ROOT`` = 0), so its depth is known and the ``max_depth`` cap applies as in the trie.
+At most two states and three transitions per token, answering what speculation needs: the count of any substring of
+at most ``max_depth`` tokens and the counts of its one-token continuations. A *node* is a state with one length of
+its strings, packed as ``state << 8 | length`` (``ROOT`` = 0), so the ``max_depth`` cap applies as in the trie.
 
-Appending a token extends the automaton (amortised constant work) and adds the new end position to the states of
-the sequence's suffixes of up to ``max_depth`` tokens: a walk along suffix links from the state of the longest such
-suffix, at most ``max_depth`` states (:class:`Sequence` keeps that state, so the cost never depends on how long the
-history is). Removing a sequence replays it and takes its positions off the same states; a state whose count falls
-to 0 is treated as absent (its strings no longer occur), and :meth:`SuffixIndex.compacted` rebuilds the automaton
-from the live sequences when dead states pile up.
+Appending a token extends the automaton and adds the new end position to the states of the sequence's suffixes of
+up to ``max_depth`` tokens (:class:`Sequence` keeps the longest, so the cost never depends on the history's length).
+Removing a sequence takes its positions off the same states; a state at count 0 is absent, and
+:meth:`SuffixIndex.compacted` rebuilds the automaton from the live sequences.
 """
 
 from __future__ import annotations

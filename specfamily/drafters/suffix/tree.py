@@ -1,19 +1,11 @@
-"""A suffix trie of bounded depth with occurrence counts, updated in O(max_depth) per appended token.
+"""A suffix trie of bounded depth with occurrence counts, updated in O(max_depth) per appended token: the plain
+reference the drafter's :mod:`specfamily.drafters.suffix.automaton` is tested against and measured beside.
 
-The drafter now uses the compact :mod:`specfamily.drafters.suffix.automaton` (same counts and speculation trees,
-in far less memory: docs/suffix.md); this trie stays as the plain reference the index is tested against and
-measured beside.
-
-Every substring of length <= ``max_depth`` of the inserted sequences is a path from the root; a node's
-``count`` is how many times its string occurs (in all sequences inserted and not removed). Appending a token to
-a sequence extends the paths of its last ``max_depth - 1`` suffixes by one node each (a :class:`Cursor` holds
-those nodes), so the cost of a token never depends on how long the history is. Each node keeps a suffix link
-(the node of its string without the first token), which a :class:`Matcher` follows to track the longest suffix
-of a growing context that the trie holds, again without rescanning.
-
-Nodes live in flat arrays (ids are ints, the root is 0) and a dict of edges, so a node costs about a hundred
-bytes rather than a Python object with its own dict. Removing a sequence replays its insertion with the counts
-decremented; nodes whose count reaches 0 are unlinked and their ids reused.
+Every substring of length <= ``max_depth`` of the inserted sequences is a path from the root, a node's ``count``
+how many times its string occurs. A :class:`Cursor` holds the nodes of a sequence's last ``max_depth - 1`` suffixes,
+so appending a token costs the same however long the history; suffix links let a :class:`Matcher` track the longest
+suffix of a growing context that the trie holds. Nodes live in flat arrays (ids are ints, the root is 0); removing
+a sequence replays its insertion with counts decremented, and nodes at count 0 are unlinked and their ids reused.
 """
 
 from __future__ import annotations
