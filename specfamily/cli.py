@@ -1,14 +1,11 @@
 """``specfamily``: compare drafters on a dataset and write a report (a Hydra app).
 
-With no arguments it runs the default comparison (configs/config.yaml): the zoo target, every
-registered drafter and plain decoding on held-out prompts, greedy. Overrides select and change
-config groups (``drafter=eagle drafter.gamma=6 sampling=t07 dataset=continue``), ``--multirun``
-sweeps, and ``torchrun --nproc_per_node N -m specfamily.cli ...`` shards the prompts over ranks.
-``--config-dir DIR`` or ``hydra.searchpath=[DIR]`` adds the user's own config folders, ahead of
-the shipped configs (:mod:`specfamily.eval.searchpath`). The whole config is checked before any
-model loads; a config error exits with status 2 and one line naming the key. A run in which every drafter arm
-failed (each recorded in results.jsonl and the report) exits with status 1 after writing its report; in a
-``--multirun`` sweep such a job prints the same line and the sweep goes on.
+With no arguments it runs the default comparison (configs/config.yaml): the zoo target, every registered drafter and
+plain decoding on held-out prompts, greedy. Overrides select and change config groups (``drafter=eagle
+drafter.gamma=6 sampling=t07 dataset=continue``), ``--multirun`` sweeps, ``torchrun ... -m specfamily.cli`` shards
+the prompts, ``--config-dir DIR`` adds the user's config folders (:mod:`specfamily.eval.searchpath`). The config is
+checked before any model loads (a config error exits 2 with one line naming the key); a run in which every drafter
+arm failed exits 1 after writing its report (in a sweep the job prints the same line and the sweep goes on).
 """
 
 from __future__ import annotations

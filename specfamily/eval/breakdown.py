@@ -1,12 +1,9 @@
 """Results broken down by category (and by turn): tau and speedup of every drafter on each group of prompts.
 
-Papers report speculative decoding per task category (Spec-Bench: MT-bench, translation,
-summarization, qa, math, rag). A run whose records carry a category (a dataset with
-``category_field``) gets one row per (category, drafter) plus an ``overall`` row per drafter; a run
-with multi-turn prompts gets the same per turn. Speedup is against plain decoding on the same
-prompts of the group in the same run (:func:`specfamily.eval.summary.speedup`). The report pivots
-the rows into a table: a row per group, a tau and a speedup column per drafter (with its bootstrap
-95% interval over the group's prompts when the group has at least 3).
+A run whose records carry a category gets one row per (category, drafter) plus an ``overall`` row per drafter, and
+the same per turn for multi-turn prompts. Speedup is against plain decoding on the group's prompts in the same run
+(:func:`specfamily.eval.summary.speedup`). The report pivots the rows into a table with a tau and a speedup column per
+drafter (with a bootstrap 95% interval when the group has at least 3 prompts).
 """
 
 from __future__ import annotations

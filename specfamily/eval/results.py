@@ -1,12 +1,9 @@
 """Results on disk: one JSON line per finished prompt (or failure), appended and flushed as it happens.
 
-A run folder holds ``run.json`` (the resolved config, seed, the environment: versions, plugins,
-hardware, a hash of the target's weights, the prompts' fingerprint; the measured verify cost and
-the run's own noise checks) and ``results.jsonl``. Under torchrun every rank appends to its own
-``results.rank<r>.jsonl``; :func:`consolidate` merges them (and any earlier results) into one
-``results.jsonl`` in a fixed order. The plain-decoding repeats that measure the run's noise go to
-``repeats.jsonl`` (``repeats.rank<r>.jsonl`` under torchrun). Nothing is half-written: whole files
-are written to a temporary name and renamed.
+A run folder holds ``run.json`` (resolved config, seed, environment, weights hash, prompts' fingerprint, verify cost,
+noise checks), ``results.jsonl`` and ``repeats.jsonl``. Under torchrun each rank appends to its own
+``results.rank<r>.jsonl`` (``repeats.rank<r>.jsonl``); :func:`consolidate` merges them in a fixed order. Whole files
+are written atomically.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Where configs are found: the user's folders first, then the shipped configs, then the plugins' configs.
 
-Hydra looks a config up (``drafter/small_model``, the primary ``config``) in its search path and
-takes the first hit. ``specfamily`` composes that path on every start, highest precedence first:
-
-1. ``--config-dir DIR`` (Hydra's own flag) and each entry of ``hydra.searchpath=[...]`` given on
-   the command line: the user's folders, so a user file with a shipped name replaces the shipped one;
-2. the shipped configs (:func:`configs_dir`);
-3. what plugins ship through the ``specfamily_config_path`` hook (so ``drafter=<plugin>`` works).
-
-``drafter=all`` and labelled arms read each ``drafter/<name>.yaml`` through the same path. The
-app's primary config is a stub (:data:`ENTRY`) that pulls ``config.yaml`` through this path too,
-so a user's own ``config.yaml`` replaces the shipped one like any other file.
+Hydra takes the first hit in its search path, which ``specfamily`` composes on every start, highest first:
+``--config-dir DIR`` and ``hydra.searchpath=[...]`` entries; the shipped configs (:func:`configs_dir`); what plugins
+ship through the ``specfamily_config_path`` hook. ``drafter=all`` and labelled arms read ``drafter/<name>.yaml``
+through the same path, and the app's primary config is a stub (:data:`ENTRY`) that pulls ``config.yaml`` through it.
 """
 
 from __future__ import annotations

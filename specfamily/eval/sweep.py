@@ -1,12 +1,9 @@
 """Sweeps: a Hydra callback that writes one combined report over every job of a multirun.
 
-``specfamily --multirun drafter=small_model,prompt_lookup drafter.gamma=2,4,6`` runs one job per
-combination (each a full comparison with its own plain-decoding baseline) into
-``<sweep dir>/<job number>``; when the sweep ends, this callback writes ``report.md``,
-``summary.csv`` and the plots into the sweep folder. Each job is named there by its own
-overrides (``drafter=prompt_lookup drafter.gamma=4``: its ``run_label``, set by the app).
-``specfamily-report <sweep dir>`` does the
-same by hand (e.g. after a sweep on a cluster launcher).
+``specfamily --multirun drafter=small_model,prompt_lookup drafter.gamma=2,4,6`` runs one full comparison per
+combination into ``<sweep dir>/<job number>``; at the end this writes ``report.md``, ``summary.csv`` and the plots
+into the sweep folder, each job named by its overrides (its ``run_label``). ``specfamily-report <sweep dir>`` does
+the same by hand.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """A small draft model for a large-vocabulary target, and the token arrays to distil it on.
 
-A draft of hidden size h << H cannot copy the target's embedding, but it can start from its best rank-h
-approximation: the embedding's top-h principal directions (``E V_h``, V_h from the SVD of the centred embedding).
-Tied to the head, those rows score tokens the way the target's head does in the subspace that matters most, so
-training starts from the target's token geometry instead of noise. The layers start random.
-
-``specfamily-zoo draft-init`` writes that model (with the target's tokenizer and chat template) for
-``specfamily-zoo train --kind draft --init-from``; ``specfamily-zoo distill-workdir`` writes the self-distillation
-conversations as the ``train.npy`` / ``heldout.npy`` token arrays and tokenizer folder the zoo trainer reads.
+The draft's embedding (tied to its head) starts as the target embedding's best rank-h approximation, ``E V_h`` with
+V_h from the SVD of the centred embedding; the layers start random. ``specfamily-zoo draft-init`` writes that model
+(with the target's tokenizer) for ``specfamily-zoo train --kind draft --init-from``; ``specfamily-zoo
+distill-workdir`` writes distillation conversations as the ``train.npy`` / ``heldout.npy`` arrays the trainer reads.
 """
 
 from __future__ import annotations

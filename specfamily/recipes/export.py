@@ -1,13 +1,9 @@
-"""``specfamily-zoo export``: a drafter trained here, written in the layout a serving engine or reference loads.
+"""``specfamily-zoo export``: a drafter trained here, written in the layout a serving engine or reference loads:
+eagle3 -> ``speculators`` (vLLM) or ``eagle`` (EAGLE / SpecForge, SGLang); eagle -> ``eagle`` (EAGLE-1/2, heads in
+the reference form only); medusa -> ``medusa`` (``medusa_lm_head.pt`` + config).
 
-- eagle3 -> ``speculators`` (vLLM: ``speculative_config={"method": "eagle3", "model": DIR}``) or ``eagle`` (the
-  EAGLE repository / SpecForge layout SGLang loads);
-- eagle -> ``eagle`` (the EAGLE repository's EAGLE-1/2 layout), for heads in the reference form: read from that
-  layout or trained with ``python -m specfamily.drafters.eagle.train --reference-form`` (no input norm);
-- medusa -> ``medusa`` (the Medusa repository's ``medusa_lm_head.pt`` + config).
-
-The source is any folder the drafter loads (ours, or already one of these layouts), checked against the target.
-The output folder is written under a temporary name and renamed into place; an existing non-empty one is refused.
+The source is any folder the drafter loads, checked against the target. The output is written atomically; an
+existing non-empty folder is refused.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A repeated-task workload: the same instructions asked about several functions of the zoo corpus.
+"""A repeated-task workload: the same instructions asked about several functions of the zoo corpus's held-out files,
+where a drafter that remembers earlier outputs (``suffix``) should pay. Rows are ``{"question_id", "category",
+"turns"}`` like Spec-Bench's, grouped by instruction (the category). Write a set with
+``python -m specfamily.recipes.repeated OUT.jsonl`` and run it with::
 
-Agentic and batch workloads send one instruction many times with different inputs, so answers share much of their
-text; this is where a drafter that remembers earlier outputs (``suffix``) should pay. The functions come from the
-zoo corpus's *held-out* files (the zoo's drafters never trained on them). Rows are ``{"question_id", "category",
-"turns"}`` like Spec-Bench's, grouped by instruction (its name is the category), so a run meets each task several
-times in a row. Write a set with ``python -m specfamily.recipes.repeated OUT.jsonl`` and run it with::
-
-    specfamily dataset=jsonl dataset.data_files=OUT.jsonl dataset.field=null dataset.turns_field=turns \\
+    specfamily dataset=jsonl dataset.data_files=OUT.jsonl dataset.field=null dataset.turns_field=turns \
         dataset.category_field=category dataset.chat_template=true dataset.add_special_tokens=false drafter=suffix
 """
 

@@ -1,13 +1,9 @@
 """Train a zoo model (target from the corpus, draft distilled from the target), resumable:
 ``specfamily-zoo train kind=draft workdir=WORK out=DIR teacher=TARGET ...``.
 
-Configured like runs: ``configs/train/draft.yaml`` holds every key and its default, ``key=value`` overrides them (the
-older ``--flag value`` form, ``--max-minutes`` for ``minutes``, still works). The loop is
-:mod:`specfamily.train.loop`'s, and so is the checkpoint ``WORK/ckpt-<out's name>.pt`` (read as tensors and plain
-containers only); the final weights are exported. ``device=cuda`` trains on a GPU; ``dtype=bfloat16`` (or float16)
-runs the passes under autocast with float32 master weights. Under ``torchrun`` each rank trains a
-DistributedDataParallel replica on its share of every global batch (``batch`` rows per rank;
-:mod:`specfamily.train.ddp`); rank 0 evaluates, checkpoints and exports.
+Configured like runs: ``configs/train/draft.yaml`` holds every key and its default, ``key=value`` overrides them
+(``--flag value`` works too). The loop, checkpoint (``WORK/ckpt-<out's name>.pt``), ``device``, ``dtype`` and
+``torchrun`` handling are :mod:`specfamily.train.loop`'s; the final weights are exported.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Power at depth by construction: when a drafter's drafts seldom get deep on the kit's tiny target, the kit sharpens
 the target toward the drafter's own proposals until they do.
 
-The tests hold for every target (a lossless system follows whatever p the target has), so the kit may choose the
-target, provided the choice depends on pilot data only. A pilot on its own seeds records every draft; the kit
-fine-tunes a copy of the tiny target to predict the tokens along each draft's first path, from depth 1 to
-``min_depth - 1`` (the nodes that must be accepted for the verifier to try one ``min_depth`` deep; the node at
-``min_depth`` is left alone, so its decision stays a random one), rebuilds the drafter on the copy with the author's
-factory, and pilots again on fresh seeds, for at most ``ROUNDS`` rounds. A copier whose copies the random target
-seldom continues (the README's example) then meets a target that continues them; a sampled drafter whose q ignores
-the target meets one that agrees with its q. Where no round gets there (drafts whose tokens are noise), the run is
-sized on the drafter's own target and the verdict says the depth was not tested.
+A lossless system follows whatever p the target has, so the kit may choose the target from pilot data alone: it
+fine-tunes a copy of the tiny target to predict the tokens along each piloted draft's first path, depths 1 to
+``min_depth - 1`` (the node at ``min_depth`` is left alone), rebuilds the drafter on the copy with the author's
+factory and pilots again on fresh seeds, for at most ``ROUNDS`` rounds. Where no round gets there, the run is sized
+on the drafter's own target and the verdict says the depth was not tested.
 """
 
 from __future__ import annotations

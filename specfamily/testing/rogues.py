@@ -1,15 +1,9 @@
 """A rogues' gallery: subtly wrong drafters the conformance suite must reject (not registered by default).
 
-Each rogue is the honest drafter next to it with one realistic bug. Researchers run their own tests against
-them to see that those tests have power: a test that passes a rogue proves nothing about that bug.
-
-The honest base drafts from the target's own logits plus a fixed random tilt (``noise``), so its proposals are
-accepted often enough to reach depth 3 and are rejected often enough to exercise the residual. Only a bug that
-makes the reported q differ from the law a token was actually drawn from can break losslessness: a feature
-drafter that reads the wrong position's feature *consistently*, or a node placed under the wrong parent *with
-the q it was really drawn from*, is still exact (the verifier only needs x ~ q given what it tried before) and
-just accepts less; such bugs are found by acceptance tests, not by this suite. The feature and parent rogues
-here carry the variants that do break it: the token drawn one way, the q reported from the other.
+Each rogue is the honest drafter next to it with one realistic bug; a test that passes a rogue proves nothing about
+that bug. The honest base drafts from the target's logits plus a fixed random tilt (``noise``), accepted often
+enough to reach depth 3 and rejected often enough to exercise the residual. Only a q that differs from the law a
+token was drawn from breaks losslessness, so the feature and parent rogues draw one way and report the other.
 """
 
 from __future__ import annotations

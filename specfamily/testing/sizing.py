@@ -1,14 +1,9 @@
 """How many samples a conformance run takes: the marginals' power, then the power at the depth it must reach.
 
-A pilot on its own seeds (never the main run's) counts the tokens each sample decides at level ``min_depth``; the
-run takes as many samples as ``depth_power`` against an error of total variation ``delta`` at that level needs
-(:func:`specfamily.testing.power.level_power`), up to ``max_samples``. When the drafter's drafts seldom get that
-deep, :mod:`specfamily.testing.construction` sharpens the target (on pilot data only) until they do; what it cannot
-reach is reported, not failed.
-
-A run much longer than the marginals need is looked at twice: once after ``base_samples`` and once at the end, each
-look at half the config's level (Bonferroni over the looks), so a drafter that is plainly wrong fails at the first
-look instead of paying for the depth's samples.
+A pilot on its own seeds counts the tokens each sample decides at level ``min_depth``; the run takes as many samples
+as ``depth_power`` against an error of total variation ``delta`` there needs (:func:`.power.level_power`), up to
+``max_samples``; :mod:`specfamily.testing.construction` sharpens the target when drafts seldom get that deep. A long run is looked at after ``base_samples`` and at the end, each at half the level (Bonferroni),
+so a plainly wrong drafter fails early.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Choose the EAGLE drafting shape for this machine (a tree, or a chain) and write it into the checkpoint.
 
-A verify pass over n tokens costs t(n)/t(1) of a plain pass, and on a CPU that grows fast, so the best tree is
-far smaller than EAGLE-2's GPU default of 60 nodes. This measures the drafter through the shared loop (greedy,
-held-out prompts, every output checked against plain decoding) for each candidate (gamma, total_tokens), and
-stores the fastest as the checkpoint's default, with the whole table, in ``config.json`` under ``calibration``.
-Chains of 2 to 5 tokens are candidates too: where a verify pass over a few extra tokens is expensive, a chain can
-beat every tree, and then the drafter's default mode is the chain:
+Each candidate (gamma, total_tokens), chains included, is measured through the shared loop (greedy, held-out prompts,
+every output checked against plain decoding); the fastest becomes the checkpoint's default, with the whole table, in
+``config.json`` under ``calibration``:
 
     python -m specfamily.drafters.eagle.calibrate --target zoo:code-target --weights DIR --threads 1
 """

@@ -1,14 +1,8 @@
-"""EAGLE drafter weights: where a drafter's model comes from (``load_eagle_weights``, ``load_eagle3_weights``:
-a built model, fresh modules, the zoo's or a checkpoint) and our EAGLE-1/2 format on disk: ``model.safetensors``
-(fc + decoder layer) and ``config.json``.
-
-``load_eagle`` also reads heads in the EAGLE repository's layout (``specfamily.drafters.eagle.formats``), from a
-folder or a model-hub name; EAGLE-3 checkpoints are read in their layouts by ``specfamily.drafters.eagle.formats3``.
-
-``config.json`` records the format, whether the decoder layer normalises its input (``input_norm``; absent in
-checkpoints written before it existed, which all do), the identity of the target the drafter was trained for
-(``specfamily.io.identity``) and free-form training information. Loading for a different target is refused. The
-folder is written under a temporary name and swapped in whole.
+"""EAGLE drafter weights: where a drafter's model comes from (``load_eagle_weights``, ``load_eagle3_weights``: a built
+model, fresh modules, the zoo's or a checkpoint) and our EAGLE-1/2 format: ``model.safetensors`` (fc + decoder
+layer) and ``config.json`` (format, ``input_norm``, the target's identity, training information). Loading for a
+different target is refused; folders are written atomically. ``load_eagle`` also reads the EAGLE repository's
+layout (``formats``); EAGLE-3 layouts are ``formats3``'s.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """EAGLE training data: token streams whose features the frozen target computes on the fly, or self-distillation
-data (``specfamily-zoo distill``) whose features were stored while the target wrote it.
+data whose features were stored while the target wrote it.
 
-Either way a trainer sees one :class:`EagleData`: random training windows (with their features when stored),
-fixed held-out windows, held-out prompts for measuring tau, and the tokens a reduced draft vocabulary is counted on.
-Both variants read it: EAGLE-3 fuses three target layers, which distillation files do not store (they hold the last
-one), so its trainer ignores stored features and computes every batch's online; it asks for no prompts
-(``cfg.tau_prompts`` 0).
+A trainer sees one :class:`EagleData`: training windows (with stored features if any), held-out windows, held-out
+prompts for tau, and the tokens a reduced draft vocabulary is counted on. EAGLE-3 ignores stored features (it fuses
+three layers; the files hold the last) and asks for no prompts.
 """
 
 from __future__ import annotations

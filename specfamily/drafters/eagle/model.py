@@ -1,17 +1,10 @@
 """The EAGLE drafter network: Linear(2h -> h) over (token embedding, target feature), one decoder layer, LM head.
 
-Input at position t is ``fc(concat(embed(x[t + 1]), f[t]))`` where ``f[t]`` is the target's last hidden state at t
-(after its final norm, what the LM head reads). One decoder layer of the target's own family, built from the
-target's config, turns it into a prediction of ``f[t + 1]``; the target's frozen LM head reads that prediction
-directly (no extra norm: the regression target is already a post-norm feature, as in EAGLE-1, where the base
-model's returned hidden state is post-norm and the draft head's output goes straight to ``lm_head``).
-
-The embedding, the LM head (and GPT-2's position table) are the target's own modules, shared and frozen: they are
-held outside the module tree, so they are neither trained, nor saved, nor copied.
-
-``input_norm``: the decoder layer normalises its input (its ``input_layernorm``, the default and what the shipped
-heads were trained with), or, ``False``, reads ``fc``'s output as is: the reference form, EAGLE's own layer 0, the
-only form the EAGLE repository's layout can hold (``specfamily.drafters.eagle.formats``).
+Input at position t is ``fc(concat(embed(x[t + 1]), f[t]))``, ``f[t]`` the target's last hidden state at t after its
+final norm. One decoder layer of the target's own family turns it into a prediction of ``f[t + 1]``, which the
+target's frozen LM head reads directly (the regression target is already post-norm, as in EAGLE-1). The embedding,
+the LM head (and GPT-2's position table) are the target's, held outside the module tree: never trained, saved or
+copied. ``input_norm=False`` drops the layer's ``input_layernorm``: the reference form, EAGLE's own layer 0.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The EAGLE-3 drafter network (Li et al. 2025), laid out as the EAGLE repository and SpecForge save it.
 
-Input at the pair (target position t, token t + 1): ``fc`` fuses the target's hidden states of k layers at t
-(low, middle, high; k * h -> h, no bias). One decoder layer reads ``concat(input_layernorm(embed(x[t + 1])),
-hidden_norm(g))`` (2h -> q/k/v), where g is the fused feature on real positions and, when drafting further,
-the layer's own output at the parent; the residual is g (or its norm with ``norm_before_residual``, a
-speculators option). Its output goes through its own ``norm`` and its own ``lm_head`` over a draft vocabulary
-(draft index i -> target id ``vocab.ids[i]``; the reference's ``d2t``/``t2d`` are computed from it on save).
-
-The decoder layer is a Llama layer whatever the target's family, as the reference drafters are
-(``LlamaForCausalLMEagle3``): transformers' LlamaDecoderLayer with q/k/v widened to 2h and a ``hidden_norm``.
-Module names match the reference checkpoints: ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` and, only when a
-checkpoint carries its own, ``embed_tokens``; otherwise the target's embedding is read (frozen, not owned).
+``fc`` fuses the target's hidden states of k layers at t (k * h -> h, no bias) into g. One Llama decoder layer
+(q/k/v widened to 2h, plus ``hidden_norm``) reads ``concat(input_layernorm(embed(x[t + 1])), hidden_norm(g))``,
+g being the layer's own output at the parent when drafting further; the residual is g (or its norm with
+``norm_before_residual``). Then its own ``norm`` and ``lm_head`` over a draft vocabulary (draft index i -> target id
+``vocab.ids[i]``). Module names match the reference checkpoints (``fc``, ``midlayer.*``, ``norm``, ``lm_head``,
+``embed_tokens`` only when a checkpoint carries its own; otherwise the target's embedding is read, frozen).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""What each EAGLE variant brings to the family's trainer (:mod:`specfamily.drafters.eagle.train`, a family of
-:mod:`specfamily.train.loop`): its network, its objective, its half of a step, its evaluation score, its export and
-its resume checks.
+"""What each EAGLE variant brings to the family's trainer (:mod:`specfamily.drafters.eagle.train`): its network,
+objective, half of a step, evaluation score, export and resume checks.
 
-- :class:`EagleTraining` (EAGLE-1/2): feature regression + soft labels (:mod:`.objective`) on features computed
-  here or stored; scored by greedy tau on held-out prompts (top-1 agreement without prompts); our format.
-- :class:`Eagle3Training` (EAGLE-3): the training-time test (:mod:`.ttt`) on three layers' features computed
-  here; scored by the simulated acceptance length; the EAGLE/SpecForge or speculators layout.
+- :class:`EagleTraining` (EAGLE-1/2): feature regression + soft labels (:mod:`.objective`); scored by greedy tau
+  on held-out prompts (top-1 agreement without prompts); our format.
+- :class:`Eagle3Training` (EAGLE-3): the training-time test (:mod:`.ttt`); scored by the simulated acceptance
+  length; the EAGLE/SpecForge or speculators layout.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Medusa checkpoints: ``model.safetensors`` (the heads) + ``config.json`` (shape, target identity, tree).
 
-Heads over a reduced draft vocabulary also save its target ids (``draft_ids``, int64, never cast) with the weights
-and ``draft_vocab: N`` in the shape; a checkpoint without them (all older ones) drafts over the full vocabulary.
-
-The target identity (``specfamily.io.identity``) is saved with the heads, so heads trained for one target are refused
-for another, even one with the same architecture.
-A checkpoint folder is written next to its final place and swapped in, so nothing half-written is ever read.
-``load_checkpoint`` also reads heads in the Medusa repository's layout (``specfamily.drafters.medusa.formats``),
-from a folder or a model-hub name.
+Heads over a reduced draft vocabulary also save its target ids (``draft_ids``, int64) and ``draft_vocab: N`` in the
+shape; without them a checkpoint drafts over the full vocabulary. Heads are refused for a target other than the one
+recorded (``specfamily.io.identity``). Folders are written atomically. ``load_checkpoint`` also reads the Medusa
+repository's layout (``specfamily.drafters.medusa.formats``), from a folder or a model-hub name.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""Medusa training data: token streams whose features the frozen target computes every step (the zoo corpus or a
-dataset), or self-distillation data (``specfamily-zoo distill``) whose features were stored while the target wrote it.
+"""Medusa training data: token streams whose features the frozen target computes every step, or self-distillation data
+whose features were stored while the target wrote it.
 
-Either way the trainer sees one :class:`MedusaData`: random training windows (with their features when stored), the
-held-out evaluation windows with their features, held-out prompts for measuring tau, and the tokens a reduced draft
-vocabulary is counted on (``counted``: answer tokens of distilled data).
-
-Distilled data: labels are the stored tokens, which along the answers are the target's own greedy choices, so the
-held-out windows serve both as the text as written and as what decoding accepts; tau is measured on the held-out
-conversations' chat prompts.
+Either way the trainer sees one :class:`MedusaData`: training windows (with stored features if any), held-out
+windows with features, held-out prompts for tau, and the tokens a reduced draft vocabulary is counted on
+(``counted``). With distilled data the held-out windows are the target's own greedy text, and tau is measured on the
+held-out conversations' chat prompts.
 """
 
 from __future__ import annotations

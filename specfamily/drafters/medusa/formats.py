@@ -1,16 +1,10 @@
 """Medusa heads in the Medusa repository's layout, read and written.
 
-The layout (FasterDecoding/Medusa ``medusa/model/medusa_model.py``, medusa-llm 0.1): ``config.json`` with
-``medusa_num_heads``, ``medusa_num_layers`` and ``base_model_name_or_path``; weights ``medusa_lm_head.pt`` (the
-state dict of the ``medusa_head`` ModuleList, loaded here with ``weights_only=True`` only) or
-``medusa_lm_head.safetensors``; keys ``{i}.{j}.linear.weight|bias`` (head i's residual block j) and
-``{i}.{L}.weight`` (its vocabulary projection, no bias), optionally prefixed ``medusa_head.`` (full-model saves).
-
-The math: head i maps the base model's last hidden state (after its final norm) through its blocks,
-``x + SiLU(W x + b)``, then its own Linear(H -> V) — our :class:`MedusaHead` exactly. Two details of the reference:
-it builds a head's blocks as one ResBlock repeated ``L`` times (``[ResBlock(h)] * L``), so every block of a head
-shares the weights last loaded into it (block L - 1's); we read that block into every position, computing what the
-reference computes. ``medusa_num_layers`` 0 is an identity block (zero weights: ``x + SiLU(0) = x``).
+``config.json`` with ``medusa_num_heads``, ``medusa_num_layers`` and ``base_model_name_or_path``; weights
+``medusa_lm_head.pt`` (loaded with ``weights_only=True``) or ``medusa_lm_head.safetensors``, keys
+``{i}.{j}.linear.weight|bias`` (head i's block j) and ``{i}.{L}.weight`` (its projection), optionally prefixed
+``medusa_head.``. The reference repeats one ResBlock L times, so every block of a head shares block L - 1's weights;
+we read that block into every position. ``medusa_num_layers`` 0 is an identity block.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Medusa heads as plain torch modules: K residual blocks, each followed by a vocabulary projection.
 
-Head k (k = 0 .. K-1) reads the target's feature at position t (the last hidden state after the final norm)
-and predicts the token at position t + 2 + k; the target's own LM head on the same feature predicts t + 1.
-
-With a reduced draft vocabulary (FR-Spec, ``HeadsShape.draft_vocab = N > 0``) every projection scores only the N
-target ids of a :class:`~specfamily.drafters.shared.draft_vocab.DraftVocab`: head logits are (..., N) over draft
-indices and ``MedusaHeads.token_ids`` maps them to target ids. The ids are a (persistent, int64) buffer of the
-heads, so they travel with the weights; a target token outside them is one no head can propose.
+Head k reads the target's final-norm feature at position t and predicts the token at t + 2 + k. With a reduced draft
+vocabulary (FR-Spec, ``HeadsShape.draft_vocab = N > 0``) head logits are (..., N) over draft indices and
+``MedusaHeads.token_ids`` (a persistent int64 buffer) maps them to target ids.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Medusa token trees: rank paths, their buffers, and trees built from measured head accuracies.
 
-A tree is a list of rank paths: ``(r1, r2, ..., rd)`` is the node at depth d whose token is the rank-rd candidate
-of head d - 1, below the node ``(r1, ..., r(d-1))``. Every prefix of a path is itself in the tree. Nodes are
-ordered by depth, then lexicographically, so a parent precedes its children and siblings are tried from the most
-probable rank down. Siblings come from one head's top-k, so their tokens are distinct.
-
-A node's probability of being accepted comes from a path model: ``IndependentHeads(acc)``, with ``acc[k][r]`` the
-measured probability that head k's rank-r candidate is the right token and heads assumed independent (Medusa's
-``mc_sim`` trees: ``prod_d acc[d - 1][r_d]``), or ``JointRanks``, the empirical frequency on calibration data of
-the right tokens having exactly the node's ranks (no independence assumption; side branches are worth less than
-the product suggests, since a wrong head 0 usually makes head 1 wrong too). The expected number of accepted draft
-tokens is the sum of the nodes' probabilities.
+A tree is a list of rank paths: ``(r1, ..., rd)`` is the node at depth d carrying the rank-rd candidate of head
+d - 1, below ``(r1, ..., r(d-1))``; every prefix is in the tree, nodes are ordered by depth then lexicographically.
+A node's acceptance probability comes from a path model: ``IndependentHeads(acc)`` (Medusa's ``mc_sim``:
+``prod_d acc[d - 1][r_d]``) or ``JointRanks`` (the empirical frequency of the right tokens having exactly the node's
+ranks). The expected number of accepted draft tokens is the sum of the nodes' probabilities.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """An incremental n-gram index over a growing token sequence, and the trie that merges its proposals.
 
-For every n in [min_ngram, max_ngram] the index maps an n-gram to the *continuation start* of its
-latest occurrence (the position just after it) and keeps, per continuation start, a link to the
-previous occurrence of the same n-gram. Appending a token costs one dict update per n; finding the
-most recent earlier occurrence of the context's last n tokens costs one lookup, and each further
-(older) occurrence one link. Nothing is rescanned.
-
-Continuations are copied as in LZ77: a continuation that runs into the end of the context goes on
-copying the tokens it has itself proposed, so a repeating stretch ("a b a b") proposes a full
-``gamma`` tokens ("a b a b ...") instead of stopping at the end of the context.
+For every n in [min_ngram, max_ngram] the index maps an n-gram to the continuation start of its latest occurrence
+and links each continuation start to the previous occurrence of the same n-gram: appending a token is one dict
+update per n, each earlier occurrence one lookup, nothing is rescanned. Continuations are copied as in LZ77: one that
+runs into the end of the context goes on copying its own proposal ("a b a b" proposes "a b a b ...").
 """
 
 from __future__ import annotations

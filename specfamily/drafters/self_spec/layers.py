@@ -1,14 +1,9 @@
 """Run a target's decoder layers with some sub-layers skipped, over its own KV cache.
 
-Supported families (their decoder layers are a list of pre-norm blocks ``h += attn(norm(h)); h += mlp(norm(h))``):
-
-- Llama family (``llama``, ``mistral``, ``qwen2``, ``qwen3``): embed_tokens -> rotary -> input_layernorm/self_attn,
-  post_attention_layernorm/mlp -> norm -> lm_head;
-- GPT-2 (``gpt2``): wte + wpe -> ln_1/attn, ln_2/mlp -> ln_f -> lm_head.
-
-The runner calls the model's own sub-modules (no modeling code is copied) and is checked against the model's own
-forward when it is built, so a family whose blocks do something else is refused instead of drafting wrongly.
-A skip set names sub-layers as ``"attn:i"``, ``"mlp:i"`` or ``"layer:i"`` (both of layer i), i from 0.
+Families whose layers are pre-norm blocks ``h += attn(norm(h)); h += mlp(norm(h))``: Llama (``llama``, ``mistral``,
+``qwen2``, ``qwen3``) and GPT-2. The runner calls the model's own sub-modules and is checked against the model's own
+forward when built, so a family whose blocks do something else is refused. A skip set names sub-layers as
+``"attn:i"``, ``"mlp:i"`` or ``"layer:i"`` (both of layer i), i from 0.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The global suffix cache: earlier requests' token sequences in one suffix index, bounded by a token budget.
 
-Sequences are kept in arrival order; adding one that takes the total past ``max_tokens`` evicts the oldest
-until it fits (a sequence longer than the budget keeps its last ``max_tokens`` tokens). An evicted sequence's
-counts leave the index at once; its states are dropped when the index is rebuilt from the live sequences, which
-happens once the tokens evicted since the last rebuild outnumber the live ones (so a rebuild costs at most a
-constant per evicted token, and the index holds at most about twice the live tokens' states). Saved files hold the
-sequences, not the index (it is rebuilt on load): JSON (``.json``) or safetensors (any other suffix),
+Adding a sequence past ``max_tokens`` evicts the oldest until it fits (one longer than the budget keeps its last
+``max_tokens`` tokens). Evicted counts leave the index at once; the index is rebuilt from the live sequences once the
+evicted tokens outnumber the live ones. Files hold the sequences, not the index: JSON (``.json``) or safetensors,
 written atomically; a file that is not a suffix cache, or holds bad token ids, is a ``ValueError`` naming it.
 """
 

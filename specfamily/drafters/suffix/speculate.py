@@ -1,13 +1,10 @@
 """Speculation trees grown from a matched trie node, scored as in SuffixDecoding (Oliaro et al., NeurIPS 2025).
 
-From the node of a matched suffix of the context, every continuation seen in the trie is a candidate; a
-candidate's probability is the product of the empirical continuation frequencies on its path (a child's count over
-its parent's count, as in ArcticInference). The tree grows greedily, most probable candidate first, while the
-probability stays at or above ``min_token_prob``, up to ``max_spec_factor * match_length + max_spec_offset`` nodes
-(and ``max_tree_size``) and ``depth`` levels. The tree's score is the sum of its nodes' probabilities: the expected
-number of accepted tokens if the frequencies were the target's own. Chain mode takes the most frequent child at
-every level. Every matched suffix length is tried and the best-scored tree kept (:func:`best_match`): a short match
-has more data, a long one a larger budget.
+A candidate's probability is the product of the empirical continuation frequencies on its path (child count over
+parent count). The tree grows most probable candidate first while that stays >= ``min_token_prob``, up to
+``max_spec_factor * match_length + max_spec_offset`` nodes (and ``max_tree_size``) and ``depth`` levels; its score is
+the sum of its nodes' probabilities. Chain mode takes the most frequent child at every level. :func:`best_match`
+tries every matched suffix length and keeps the best-scored tree.
 """
 
 from __future__ import annotations
