@@ -36,13 +36,6 @@ def sweep_overrides(job: list[str], sweep: list[str]) -> list[str]:
     return [line for line, o in zip(job, parsed, strict=True) if o.get_key_element() not in fixed]
 
 
-def _in_sweep() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def _job_label() -> str | None:
     """In a multirun job, its own overrides (``drafter.gamma=4``) as one string; None in a single run."""
     from hydra.core.hydra_config import HydraConfig
@@ -93,7 +86,10 @@ def app(cfg: DictConfig) -> None:
     if outcome.every_drafter_failed:
         print(f"specfamily: every drafter arm failed ({', '.join(outcome.failed_drafters)}); the errors are in "
               f"{outcome.out_dir / 'results.jsonl'}", file=sys.stderr)
-        if not _in_sweep():
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.get().mode != RunMode.MULTIRUN:  # in a sweep the other jobs go on
             raise SystemExit(ARMS_FAILED_STATUS)
 
 

@@ -49,19 +49,6 @@ class GroupRow:
         return Interval(self.speedup_low, self.speedup_high)
 
 
-def _category(record: PromptRecord) -> str:
-    return NO_CATEGORY if record.category is None else record.category
-
-
-def _turn(record: PromptRecord) -> str:
-    return str(record.turn)
-
-
-def _tau(records: list[PromptRecord]) -> float:
-    passes = sum(r.metrics["target_passes"] for r in records)
-    return sum(r.metrics["new_tokens"] for r in records) / passes if passes else NAN
-
-
 def _groups(
     records: list[PromptRecord], info: RunInfo, run: str, by: str, key: Callable[[PromptRecord], str]
 ) -> list[GroupRow]:
@@ -73,11 +60,12 @@ def _groups(
         plain = [r for r in members if r.drafter == PLAIN]
         for label in labels:
             mine = [r for r in members if r.drafter == label]
-            tau_ci = tau_interval(mine)
+            tau_ci, passes = tau_interval(mine), sum(r.metrics["target_passes"] for r in mine)
             spread = NO_INTERVAL if label == PLAIN else speedup_ci(mine, plain)
             rows.append(GroupRow(
                 run=run, dataset=info.dataset, sampling=info.sampling, by=by, group=group, drafter=label,
-                prompts=len(mine), new_tokens=sum(r.metrics["new_tokens"] for r in mine), tau=_tau(mine),
+                prompts=len(mine), new_tokens=(new := sum(r.metrics["new_tokens"] for r in mine)),
+                tau=new / passes if passes else NAN,
                 speedup=speedup(mine, plain) if mine else NAN, tau_low=tau_ci.low, tau_high=tau_ci.high,
                 speedup_low=spread.low, speedup_high=spread.high,
             ))
@@ -89,19 +77,14 @@ def breakdown_rows(records: list[Record], info: RunInfo, run: str = ".") -> list
     prompts = [r for r in records if isinstance(r, PromptRecord)]
     rows = []
     if any(r.category is not None for r in prompts):
-        rows += _groups(prompts, info, run, "category", _category)
+        rows += _groups(prompts, info, run, "category", lambda r: NO_CATEGORY if r.category is None else r.category)
     if any(r.turn > 1 for r in prompts):
-        rows += _groups(sorted(prompts, key=lambda r: r.turn), info, run, "turn", _turn)
+        rows += _groups(sorted(prompts, key=lambda r: r.turn), info, run, "turn", lambda r: str(r.turn))
     return rows
 
 
 def _number(value: float) -> str:
     return f"{value:.2f}" if math.isfinite(value) else "-"
-
-
-def _speedup_cell(row: GroupRow) -> str:
-    interval = row.speedup_ci
-    return _number(row.speedup) + (f" ({interval})" if interval.known else "")
 
 
 def _pivot(rows: list[GroupRow]) -> str:
@@ -117,7 +100,8 @@ def _pivot(rows: list[GroupRow]) -> str:
         values = [group, str(cells[group, PLAIN].prompts if (group, PLAIN) in cells else max(counted, default=0))]
         for d in drafters:
             row = cells.get((group, d))
-            values += ["-", "-"] if row is None else [_number(row.tau), _speedup_cell(row)]
+            interval = "" if row is None or not row.speedup_ci.known else f" ({row.speedup_ci})"
+            values += ["-", "-"] if row is None else [_number(row.tau), _number(row.speedup) + interval]
         lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines) + "\n"
 

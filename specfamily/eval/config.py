@@ -1,12 +1,9 @@
 """From a composed config to what the runner needs: the arms to compare and the sampling settings.
 
-The ``drafter`` config group holds one file per drafter (``name`` plus the options of its schema
-dataclass) and two that make several arms: ``all`` (every registered drafter, each with its own
-file, or its defaults when it has none) and ``arms`` (labelled arms: the same drafter with
-different options side by side, ``drafter.arms={label: {name: <drafter>, <option>: <value>}}``).
-Files are found through Hydra's search path (:mod:`specfamily.eval.searchpath`), so a user's or a
-plugin's ``drafter/<name>.yaml`` counts. :func:`check_config` checks everything a run reads before
-any model loads: missing values, every arm's option keys and value types, sampling, dataset.
+The ``drafter`` group holds one file per drafter (``name`` plus its schema's options) and two that make several
+arms: ``all`` (every registered drafter) and ``arms`` (labelled arms, ``drafter.arms={label: {name: <drafter>,
+<option>: <value>}}``), found through :mod:`specfamily.eval.searchpath`. :func:`check_config` checks everything a run
+reads before any model loads.
 """
 
 from __future__ import annotations
@@ -115,12 +112,6 @@ def _all_specs(cfg: DictConfig, search_path: Sequence[str]) -> list[DrafterSpec]
     return specs
 
 
-def arm_drafter(label: str, arm: DictConfig) -> str:
-    """The drafter of a labelled arm: its ``name``, else the label up to its first ``:`` (``medusa:chain``)."""
-    name = arm.get("name")
-    return str(name) if name is not None else label.split(":", 1)[0]
-
-
 def _arm_specs(cfg: DictConfig, search_path: Sequence[str]) -> list[DrafterSpec]:
     node = cfg.drafter
     _check_keys(node, {"name", "arms"}, "drafter=arms")
@@ -133,18 +124,11 @@ def _arm_specs(cfg: DictConfig, search_path: Sequence[str]) -> list[DrafterSpec]
         arm = OmegaConf.create({}) if arm is None else arm
         if not isinstance(arm, DictConfig):
             raise ConfigError(f"{where}: an arm is a mapping of options (with name: <drafter>), got {arm!r}")
-        name = arm_drafter(str(label), arm)
+        name = arm.get("name")  # else the label up to its first ``:`` (``medusa:chain``)
+        name = str(name) if name is not None else str(label).split(":", 1)[0]
         merged = OmegaConf.merge(drafter_node(name, search_path), arm)
         specs.append(DrafterSpec(str(label), name, _node_options(cfg, merged, where), where))
     return specs
-
-
-def _check_labels(labels: list[str]) -> None:
-    bad = [label for label in labels if not label or label == PLAIN or any(c in label for c in LABEL_FORBIDDEN)]
-    if bad or len(set(labels)) != len(labels):
-        raise ValueError(
-            f"arm labels must be distinct, non-empty, not {PLAIN!r} and without {LABEL_FORBIDDEN}, got {labels}"
-        )
 
 
 def drafter_specs(cfg: DictConfig, search_path: Sequence[str] | None = None) -> list[DrafterSpec]:
@@ -161,7 +145,12 @@ def drafter_specs(cfg: DictConfig, search_path: Sequence[str] | None = None) -> 
         specs = _all_specs(cfg, entries) if node.name == ALL else _arm_specs(cfg, entries)
     else:
         specs = [DrafterSpec(str(node.name), str(node.name), _node_options(cfg, node, "drafter"))]
-    _check_labels([spec.label for spec in specs])
+    labels = [spec.label for spec in specs]
+    bad = [label for label in labels if not label or label == PLAIN or any(c in label for c in LABEL_FORBIDDEN)]
+    if bad or len(set(labels)) != len(labels):
+        raise ValueError(
+            f"arm labels must be distinct, non-empty, not {PLAIN!r} and without {LABEL_FORBIDDEN}, got {labels}"
+        )
     return [PLAIN_SPEC, *specs]
 
 

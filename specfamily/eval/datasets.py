@@ -1,12 +1,10 @@
 """Prompt sets for experiments, read with ``datasets.load_dataset``.
 
-A dataset config names a hub dataset, a builder with local files (json/jsonl, csv, parquet), a
-local file directly, a shipped zoo prompt set (``zoo:complete``, ``zoo:continue``) or an evaluation
-set shipped with specfamily (``specfamily:spec_bench``), and says how to make a prompt of each row:
-a text field, a format template over the row's fields, a field of ready token ids, or a field of
-user turns (a chat question: turn 1 is the prompt, later turns are asked after the model's own
-answers, see :mod:`specfamily.io.chat`); optionally wrapped in the tokenizer's chat template.
-A category field labels each prompt (for per-category results and ``select: per_category``).
+A dataset config names a hub dataset, a builder with local files, a local file, a shipped zoo prompt set
+(``zoo:complete``) or an evaluation set shipped with specfamily (``specfamily:spec_bench``), and how a row becomes a
+prompt: a text field, a format template over the row's fields, a field of token ids, or a field of user turns (later
+turns asked after the model's own answers, :mod:`specfamily.io.chat`); optionally in the chat template. A category
+field labels each prompt.
 """
 
 from __future__ import annotations
@@ -170,30 +168,16 @@ def load_rows(spec: DatasetSpec):
         raise unreachable_dataset(path, err) from None
 
 
-def _check_fields(spec: DatasetSpec, columns: list[str], wanted: list[str]) -> None:
-    for key in wanted:
-        if key not in columns:
-            raise ValueError(f"dataset {spec.name!r} has no field {key!r}; its fields are: {', '.join(columns)}")
-
-
-def _template_fields(template: str) -> list[str]:
-    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
-
-
 def _wanted_fields(spec: DatasetSpec) -> list[str]:
     if spec.ids_field is not None:
         wanted = [spec.ids_field]
     elif spec.turns_field is not None:
         wanted = [spec.turns_field]
     elif spec.template is not None:
-        wanted = _template_fields(spec.template)
+        wanted = [name for _, name, _, _ in string.Formatter().parse(spec.template) if name]
     else:
         wanted = [spec.field]
     return wanted + [key for key in (spec.id_field, spec.category_field) if key is not None]
-
-
-def _text(spec: DatasetSpec, row: dict[str, Any]) -> str:
-    return spec.template.format(**row) if spec.template is not None else str(row[spec.field])
 
 
 def _turns(spec: DatasetSpec, row: dict[str, Any]) -> tuple[str, ...]:
@@ -218,7 +202,10 @@ def _prompt_ids(spec: DatasetSpec, row: dict[str, Any], turns: tuple[str, ...], 
         return [int(i) for i in row[spec.ids_field]]
     if tokenizer is None:
         raise ValueError(f"dataset {spec.name!r} has text prompts but the target has no tokenizer; set ids_field")
-    return _encode(spec, turns[0] if turns else _text(spec, row), tokenizer)
+    if turns:
+        return _encode(spec, turns[0], tokenizer)
+    text = spec.template.format(**row) if spec.template is not None else str(row[spec.field])
+    return _encode(spec, text, tokenizer)
 
 
 def _cut(spec: DatasetSpec, ids: list[int]) -> list[int]:
@@ -235,22 +222,20 @@ def turn_prompt_ids(spec: DatasetSpec, prompt: Prompt, answers: list[str], token
     return _cut(spec, chat_prompt_ids(tokenizer, turns, answers, spec.system_prompt))
 
 
-def _column(rows, name: str) -> list[Any]:
-    return list(rows[name]) if hasattr(rows, "column_names") else [row[name] for row in rows]
-
-
-def _selected(spec: DatasetSpec, rows) -> list[int]:
-    if spec.select == "per_category":
-        return per_category_indices(_column(rows, spec.category_field), spec.num_examples)
-    return select_indices(len(rows), spec.num_examples, spec.select)
-
-
 def prompts_from_rows(spec: DatasetSpec, rows, tokenizer=None) -> list[Prompt]:
     """Prompts of the selected rows of ``rows`` (a ``datasets.Dataset`` or a list of dicts)."""
     columns = list(rows.column_names) if hasattr(rows, "column_names") else list(rows[0]) if len(rows) else []
-    _check_fields(spec, columns, _wanted_fields(spec))
+    for key in _wanted_fields(spec):
+        if key not in columns:
+            raise ValueError(f"dataset {spec.name!r} has no field {key!r}; its fields are: {', '.join(columns)}")
+    if spec.select == "per_category":
+        field = spec.category_field
+        categories = list(rows[field]) if hasattr(rows, "column_names") else [row[field] for row in rows]
+        selected = per_category_indices(categories, spec.num_examples)
+    else:
+        selected = select_indices(len(rows), spec.num_examples, spec.select)
     prompts, seen = [], set()
-    for index in _selected(spec, rows):
+    for index in selected:
         row = rows[index]
         turns = _turns(spec, row)
         ids = _cut(spec, _prompt_ids(spec, row, turns, tokenizer))

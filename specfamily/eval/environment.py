@@ -98,19 +98,13 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _usable_cpus() -> int | None:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count()
-
-
 def hardware(device: torch.device) -> dict[str, Any]:
     """The machine a run ran on: CPU and GPU models, CUDA version, cores, torch threads, load average."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cpu": cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(), "usable_cpus": _usable_cpus(),
+        "cpu": cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(), "usable_cpus": usable,
         "torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
         "device": str(device), "gpu": gpu, "cuda": torch.version.cuda, "load_average_1m": load,
     }

@@ -130,14 +130,9 @@ def verify_cost_check(pass_seconds: Sequence[dict[str, float]], threshold: float
     return _check(VERIFY_COST, spread, threshold, len(pass_seconds), detail)
 
 
-def threshold_of(info: RunInfo) -> float:
-    node = info.config.get("noise") or {}
-    return float(node.get("threshold", DEFAULT_THRESHOLD))
-
-
 def noise_checks(records: Sequence[Record], repeats: Sequence[RepeatRecord], info: RunInfo) -> list[NoiseCheck]:
     """Both checks of one run, against the run's own threshold."""
-    threshold = threshold_of(info)
+    threshold = float((info.config.get("noise") or {}).get("threshold", DEFAULT_THRESHOLD))
     return [plain_repeat_check(records, repeats, threshold), verify_cost_check(info.pass_seconds, threshold)]
 
 

@@ -1,9 +1,7 @@
 """Config-time checks of a drafter's option values against the types its schema dataclass declares.
 
-The registry checks the keys, and a schema's ``__post_init__`` checks what it checks; before any
-model loads a config must also give each option its declared type (``confidence: float`` refuses
-``abc``, ``gamma: int | None`` refuses ``4.5``) and ``policy`` must name a draft-length policy.
-Annotations beyond plain types (``Any``, paths, lists, classes) are left to the drafter.
+Before any model loads, each option must have its declared type (``confidence: float`` refuses ``abc``, ``gamma: int
+| None`` refuses ``4.5``) and ``policy`` must name a draft-length policy; other annotations are left to the drafter.
 """
 
 from __future__ import annotations
@@ -51,14 +49,6 @@ def _describe(allowed: tuple[type, ...]) -> str:
     return " or ".join(names)
 
 
-def option_types(schema: type) -> dict[str, Any]:
-    """The schema's resolved annotations; empty when they cannot be resolved (nothing is checked then)."""
-    try:
-        return typing.get_type_hints(schema)
-    except Exception:  # an annotation naming something its module does not import at run time
-        return {}
-
-
 def check_policy(value: Any) -> None:
     """``policy`` must be null or the name of a draft-length policy."""
     from specfamily.core.policy import POLICIES
@@ -69,7 +59,10 @@ def check_policy(value: Any) -> None:
 
 def check_option_values(schema: type, options: Mapping[str, Any]) -> None:
     """Raise :class:`OptionError` for the first option whose value does not have its declared type."""
-    hints = option_types(schema)
+    try:
+        hints = typing.get_type_hints(schema)
+    except Exception:  # an annotation naming something its module does not import at run time: nothing is checked
+        hints = {}
     for key, value in options.items():
         allowed = _allowed(hints[key]) if key in hints else None
         if allowed is not None and not _fits(value, allowed):

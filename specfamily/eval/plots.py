@@ -39,15 +39,6 @@ def _finite(x: float) -> bool:
     return x is not None and math.isfinite(x)
 
 
-def _drafters(rows: list[SummaryRow]) -> list[str]:
-    return list(dict.fromkeys(r.drafter for r in rows if r.drafter != PLAIN and r.prompts))
-
-
-def theory_curve(alpha: float, c: float, verify_cost: Callable[[int], float], gammas: list[int]) -> list[float]:
-    """Predicted speedup at each gamma (c relative to a verification pass, as measured)."""
-    return [theory.expected_speedup(alpha, g, c * verify_cost(g), verify_cost(g)) for g in gammas]
-
-
 def _interval_bars(ax, rows: list[SummaryRow], color: str) -> None:
     """Each row's bootstrap 95% speedup interval as an error bar at its gamma."""
     if rows:
@@ -63,7 +54,7 @@ def plot_speedup_vs_gamma(rows: list[SummaryRow], verify_cost: Callable[[int], f
     measured = [r for r in rows if r.drafter != PLAIN and r.gamma and _finite(r.speedup)]
     top = max([8, *(r.gamma for r in measured)])
     gammas = list(range(1, top + 1))
-    for i, name in enumerate(_drafters(rows)):
+    for i, name in enumerate(dict.fromkeys(r.drafter for r in rows if r.drafter != PLAIN and r.prompts)):
         color = f"C{i % 10}"
         mine = sorted((r for r in measured if r.drafter == name), key=lambda r: r.gamma)
         if mine:
@@ -73,7 +64,8 @@ def plot_speedup_vs_gamma(rows: list[SummaryRow], verify_cost: Callable[[int], f
         if fit:
             alpha = min(max(statistics.fmean(r.alpha for r in fit), 0.0), 1.0)
             c = statistics.fmean(r.c for r in fit)
-            ax.plot(gammas, theory_curve(alpha, c, verify_cost, gammas), "--", color=color, alpha=0.7,
+            theory_speedup = [theory.expected_speedup(alpha, g, c * verify_cost(g), verify_cost(g)) for g in gammas]
+            ax.plot(gammas, theory_speedup, "--", color=color, alpha=0.7,
                     label=f"{name} theory (alpha={alpha:.2f}, c={c:.2f})")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xlabel("gamma (draft length / tree depth)")

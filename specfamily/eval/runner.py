@@ -240,13 +240,6 @@ def run_arms(plan: RunPlan, arms: list[Arm], prompts: list[Prompt], writer: Resu
             repeats.writer.close()
 
 
-def _set_threads(threads: int | None, info: distributed.DistInfo, device: torch.device) -> None:
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-    elif info.distributed and device.type == "cpu":
-        torch.set_num_threads(1)  # one thread per rank: the ranks share the cores
-
-
 def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
     """Run the comparison ``cfg`` describes into ``out_dir`` (rank 0's folder under torchrun)."""
     specs = check_config(cfg)  # the whole config, before anything loads (as the command line does)
@@ -257,7 +250,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
     device = pick_device(cfg.model.get("device"), distributed.env_world()[2])
     info = distributed.setup(device.type == "cuda")
     try:
-        _set_threads(cfg.get("threads"), info, device)
+        if cfg.get("threads") is not None:
+            torch.set_num_threads(int(cfg.get("threads")))
+        elif info.distributed and device.type == "cpu":
+            torch.set_num_threads(1)  # one thread per rank: the ranks share the cores
         out_dir = Path(distributed.broadcast(info, str(out_dir)))
         labels, plots = [spec.label for spec in specs], bool(cfg.get("plots", True))
         drafters = [spec.label for spec in specs if not spec.plain]

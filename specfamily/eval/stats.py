@@ -1,10 +1,8 @@
 """Bootstrap 95% intervals of the report's ratios: tau and speedup, resampling prompts.
 
-The unit of resampling is a prompt (a question: all of a multi-turn question's turns move
-together, since turn 2 builds on turn 1). Both statistics are ratios of sums over the resampled
-prompts, as the report's point values are: tau = new tokens / target passes; speedup = (the arm's
-tokens / seconds) / (plain decoding's tokens / seconds) over the same resampled prompts (paired).
-Percentile intervals from ``scipy.stats.bootstrap`` with a fixed seed, so a report is reproducible.
+The unit of resampling is a question (its turns move together). Both statistics are ratios of sums over the
+resampled prompts: tau = new tokens / target passes; speedup = (the arm's tokens / seconds) / (plain decoding's) over
+the same prompts (paired). Percentile intervals from ``scipy.stats.bootstrap`` with a fixed seed.
 """
 
 from __future__ import annotations

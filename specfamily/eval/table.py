@@ -42,14 +42,6 @@ def _throughput(record: PromptRecord) -> float | None:
     return record.metrics["new_tokens"] / record.wall_seconds if record.wall_seconds > 0 else None
 
 
-def _against_plain(record: PromptRecord, plain: PromptRecord | None) -> dict[str, Any]:
-    if plain is None:
-        return {"identical_to_plain": None, "speedup": None}
-    mine, base = _throughput(record), _throughput(plain)
-    return {"identical_to_plain": record.tokens == plain.tokens,
-            "speedup": mine / base if mine is not None and base else None}
-
-
 def record_row(record: PromptRecord, plain: PromptRecord | None, run: str = ".") -> dict[str, Any]:
     """One table row: the record's fields, its metrics flattened, and its comparison with plain decoding."""
     fields = asdict(record)
@@ -58,7 +50,11 @@ def record_row(record: PromptRecord, plain: PromptRecord | None, run: str = ".")
     for key, value in metrics.items():
         if key not in _DROPPED_METRICS:
             row[key if key not in row else f"metric_{key}"] = value
-    return {**row, **_against_plain(record, plain)}
+    if plain is None:
+        return {**row, "identical_to_plain": None, "speedup": None}
+    mine, base = _throughput(record), _throughput(plain)
+    return {**row, "identical_to_plain": record.tokens == plain.tokens,
+            "speedup": mine / base if mine is not None and base else None}
 
 
 def run_rows(folder: Path, run: str = ".") -> list[dict[str, Any]]:

@@ -1,8 +1,6 @@
-"""Chat prompts: a question's user turns and the model's own answers, through the tokenizer's chat template.
-
-Pure functions of a tokenizer (no model). Turn t of a multi-turn question is the conversation of
-the user's turns 1..t and the arm's own decoded answers to turns 1..t-1, ending with a generation
-prompt for the assistant, as Spec-Bench (and MT-bench before it) asks its second turns.
+"""Chat prompts: a question's user turns and the model's own answers, through the tokenizer's chat template (pure
+functions of a tokenizer). Turn t is the user's turns 1..t with the arm's own answers to turns 1..t-1, ending with a
+generation prompt, as Spec-Bench asks its second turns.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Which target a trained drafter belongs to: a small JSON-able identity saved with the drafter's weights and
-checked when they are loaded, so heads or drafters trained for one target are refused for another.
+"""Which target a trained drafter belongs to: a small JSON-able identity saved with the drafter's weights and checked
+on load, so a drafter trained for one target is refused for another.
 
-The identity holds the architecture numbers, a hash of the model config (volatile keys such as dtype, version
-and attention backend left out) and a probe of the weights (a few evenly spread entries of every parameter),
-compared with a tolerance, so the same target loaded in another dtype or with another attention backend still
-matches while a fine-tuned copy does not.
+It holds the architecture numbers, a hash of the model config (dtype, version and attention backend left out) and a
+probe of the weights compared with a tolerance: another dtype or backend still matches, a fine-tuned copy does not.
 """
 
 from __future__ import annotations

@@ -190,12 +190,6 @@ def forward_ms(model, context: torch.Tensor, n: int, repeats: int, warmup: int =
     return statistics.median(times)
 
 
-def speed_profile(model, context: torch.Tensor, max_n: int, repeats: int) -> tuple[float, dict[int, float]]:
-    """t(1) in ms and t(n) / t(1) for n = 2..max_n."""
-    t1 = forward_ms(model, context, 1, repeats)
-    return t1, {n: forward_ms(model, context, n, repeats) / t1 for n in range(2, max_n + 1)}
-
-
 def generations(model, tokenizer, prompts: list[str], new_tokens: int) -> list[str]:
     """Greedy continuations of text prompts, decoded."""
     texts = []
@@ -256,7 +250,8 @@ def measure(cfg: CardConfig) -> CardResult:
     prompt_ids = [row["prompt_ids"] for row in continue_rows]
     agree_greedy, agree_se = greedy_agreement(target, draft, prompt_ids, cfg.agreement_tokens)
     context = torch.from_numpy(heldout[: cfg.context].astype(np.int64))[None]  # (1, L)
-    target_t1, verify_cost = speed_profile(target, context, cfg.max_n, cfg.repeats)
+    target_t1 = forward_ms(target, context, 1, cfg.repeats)
+    verify_cost = {n: forward_ms(target, context, n, cfg.repeats) / target_t1 for n in range(2, cfg.max_n + 1)}
     draft_t1 = forward_ms(draft, context, 1, cfg.repeats)
     collapse, samples = collapse_and_samples(target, tokenizer, read_jsonl(prompt_dir / "complete.jsonl"), cfg)
     return CardResult(

@@ -51,10 +51,6 @@ def is_heldout(relative_path: str, heldout_percent: float = 2.0) -> bool:
     return bucket < heldout_percent * 100
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 def _candidate_files(root: Path, suffix: str) -> list[Path]:
     files = [
         p
@@ -66,7 +62,7 @@ def _candidate_files(root: Path, suffix: str) -> list[Path]:
 
 def load_corpus(root: Path | None = None, suffix: str = ".py", heldout_percent: float = 2.0) -> Corpus:
     """Read every ``suffix`` file under ``root`` (default: the stdlib) in a deterministic order."""
-    root = Path(root) if root is not None else stdlib_root()
+    root = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
         raise ValueError(f"corpus root {root} is not a directory")
     corpus = Corpus(root=str(root))

@@ -99,11 +99,6 @@ def prefill_mask(pad: torch.Tensor, width: int) -> torch.Tensor:
     return ((causal[None] & real_key) | torch.eye(width, dtype=torch.bool, device=pad.device)[None]).unsqueeze(1)
 
 
-def step_mask(pad: torch.Tensor, length: int) -> torch.Tensor:
-    """(B, 1, 1, length) boolean: a fed token sees every cached slot of its row but the left padding."""
-    return (torch.arange(length, device=pad.device)[None, :] >= pad[:, None]).view(len(pad), 1, 1, length)
-
-
 @torch.inference_mode()
 def fast_answers(
     lean: LeanLlama, prompts: list[list[int]], eos: int, answer_tokens: int
@@ -139,7 +134,9 @@ def fast_answers(
             break
         fed = rows.next.view(-1, 1)
         position = (cache.length - rows.pad).view(-1, 1)
-        logits, hidden = lean(fed, position, step_mask(rows.pad, cache.length + 1), cache, keep=1, features=True)
+        width = cache.length + 1  # a fed token sees every cached slot of its row but the left padding
+        mask = (torch.arange(width, device=rows.pad.device)[None, :] >= rows.pad[:, None]).view(-1, 1, 1, width)
+        logits, hidden = lean(fed, position, mask, cache, keep=1, features=True)
         cache.length += 1
         for slot, index in enumerate(rows.prompt):
             rows.features[index].append(hidden[slot])

@@ -1,9 +1,6 @@
-"""Sequence-level distillation data for the draft: training-split windows continued by the target's greedy decoding.
-
-The draft is judged by how often its argmax matches the target's along the target's own greedy text, which differs
-from corpus text (more regular, sometimes repetitive). Distilling on windows whose tail the target wrote itself puts
-the draft's training where it is used (DistillSpec's observation, here with teacher-generated text). Windows come
-from the training split only; the held-out prompt sets never enter.
+"""Sequence-level distillation data for the draft: training-split windows continued by the target's greedy decoding,
+so the draft trains on text like what it drafts at decode time (DistillSpec, with teacher-generated text). Windows
+come from the training split only.
 """
 
 from __future__ import annotations

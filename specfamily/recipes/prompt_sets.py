@@ -1,11 +1,9 @@
 """Building the held-out prompt sets from the zoo corpus's held-out files (deterministic, jsonl).
 
-- ``complete.jsonl``: a file up to a function's docstring (or signature, when it has none), the
-  function's body as the reference.
-- ``continue.jsonl``: a window of held-out tokens, the tokens that follow as the reference.
+- ``complete.jsonl``: a file up to a function's docstring (or signature), the function's body as the reference.
+- ``continue.jsonl``: a window of held-out tokens, the tokens that follow as the reference (with ``prompt_ids``).
 
-Each line holds ``id``, ``prompt``, ``reference``, ``source`` (the file, relative to the corpus
-root) and token counts; ``continue`` rows also hold the exact ``prompt_ids`` (zoo tokenizer).
+Each line holds ``id``, ``prompt``, ``reference``, ``source`` (relative to the corpus root) and token counts.
 """
 
 from __future__ import annotations
@@ -57,10 +55,6 @@ def heldout_documents(workdir: Path) -> list[Document]:
     if not docs:
         raise ValueError(f"{workdir / 'corpus.json'} lists no held-out files")
     return docs
-
-
-def load_tokenizer(workdir: Path) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast.from_pretrained(str(workdir / "tokenizer"))
 
 
 def _count(tokenizer: PreTrainedTokenizerFast, text: str) -> int:
@@ -153,16 +147,11 @@ def build_complete(docs: Sequence[Document], tokenizer, cfg: PromptSetConfig) ->
 # ---------------------------------------------------------------- continue: token windows
 
 
-def _windows(doc_ids: list[int], length: int, per_file: int) -> list[int]:
-    starts = list(range(0, len(doc_ids) - length + 1, length))
-    return evenly(starts, per_file)
-
-
 def continue_rows_of(doc: Document, tokenizer, cfg: PromptSetConfig) -> Iterator[dict]:
     """Windows of one file whose prompt and reference decode to exact text."""
     ids = tokenizer(doc.text, add_special_tokens=False)["input_ids"]
     length = cfg.continue_context + cfg.continue_reference
-    for start in _windows(ids, length, cfg.continue_per_file):
+    for start in evenly(list(range(0, len(ids) - length + 1, length)), cfg.continue_per_file):
         prompt_ids = ids[start : start + cfg.continue_context]
         reference_ids = ids[start + cfg.continue_context : start + length]
         prompt, reference = tokenizer.decode(prompt_ids), tokenizer.decode(reference_ids)
@@ -202,7 +191,7 @@ def build_prompt_sets(workdir: Path, out: Path, cfg: PromptSetConfig | None = No
     cfg = cfg or PromptSetConfig()
     workdir, out = Path(workdir), Path(out)
     docs = heldout_documents(workdir)
-    tokenizer = load_tokenizer(workdir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(workdir / "tokenizer"))
     out.mkdir(parents=True, exist_ok=True)
     sets = {"complete": build_complete(docs, tokenizer, cfg), "continue": build_continue(docs, tokenizer, cfg)}
     for name, rows in sets.items():

@@ -64,8 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--per-task", type=int, default=4, help="functions asked about per instruction")
     parser.add_argument("--offset", type=int, default=0, help="skip this many held-out functions first")
     args = parser.parse_args(argv)
-    rows = repeated_task_rows(heldout_functions(limit=args.offset + args.per_task), args.per_task,
-                              offset=args.offset)
+    rows = repeated_task_rows(heldout_functions(limit=args.offset + args.per_task), args.per_task, offset=args.offset)
     print(f"{len(rows)} prompts -> {write_jsonl(args.out, rows)}")
     return 0
 

@@ -29,9 +29,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
 
 def wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     """A transformers tokenizer with end-of-text as EOS and pad."""
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT)
 
 
 def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> PreTrainedTokenizerFast:

@@ -113,20 +113,6 @@ def heldout_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
     return total / count
 
 
-def _optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
-
-
-def _build_model(cfg: TrainConfig, vocab_size: int) -> LlamaForCausalLM:
-    if cfg.init_from:
-        return LlamaForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32)
-    torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(llama_config(cfg.kind, vocab_size))
-
-
 def training_info(cfg: TrainConfig, state: TrainState, parameters: int) -> dict:
     """``training.json``: this run's config and final state, the runs it warm-started from (``init_from``'s own
     ``training.json``, earliest first) and the tokens seen over all of them."""
@@ -179,12 +165,21 @@ class ZooTraining(Resumable):
         self.tokens = np.load(work / "train.npy", mmap_mode="r")
         self.greedy = load_greedy_data(cfg.greedy_data, len(self.tokenizer)) if cfg.greedy_data else None
         self.windows = fixed_windows(np.load(work / "heldout.npy"), cfg.eval_windows, cfg.seq_len)
-        model = _build_model(cfg, len(self.tokenizer)).to(precision.device).train()
+        if cfg.init_from:
+            model = LlamaForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+        else:
+            torch.manual_seed(cfg.seed)
+            model = LlamaForCausalLM(llama_config(cfg.kind, len(self.tokenizer)))
+        model = model.to(precision.device).train()
         teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval() if cfg.teacher else None
         teacher = teacher.to(precision.device) if teacher is not None else None
         loss_fn = torch.compile(_loss) if cfg.compile else _loss
         objective = Objective(model, lambda m, rows: batch_loss(loss_fn, m, teacher, rows))
-        return Trainee(model, _optimizer(model, cfg), objective, TrainState(), precision.scaler())
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+        return Trainee(model, optimizer, objective, TrainState(), precision.scaler())
 
     def step(self, trainee: Trainee[TrainState], ranks: Ranks) -> Step:
         state, cfg = trainee.state, self.cfg  # the step's global batch (``batch`` rows per rank), drawn alike by all

@@ -1,13 +1,10 @@
-"""Where self-distillation's user turns come from, and what keeps evaluation text out of them.
+"""Where self-distillation's user turns come from, and what keeps evaluation text out of them. Pure text functions.
 
-Two sources, neither an evaluation set:
-- **Magpie** (Xu et al. 2024): an instruct model fed only its chat template's prefix up to the user's turn writes
-  a plausible user request itself. :func:`user_prefix` is that prefix for any chat template.
-- **Code from the zoo corpus**: a function from the standard library's training split (the zoo corpus) with a
-  request about it (explain, review, test, document).
+- **Magpie** (Xu et al. 2024): an instruct model fed only its chat template's prefix up to the user's turn writes a
+  user request itself; :func:`user_prefix` is that prefix for any chat template.
+- **Code from the zoo corpus**: a function from the training split with a request about it (explain, review, ...).
 
-Decontamination (:class:`NgramFilter`): a turn that shares any run of 8 lower-cased words with a Spec-Bench turn,
-or contains a whole Spec-Bench turn, is dropped before the target answers it. Pure text functions.
+:class:`NgramFilter` drops a turn that shares any run of 8 lower-cased words with a Spec-Bench turn, or contains one.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Conformance suite and test-only drafters for drafter authors.
 
-``assert_lossless(factory)`` and ``assert_greedy_equivalent(factory)`` take ``factory(target) -> Drafter`` and
-build their own tiny random targets. ``specfamily.testing.rogues`` is a gallery of subtly wrong drafters the
-suite rejects: run your own tests against them to see that they have power; ``specfamily.testing.mutants`` is
-its counterpart for wrong verifiers and a wrong warp. Names load lazily so the pytest
-plugin costs nothing at start-up.
+``assert_lossless(factory)`` and ``assert_greedy_equivalent(factory)`` take ``factory(target) -> Drafter`` and build
+their own tiny random targets. ``specfamily.testing.rogues`` (wrong drafters) and ``specfamily.testing.mutants``
+(wrong verifiers) show whether your own tests have power. Names load lazily.
 """
 
 from importlib import import_module

@@ -53,7 +53,9 @@ def plan_run(factory: Callable, setting: KitSetting, sampling: SamplingConfig, b
     sized = budget.sized(measured.rate)
     if sized is not None:
         return Plan(target, drafter, setting, sized[1], sized[0])
-    fallback = Plan(target, drafter, setting, budget.base_samples, budget, _short_note(measured, budget))
+    note = (f"{measured.describe(budget.min_depth)} ({budget.level_tokens} such tokens are needed within "
+            f"{budget.max_samples} samples)")
+    fallback = Plan(target, drafter, setting, budget.base_samples, budget, note)
     return _sharpen(factory, setting, sampling, fallback, measured, drafts)
 
 
@@ -62,11 +64,6 @@ def _pilot(target, drafter, setting: KitSetting, sampling: SamplingConfig, budge
     """Pilot ``round_`` (its own block of seeds) and the drafts it recorded."""
     first = PILOT_SEED + round_ * PILOT_SAMPLES
     return pilot(target, drafter, setting, sampling, budget.min_depth, first_seed=first, keep_drafts=True)
-
-
-def _short_note(measured: Pilot, budget: Budget) -> str:
-    return (f"{measured.describe(budget.min_depth)} ({budget.level_tokens} such tokens are needed within "
-            f"{budget.max_samples} samples)")
 
 
 def _sharpen(factory: Callable, setting: KitSetting, sampling: SamplingConfig, fallback: Plan, measured: Pilot,

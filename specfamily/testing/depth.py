@@ -104,13 +104,6 @@ def _children(parents: list[int]) -> dict[int, list[int]]:
     return children
 
 
-def _draft_depth(parents: list[int]) -> int:
-    depth: list[int] = []
-    for parent in parents:
-        depth.append(1 if parent < 0 else depth[parent] + 1)
-    return max(depth, default=0)
-
-
 def pass_levels(draft: Draft, path: list[int], committed: int) -> list[int]:
     """The level of each of the ``committed`` tokens of a pass that accepted ``path``: token j is decided at the
     root (j = 0) or at path[j - 1]; its level is that node's depth + 1 if it has children, else 0."""
@@ -214,6 +207,9 @@ class DepthRecorder:
         """One verified pass drafted at context length ``start`` that kept ``committed`` tokens."""
         parents = draft.parents.tolist()
         tree = parents != list(range(-1, len(parents) - 1))
-        self.stats.add(_draft_depth(parents), draft.verified_depth(path), len(path), tree)
+        depth: list[int] = []
+        for parent in parents:
+            depth.append(1 if parent < 0 else depth[parent] + 1)
+        self.stats.add(max(depth, default=0), draft.verified_depth(path), len(path), tree)
         if self.stats.levels:
             self.stats.set_levels(start - self._prompt, pass_levels(draft, path, committed))

@@ -53,10 +53,6 @@ class WrongDrafter(BaseDrafter):
         return Draft.chain(tokens.cpu(), reported.clone())
 
 
-def _random_parents(n: int, generator: torch.Generator) -> list[int]:
-    return [int(torch.randint(-1, i, (1,), generator=generator)) if i else -1 for i in range(n)]
-
-
 def _depth_limited(parents: list[int], gamma: int) -> list[int]:
     depth: list[int] = []
     kept: list[int] = []
@@ -86,7 +82,8 @@ class RandomTreeDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         seed = torch.randint(0, 2**31, (1,), generator=ctx.generator, device=ctx.generator.device)
         gen = torch.Generator().manual_seed(int(seed))
-        parents = _depth_limited(_random_parents(self.nodes, gen), gamma)
+        parents = [int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(self.nodes)]
+        parents = _depth_limited(parents, gamma)
         vocab = ctx.target.vocab_size
         if self.sampled and not ctx.sampling.greedy:
             return self._sampled(parents, vocab, ctx, gen)

@@ -55,8 +55,7 @@ def sample_run(target, drafter, prompt: Sequence[int], n_tokens: int, sampling: 
     recorder = None if drafter is None else DepthRecorder(drafter, stats, gamma=gamma, keep_drafts=keep_drafts)
     rows, lengths = [], []
     for seed in range(first_seed, first_seed + samples):
-        tokens = generate(target, recorder, list(prompt), max_new_tokens=n_tokens, sampling=sampling,
-                          seed=seed).tokens
+        tokens = generate(target, recorder, list(prompt), max_new_tokens=n_tokens, sampling=sampling, seed=seed).tokens
         lengths.append(len(tokens))
         rows.append(_padded(tokens, n_tokens, target.eos_token_ids, seed))
     sequences = torch.tensor(rows, dtype=torch.long).view(samples, n_tokens)

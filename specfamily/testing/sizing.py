@@ -2,8 +2,9 @@
 
 A pilot on its own seeds counts the tokens each sample decides at level ``min_depth``; the run takes as many samples
 as ``depth_power`` against an error of total variation ``delta`` there needs (:func:`.power.level_power`), up to
-``max_samples``; :mod:`specfamily.testing.construction` sharpens the target when drafts seldom get that deep. A long run is looked at after ``base_samples`` and at the end, each at half the level (Bonferroni),
-so a plainly wrong drafter fails early.
+``max_samples``; :mod:`specfamily.testing.construction` sharpens the target when drafts seldom get that deep. A
+long run is looked at after ``base_samples`` and at the end, each at half the level (Bonferroni), so a plainly wrong
+drafter fails early.
 """
 
 from __future__ import annotations

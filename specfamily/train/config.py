@@ -1,10 +1,7 @@
-"""Trainers are configured like runs: ``configs/train/<name>.yaml`` (Hydra), overridden on the command line with
-``key=value`` (Hydra's override grammar), checked against the trainer's config dataclass (its field types, then its
-``__post_init__``).
-
-The trainers' older ``--flag value`` command lines stay as aliases: :func:`add_flags` makes one flag per field
-(``--seq-len``) plus the old names of renamed keys (``--max-minutes`` for ``minutes``), and :func:`from_args` maps
-the flags given onto the same keys. One command line uses one form or the other.
+"""Trainers are configured like runs: ``configs/train/<name>.yaml`` (Hydra), overridden with ``key=value``, checked
+against the trainer's config dataclass (field types, then ``__post_init__``). The ``--flag value`` form stays as an
+alias: :func:`add_flags` makes one flag per field plus the old names of renamed keys (``--max-minutes``), and
+:func:`from_args` maps them onto the same keys. One command line uses one form or the other.
 """
 
 from __future__ import annotations

@@ -63,19 +63,14 @@ def batch_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def _read(path: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
-    with safe_open(str(path), "pt") as handle:
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (safe_open has no iterator)
-        turns = json.loads(handle.metadata()["user_turns"])
-    return tensors, turns
-
-
 def load_distilled(folder: str | Path, percent: float = HELDOUT_PERCENT) -> tuple[Conversations, Conversations]:
     """(train, held-out) conversations of every batch in ``folder``, exact repeats of a turn dropped."""
     seen: set[str] = set()
     parts: dict[bool, list] = {False: [], True: []}
     for path in batch_files(folder):
-        tensors, turns = _read(path)
+        with safe_open(str(path), "pt") as handle:
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (safe_open has no iterator)
+            turns = json.loads(handle.metadata()["user_turns"])
         starts = tensors["starts"]
         for i, turn in enumerate(turns):
             if turn in seen:

@@ -1,8 +1,5 @@
-"""Scale-out over prompt shards with torch.distributed (torchrun): gloo on CPU, nccl on GPU.
-
-Every rank runs every drafter on its own shard of the prompts (prompt i goes to rank
-i % world_size) and appends to its own results file; rank 0 merges. A single process (no
-torchrun) is world size 1 and needs no process group.
+"""Scale-out over prompt shards with torch.distributed (torchrun): gloo on CPU, nccl on GPU. Prompt i goes to rank
+i % world_size, which appends to its own results file; rank 0 merges. A single process needs no process group.
 """
 
 from __future__ import annotations

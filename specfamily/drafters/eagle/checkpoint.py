@@ -80,20 +80,6 @@ def read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def check_target(config: dict[str, Any], target_model: PreTrainedModel, where: str) -> None:
-    """Refuse weights trained for another target, naming what differs."""
-    check_identity(config.get("target", {}), target_model, f"eagle weights {where!r}",
-                   "train a drafter for this target with `python -m specfamily.drafters.eagle.train`")
-
-
-def input_norm_of(config: dict[str, Any], where: str) -> bool:
-    """The checkpoint's ``input_norm`` (True when absent: the form every head had before the flag existed)."""
-    value = config.get("input_norm", True)
-    if not isinstance(value, bool):
-        raise ValueError(f"eagle checkpoint {where!r}: input_norm must be true or false, got {value!r}")
-    return value
-
-
 def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[EagleModel, dict[str, Any]]:
     """The drafter stored at ``source`` (a folder or a zoo: name) for this target, and its config."""
     folder = resolve_weights(source)
@@ -103,14 +89,18 @@ def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[Eagle
     if is_eagle_repo(raw):
         return load_eagle_repo(folder, target_model), {}
     config = read_config(folder)
-    check_target(config, target_model, str(source))
+    check_identity(config.get("target", {}), target_model, f"eagle weights {str(source)!r}",
+                   "train a drafter for this target with `python -m specfamily.drafters.eagle.train`")
     if not (folder / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"no {WEIGHTS_FILE} in eagle checkpoint {str(folder)!r}")
     state = load_file(str(folder / WEIGHTS_FILE), device=str(target_model.device))
     ids, counts = state.pop(DRAFT_IDS, None), state.pop(DRAFT_COUNTS, None)
     vocab = None if ids is None else DraftVocab(ids.long().cpu(), target_model.get_output_embeddings().weight.shape[0],
                                                 None if counts is None else counts.long().cpu())
-    model = build_model(target_model, vocab=vocab, input_norm=input_norm_of(config, str(source)))
+    input_norm = config.get("input_norm", True)  # absent: True, the form every head had before the flag existed
+    if not isinstance(input_norm, bool):
+        raise ValueError(f"eagle checkpoint {str(source)!r}: input_norm must be true or false, got {input_norm!r}")
+    model = build_model(target_model, vocab=vocab, input_norm=input_norm)
     state = {k: v.to(target_model.dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True)
     return model.eval(), config

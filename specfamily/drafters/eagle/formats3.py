@@ -104,19 +104,13 @@ def _read_config(config: dict, layout: str, target: Target, where: str) -> tuple
     return llama, layers, bool(config.get("norm_before_residual", False))
 
 
-def layout_ids(config: dict[str, Any], layout: str) -> list[int] | None:
-    """The feature-layer ids a config states, in its layout's own convention (None when it states none)."""
-    holder = config if layout == "speculators" else config.get("eagle_config") or {}
-    ids = holder.get("eagle_aux_hidden_state_layer_ids")
-    return [int(i) for i in ids] if ids else None
-
-
 def feature_layers(config: dict[str, Any], layout: str, num_layers: int, where: str) -> tuple[int, ...]:
     """The target layers (transformers' hidden_states indexing) a checkpoint's config.json names, read in its
     layout's convention (module docstring), for a target of ``num_layers`` decoder layers; the references' default
     when it names none. A ValueError in one line naming the ids, their convention and the target's range."""
-    ids = layout_ids(config, layout)
-    if ids is None:
+    holder = config if layout == "speculators" else config.get("eagle_config") or {}
+    ids = [int(i) for i in holder.get("eagle_aux_hidden_state_layer_ids") or []]  # in the layout's convention
+    if not ids:
         return default_layers(num_layers)
     offset, convention = _convention(config, layout)
     layers = tuple(i + offset for i in ids)
@@ -138,11 +132,6 @@ def _convention(config: dict[str, Any], layout: str) -> tuple[int, str]:
     if isinstance(ours, dict) and MARKER not in ours:
         return 0, "ids written here before the layouts' conventions were told apart, hidden_states indexes"
     return ID_OFFSET[layout], CONVENTION[layout]
-
-
-def ids_for_layout(layers: tuple[int, ...], layout: str) -> list[int]:
-    """Our feature layers (hidden_states indexing) as ``layout`` states them."""
-    return [h - ID_OFFSET[layout] for h in layers]
 
 
 def _rope(layer: dict) -> dict:
@@ -218,7 +207,7 @@ def _write_config(model: Eagle3Model, target: Target, layout: str, dtype: torch.
     if rope.get("rope_type", "default") != "default":
         llama["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     draft_vocab = target.vocab_size if model.vocab is None else model.vocab.size
-    layers = ids_for_layout(model.shape.layers, layout)
+    layers = [h - ID_OFFSET[layout] for h in model.shape.layers]  # as ``layout`` states them
     ours = {"target": target_identity(target.model), MARKER: list(model.shape.layers)}
     if layout == "eagle":
         return {"architectures": [ARCHITECTURE], **llama, "draft_vocab_size": draft_vocab,

@@ -1,9 +1,6 @@
-"""Options of the EAGLE trainer, one dataclass per variant over the options both share.
-
-:class:`TrainConfig` trains ``eagle`` (EAGLE-1/2: feature regression + soft labels, tau on held-out prompts);
-:class:`Eagle3TrainConfig` trains ``eagle3`` (the training-time test, simulated acceptance length). Their keys and
-defaults are ``configs/train/eagle.yaml`` and ``eagle3.yaml`` (:mod:`specfamily.train.config`: ``key=value``
-overrides, or the older flags made from the fields, ``--seq-len 256``).
+"""Options of the EAGLE trainer, one dataclass per variant over the options both share: :class:`TrainConfig`
+(``eagle``) and :class:`Eagle3TrainConfig` (``eagle3``), with keys and defaults in ``configs/train/eagle.yaml`` and
+``eagle3.yaml`` (:mod:`specfamily.train.config`).
 """
 
 from __future__ import annotations

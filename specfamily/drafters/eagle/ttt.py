@@ -96,7 +96,10 @@ def ttt_objective(model: Eagle3Model, windows: torch.Tensor, features: torch.Ten
         raise ValueError(f"windows of {windows.shape[1]} tokens are too short for {ttt_length} unrolled steps "
                          f"(need >= {ttt_length + 2})")
     length = windows.shape[1] - 1
-    inside = None if model.vocab is None else _inside(model, logits.shape[-1], logits.device)
+    inside = None
+    if model.vocab is not None:
+        inside = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        inside[model.vocab.ids.to(logits.device)] = True
     total, losses, hits, counts = logits.new_zeros((), dtype=torch.float32), [], [], []
     for step, out in enumerate(unroll(model, windows, features, ttt_length)):
         n = length - step  # indices t with a target: t + 1 + step <= T - 1
@@ -106,12 +109,6 @@ def ttt_objective(model: Eagle3Model, windows: torch.Tensor, features: torch.Ten
         hits.append(hit)
         counts.append(out.shape[0] * n)
     return TTTResult(total, torch.stack(losses), torch.stack(hits), torch.tensor(counts))
-
-
-def _inside(model: Eagle3Model, vocab_size: int, device: torch.device) -> torch.Tensor:
-    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-    mask[model.vocab.ids.to(device)] = True
-    return mask
 
 
 def _step_terms(model: Eagle3Model, out: torch.Tensor, target_logits: torch.Tensor,

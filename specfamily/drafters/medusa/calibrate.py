@@ -98,10 +98,6 @@ def _timed(fn, clock) -> float:
     return clock() - started
 
 
-def _median_seconds(fn, repeats: int, clock) -> float:
-    return statistics.median(_timed(fn, clock) for _ in range(repeats))
-
-
 def measure_verify_cost(target, max_size: int = 65, context: int = 256, repeats: int = 7,
                         seed: int = 0) -> tuple[CostCurve, float]:
     """The cost curve t(n) / t(1) of one target pass over n fed tokens (n <= max_size) after ``context`` cached
@@ -126,7 +122,8 @@ def measure_heads_cost(heads: MedusaHeads, top_k: int, seconds_per_pass: float, 
     feature = feature.to(next(heads.parameters()).dtype)
     heads(feature)  # warm-up
     clock = process_clock(feature.device)
-    return _median_seconds(lambda: heads(feature).topk(top_k, dim=-1), repeats, clock) / seconds_per_pass
+    seconds = statistics.median(_timed(lambda: heads(feature).topk(top_k, dim=-1), clock) for _ in range(repeats))
+    return seconds / seconds_per_pass
 
 
 @dataclass

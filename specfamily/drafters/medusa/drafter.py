@@ -42,17 +42,12 @@ def load_heads(target, cfg: MedusaConfig) -> tuple[MedusaHeads, MedusaCheckpoint
     return heads, meta
 
 
-def default_paths(num_heads: int, vocab_size: int, meta: MedusaCheckpoint | None) -> list[tuple[int, ...]]:
-    """The calibrated tree of a checkpoint, or a nominal CPU-sized tree for heads without calibration."""
-    if meta is not None and meta.tree:
-        return [tuple(p) for p in meta.tree]
-    return greedy_paths(nominal_accuracies(num_heads, min(8, vocab_size)), RANDOM_TREE_NODES)
-
-
 def resolve_tree(tree, num_heads: int, vocab_size: int, meta: MedusaCheckpoint | None, gamma: int | None) -> MedusaTree:
     """The tree option as buffers: None = default, "chain" = top-1 chain, else rank paths; checked against K, V."""
-    if tree is None:
-        paths = default_paths(num_heads, vocab_size, meta)
+    if tree is None and meta is not None and meta.tree:  # the checkpoint's calibrated tree
+        paths = [tuple(p) for p in meta.tree]
+    elif tree is None:  # a nominal CPU-sized tree for heads without calibration
+        paths = greedy_paths(nominal_accuracies(num_heads, min(8, vocab_size)), RANDOM_TREE_NODES)
     elif isinstance(tree, str) and tree == "chain":
         paths = chain_paths(num_heads if gamma is None else min(gamma, num_heads))
     else:

@@ -87,18 +87,14 @@ def _parse(tensors: dict[str, torch.Tensor], num_heads: int, layers: int, where:
 
 def _shaped(tensor: torch.Tensor | None, heads: MedusaHeads, name: str, where: str) -> torch.Tensor:
     """``tensor`` checked against our module's (a zero block when None), on its device and dtype."""
-    ours = heads.state_dict()[_our_key(name)]
+    head, position, rest = name.split(".", 2)
+    ours = heads.state_dict()[f"heads.{head}." + ("proj.weight" if rest == "weight" else f"blocks.{position}.{rest}")]
     if tensor is None:
         return torch.zeros_like(ours)
     if tuple(tensor.shape) != tuple(ours.shape):
         raise ValueError(f"{where}: Medusa tensor {name} has shape {tuple(tensor.shape)}; this target needs "
                          f"{tuple(ours.shape)}")
     return tensor.to(ours.device, ours.dtype)
-
-
-def _our_key(name: str) -> str:
-    head, position, rest = name.split(".", 2)
-    return f"heads.{head}.proj.weight" if rest == "weight" else f"heads.{head}.blocks.{position}.{rest}"
 
 
 def save_medusa_repo(heads: MedusaHeads, folder: str | Path, target, dtype: torch.dtype | None = None,

@@ -1,9 +1,8 @@
 """Prompt lookup decoding: propose the tokens that followed an earlier occurrence of the context's last n-gram.
 
-Deterministic proposals (q = None). The context is prompt + committed tokens, so the very first
-pass drafts too. An incremental :class:`NgramIndex` is built once per request and extended with
-each pass's committed tokens, so a proposal costs O(max_ngram + gamma * branches), not a rescan.
-With ``branches`` > 1, distinct earlier matches are merged into a token tree (best match first).
+Deterministic (q = None); the context is prompt + committed tokens, so the first pass drafts too. A
+:class:`NgramIndex` per request is extended with each pass's committed tokens. With ``branches`` > 1, distinct
+earlier matches are merged into a token tree (best match first).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class NgramIndex:
                     continue
                 seen_starts.add(start)
                 candidate = self.continuation(start, gamma, stop)
-                if not any(_is_prefix(candidate, other) for other in chosen):
+                if not any(other[: len(candidate)] == candidate for other in chosen):  # not a prefix of one chosen
                     chosen.append(candidate)
                     if len(chosen) == branches:
                         return chosen
@@ -107,10 +107,6 @@ class NgramIndex:
                 if budget == 0:
                     break
         return chosen
-
-
-def _is_prefix(short: list[int], long: list[int]) -> bool:
-    return len(short) <= len(long) and long[: len(short)] == short
 
 
 def build_trie(paths: Iterable[list[int]]) -> tuple[list[int], list[int]]:

@@ -1,10 +1,8 @@
 """Self-speculative drafting: the target itself with a set of sub-layers skipped (Draft & Verify; SWIFT).
 
-The draft pass shares the target's KV cache: kept attention layers read the committed entries of
-``ctx.target.cache`` and append their own for the pending tokens (the root; the whole prompt on the first pass)
-and the draft tokens; skipped layers get none. Before the draft is returned every layer gets back its committed
-tensors (``draft_entries_discarded``), so the target's forward finds the cache exactly as committed and feeds
-the pending tokens again. No weight and no second cache is kept.
+The draft pass shares the target's KV cache: kept attention layers read the committed entries and append their own
+for the pending and draft tokens; afterwards every layer gets back its committed tensors
+(``draft_entries_discarded``), so the target's forward finds the cache as committed. No second cache is kept.
 """
 
 from __future__ import annotations

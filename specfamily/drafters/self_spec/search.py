@@ -255,7 +255,9 @@ def search_skip_set(
 
     def score(skipped: frozenset[SubLayer]) -> Candidate:
         if options.score == "measured":
-            candidate = measured_score(target, skipped, prompts, options)
+            speedup, tau, alpha, c, _ = run_drafted(target, skipped, prompts, options.gamma, options.max_new_tokens,
+                                                    options.sampling)
+            candidate = Candidate(frozenset(skipped), speedup, options.gamma, alpha, c, NAN, tau)
         else:
             plan = runner.plan(skipped)
             alphas = [acceptance_by_depth(runner, cal, plan, options.depth, sampling) for cal in calibrations]
@@ -305,12 +307,6 @@ def run_drafted(target: Target, skipped, prompts, gamma: int, max_new_tokens: in
     cs = [r.metrics.c for r in spec if not math.isnan(r.metrics.c)]
     alpha, c = (statistics.fmean(alphas) if alphas else NAN), (statistics.fmean(cs) if cs else NAN)
     return seconds[None] / seconds[drafter], tau, alpha, c, identical
-
-
-def measured_score(target: Target, skipped, prompts, options: SearchOptions) -> Candidate:
-    speedup, tau, alpha, c, _ = run_drafted(target, skipped, prompts, options.gamma, options.max_new_tokens,
-                                            options.sampling)
-    return Candidate(frozenset(skipped), speedup, options.gamma, alpha, c, NAN, tau)
 
 
 # ---------------------------------------------------------------- command line

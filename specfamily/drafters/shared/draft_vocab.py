@@ -1,10 +1,8 @@
 """Reduced draft vocabularies (FR-Spec; EAGLE-3's draft vocabulary with its d2t map).
 
-A drafter that ends in an LM head may score only the N most frequent tokens of its training data: its head is
-the target head's rows for those tokens, so a draft step costs N / V of the full projection. The target still
-verifies over its whole vocabulary, so decoding stays lossless: a drafted token is always a target token
-(``ids[i]``, the d2t map) and the proposal q a sampling drafter reports is zero outside the subset, which is
-exactly the distribution it drew from. Pure tensor functions and one frozen dataclass.
+A drafter's LM head may score only the N most frequent training tokens (the target head's rows for them), so a draft
+step costs N / V of the full projection. The target still verifies over its whole vocabulary: a drafted token is a
+target token (``ids[i]``, the d2t map) and a reported q is zero outside the subset, exactly the law it drew from.
 """
 
 from __future__ import annotations
@@ -117,8 +115,7 @@ def frequent_tokens(tokens: np.ndarray | torch.Tensor, size: int, vocab_size: in
     """The ``size`` most frequent ids of ``tokens`` (ties: lower id first), plus ``always`` (e.g. EOS)."""
     if not 0 < size <= vocab_size:
         raise ValueError(f"a draft vocabulary needs 1..{vocab_size} tokens, got {size}")
-    counts = torch.bincount(torch.as_tensor(np.asarray(tokens).reshape(-1), dtype=torch.long),
-                            minlength=vocab_size)
+    counts = torch.bincount(torch.as_tensor(np.asarray(tokens).reshape(-1), dtype=torch.long), minlength=vocab_size)
     if counts.numel() > vocab_size:
         raise ValueError(f"token id {counts.numel() - 1} is outside the vocabulary of {vocab_size}")
     order = torch.sort(counts, descending=True, stable=True).indices

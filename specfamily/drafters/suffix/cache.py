@@ -24,12 +24,6 @@ FORMAT = "specfamily-suffix-cache"
 VERSION = 1
 
 
-def check_budget(max_tokens: object) -> int:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise ValueError(f"max_cached_tokens must be an integer >= 0, got {max_tokens!r}")
-    return max_tokens
-
-
 @dataclass
 class GlobalCache:
     """Earlier requests' sequences (oldest first) and the suffix index over them."""
@@ -43,7 +37,8 @@ class GlobalCache:
 
     def __post_init__(self) -> None:
         check_depth(self.max_depth)
-        check_budget(self.max_tokens)
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ValueError(f"max_cached_tokens must be an integer >= 0, got {self.max_tokens!r}")
         self.index = SuffixIndex(self.max_depth)
         kept, self.sequences, self.tokens = list(self.sequences), deque(), 0
         for sequence in kept:

@@ -1,12 +1,10 @@
 """SuffixDecoding (Oliaro et al., NeurIPS 2025): speculation trees from suffix indexes, deterministic (q = None).
 
-Two suffix indexes (:mod:`specfamily.drafters.suffix.automaton`): one over this request's prompt and committed
-tokens, extended as tokens commit, and one global index over earlier requests' outputs (and prompts with
-``cache_prompts``), which lives with the drafter object: ``end()`` adds the request, a token budget evicts the
-oldest requests, ``save_cache``/``cache=`` carry it between runs. Each proposal matches the longest suffix of the
-context in both indexes, grows a speculation tree from each (:mod:`specfamily.drafters.suffix.speculate`) and
-proposes the request's own unless it is empty (``choose=own``, the default) or the higher-scored one (``score``,
-the paper's rule).
+Two suffix indexes (:mod:`specfamily.drafters.suffix.automaton`): this request's prompt and committed tokens, and a
+global one over earlier requests' outputs that lives with the drafter object (``end()`` adds the request, a token
+budget evicts the oldest, ``save_cache``/``cache=`` carry it between runs). Each proposal grows a speculation tree
+from the longest matched suffix in each (:mod:`specfamily.drafters.suffix.speculate`) and proposes the request's own
+unless it is empty (``choose=own``) or the higher-scored one (``score``, the paper's rule).
 """
 
 from __future__ import annotations
@@ -79,8 +77,7 @@ class SuffixDrafter(BaseDrafter):
         self.config = SuffixConfig(gamma, policy, mode, max_depth, max_spec_factor, max_spec_offset, min_token_prob,
                                    max_tree_size, max_cached_tokens, cache_prompts, cache, choose, recency)
         super().__init__(gamma, policy)
-        self.limits = Limits(max_spec_factor, max_spec_offset, max_tree_size, min_token_prob, mode == "chain",
-                             recency)
+        self.limits = Limits(max_spec_factor, max_spec_offset, max_tree_size, min_token_prob, mode == "chain", recency)
         self.stop: frozenset[int] = frozenset(target.eos_token_ids) if target is not None else frozenset()
         self.vocab_size: int | None = target.vocab_size if target is not None else None
         self.global_cache = GlobalCache(max_depth, max_cached_tokens)
@@ -97,8 +94,7 @@ class SuffixDrafter(BaseDrafter):
         self._ctx = ctx
 
     def _start(self, ctx: DecodeContext) -> RequestState:
-        return RequestState.start(list(ctx.tokens), len(ctx.prompt_ids), self.config.max_depth,
-                                  self.global_cache.index)
+        return RequestState.start(list(ctx.tokens), len(ctx.prompt_ids), self.config.max_depth, self.global_cache.index)
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         state = self._sync(ctx)
