@@ -85,25 +85,19 @@ def _check_keys(node: DictConfig, allowed: set[str], what: str) -> None:
         raise TypeError(f"{what} got unknown option(s) {unknown}; it takes {sorted(allowed - {'name'})}")
 
 
-def _check_shared(shared: dict[str, Any]) -> None:
-    """drafter=all's own ``gamma`` and ``policy`` (named as ``drafter.<key>`` in errors)."""
-    from specfamily.eval.options import OptionError, check_policy
-
-    check_policy(shared.get("policy"))
-    gamma = shared.get("gamma")
-    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)):
-        raise OptionError("gamma", f"must be an integer or null, got {gamma!r}")
-
-
 def _all_specs(cfg: DictConfig, search_path: Sequence[str]) -> list[DrafterSpec]:
     from specfamily.core.plugins import list_drafters
+    from specfamily.eval.options import OptionError, check_policy
 
     node = cfg.drafter
     _check_keys(node, {"name", "names", *SHARED_OPTIONS}, "drafter=all")
     names = node.get("names")
     names = list_drafters() if names is None else [str(name) for name in names]
     shared = {key: node.get(key) for key in SHARED_OPTIONS if node.get(key) is not None}
-    _check_shared(shared)
+    check_policy(shared.get("policy"))  # drafter=all's own gamma and policy, named as drafter.<key> in errors
+    gamma = shared.get("gamma")
+    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)):
+        raise OptionError("gamma", f"must be an integer or null, got {gamma!r}")
     specs = []
     for name in names:
         where = f"drafter/{name}"
@@ -201,18 +195,6 @@ def resume_fingerprint(resolved: dict[str, Any]) -> dict[str, Any]:
     return {key: resolved.get(key) for key in RESUME_KEYS}
 
 
-def _check_complete(cfg: DictConfig) -> None:
-    """Refuse missing mandatory values (``???``) and interpolations that do not resolve."""
-    try:
-        missing = sorted(OmegaConf.missing_keys(cfg))
-        if not missing:
-            OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"{err.full_key or 'config'}: {_first_line(err)}") from None
-    if missing:
-        raise ConfigError(f"{', '.join(missing)}: missing mandatory value (???); set it, e.g. {missing[0]}=...")
-
-
 def _checked(where: str, check, *args):
     """``check(*args)``, its TypeError or ValueError made a one-line ConfigError prefixed with ``where``."""
     from specfamily.eval.options import OptionError
@@ -231,7 +213,14 @@ def check_config(cfg: DictConfig, search_path: Sequence[str] | None = None) -> l
     """Everything a run reads from ``cfg``, checked before any model loads; a problem is a :class:`ConfigError`."""
     from specfamily.eval.datasets import DatasetSpec
 
-    _check_complete(cfg)
+    try:  # missing mandatory values (???) and interpolations that do not resolve
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if not missing:
+            OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{err.full_key or 'config'}: {_first_line(err)}") from None
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: missing mandatory value (???); set it, e.g. {missing[0]}=...")
     specs = _checked("drafter", drafter_specs, cfg, search_path)
     for spec in specs[1:]:
         _checked(spec.where, validate_spec, spec)

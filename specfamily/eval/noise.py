@@ -23,15 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specfamily.eval.config import PLAIN
-from specfamily.eval.results import (
-    NoiseCheck,
-    PromptRecord,
-    Record,
-    RepeatRecord,
-    RunInfo,
-    read_repeats,
-    read_run,
-)
+from specfamily.eval.results import NoiseCheck, PromptRecord, Record, RepeatRecord, RunInfo, read_repeats, read_run
 
 log = logging.getLogger(__name__)
 

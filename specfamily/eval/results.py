@@ -82,14 +82,6 @@ Record = PromptRecord | FailureRecord
 _KINDS = {"prompt": PromptRecord, "failure": FailureRecord, "repeat": RepeatRecord}
 
 
-def record_from_dict(data: dict[str, Any]) -> Record | RepeatRecord:
-    """The record a JSON line holds."""
-    kind = data.get("kind")
-    if kind not in _KINDS:
-        raise ValueError(f"unknown result record kind {kind!r}")
-    return _KINDS[kind](**data)
-
-
 def read_records(path: Path) -> list[Record | RepeatRecord]:
     """Records of one jsonl file; a torn last line (a run killed mid-write) is skipped."""
     if not path.is_file():
@@ -100,11 +92,14 @@ def read_records(path: Path) -> list[Record | RepeatRecord]:
         if not line.strip():
             continue
         try:
-            records.append(record_from_dict(json.loads(line)))
+            data = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):
                 break
             raise ValueError(f"{path}:{number} is not valid JSON") from None
+        if data.get("kind") not in _KINDS:
+            raise ValueError(f"unknown result record kind {data.get('kind')!r}")
+        records.append(_KINDS[data["kind"]](**data))
     return records
 
 
@@ -137,7 +132,11 @@ class ResultWriter:
     def write(self, record: Record | RepeatRecord) -> None:
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            _drop_torn_tail(self.path)
+            if self.path.is_file() and self.path.stat().st_size > 0:  # a torn last line (a run killed mid-write) is cut
+                with self.path.open("rb+") as handle:  # so that appends start on a fresh line
+                    data = handle.read()
+                    if not data.endswith(b"\n"):
+                        handle.truncate(data.rfind(b"\n") + 1)
             self._handle = self.path.open("a", encoding="utf-8")
         self._handle.write(json.dumps(asdict(record)) + "\n")
         self._handle.flush()
@@ -147,17 +146,6 @@ class ResultWriter:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-
-
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line without its newline (a run killed mid-write) so appends start on a fresh line."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with path.open("rb+") as handle:
-        data = handle.read()
-        if data.endswith(b"\n"):
-            return
-        handle.truncate(data.rfind(b"\n") + 1)
 
 
 def results_path(folder: Path, rank: int, world_size: int) -> Path:

@@ -172,13 +172,6 @@ def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt, turn: int = 1, ids: list
     )
 
 
-def _progress(plan: RunPlan, total: int):
-    from tqdm.auto import tqdm
-
-    show = plan.progress and plan.info.is_main
-    return tqdm(total=total, desc="prompts x drafters to run", disable=not show)
-
-
 def _turns_left(label: str, prompt: Prompt, done: dict[tuple[str, str], PromptRecord]) -> int:
     return sum((label, turn_id(prompt.id, t)) not in done for t in range(1, prompt.n_turns + 1))
 
@@ -228,7 +221,10 @@ def run_arms(plan: RunPlan, arms: list[Arm], prompts: list[Prompt], writer: Resu
     live = [arm for arm in busy if not arm.failed]
     left = {arm.label: sum(_turns_left(arm.label, p, done) for p in todo[arm.label]) for arm in live}
     repeats = PlainRepeats.schedule_for(plan, prompts)
-    with _progress(plan, sum(left.values())) as bar:
+    from tqdm.auto import tqdm
+
+    show = plan.progress and plan.info.is_main
+    with tqdm(total=sum(left.values()), desc="prompts x drafters to run", disable=not show) as bar:
         work = _Work(plan, done, left, writer, bar)
         try:
             for position, prompt in enumerate(prompts):

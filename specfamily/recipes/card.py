@@ -202,21 +202,6 @@ def generations(model, tokenizer, prompts: list[str], new_tokens: int) -> list[s
 # ---------------------------------------------------------------- the card
 
 
-def _prompt_dir(cfg: CardConfig) -> Path:
-    if cfg.prompts:
-        return Path(cfg.prompts)
-    from specfamily.zoo import prompt_set_path
-
-    return prompt_set_path("complete").parent
-
-
-def _environment() -> dict:
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.machine(), "processor": platform.processor() or platform.platform()}
-
-
 def _model_stats(path: str, model, loss: float, t1: float) -> ModelStats:
     return ModelStats(path, sum(p.numel() for p in model.parameters()), loss, t1)
 
@@ -239,7 +224,11 @@ def collapse_and_samples(target, tokenizer, rows: list[dict], cfg: CardConfig) -
 def measure(cfg: CardConfig) -> CardResult:
     """Every number of the model card, measured on ``cfg.threads`` CPU threads."""
     torch.set_num_threads(cfg.threads)
-    work, prompt_dir = Path(cfg.workdir), _prompt_dir(cfg)
+    work, prompt_dir = Path(cfg.workdir), Path(cfg.prompts)
+    if not cfg.prompts:  # the shipped prompt sets
+        from specfamily.zoo import prompt_set_path
+
+        prompt_dir = prompt_set_path("complete").parent
     target, draft = load_model(cfg.target), load_model(cfg.draft)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.target)
     heldout = np.load(work / "heldout.npy")
@@ -254,8 +243,13 @@ def measure(cfg: CardConfig) -> CardResult:
     verify_cost = {n: forward_ms(target, context, n, cfg.repeats) / target_t1 for n in range(2, cfg.max_n + 1)}
     draft_t1 = forward_ms(draft, context, 1, cfg.repeats)
     collapse, samples = collapse_and_samples(target, tokenizer, read_jsonl(prompt_dir / "complete.jsonl"), cfg)
+    import transformers
+
+    environment = {"torch": torch.__version__, "transformers": transformers.__version__,
+                   "threads": torch.get_num_threads(), "machine": platform.machine(),
+                   "processor": platform.processor() or platform.platform()}
     return CardResult(
-        config=asdict(cfg), environment=_environment(), heldout_tokens=int(windows[:, 1:].numel()),
+        config=asdict(cfg), environment=environment, heldout_tokens=int(windows[:, 1:].numel()),
         unigram_loss=unigram,
         target=_model_stats(cfg.target, target, target_loss, target_t1),
         draft=_model_stats(cfg.draft, draft, draft_loss, draft_t1),

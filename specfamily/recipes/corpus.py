@@ -51,22 +51,15 @@ def is_heldout(relative_path: str, heldout_percent: float = 2.0) -> bool:
     return bucket < heldout_percent * 100
 
 
-def _candidate_files(root: Path, suffix: str) -> list[Path]:
-    files = [
-        p
-        for p in root.rglob(f"*{suffix}")
-        if p.is_file() and not any(part in EXCLUDED_DIRS for part in p.relative_to(root).parts)
-    ]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
 def load_corpus(root: Path | None = None, suffix: str = ".py", heldout_percent: float = 2.0) -> Corpus:
     """Read every ``suffix`` file under ``root`` (default: the stdlib) in a deterministic order."""
     root = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
     if not root.is_dir():
         raise ValueError(f"corpus root {root} is not a directory")
     corpus = Corpus(root=str(root))
-    for path in _candidate_files(root, suffix):
+    files = [p for p in root.rglob(f"*{suffix}")
+             if p.is_file() and not any(part in EXCLUDED_DIRS for part in p.relative_to(root).parts)]
+    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
         relative = path.relative_to(root).as_posix()
         try:
             text = path.read_text(encoding="utf-8")

@@ -195,14 +195,6 @@ def done(cfg: DistillConfig, index: int) -> bool:
     return path.is_file() or path.with_suffix(".empty").is_file()
 
 
-def answer_rate(records: list[dict]) -> dict:
-    """Answer tokens, the seconds spent answering, and their ratio over the batches made."""
-    tokens = sum(r.get("answer_tokens", 0) for r in records)
-    seconds = sum(r.get("answer_seconds", 0.0) for r in records)
-    return {"answer_tokens": tokens, "answer_seconds": round(seconds, 2),
-            "answer_tokens_per_s": round(tokens / seconds, 1) if seconds else 0.0}
-
-
 def distill(cfg: DistillConfig) -> dict:
     """Make this worker's missing batches (within the time budget); return and record what this call did."""
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
@@ -217,10 +209,12 @@ def distill(cfg: DistillConfig) -> dict:
             batch_started = time.perf_counter()
             record = make_batch(teacher, cfg, index)
             records.append({**record, "seconds": round(time.perf_counter() - batch_started, 1)})
+    answered = sum(r.get("answer_tokens", 0) for r in records)
+    answering = sum(r.get("answer_seconds", 0.0) for r in records)
     summary = {"worker": cfg.worker, "batches_made": len(records), "seconds": round(time.perf_counter() - started, 1),
                "tokens": sum(r.get("tokens", 0) for r in records), "remaining": len(mine) - len(records),
-               **answer_rate(records),
-               "batches": records}
+               "answer_tokens": answered, "answer_seconds": round(answering, 2),
+               "answer_tokens_per_s": round(answered / answering, 1) if answering else 0.0, "batches": records}
     log = Path(cfg.out) / f"worker-{cfg.worker}.log.jsonl"
     with log.open("a") as handle:
         handle.write(json.dumps(summary) + "\n")

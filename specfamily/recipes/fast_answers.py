@@ -50,11 +50,6 @@ class SlotCache:
         self.values[layer, : self.rows, :, self.length : end] = value
         return self.keys[layer, : self.rows, :, :end], self.values[layer, : self.rows, :, :end]
 
-    def move_row(self, source: int, slot: int) -> None:
-        """Copy row ``source``'s cached keys and values into row ``slot``."""
-        self.keys[:, slot, :, : self.length] = self.keys[:, source, :, : self.length]
-        self.values[:, slot, :, : self.length] = self.values[:, source, :, : self.length]
-
 
 @dataclass
 class Rows:
@@ -71,7 +66,8 @@ class Rows:
         for slot in sorted(finished, reverse=True):
             last = cache.rows - 1
             if slot != last:
-                cache.move_row(last, slot)
+                cache.keys[:, slot, :, : cache.length] = cache.keys[:, last, :, : cache.length]
+                cache.values[:, slot, :, : cache.length] = cache.values[:, last, :, : cache.length]
                 self.prompt[slot] = self.prompt[last]
                 self.pad[slot] = self.pad[last]
                 self.next[slot] = self.next[last]

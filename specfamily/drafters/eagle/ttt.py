@@ -67,13 +67,6 @@ def target_pass(target_model: PreTrainedModel, windows: torch.Tensor,
     return torch.cat([out.hidden_states[i] for i in layers], dim=-1), out.logits
 
 
-def shifted_tokens(windows: torch.Tensor, step: int) -> torch.Tensor:
-    """(B, T - 1) the token each index reads at ``step``: x[t + 1 + step], 0 past the window (never scored)."""
-    length = windows.shape[1] - 1
-    tail = windows[:, 1 + step :]
-    return torch.cat([tail, tail.new_zeros(windows.shape[0], length - tail.shape[1])], dim=1)
-
-
 def unroll(model: Eagle3Model, windows: torch.Tensor, features: torch.Tensor, ttt_length: int) -> list[torch.Tensor]:
     """The layer's outputs (B, T - 1, H) of each of ``ttt_length`` unrolled steps over ``windows`` (B, T) and the
     target's layer features (B, T, k * H)."""
@@ -84,7 +77,9 @@ def unroll(model: Eagle3Model, windows: torch.Tensor, features: torch.Tensor, tt
     for step in range(ttt_length):
         positions = (torch.arange(length, device=features.device) + step).expand(batch, -1)
         mask = additive(unrolled_visible(length, step, features.device), hidden.dtype)[None, None]
-        hidden = model(shifted_tokens(windows, step), hidden, positions, mask, cache)
+        tail = windows[:, 1 + step :]  # the token each index reads: x[t + 1 + step], 0 past the window (never scored)
+        tokens = torch.cat([tail, tail.new_zeros(batch, length - tail.shape[1])], dim=1)
+        hidden = model(tokens, hidden, positions, mask, cache)
         outputs.append(hidden)
     return outputs
 

@@ -17,9 +17,5 @@ from specfamily.drafters.medusa.config import MedusaConfig
 def specfamily_register_drafters(registry) -> None:
     from specfamily.drafters.medusa.drafter import MedusaDrafter
 
-    registry.register(
-        "medusa",
-        MedusaDrafter,
-        config=MedusaConfig,
-        description="Medusa-1 heads on the frozen target's last feature, token tree (Cai et al. 2024)",
-    )
+    registry.register("medusa", MedusaDrafter, config=MedusaConfig,
+                      description="Medusa-1 heads on the frozen target's last feature, token tree (Cai et al. 2024)")

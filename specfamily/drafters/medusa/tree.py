@@ -103,20 +103,15 @@ def chain_paths(depth: int) -> list[Path]:
     return [(0,) * d for d in range(1, depth + 1)]
 
 
-def _check_accuracies(acc: Sequence[Sequence[float]]) -> list[list[float]]:
-    rows = [[float(a) for a in row] for row in acc]
-    if not rows or any(not row for row in rows):
-        raise ValueError("accuracies must be a non-empty (heads, ranks) table")
-    if any(not 0.0 <= a <= 1.0 for row in rows for a in row):
-        raise ValueError("accuracies must lie in [0, 1]")
-    return rows
-
-
 class IndependentHeads:
     """Path probabilities from per-head accuracies ``acc[k][r]``, heads assumed independent (Medusa's mc_sim)."""
 
     def __init__(self, acc: Sequence[Sequence[float]]) -> None:
-        self.acc = _check_accuracies(acc)
+        self.acc = [[float(a) for a in row] for row in acc]
+        if not self.acc or any(not row for row in self.acc):
+            raise ValueError("accuracies must be a non-empty (heads, ranks) table")
+        if any(not 0.0 <= a <= 1.0 for row in self.acc for a in row):
+            raise ValueError("accuracies must lie in [0, 1]")
         self.num_heads = len(self.acc)
 
     def __call__(self, path: Path) -> float:

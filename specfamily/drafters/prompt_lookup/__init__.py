@@ -10,9 +10,6 @@ from specfamily.drafters.prompt_lookup.config import PromptLookupConfig
 def specfamily_register_drafters(registry) -> None:
     from specfamily.drafters.prompt_lookup.drafter import PromptLookupDrafter
 
-    registry.register(
-        "prompt_lookup",
-        PromptLookupDrafter,
-        config=PromptLookupConfig,
-        description="n-gram match of the context's last tokens in prompt + generated text (prompt lookup decoding)",
-    )
+    registry.register("prompt_lookup", PromptLookupDrafter, config=PromptLookupConfig,
+                      description="n-gram match of the context's last tokens in prompt + generated text (prompt "
+                                  "lookup decoding)")

@@ -10,9 +10,6 @@ from specfamily.drafters.self_spec.config import SelfSpecConfig
 def specfamily_register_drafters(registry) -> None:
     from specfamily.drafters.self_spec.drafter import SelfSpecDrafter
 
-    registry.register(
-        "self_spec",
-        SelfSpecDrafter,
-        config=SelfSpecConfig,
-        description="the target with skipped layers drafts for itself over its own KV cache (Draft & Verify)",
-    )
+    registry.register("self_spec", SelfSpecDrafter, config=SelfSpecConfig,
+                      description="the target with skipped layers drafts for itself over its own KV cache (Draft & "
+                                  "Verify)")

@@ -28,13 +28,7 @@ from specfamily.drafters.self_spec.config import (
     model_key,
     shipped_skip_sets,
 )
-from specfamily.drafters.self_spec.layers import (
-    LayerRunner,
-    SubLayer,
-    causal_mask,
-    draft_entries_discarded,
-    parse_skip,
-)
+from specfamily.drafters.self_spec.layers import LayerRunner, SubLayer, causal_mask, draft_entries_discarded, parse_skip
 
 _LIST_STRING = re.compile(r"^\s*(attn|mlp|layer):\d+\s*(,\s*(attn|mlp|layer):\d+\s*)*$")
 

@@ -10,9 +10,5 @@ from specfamily.drafters.small_model.config import SmallModelConfig
 def specfamily_register_drafters(registry) -> None:
     from specfamily.drafters.small_model.drafter import SmallModelDrafter
 
-    registry.register(
-        "small_model",
-        SmallModelDrafter,
-        config=SmallModelConfig,
-        description="independent small LM with the same tokenizer (Leviathan et al. 2022)",
-    )
+    registry.register("small_model", SmallModelDrafter, config=SmallModelConfig,
+                      description="independent small LM with the same tokenizer (Leviathan et al. 2022)")

@@ -10,10 +10,6 @@ from specfamily.drafters.suffix.config import SuffixConfig
 def specfamily_register_drafters(registry) -> None:
     from specfamily.drafters.suffix.drafter import SuffixDrafter
 
-    registry.register(
-        "suffix",
-        SuffixDrafter,
-        config=SuffixConfig,
-        description="suffix indexes over this request and earlier requests' outputs, frequency-scored speculation "
-        "tree (SuffixDecoding)",
-    )
+    registry.register("suffix", SuffixDrafter, config=SuffixConfig,
+                      description="suffix indexes over this request and earlier requests' outputs, frequency-scored "
+                                  "speculation tree (SuffixDecoding)")
