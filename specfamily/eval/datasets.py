@@ -84,13 +84,9 @@ class DatasetSpec:
             raise ValueError(f"dataset {self.name!r}: select per_category needs category_field")
         if self.field is None and self.template is None and self.ids_field is None and self.turns_field is None:
             raise ValueError(f"dataset {self.name!r}: set field, template, ids_field or turns_field")
-        if self.turns_field is not None:
-            self._check_turns()
-
-    def _check_turns(self) -> None:
-        if self.ids_field is not None or self.template is not None:
+        if self.turns_field is not None and (self.ids_field is not None or self.template is not None):
             raise ValueError(f"dataset {self.name!r}: turns_field makes the prompts; unset ids_field and template")
-        if not self.chat_template and self.max_turns != 1:
+        if self.turns_field is not None and not self.chat_template and self.max_turns != 1:
             raise ValueError(
                 f"dataset {self.name!r}: later turns are asked through the chat template; "
                 "set chat_template: true, or max_turns: 1 to keep first turns only"

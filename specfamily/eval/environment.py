@@ -1,7 +1,5 @@
-"""What a run ran on, for ``run.json``: package versions, plugins, git commit, hardware, weights, prompts.
-
-Every function is cheap on any model size: the weights hash reads a fixed number of entries of
-each parameter, not every byte; the prompts' fingerprint hashes the token ids the run decodes.
+"""What a run ran on, for ``run.json``: package versions, plugins, git commit, hardware, weights, prompts. Cheap on any
+model size: the weights hash reads a fixed number of entries per parameter, the prompts' fingerprint the token ids.
 """
 
 from __future__ import annotations

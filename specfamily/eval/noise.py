@@ -83,13 +83,6 @@ def _check(name: str, spread: float, threshold: float, samples: int, detail: str
                       unstable=measured and spread > threshold, detail=detail)
 
 
-def _rank_timings(first: PromptRecord | None, repeats: list[RepeatRecord]) -> tuple[list[float], int]:
-    """Seconds per new token of the probe's own plain record and of its repeats; how many repeats had its tokens."""
-    timed = [first.wall_seconds / len(first.tokens)] if first is not None and first.tokens else []
-    timed += [r.wall_seconds / len(r.tokens) for r in repeats if r.tokens]
-    return timed, sum(first is not None and r.tokens == first.tokens for r in repeats)
-
-
 def plain_repeat_check(records: Sequence[Record], repeats: Sequence[RepeatRecord], threshold: float) -> NoiseCheck:
     """Spread of plain decoding's seconds per token on the same prompt over the run (the worst rank's)."""
     if not repeats:
@@ -98,7 +91,10 @@ def plain_repeat_check(records: Sequence[Record], repeats: Sequence[RepeatRecord
     worst, samples, same, described = math.nan, 0, 0, ""
     for rank in sorted({r.rank for r in repeats}):
         mine = [r for r in repeats if r.rank == rank]
-        timed, matched = _rank_timings(plain.get(mine[0].prompt_id), mine)
+        first = plain.get(mine[0].prompt_id)  # seconds per new token of its own plain record and of its repeats
+        timed = [first.wall_seconds / len(first.tokens)] if first is not None and first.tokens else []
+        timed += [r.wall_seconds / len(r.tokens) for r in mine if r.tokens]
+        matched = sum(first is not None and r.tokens == first.tokens for r in mine)  # repeats with its tokens
         spread = relative_spread(timed)
         samples, same = samples + len(timed), same + matched
         if not math.isfinite(worst) or spread > worst:

@@ -1,9 +1,6 @@
-"""Report plots (matplotlib, Agg canvas; no global backend or pyplot state is touched).
-
-- ``speedup_vs_gamma.png``: measured speedup per drafter against gamma (with its bootstrap 95%
-  interval over prompts), and the theory curve from the measured alpha, c and verify cost.
-- ``per_position_acceptance.png``: acceptance at each draft depth, cumulative (solid) and where tried (dashed).
-- ``tau_by_dataset.png``: tau per drafter per dataset.
+"""Report plots (matplotlib, Agg canvas; no global backend or pyplot state is touched): ``speedup_vs_gamma.png``
+(measured speedup per drafter with its 95% interval, and the theory curve from the measured alpha, c and verify
+cost), ``per_position_acceptance.png`` (cumulative and where tried) and ``tau_by_dataset.png``.
 """
 
 from __future__ import annotations

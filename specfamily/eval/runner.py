@@ -93,22 +93,17 @@ def _build(arm: Arm, target, writer: ResultWriter, rank: int) -> None:
     if arm.spec.plain:
         return
     from specfamily.core.plugins import create_drafter
+    from specfamily.core.policy import AutoPolicy
 
     try:
         arm.drafter = create_drafter(arm.spec.name, target, **arm.spec.options)
-        arm.gamma = _fixed_gamma(arm.drafter, arm.spec.options.get("gamma"))
+        # the draft length it starts from, for the records; None for a cost-aware one, whose lengths change pass by
+        # pass (the report then predicts from the draft tokens it actually fed)
+        policy = getattr(arm.drafter, "policy", None)
+        arm.gamma = None if isinstance(policy, AutoPolicy) else getattr(policy, "gamma", arm.spec.options.get("gamma"))
     except Exception as err:  # a drafter's failure is a result; the others go on
         writer.write(_failure(arm, "create", err, rank))
         arm.failed = True
-
-
-def _fixed_gamma(drafter, given: int | None) -> int | None:
-    """The draft length a drafter starts from, for the records; None for a cost-aware one, whose lengths change
-    pass by pass (the report then predicts from the draft tokens it actually fed)."""
-    from specfamily.core.policy import AutoPolicy
-
-    policy = getattr(drafter, "policy", None)
-    return None if isinstance(policy, AutoPolicy) else getattr(policy, "gamma", given)
 
 
 def _generate(plan: RunPlan, arm: Arm, ids: list[int], max_new_tokens: int, seed: int, drafter: Any = None):

@@ -110,16 +110,6 @@ def _quote(entry: str) -> str:
     return f"{quote}{entry}{quote}"
 
 
-def _user_entries(arg: str) -> list[str]:
-    """The entries of a command-line ``hydra.searchpath=[...]`` override."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    value = OverridesParser.create().parse_override(arg).value()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{SEARCHPATH_KEY} must be a list of folders, got {value!r}")
-    return value
-
-
 def _is_searchpath(arg: str) -> bool:
     return arg.lstrip("+~").split("=", 1)[0] == SEARCHPATH_KEY
 
@@ -146,7 +136,14 @@ def _first_override(argv: Sequence[str]) -> int:
 
 def with_search_path(argv: Sequence[str]) -> list[str]:
     """Command-line arguments with one ``hydra.searchpath`` override: the user's entries, shipped, plugins."""
-    user = [entry for arg in argv if _is_searchpath(arg) for entry in _user_entries(arg)]
+    user = []  # the entries of the command line's hydra.searchpath=[...] overrides
+    for arg in filter(_is_searchpath, argv):
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        value = OverridesParser.create().parse_override(arg).value()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{SEARCHPATH_KEY} must be a list of folders, got {value!r}")
+        user += value
     rest = [arg for arg in argv if not _is_searchpath(arg)]
     entries = ",".join(_quote(entry) for entry in search_path(user))
     slot = _first_override(rest)

@@ -1,7 +1,5 @@
-"""Weights named on the model hub: ``weights="owner/name"`` (not an existing folder) is downloaded once.
-
-``huggingface_hub.snapshot_download`` keeps the files in its cache and returns their folder; a second call finds
-them there. Only what a drafter checkpoint holds is fetched (configs and weight files), never another format's.
+"""Weights named on the model hub: ``weights="owner/name"`` (not an existing folder) is downloaded once into
+``huggingface_hub``'s cache; only what a drafter checkpoint holds is fetched (configs and weight files).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Measure what the zoo's model card (ZOO.md) reports: held-out loss, draft/target agreement,
-forward-pass timings and greedy samples. JSON out, Markdown summary on stdout.
+"""Measure what the zoo's model card (ZOO.md) reports: held-out loss, draft/target agreement, forward-pass timings and
+greedy samples; JSON out, Markdown on stdout::
 
     python -m specfamily.recipes.card --workdir work/zoo --target DIR --draft DIR [--out ZOO-measurements.json]
 """

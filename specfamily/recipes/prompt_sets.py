@@ -114,20 +114,14 @@ def complete_row(site: FunctionSite, lines: Sequence[str], tokenizer, cfg: Promp
     }
 
 
-def select_sites(sites: Sequence[FunctionSite], count: int) -> list[FunctionSite]:
-    """Every docstring function (evenly thinned if too many), then signature-only ones up to ``count``."""
-    with_doc = evenly([s for s in sites if s.has_docstring], count)
-    rest = evenly([s for s in sites if not s.has_docstring], count - len(with_doc))
-    chosen = set(with_doc) | set(rest)
-    return [s for s in sites if s in chosen]
-
-
 def build_complete(docs: Sequence[Document], tokenizer, cfg: PromptSetConfig) -> list[dict]:
     """The ``complete`` rows, ordered by file then line."""
     sites = [site for doc in docs for site in function_sites(doc)]
     lines = {doc.path: doc.text.splitlines(keepends=True) for doc in docs}
     rows = []
-    for site in select_sites(sites, cfg.complete_count):
+    with_doc = evenly([s for s in sites if s.has_docstring], cfg.complete_count)  # then signature-only ones
+    chosen = set(with_doc) | set(evenly([s for s in sites if not s.has_docstring], cfg.complete_count - len(with_doc)))
+    for site in [s for s in sites if s in chosen]:
         row = complete_row(site, lines[site.source], tokenizer, cfg)
         if row is not None:
             rows.append({"id": f"complete-{len(rows):04d}"} | row)

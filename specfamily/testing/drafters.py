@@ -53,18 +53,6 @@ class WrongDrafter(BaseDrafter):
         return Draft.chain(tokens.cpu(), reported.clone())
 
 
-def _depth_limited(parents: list[int], gamma: int) -> list[int]:
-    depth: list[int] = []
-    kept: list[int] = []
-    for parent in parents:
-        d = 1 if parent < 0 else depth[parent] + 1
-        depth.append(d)
-        kept.append(parent if d <= gamma else -1)
-        if d > gamma:
-            depth[-1] = 1
-    return kept
-
-
 class RandomTreeDrafter(BaseDrafter):
     """Random token trees: deterministic distinct siblings (q = None) or siblings sampled i.i.d. from a random q.
 
@@ -82,8 +70,12 @@ class RandomTreeDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         seed = torch.randint(0, 2**31, (1,), generator=ctx.generator, device=ctx.generator.device)
         gen = torch.Generator().manual_seed(int(seed))
-        parents = [int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(self.nodes)]
-        parents = _depth_limited(parents, gamma)
+        parents, depth = [], []  # random parents; a node deeper than gamma moves up to the root
+        for i in range(self.nodes):
+            parent = int(torch.randint(-1, i, (1,), generator=gen)) if i else -1
+            d = 1 if parent < 0 else depth[parent] + 1
+            parents.append(parent if d <= gamma else -1)
+            depth.append(d if d <= gamma else 1)
         vocab = ctx.target.vocab_size
         if self.sampled and not ctx.sampling.greedy:
             return self._sampled(parents, vocab, ctx, gen)

@@ -1,8 +1,8 @@
 """Sampling a conformance run: generated tokens, the level each was decided at, and the exact law they follow.
 
-A run is ``samples`` requests (seed ``first_seed + i`` for the i-th) of ``n_tokens`` new tokens after the prompt,
-with the drafter wrapped in a :class:`DepthRecorder`. A request that ends at the target's EOS is padded with that
-EOS (the exact law treats EOS as absorbing), and its padded positions have level ``PAD``.
+A run is ``samples`` requests (seed ``first_seed + i``) of ``n_tokens`` new tokens, the drafter wrapped in a
+:class:`DepthRecorder`. A request that ends at EOS is padded with it (the exact law treats EOS as absorbing), its
+padded positions at level ``PAD``.
 """
 
 from __future__ import annotations
@@ -94,16 +94,11 @@ def exact_steps(target, prompt: Sequence[int], n_tokens: int, sampling: Sampling
         step = torch.cat(rows)
         if eos and length:
             ended = torch.isin(prefixes, torch.tensor(eos)).any(dim=1)  # a prefix that already holds an EOS
-            step[ended] = torch.nn.functional.one_hot(_first_eos(prefixes[ended], eos), vocab).double()
+            first = torch.isin(prefixes[ended], torch.tensor(eos)).int().argmax(dim=1)  # each one's first EOS
+            first_eos = prefixes[ended].gather(1, first.view(-1, 1)).view(-1)
+            step[ended] = torch.nn.functional.one_hot(first_eos, vocab).double()
         steps.append(step)
     return steps
-
-
-def _first_eos(prefixes: torch.Tensor, eos: list[int]) -> torch.Tensor:
-    """(m,) the first EOS token in each row of (m, t) prefixes that hold one."""
-    hits = torch.isin(prefixes, torch.tensor(eos))
-    first = hits.int().argmax(dim=1)
-    return prefixes.gather(1, first.view(-1, 1)).view(-1)
 
 
 def joint_law(steps: list[torch.Tensor]) -> torch.Tensor:

@@ -1,8 +1,6 @@
-"""What a conformance run tests: the tiny target, the prompt, the tokens generated and the draft length.
-
-The author chooses every part (``assert_lossless(family=, vocab=, eos=, prompt=, n_tokens=, gamma=)``); the kit
-refuses a setting it cannot test exactly (a law too large to enumerate, no room for the draft depth) with a
-``ValueError`` that says why, and every verdict names the setting it tested.
+"""What a conformance run tests: the tiny target, the prompt, the tokens generated and the draft length, all chosen by
+the author (``assert_lossless(family=, vocab=, eos=, prompt=, n_tokens=, gamma=)``). A setting the kit cannot test
+exactly is refused with a ``ValueError`` that says why; every verdict names the setting it tested.
 """
 
 from __future__ import annotations

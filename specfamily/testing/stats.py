@@ -1,7 +1,6 @@
-"""Goodness of fit of sampled token sequences against their exact law: marginals, adjacent pairs, the joint.
-
-Pure functions on tensors. ``sequences`` is (S, n) sampled token ids; ``joint`` is (V ** n,) the exact
-probability of each sequence (index = base-V number of the tokens, first token most significant).
+"""Goodness of fit of sampled token sequences against their exact law: marginals, adjacent pairs, the joint. Pure
+functions: ``sequences`` (S, n) sampled ids; ``joint`` (V ** n,) each sequence's exact probability (base-V index,
+first token most significant).
 """
 
 from __future__ import annotations

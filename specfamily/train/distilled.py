@@ -1,7 +1,6 @@
 """Reading self-distillation data (``distill.py``'s batch files): conversations, their features, training windows.
-
-Exact repeats of a user turn are kept once (the first by batch index). Held-out conversations are chosen by a hash
-of the user turn (stable across reruns and worker counts). Windows never cross a conversation's boundary.
+Repeats of a user turn are kept once (the first); held-out conversations are chosen by a hash of the user turn;
+windows never cross a conversation's boundary.
 """
 
 from __future__ import annotations
@@ -55,19 +54,15 @@ def is_heldout(turn: str, percent: float = HELDOUT_PERCENT) -> bool:
     return int(hashlib.sha1(turn.encode()).hexdigest()[:8], 16) % 10000 < percent * 100
 
 
-def batch_files(folder: str | Path) -> list[Path]:
-    files = sorted(Path(folder).glob("batch-*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no distillation batches in {str(folder)!r}; make them with `specfamily-zoo distill "
-                                f"--out {folder}`")
-    return files
-
-
 def load_distilled(folder: str | Path, percent: float = HELDOUT_PERCENT) -> tuple[Conversations, Conversations]:
     """(train, held-out) conversations of every batch in ``folder``, exact repeats of a turn dropped."""
     seen: set[str] = set()
     parts: dict[bool, list] = {False: [], True: []}
-    for path in batch_files(folder):
+    files = sorted(Path(folder).glob("batch-*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no distillation batches in {str(folder)!r}; make them with `specfamily-zoo distill "
+                                f"--out {folder}`")
+    for path in files:
         with safe_open(str(path), "pt") as handle:
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (safe_open has no iterator)
             turns = json.loads(handle.metadata()["user_turns"])

@@ -68,18 +68,6 @@ def save_eagle(
     return write_folder_atomically(folder, fill)
 
 
-def read_config(folder: Path) -> dict[str, Any]:
-    """The checkpoint's config.json, checked to be an EAGLE checkpoint of a known format version."""
-    config = json.loads((folder / CONFIG_FILE).read_text())
-    if config.get("format") != FORMAT:
-        found = config.get("format")
-        raise ValueError(f"{str(folder)!r} is not an eagle checkpoint (format {found!r}, not {FORMAT!r})")
-    if config.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"eagle checkpoint {str(folder)!r} has format version {config.get('format_version')!r}; "
-                         f"this version of specfamily reads {FORMAT_VERSION}")
-    return config
-
-
 def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[EagleModel, dict[str, Any]]:
     """The drafter stored at ``source`` (a folder or a zoo: name) for this target, and its config."""
     folder = resolve_weights(source)
@@ -88,7 +76,13 @@ def load_eagle(source: str | Path, target_model: PreTrainedModel) -> tuple[Eagle
         raise ValueError(f"{str(source)!r} holds an EAGLE-3 drafter; load it with create_drafter('eagle3', ...)")
     if is_eagle_repo(raw):
         return load_eagle_repo(folder, target_model), {}
-    config = read_config(folder)
+    config = raw
+    if config.get("format") != FORMAT:
+        found = config.get("format")
+        raise ValueError(f"{str(folder)!r} is not an eagle checkpoint (format {found!r}, not {FORMAT!r})")
+    if config.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"eagle checkpoint {str(folder)!r} has format version {config.get('format_version')!r}; "
+                         f"this version of specfamily reads {FORMAT_VERSION}")
     check_identity(config.get("target", {}), target_model, f"eagle weights {str(source)!r}",
                    "train a drafter for this target with `python -m specfamily.drafters.eagle.train`")
     if not (folder / WEIGHTS_FILE).is_file():

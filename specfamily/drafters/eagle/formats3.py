@@ -112,7 +112,11 @@ def feature_layers(config: dict[str, Any], layout: str, num_layers: int, where: 
     ids = [int(i) for i in holder.get("eagle_aux_hidden_state_layer_ids") or []]  # in the layout's convention
     if not ids:
         return default_layers(num_layers)
-    offset, convention = _convention(config, layout)
+    if isinstance(config.get("specfamily"), dict) and MARKER not in config["specfamily"]:  # an older folder of ours
+        offset = 0
+        convention = "ids written here before the layouts' conventions were told apart, hidden_states indexes"
+    else:
+        offset, convention = ID_OFFSET[layout], CONVENTION[layout]
     layers = tuple(i + offset for i in ids)
     if any(not 0 <= h <= num_layers for h in layers):
         raise ValueError(f"{where}: checkpoint feature layers {ids} ({convention}: hidden_states {list(layers)}) do "
@@ -123,15 +127,6 @@ def feature_layers(config: dict[str, Any], layout: str, num_layers: int, where: 
         raise ValueError(f"{where}: config ids {ids} ({convention}) name hidden_states {list(layers)}, but its "
                          f"specfamily entry records hidden_states {list(ours[MARKER])}")
     return layers
-
-
-def _convention(config: dict[str, Any], layout: str) -> tuple[int, str]:
-    """(hidden_states index - id, the convention in words) of a config's ids: its layout's, or 0 for an older
-    folder of ours (a specfamily entry without MARKER)."""
-    ours = config.get("specfamily")
-    if isinstance(ours, dict) and MARKER not in ours:
-        return 0, "ids written here before the layouts' conventions were told apart, hidden_states indexes"
-    return ID_OFFSET[layout], CONVENTION[layout]
 
 
 def _rope(layer: dict) -> dict:

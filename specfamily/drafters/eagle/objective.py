@@ -1,8 +1,7 @@
 """The EAGLE training objective and its evaluations, on features the frozen target computes on the fly.
 
-For a window x[0 .. T-1] the target gives features f[t] (last hidden state after the final norm) and logits. The
-drafter reads (f[t] + noise, x[t + 1]) and predicts f[t + 1]: loss = w_reg * SmoothL1(f_hat, f[t + 1]) +
-w_cls * cross-entropy of the LM head over f_hat against the target's distribution p(x[t + 2]) (soft labels).
+The drafter reads (f[t] + noise, x[t + 1]), f the target's final-norm features, and predicts f[t + 1]: loss =
+w_reg * SmoothL1(f_hat, f[t + 1]) + w_cls * cross-entropy of the LM head over f_hat against p(x[t + 2]).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Calibration: features of an unmodified transformers model, per-head top-k accuracies, the measured verify cost
-t(n) / t(1) of the target on this machine, and the default tree chosen from both.
-
-Heads over a reduced draft vocabulary are scored on the target ids of their top-k (``MedusaHeads.token_ids``): a
-label outside the draft vocabulary is a miss at every rank, exactly as it is at decode time.
+"""Calibration: features of an unmodified transformers model, per-head top-k accuracies, the target's verify cost
+t(n) / t(1) on this machine, and the default tree chosen from both. Heads over a reduced draft vocabulary are scored
+on the target ids of their top-k: a label outside the draft vocabulary is a miss at every rank, as at decode time.
 """
 
 from __future__ import annotations

@@ -27,21 +27,6 @@ from specfamily.runtime.matmul import linear_for
 RANDOM_TREE_NODES = 16  # default tree size for uncalibrated heads (a CPU-sized tree)
 
 
-def load_heads(target, cfg: MedusaConfig) -> tuple[MedusaHeads, MedusaCheckpoint | None]:
-    """Heads from ``cfg.weights``: fresh ones for "random", else a checkpoint checked against the target."""
-    weights = zoo.default_weights("medusa", target) if cfg.weights is None else cfg.weights
-    if isinstance(weights, str) and weights == "random":
-        return build_heads(target, shape_for(target, cfg.num_heads, cfg.layers, cfg.share_lm_head)).eval(), None
-    heads, meta = load_checkpoint(weights, target)
-    defaults, shape = MedusaConfig(), heads.shape
-    for name in ("num_heads", "layers", "share_lm_head"):
-        value, saved = getattr(cfg, name), getattr(shape, name)
-        if value != getattr(defaults, name) and value != saved:
-            raise ValueError(f"{name}={value!r} conflicts with the checkpoint's {name}={saved!r} "
-                             "(shape options apply to weights='random')")
-    return heads, meta
-
-
 def resolve_tree(tree, num_heads: int, vocab_size: int, meta: MedusaCheckpoint | None, gamma: int | None) -> MedusaTree:
     """The tree option as buffers: None = default, "chain" = top-1 chain, else rank paths; checked against K, V."""
     if tree is None and meta is not None and meta.tree:  # the checkpoint's calibrated tree
@@ -71,7 +56,16 @@ class MedusaDrafter(BaseDrafter):
                  num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, typical: bool = False,
                  epsilon: float = 0.09, delta: float | None = None) -> None:
         cfg = MedusaConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, typical, epsilon, delta)
-        heads, checkpoint = load_heads(target, cfg)
+        weights = zoo.default_weights("medusa", target) if cfg.weights is None else cfg.weights
+        if isinstance(weights, str) and weights == "random":
+            heads, checkpoint = build_heads(target, shape_for(target, num_heads, layers, share_lm_head)).eval(), None
+        else:
+            heads, checkpoint = load_checkpoint(weights, target)
+            for name in ("num_heads", "layers", "share_lm_head"):
+                value, saved = getattr(cfg, name), getattr(heads.shape, name)
+                if value != getattr(MedusaConfig, name) and value != saved:
+                    raise ValueError(f"{name}={value!r} conflicts with the checkpoint's {name}={saved!r} "
+                                     "(shape options apply to weights='random')")
         self._setup(target, heads, checkpoint, cfg)
 
     @classmethod

@@ -1,8 +1,6 @@
-"""Options of the self-speculative drafter and the skip-set file the search writes and the drafter reads.
-
-A skip-set file is a small JSON record: which model it was searched for (name, model type, layer count, a hash of
-the architecture config and a digest of the weights), the skipped sub-layers, and what the search measured (alpha,
-c, the verify cost, the predicted and, when validated, the measured speedup). Files are written atomically.
+"""Options of the self-speculative drafter and the skip-set file the search writes and the drafter reads: a small JSON
+record (written atomically) of the model it was searched for (name, type, layer count, config hash, weights digest),
+the skipped sub-layers and what the search measured (alpha, c, verify cost, predicted and measured speedup).
 """
 
 from __future__ import annotations

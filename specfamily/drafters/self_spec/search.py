@@ -312,19 +312,6 @@ def run_drafted(target: Target, skipped, prompts, gamma: int, max_new_tokens: in
 # ---------------------------------------------------------------- command line
 
 
-def build_record(target: Target, name: str, best: Candidate, options: SearchOptions, prompts) -> SkipSetRecord:
-    """The skip-set file's record; with ``options.validate`` a real timed run against plain decoding is added."""
-    measured = None
-    if options.validate:
-        speedup, tau, alpha, c, identical = run_drafted(target, best.skipped, prompts, best.gamma,
-                                                        options.max_new_tokens, options.sampling)
-        measured = {"speedup": speedup, "tau": tau, "alpha": alpha, "c": c, "identical_to_plain": identical}
-    search = {key: getattr(options, key) for key in SearchOptions.__dataclass_fields__}
-    search.update(simulated_tau=best.tau, threads=torch.get_num_threads(), device=str(target.device))
-    return SkipSetRecord(model_key(target.model, name), format_skip(best.skipped), best.gamma, best.alpha, best.c,
-                         best.verify_cost, best.speedup, measured, search)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m specfamily.drafters.self_spec.search", description=__doc__.split(
         "\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -355,7 +342,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     best, history, _ = search_skip_set(target, options, prompts, log=lambda message: print(message, flush=True))
     print(f"searched {len(history)} skip sets in {time.perf_counter() - started:.0f} s")
-    record = build_record(target, args.name or args.model, best, options, prompts)
+    measured = None  # with --validate, a real timed run against plain decoding
+    if options.validate:
+        speedup, tau, alpha, c, identical = run_drafted(target, best.skipped, prompts, best.gamma,
+                                                        options.max_new_tokens, options.sampling)
+        measured = {"speedup": speedup, "tau": tau, "alpha": alpha, "c": c, "identical_to_plain": identical}
+    search = {key: getattr(options, key) for key in SearchOptions.__dataclass_fields__}
+    search.update(simulated_tau=best.tau, threads=torch.get_num_threads(), device=str(target.device))
+    record = SkipSetRecord(model_key(target.model, args.name or args.model), format_skip(best.skipped), best.gamma,
+                           best.alpha, best.c, best.verify_cost, best.speedup, measured, search)
     save_skip_set(args.out, record)
     print(f"best {record.skip}: predicted speedup {best.speedup:.3f} at gamma {best.gamma}; measured "
           f"{record.measured}; written to {args.out}")

@@ -26,20 +26,14 @@ def _check_number(value: object, name: str, minimum: float, maximum: float = mat
 class SuffixConfig:
     """Suffix tries over this request (prompt + generated) and over earlier requests' outputs.
 
-    ``gamma``: the speculation tree's depth cap (default 16). ``mode``: ``tree`` (frequency-scored speculation
-    tree) or ``chain`` (the most frequent continuation only). ``max_depth`` (paper: 64): the longest substring
-    the indexes count, so the longest suffix matched is ``max_depth - 1``. With ``max_spec_offset`` set, a match
-    of length m proposes up to ``floor(max_spec_factor * m + max_spec_offset)`` tokens, at most ``max_tree_size``
-    (the paper: factor 1, offset 0); with it null (the default) the match length does not cap the tree, and a
-    proposal holds at most ``min(gamma, max_tree_size)`` tokens (a chain drafter's maximum draft size). A node is
-    proposed while the product of continuation frequencies on its path is at least ``min_token_prob`` (paper:
-    0.1). ``choose``: which of the request's own and the global speculation is proposed: ``own`` (default: the
-    global one only when the request's own text has no continuation for any suffix, a back-off from the specific
-    to the general), ``score`` (the higher score, the paper's rule) or ``match`` (the longer match, then the
-    score). ``recency``: break frequency ties by the latest occurrence and prefer continuing a path at equal
-    probability. ``max_cached_tokens``: the global cache's budget in tokens (the oldest requests are evicted; 0
-    turns the global cache off); ``cache_prompts`` adds each prompt (with its output) to it, not only the output.
-    ``cache``: a saved cache (``drafter.save_cache(path)``; JSON or safetensors) to start warm from.
+    ``mode``: ``tree`` (frequency-scored) or ``chain`` (the most frequent continuation). ``max_depth`` (paper: 64):
+    the longest substring counted. With ``max_spec_offset`` set, a match of length m proposes up to
+    ``floor(max_spec_factor * m + max_spec_offset)`` tokens, at most ``max_tree_size`` (paper: factor 1, offset 0);
+    null: at most ``min(gamma, max_tree_size)``. A node is proposed while its path's product of continuation
+    frequencies is >= ``min_token_prob`` (paper: 0.1). ``choose``: ``own`` (the global speculation only when the
+    request's own has no continuation), ``score`` (the higher score, the paper's rule) or ``match`` (the longer
+    match, then the score). ``recency``: break frequency ties by the latest occurrence. ``max_cached_tokens``: the
+    global cache's budget (0: off); ``cache_prompts`` adds prompts to it too; ``cache``: a saved cache to start from.
     """
 
     gamma: int | None = None  # depth cap of the speculation tree; null: cost-aware (see policy)
