@@ -15,7 +15,7 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
 from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.policy import policy_hooks
+from specfamily.core.policy import BoundHooks, policy_hooks
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig, VerifyOutcome
 from specfamily.core.verify import DraftProbabilityError
@@ -77,8 +77,9 @@ def generate(
     accept = acceptance.acceptance(own, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     clock = device_clock(device)
-    if drafter is not None:
-        recorder.calibration_seconds = _bind_costs(drafter, target, ids, clock)
+    policy = policy_hooks(drafter.policy) if drafter is not None else None
+    if policy is not None:
+        recorder.calibration_seconds = _bind_costs(policy, target, ids, clock)
     started = clock()  # after the one-time cost measurement, which the metrics keep apart
     if drafter is not None:
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
@@ -106,6 +107,8 @@ def generate(
             if finished:
                 break
             if drafter is not None:
+                if len(pending) == 1:  # not the prefill: a pass the policy plans
+                    policy.timed(len(draft), t2 - t1)
                 _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, drafted_before)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
             pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0
@@ -113,7 +116,7 @@ def generate(
         if own is not None:
             own.end()
     lossy = bool(drafter is not None and drafter.lossy)
-    note = policy_hooks(drafter.policy).describe() if drafter is not None else ""
+    note = policy.describe() if policy is not None else ""
     metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy, policy_note=note)
     return GenerationResult(new_tokens, metrics, lossy)
 
@@ -127,10 +130,10 @@ def _verified(accept, drafter: Drafter | None, draft: Draft, logits: torch.Tenso
         raise DraftProbabilityError(f"{drafter_name(drafter)}: {err}") from err
 
 
-def _bind_costs(drafter: Drafter, target: Target, ids: torch.Tensor, clock) -> float:
+def _bind_costs(policy: BoundHooks, target: Target, ids: torch.Tensor, clock) -> float:
     """Give a cost-aware policy (one with ``bind`` and no curve yet) the target's measured verify-cost curve;
     the seconds it took (0 when nothing was measured: the curve is measured once per target)."""
-    bind = policy_hooks(drafter.policy).bind
+    bind = policy.bind
     if bind is None:
         return 0.0
     start = clock()

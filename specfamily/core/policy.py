@@ -6,9 +6,9 @@ were accepted, the running measured cost ratio c (None while unknown) and the dr
 starts a new request. ``auto`` (the default when no gamma is given) may answer 0: draft nothing.
 
 Optional hooks (declared on :class:`PolicyHooks`): ``bind(verify_cost)`` takes the target's measured verify-cost
-curve (asked for while the policy's ``verify_cost`` is None) and ``describe()`` gives the policy's own account for
-the metrics. :func:`policy_hooks` resolves them once per request, so a policy with only the three required methods
-works unchanged and the loop probes nothing.
+curve (asked for while the policy's ``verify_cost`` is None), ``timed(tokens, seconds)`` takes what each pass of the
+run really cost and ``describe()`` gives the policy's own account for the metrics. :func:`policy_hooks` resolves
+them once per request, so a policy with only the three required methods works unchanged and the loop probes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from specfamily.core.costs import MeasuredCost
 from specfamily.core.theory import VerifyCost, best_draft_length, check_int, optimal_gamma
 
 
@@ -44,6 +45,11 @@ class PolicyHooks(Protocol):
     def bind(self, verify_cost: VerifyCost) -> None:
         """Take t(g + 1) / t(1), the target's measured verify cost (a callable of g), before the first proposal."""
 
+    def timed(self, tokens: int, seconds: float) -> None:
+        """One verification pass over the root plus ``tokens`` draft tokens (0: a plain pass) took ``seconds``: the
+        loop's verify time (target forward, verification, commit), called before that pass's ``update``; the
+        prefill pass is not reported."""
+
     def describe(self) -> str:
         """The policy's own account of its decisions, kept in the metrics (``policy_note``)."""
 
@@ -54,18 +60,26 @@ class BoundHooks:
 
     bind: Callable[[VerifyCost], None] | None
     describe: Callable[[], str]
+    timed: Callable[[int, float], None]
 
 
 def _no_account() -> str:
     return ""
 
 
+def _not_timed(tokens: int, seconds: float) -> None:
+    pass
+
+
 def policy_hooks(policy: Policy) -> BoundHooks:
-    """The optional hooks of ``policy``, with the defaults (no curve wanted, no account) for those it leaves out."""
+    """The optional hooks of ``policy``, with the defaults (no curve wanted, no account, pass times unused) for those
+    it leaves out."""
     bind = getattr(policy, "bind", None)
     wants = callable(bind) and getattr(policy, "verify_cost", None) is None
     describe = getattr(policy, "describe", None)
-    return BoundHooks(bind if wants else None, describe if callable(describe) else _no_account)
+    timed = getattr(policy, "timed", None)
+    return BoundHooks(bind if wants else None, describe if callable(describe) else _no_account,
+                      timed if callable(timed) else _not_timed)
 
 
 def _check_update(proposed: int, accepted: int) -> tuple[int, int]:
@@ -222,6 +236,12 @@ class AutoPolicy:
     the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only after a
     probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
     their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
+
+    Costs are the run's own: ``timed`` passes (every pass the loop makes, drafted and plain) correct the bound curve
+    (:class:`~specfamily.core.costs.MeasuredCost`: a drafted pass's seconds over the curve times the run's plain pass,
+    per draft size), and every cost it plans and converts with is the curve times that scale. Once passes are timed it
+    makes a plain pass whenever ``refresh_every`` drafted passes went by without one, so the plain pass a draft
+    competes against is measured at the cache lengths the run reaches.
     """
 
     gamma: int
@@ -234,6 +254,7 @@ class AutoPolicy:
     max_probe_every: int = 256
     memory: float = 0.5
     c_smoothing: float = 0.3
+    refresh_every: int = 32
     tried: list[float] = field(init=False, repr=False)
     accepted: list[float] = field(init=False, repr=False)
     c_estimate: float | None = field(init=False, default=None)
@@ -243,6 +264,8 @@ class AutoPolicy:
     interval: int = field(init=False, default=0)  # passes between probes while drafting nothing
     passes: int = field(init=False, default=0)  # passes asked about, and of those
     drafted: int = field(init=False, default=0)  # the ones given a draft length > 0
+    costs: MeasuredCost = field(init=False, repr=False)  # what the run's passes measured
+    unrefreshed: int = field(init=False, default=0)  # drafted passes timed since the last timed plain pass
     _probing: bool = field(init=False, default=False, repr=False)
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
@@ -251,7 +274,9 @@ class AutoPolicy:
         self.max_gamma = check_int(self.max_gamma, "max_gamma", 1)
         self.probe_every = check_int(self.probe_every, "probe_every", 1)
         self.max_probe_every = check_int(self.max_probe_every, "max_probe_every", self.probe_every)
+        self.refresh_every = check_int(self.refresh_every, "refresh_every", 1)
         self.interval = self.probe_every
+        self.costs = MeasuredCost()
         for name in ("prior_alpha", "memory", "c_smoothing"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
@@ -277,9 +302,27 @@ class AutoPolicy:
         return self._cost_of(gamma * self.width)
 
     def _cost_of(self, tokens: float) -> float:
-        """t(tokens + 1) / t(1)."""
+        """t(tokens + 1) / t(1): the bound curve times what the run's own passes measured of it."""
+        return self._prior(tokens) * self.costs.scale(tokens)
+
+    def _prior(self, tokens: float) -> float:
         cost = self.verify_cost
         return 1.0 if cost is None else float(cost(tokens) if callable(cost) else cost)
+
+    def timed(self, tokens: int, seconds: float) -> None:
+        """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``; corrects the costs it plans
+        with."""
+        tokens = check_int(tokens, "tokens", 0)
+        if self.costs.observe(tokens, seconds, self._prior(tokens)):
+            self._choice = None
+        self.unrefreshed = self.unrefreshed + 1 if tokens else 0
+
+    def _refresh_due(self) -> bool:
+        """A plain pass to measure t(1) again: passes are timed and none of the last ``refresh_every`` was plain
+        (right away when no plain pass has been timed yet)."""
+        if self.costs.plain_seconds is None:
+            return self.unrefreshed > 0
+        return self.unrefreshed >= self.refresh_every
 
     def reset(self) -> None:
         self.tried = [n * self.memory for n in self.tried]
@@ -295,6 +338,8 @@ class AutoPolicy:
     def _next(self) -> int:
         if self.c_estimate is None:
             return min(self.gamma, self.max_gamma)
+        if self._refresh_due():
+            return 0
         gamma, probe, _ = self._choose()
         if gamma:
             self.idle, self.interval, self._probing = 0, self.probe_every, False
@@ -349,12 +394,22 @@ class AutoPolicy:
         share = self.drafted / self.passes if self.passes else 0.0
         if self.c_estimate is None:
             return f"drafted in {share:.0%} of passes; c not measured yet"
-        gamma, _, speedup = self._choose()
+        gamma, probe, speedup = self._choose()
         alpha = self.acceptance()[0]
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}")
+                f"overhead {self.overhead:.2f}; {self._describe_cost(gamma or probe)}")
+
+    def _describe_cost(self, gamma: int) -> str:
+        """The verify cost it planned with at ``gamma``, and where it came from."""
+        tokens = gamma * self.width
+        cost = f"verify cost {self._cost_of(tokens):.2f} plain passes at {tokens:.1f} draft tokens"
+        plain = self.costs.plain_seconds
+        if plain is None:
+            return f"{cost} (the curve; no pass timed yet)"
+        return (f"{cost} (curve {self._prior(tokens):.2f} x measured {self.costs.scale(tokens):.2f}; "
+                f"plain pass {plain * 1e3:.2f} ms)")
 
 
 POLICIES: dict[str, type] = {
