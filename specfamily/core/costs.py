@@ -181,6 +181,7 @@ class MeasuredCost:
     ratios: dict[int, deque] = field(init=False, repr=False)  # per token count: seconds / (plain seconds * prior)
     points: tuple[tuple[int, float], ...] = field(init=False, default=())  # (token count, median ratio), sorted
     early: list[tuple[int, float, float]] = field(init=False, default_factory=list, repr=False)  # before a plain one
+    unrefreshed: int = field(init=False, default=0)  # drafted passes timed since the last plain one
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
@@ -209,6 +210,7 @@ class MeasuredCost:
         non-finite or non-positive time or prior is ignored)."""
         if not (math.isfinite(seconds) and seconds > 0 and math.isfinite(prior) and prior > 0):
             return False
+        self.unrefreshed = self.unrefreshed + 1 if tokens else 0
         if tokens == 0:
             self.plain.append(seconds)
             early, self.early = self.early, []
@@ -224,3 +226,16 @@ class MeasuredCost:
     def _add(self, tokens: int, seconds: float, prior: float) -> None:
         self.ratios.setdefault(tokens, deque(maxlen=self.window)).append(seconds / (self.plain_seconds * prior))
         self.points = tuple((g, statistics.median(r)) for g, r in sorted(self.ratios.items()))
+
+    def refresh_due(self, every: int) -> bool:
+        """Whether to make a plain pass to measure t(1) again: drafted passes were timed and none of the last
+        ``every`` passes timed was plain (right away while no plain pass has been timed)."""
+        return self.unrefreshed >= (1 if self.plain_seconds is None else every)
+
+    def describe(self, g: float, prior: Callable[[float], float]) -> str:
+        """The corrected verify cost at g draft tokens, and what it is made of."""
+        cost = f"verify cost {prior(g) * self.scale(g):.2f} plain passes at {g:.1f} draft tokens"
+        if self.plain_seconds is None:
+            return f"{cost} (the curve; no pass timed yet)"
+        plain = self.plain_seconds * 1e3
+        return f"{cost} (curve {prior(g):.2f} x measured {self.scale(g):.2f}; plain pass {plain:.2f} ms)"

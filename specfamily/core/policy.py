@@ -46,9 +46,8 @@ class PolicyHooks(Protocol):
         """Take t(g + 1) / t(1), the target's measured verify cost (a callable of g), before the first proposal."""
 
     def timed(self, tokens: int, seconds: float) -> None:
-        """One verification pass over the root plus ``tokens`` draft tokens (0: a plain pass) took ``seconds``: the
-        loop's verify time (target forward, verification, commit), called before that pass's ``update``; the
-        prefill pass is not reported."""
+        """A pass over the root plus ``tokens`` draft tokens (0: plain) took ``seconds`` (forward, verification,
+        commit), told before that pass's ``update``; not the prefill pass."""
 
     def describe(self) -> str:
         """The policy's own account of its decisions, kept in the metrics (``policy_note``)."""
@@ -72,8 +71,7 @@ def _not_timed(tokens: int, seconds: float) -> None:
 
 
 def policy_hooks(policy: Policy) -> BoundHooks:
-    """The optional hooks of ``policy``, with the defaults (no curve wanted, no account, pass times unused) for those
-    it leaves out."""
+    """The optional hooks of ``policy``, defaults (no curve wanted, no account, times unused) for those it lacks."""
     bind = getattr(policy, "bind", None)
     wants = callable(bind) and getattr(policy, "verify_cost", None) is None
     describe = getattr(policy, "describe", None)
@@ -237,11 +235,9 @@ class AutoPolicy:
     probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
     their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
 
-    Costs are the run's own: ``timed`` passes (every pass the loop makes, drafted and plain) correct the bound curve
-    (:class:`~specfamily.core.costs.MeasuredCost`: a drafted pass's seconds over the curve times the run's plain pass,
-    per draft size), and every cost it plans and converts with is the curve times that scale. Once passes are timed it
-    makes a plain pass whenever ``refresh_every`` drafted passes went by without one, so the plain pass a draft
-    competes against is measured at the cache lengths the run reaches.
+    Costs are the run's own: it plans and converts with the bound curve times what ``timed`` passes measured of it
+    (:class:`~specfamily.core.costs.MeasuredCost`), and once passes are timed it makes a plain pass whenever
+    ``refresh_every`` drafted passes went by without one, to measure the plain pass at the cache lengths reached.
     """
 
     gamma: int
@@ -265,7 +261,6 @@ class AutoPolicy:
     passes: int = field(init=False, default=0)  # passes asked about, and of those
     drafted: int = field(init=False, default=0)  # the ones given a draft length > 0
     costs: MeasuredCost = field(init=False, repr=False)  # what the run's passes measured
-    unrefreshed: int = field(init=False, default=0)  # drafted passes timed since the last timed plain pass
     _probing: bool = field(init=False, default=False, repr=False)
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
@@ -310,19 +305,10 @@ class AutoPolicy:
         return 1.0 if cost is None else float(cost(tokens) if callable(cost) else cost)
 
     def timed(self, tokens: int, seconds: float) -> None:
-        """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``; corrects the costs it plans
-        with."""
+        """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``: corrects its costs."""
         tokens = check_int(tokens, "tokens", 0)
         if self.costs.observe(tokens, seconds, self._prior(tokens)):
             self._choice = None
-        self.unrefreshed = self.unrefreshed + 1 if tokens else 0
-
-    def _refresh_due(self) -> bool:
-        """A plain pass to measure t(1) again: passes are timed and none of the last ``refresh_every`` was plain
-        (right away when no plain pass has been timed yet)."""
-        if self.costs.plain_seconds is None:
-            return self.unrefreshed > 0
-        return self.unrefreshed >= self.refresh_every
 
     def reset(self) -> None:
         self.tried = [n * self.memory for n in self.tried]
@@ -338,7 +324,7 @@ class AutoPolicy:
     def _next(self) -> int:
         if self.c_estimate is None:
             return min(self.gamma, self.max_gamma)
-        if self._refresh_due():
+        if self.costs.refresh_due(self.refresh_every):
             return 0
         gamma, probe, _ = self._choose()
         if gamma:
@@ -399,17 +385,7 @@ class AutoPolicy:
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}; {self._describe_cost(gamma or probe)}")
-
-    def _describe_cost(self, gamma: int) -> str:
-        """The verify cost it planned with at ``gamma``, and where it came from."""
-        tokens = gamma * self.width
-        cost = f"verify cost {self._cost_of(tokens):.2f} plain passes at {tokens:.1f} draft tokens"
-        plain = self.costs.plain_seconds
-        if plain is None:
-            return f"{cost} (the curve; no pass timed yet)"
-        return (f"{cost} (curve {self._prior(tokens):.2f} x measured {self.costs.scale(tokens):.2f}; "
-                f"plain pass {plain * 1e3:.2f} ms)")
+                f"overhead {self.overhead:.2f}; {self.costs.describe((gamma or probe) * self.width, self._prior)}")
 
 
 POLICIES: dict[str, type] = {
