@@ -12,7 +12,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.context import DecodeContext
-from specfamily.core.costs import device_clock, target_cost_curve
+from specfamily.core.costs import device_clock, process_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
 from specfamily.core.metrics import MetricsRecorder
 from specfamily.core.policy import BoundHooks, policy_hooks
@@ -76,7 +76,7 @@ def generate(
     own = hooks(drafter) if drafter is not None else None
     accept = acceptance.acceptance(own, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
-    clock = device_clock(device)
+    clock, cost_clock = device_clock(device), process_clock(device)  # cost_clock: what the policy plans with
     policy = policy_hooks(drafter.policy) if drafter is not None else None
     if policy is not None:
         recorder.calibration_seconds = _bind_costs(policy, target, ids, clock)
@@ -90,12 +90,12 @@ def generate(
             remaining = max_new_tokens - len(new_tokens)
             t0 = clock()
             draft = _propose(drafter, ctx, remaining, empty)
-            t1 = clock()
+            t1, c1 = clock(), cost_clock()
             start = target.cached_length
             out = target.forward(pending, draft, features=needs_features)
             accepted, next_token = _verified(accept, drafter, draft, out.logits, sampling, generator)
             target.commit(accepted)
-            t2 = clock()
+            t2, c2 = clock(), cost_clock()
             depth = _depth(draft)
             recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft),
                                  catch_up_seconds=draft.catch_up_seconds,
@@ -108,7 +108,7 @@ def generate(
                 break
             if drafter is not None:
                 if len(pending) == 1:  # not the prefill: a pass the policy plans
-                    policy.timed(len(draft), t2 - t1)
+                    policy.timed(len(draft), c2 - c1)
                 _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, drafted_before)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
             pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0

@@ -229,10 +229,11 @@ class AutoPolicy:
     idle stretch's backlog is not counted) is added to each drafted pass's cost. A probe's c replaces the estimate
     (the newest evidence about a cost that made it idle: one dear cold start must not silence a run).
     ``bind(verify_cost)`` gives it t(g + 1) / t(1); until c is known it drafts ``gamma``. It drafts only when the
-    predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes, first after
-    ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the passes of
-    the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only after a
-    probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
+    predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes (at the best
+    length, or at ``gamma`` when none predicts a gain: a one-token probe never learns how deep drafts are accepted),
+    first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the
+    passes of the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only
+    after a probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
     their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
 
     Costs are the run's own: it plans and converts with the bound curve times what ``timed`` passes measured of it
@@ -344,7 +345,7 @@ class AutoPolicy:
             gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup,
                                                self.overhead)
             best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, self.overhead)
-            self._choice = (gamma, gamma or max(1, best[0]), speedup if gamma else best[1])
+            self._choice = (gamma, gamma or best[0] or min(self.gamma, self.max_gamma), speedup if gamma else best[1])
         return self._choice
 
     def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,

@@ -184,7 +184,7 @@ def test_auto_drafts_nothing_when_speculation_cannot_pay_but_still_probes():
     assert asked[0] == 4
     tail = asked[1:]
     assert [i for i, g in enumerate(tail) if g] == [4, 14, 34, 64, 94]
-    assert all(g == 1 for g in tail if g)  # the probe is the best (shortest) draft
+    assert all(g == 4 for g in tail if g)  # no length predicts a gain: the probe drafts the start gamma
 
 
 def test_auto_probes_often_again_once_drafting_pays():
