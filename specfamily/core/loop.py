@@ -6,7 +6,8 @@ timings compare fairly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -76,7 +77,7 @@ def generate(
     own = hooks(drafter) if drafter is not None else None
     accept = acceptance.acceptance(own, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
-    clock, cost_clock = device_clock(device), process_clock(device)  # cost_clock: what the policy plans with
+    clock, cost_clock = device_clock(device), _planning_clock(device)
     policy = policy_hooks(drafter.policy) if drafter is not None else None
     if policy is not None:
         recorder.calibration_seconds = _bind_costs(policy, target, ids, clock)
@@ -90,12 +91,14 @@ def generate(
             remaining = max_new_tokens - len(new_tokens)
             t0 = clock()
             draft = _propose(drafter, ctx, remaining, empty)
-            t1, c1 = clock(), cost_clock()
+            t1 = clock()
+            c1 = cost_clock() if cost_clock is not None else t1
             start = target.cached_length
             out = target.forward(pending, draft, features=needs_features)
             accepted, next_token = _verified(accept, drafter, draft, out.logits, sampling, generator)
             target.commit(accepted)
-            t2, c2 = clock(), cost_clock()
+            t2 = clock()
+            c2 = cost_clock() if cost_clock is not None else t2
             depth = _depth(draft)
             recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft),
                                  catch_up_seconds=draft.catch_up_seconds,
@@ -128,6 +131,13 @@ def _verified(accept, drafter: Drafter | None, draft: Draft, logits: torch.Tenso
         return accept(draft, logits, sampling, generator)
     except DraftProbabilityError as err:
         raise DraftProbabilityError(f"{drafter_name(drafter)}: {err}") from err
+
+
+def _planning_clock(device: torch.device) -> Callable[[], float] | None:
+    """The clock the policy's pass times are read with: CPU time on a one-thread CPU run (as the cost curve is timed:
+    immune to busy neighbours); None elsewhere, where it is the loop's own clock."""
+    cost_clock = process_clock(device)
+    return cost_clock if cost_clock is time.process_time else None
 
 
 def _bind_costs(policy: BoundHooks, target: Target, ids: torch.Tensor, clock) -> float:
