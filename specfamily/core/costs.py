@@ -7,10 +7,12 @@ very Target calls the decode loop makes and predict speedups with it.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -159,3 +161,81 @@ def target_cost_curve(target: Target, context: Sequence[int], repeats: int = 3) 
             log.warning("verify cost not measured (%s); assuming t(g + 1) = t(1)", err)
             target.verify_costs = {0: 1.0}
     return CostCurve.of(target.verify_costs)
+
+
+@dataclass
+class MeasuredCost:
+    """What the passes a run really makes cost: ``plain_seconds``, its plain pass, and ``scale(g)``, its drafted
+    passes' seconds over what a prior verify-cost curve predicts for them (the prior's t(g + 1) / t(1) times the
+    plain pass), per draft-token count g. A policy plans with prior(g) * scale(g).
+
+    Fed by :meth:`observe` with each timed pass (the loop's verify seconds: target forward, masks, tree rewrite,
+    sampling warp and verification, commit, at the cache length the run has reached). Every estimate is a median of
+    its last ``window`` observations, so one preempted pass does not steer a run, and the plain pass follows the run's
+    latest plain passes (the cache grows). ``scale`` is linear between the token counts measured and constant past
+    them; 1 until a plain pass is timed (drafted passes timed before it are compared with it when it comes).
+    """
+
+    window: int = 5
+    plain: deque = field(init=False, repr=False)  # seconds of the latest plain passes
+    ratios: dict[int, deque] = field(init=False, repr=False)  # per token count: seconds / (plain seconds * prior)
+    points: tuple[tuple[int, float], ...] = field(init=False, default=())  # (token count, median ratio), sorted
+    early: list[tuple[int, float, float]] = field(init=False, default_factory=list, repr=False)  # before a plain one
+    unrefreshed: int = field(init=False, default=0)  # drafted passes timed since the last plain one
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        self.plain, self.ratios = deque(maxlen=self.window), {}
+
+    @property
+    def plain_seconds(self) -> float | None:
+        """t(1) in seconds as the run measures it now (None before its first plain pass)."""
+        return statistics.median(self.plain) if self.plain else None
+
+    def scale(self, g: float) -> float:
+        """Measured seconds of a pass over g draft tokens over what the prior and ``plain_seconds`` predict."""
+        points = self.points
+        if not points:
+            return 1.0
+        if g <= points[0][0]:
+            return points[0][1]
+        if g >= points[-1][0]:
+            return points[-1][1]
+        return _interpolate(points, g)
+
+    def observe(self, tokens: int, seconds: float, prior: float) -> bool:
+        """One timed pass over the root plus ``tokens`` draft tokens, which the prior costs ``prior`` plain passes;
+        whether an estimate changed (a drafted pass before any plain one is kept until a plain one comes; a
+        non-finite or non-positive time or prior is ignored)."""
+        if not (math.isfinite(seconds) and seconds > 0 and math.isfinite(prior) and prior > 0):
+            return False
+        self.unrefreshed = self.unrefreshed + 1 if tokens else 0
+        if tokens == 0:
+            self.plain.append(seconds)
+            early, self.early = self.early, []
+            for passed in early:
+                self._add(*passed)
+            return True
+        if self.plain_seconds is None:
+            self.early = [*self.early, (tokens, seconds, prior)][-self.window :]
+            return False
+        self._add(tokens, seconds, prior)
+        return True
+
+    def _add(self, tokens: int, seconds: float, prior: float) -> None:
+        self.ratios.setdefault(tokens, deque(maxlen=self.window)).append(seconds / (self.plain_seconds * prior))
+        self.points = tuple((g, statistics.median(r)) for g, r in sorted(self.ratios.items()))
+
+    def refresh_due(self, every: int) -> bool:
+        """Whether to make a plain pass to measure t(1) again: drafted passes were timed and none of the last
+        ``every`` passes timed was plain (right away while no plain pass has been timed)."""
+        return self.unrefreshed >= (1 if self.plain_seconds is None else every)
+
+    def describe(self, g: float, prior: Callable[[float], float]) -> str:
+        """The corrected verify cost at g draft tokens, and what it is made of."""
+        cost = f"verify cost {prior(g) * self.scale(g):.2f} plain passes at {g:.1f} draft tokens"
+        if self.plain_seconds is None:
+            return f"{cost} (the curve; no pass timed yet)"
+        plain = self.plain_seconds * 1e3
+        return f"{cost} (curve {prior(g):.2f} x measured {self.scale(g):.2f}; plain pass {plain:.2f} ms)"

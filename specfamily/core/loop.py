@@ -6,16 +6,17 @@ timings compare fairly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
 from specfamily.core import acceptance
 from specfamily.core.context import DecodeContext
-from specfamily.core.costs import device_clock, target_cost_curve
+from specfamily.core.costs import device_clock, process_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
 from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.policy import policy_hooks
+from specfamily.core.policy import BoundHooks, policy_hooks
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig, VerifyOutcome
 from specfamily.core.verify import DraftProbabilityError
@@ -76,9 +77,10 @@ def generate(
     own = hooks(drafter) if drafter is not None else None
     accept = acceptance.acceptance(own, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
-    clock = device_clock(device)
-    if drafter is not None:
-        recorder.calibration_seconds = _bind_costs(drafter, target, ids, clock)
+    clock, cost_clock = device_clock(device), _planning_clock(device)
+    policy = policy_hooks(drafter.policy) if drafter is not None else None
+    if policy is not None:
+        recorder.calibration_seconds = _bind_costs(policy, target, ids, clock)
     started = clock()  # after the one-time cost measurement, which the metrics keep apart
     if drafter is not None:
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
@@ -90,11 +92,13 @@ def generate(
             t0 = clock()
             draft = _propose(drafter, ctx, remaining, empty)
             t1 = clock()
+            c1 = cost_clock() if cost_clock is not None else t1
             start = target.cached_length
             out = target.forward(pending, draft, features=needs_features)
             accepted, next_token = _verified(accept, drafter, draft, out.logits, sampling, generator)
             target.commit(accepted)
             t2 = clock()
+            c2 = cost_clock() if cost_clock is not None else t2
             depth = _depth(draft)
             recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft),
                                  catch_up_seconds=draft.catch_up_seconds,
@@ -106,6 +110,8 @@ def generate(
             if finished:
                 break
             if drafter is not None:
+                if len(pending) == 1:  # not the prefill: a pass the policy plans
+                    policy.timed(len(draft), c2 - c1)
                 _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, drafted_before)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
             pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0
@@ -113,7 +119,7 @@ def generate(
         if own is not None:
             own.end()
     lossy = bool(drafter is not None and drafter.lossy)
-    note = policy_hooks(drafter.policy).describe() if drafter is not None else ""
+    note = policy.describe() if policy is not None else ""
     metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy, policy_note=note)
     return GenerationResult(new_tokens, metrics, lossy)
 
@@ -127,10 +133,17 @@ def _verified(accept, drafter: Drafter | None, draft: Draft, logits: torch.Tenso
         raise DraftProbabilityError(f"{drafter_name(drafter)}: {err}") from err
 
 
-def _bind_costs(drafter: Drafter, target: Target, ids: torch.Tensor, clock) -> float:
+def _planning_clock(device: torch.device) -> Callable[[], float] | None:
+    """The clock the policy's pass times are read with: CPU time on a one-thread CPU run (as the cost curve is timed:
+    immune to busy neighbours); None elsewhere, where it is the loop's own clock."""
+    cost_clock = process_clock(device)
+    return cost_clock if cost_clock is time.process_time else None
+
+
+def _bind_costs(policy: BoundHooks, target: Target, ids: torch.Tensor, clock) -> float:
     """Give a cost-aware policy (one with ``bind`` and no curve yet) the target's measured verify-cost curve;
     the seconds it took (0 when nothing was measured: the curve is measured once per target)."""
-    bind = policy_hooks(drafter.policy).bind
+    bind = policy.bind
     if bind is None:
         return 0.0
     start = clock()

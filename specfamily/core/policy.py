@@ -6,9 +6,9 @@ were accepted, the running measured cost ratio c (None while unknown) and the dr
 starts a new request. ``auto`` (the default when no gamma is given) may answer 0: draft nothing.
 
 Optional hooks (declared on :class:`PolicyHooks`): ``bind(verify_cost)`` takes the target's measured verify-cost
-curve (asked for while the policy's ``verify_cost`` is None) and ``describe()`` gives the policy's own account for
-the metrics. :func:`policy_hooks` resolves them once per request, so a policy with only the three required methods
-works unchanged and the loop probes nothing.
+curve (asked for while the policy's ``verify_cost`` is None), ``timed(tokens, seconds)`` takes what each pass of the
+run really cost and ``describe()`` gives the policy's own account for the metrics. :func:`policy_hooks` resolves
+them once per request, so a policy with only the three required methods works unchanged and the loop probes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from specfamily.core.costs import MeasuredCost
 from specfamily.core.theory import VerifyCost, best_draft_length, check_int, optimal_gamma
 
 
@@ -44,6 +45,10 @@ class PolicyHooks(Protocol):
     def bind(self, verify_cost: VerifyCost) -> None:
         """Take t(g + 1) / t(1), the target's measured verify cost (a callable of g), before the first proposal."""
 
+    def timed(self, tokens: int, seconds: float) -> None:
+        """A pass over the root plus ``tokens`` draft tokens (0: plain) took ``seconds`` (forward, verification,
+        commit), told before that pass's ``update``; not the prefill pass."""
+
     def describe(self) -> str:
         """The policy's own account of its decisions, kept in the metrics (``policy_note``)."""
 
@@ -54,18 +59,25 @@ class BoundHooks:
 
     bind: Callable[[VerifyCost], None] | None
     describe: Callable[[], str]
+    timed: Callable[[int, float], None]
 
 
 def _no_account() -> str:
     return ""
 
 
+def _not_timed(tokens: int, seconds: float) -> None:
+    pass
+
+
 def policy_hooks(policy: Policy) -> BoundHooks:
-    """The optional hooks of ``policy``, with the defaults (no curve wanted, no account) for those it leaves out."""
+    """The optional hooks of ``policy``, defaults (no curve wanted, no account, times unused) for those it lacks."""
     bind = getattr(policy, "bind", None)
     wants = callable(bind) and getattr(policy, "verify_cost", None) is None
     describe = getattr(policy, "describe", None)
-    return BoundHooks(bind if wants else None, describe if callable(describe) else _no_account)
+    timed = getattr(policy, "timed", None)
+    return BoundHooks(bind if wants else None, describe if callable(describe) else _no_account,
+                      timed if callable(timed) else _not_timed)
 
 
 def _check_update(proposed: int, accepted: int) -> tuple[int, int]:
@@ -217,11 +229,16 @@ class AutoPolicy:
     idle stretch's backlog is not counted) is added to each drafted pass's cost. A probe's c replaces the estimate
     (the newest evidence about a cost that made it idle: one dear cold start must not silence a run).
     ``bind(verify_cost)`` gives it t(g + 1) / t(1); until c is known it drafts ``gamma``. It drafts only when the
-    predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes, first after
-    ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the passes of
-    the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only after a
-    probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
+    predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes (at the best
+    length, or at ``gamma`` when none predicts a gain: a one-token probe never learns how deep drafts are accepted),
+    first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the
+    passes of the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only
+    after a probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
     their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
+
+    Costs are the run's own: it plans and converts with the bound curve times what ``timed`` passes measured of it
+    (:class:`~specfamily.core.costs.MeasuredCost`), and once passes are timed it makes a plain pass whenever
+    ``refresh_every`` drafted passes went by without one, to measure the plain pass at the cache lengths reached.
     """
 
     gamma: int
@@ -234,6 +251,7 @@ class AutoPolicy:
     max_probe_every: int = 256
     memory: float = 0.5
     c_smoothing: float = 0.3
+    refresh_every: int = 32
     tried: list[float] = field(init=False, repr=False)
     accepted: list[float] = field(init=False, repr=False)
     c_estimate: float | None = field(init=False, default=None)
@@ -243,6 +261,7 @@ class AutoPolicy:
     interval: int = field(init=False, default=0)  # passes between probes while drafting nothing
     passes: int = field(init=False, default=0)  # passes asked about, and of those
     drafted: int = field(init=False, default=0)  # the ones given a draft length > 0
+    costs: MeasuredCost = field(init=False, repr=False)  # what the run's passes measured
     _probing: bool = field(init=False, default=False, repr=False)
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
@@ -251,7 +270,9 @@ class AutoPolicy:
         self.max_gamma = check_int(self.max_gamma, "max_gamma", 1)
         self.probe_every = check_int(self.probe_every, "probe_every", 1)
         self.max_probe_every = check_int(self.max_probe_every, "max_probe_every", self.probe_every)
+        self.refresh_every = check_int(self.refresh_every, "refresh_every", 1)
         self.interval = self.probe_every
+        self.costs = MeasuredCost()
         for name in ("prior_alpha", "memory", "c_smoothing"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
@@ -277,9 +298,18 @@ class AutoPolicy:
         return self._cost_of(gamma * self.width)
 
     def _cost_of(self, tokens: float) -> float:
-        """t(tokens + 1) / t(1)."""
+        """t(tokens + 1) / t(1): the bound curve times what the run's own passes measured of it."""
+        return self._prior(tokens) * self.costs.scale(tokens)
+
+    def _prior(self, tokens: float) -> float:
         cost = self.verify_cost
         return 1.0 if cost is None else float(cost(tokens) if callable(cost) else cost)
+
+    def timed(self, tokens: int, seconds: float) -> None:
+        """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``: corrects its costs."""
+        tokens = check_int(tokens, "tokens", 0)
+        if self.costs.observe(tokens, seconds, self._prior(tokens)):
+            self._choice = None
 
     def reset(self) -> None:
         self.tried = [n * self.memory for n in self.tried]
@@ -295,6 +325,8 @@ class AutoPolicy:
     def _next(self) -> int:
         if self.c_estimate is None:
             return min(self.gamma, self.max_gamma)
+        if self.costs.refresh_due(self.refresh_every):
+            return 0
         gamma, probe, _ = self._choose()
         if gamma:
             self.idle, self.interval, self._probing = 0, self.probe_every, False
@@ -313,7 +345,7 @@ class AutoPolicy:
             gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup,
                                                self.overhead)
             best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, self.overhead)
-            self._choice = (gamma, gamma or max(1, best[0]), speedup if gamma else best[1])
+            self._choice = (gamma, gamma or best[0] or min(self.gamma, self.max_gamma), speedup if gamma else best[1])
         return self._choice
 
     def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
@@ -349,12 +381,12 @@ class AutoPolicy:
         share = self.drafted / self.passes if self.passes else 0.0
         if self.c_estimate is None:
             return f"drafted in {share:.0%} of passes; c not measured yet"
-        gamma, _, speedup = self._choose()
+        gamma, probe, speedup = self._choose()
         alpha = self.acceptance()[0]
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}")
+                f"overhead {self.overhead:.2f}; {self.costs.describe((gamma or probe) * self.width, self._prior)}")
 
 
 POLICIES: dict[str, type] = {

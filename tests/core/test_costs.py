@@ -1,6 +1,6 @@
 import pytest
 
-from specfamily.core.costs import measure_pass_seconds, measure_verify_cost, verify_cost_at
+from specfamily.core.costs import MeasuredCost, measure_pass_seconds, measure_verify_cost, verify_cost_at
 from specfamily.testing import tiny_target
 
 
@@ -36,3 +36,31 @@ def test_the_timing_context_has_the_asked_length_whatever_the_prompt():
     assert timing_context(target, list(range(10)), 4, [1], repeats=1) == [6, 7, 8, 9]
     room = 256 - (5 + 1) * 3 - 8 - 1  # sizes {0, 4, 8}, 5 repeats
     assert len(timing_context(target, [5], 1000, [4, 8], repeats=5)) == room
+
+
+def test_measured_cost_scales_the_prior_per_size_against_the_latest_plain_passes():
+    costs = MeasuredCost(window=3)
+    assert costs.scale(4) == 1.0 and costs.plain_seconds is None
+    assert not costs.observe(4, 0.0132, 1.1)  # nothing to compare a drafted pass with yet: kept for the plain one
+    assert costs.scale(4) == 1.0
+    assert costs.observe(0, 0.010, 1.0) and costs.plain_seconds == 0.010
+    assert costs.points == ((4, pytest.approx(1.2)),)
+    costs = MeasuredCost(window=3)
+    costs.observe(0, 0.010, 1.0)
+    costs.observe(2, 0.013, 1.04)
+    costs.observe(6, 0.018, 1.2)
+    assert costs.scale(2) == pytest.approx(1.25) and costs.scale(6) == pytest.approx(1.5)
+    assert costs.scale(4) == pytest.approx(1.375)  # linear between the sizes measured
+    assert costs.scale(1) == pytest.approx(1.25) and costs.scale(32) == pytest.approx(1.5)  # constant past them
+    costs.observe(2, 0.130, 1.04)  # one preempted pass: the median of the last 3 does not follow it
+    costs.observe(2, 0.013, 1.04)
+    assert costs.scale(2) == pytest.approx(1.25)
+    for seconds in (0.012, 0.012):  # the cache grew: the plain pass follows the latest plain passes
+        costs.observe(0, seconds, 1.0)
+    assert costs.plain_seconds == pytest.approx(0.012)
+    assert not costs.observe(0, float("nan"), 1.0) and not costs.observe(2, 0.0, 1.04)
+
+
+def test_measured_cost_refuses_a_bad_window():
+    with pytest.raises(ValueError, match="window must be an integer >= 1, got 0"):
+        MeasuredCost(window=0)

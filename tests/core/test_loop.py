@@ -136,3 +136,61 @@ def test_generate_refuses_a_drafter_whose_q_is_not_a_distribution():
     with pytest.raises(DraftProbabilityError, match=r"drafter _NanQ: q of draft node 0 is not a distribution: 8 "
                        r"non-finite entries"):
         sf.generate(target, _NanQ(target), [1, 2, 3], max_new_tokens=8, sampling=SamplingConfig(temperature=1.0))
+
+
+class _ThreeMethodPolicy:
+    """A third-party policy with only the required methods: every third pass plain, else 3 tokens."""
+
+    def __init__(self):
+        self.asked = 0
+        self.updates = []
+
+    def reset(self):
+        pass
+
+    def next_gamma(self):
+        self.asked += 1
+        return 0 if self.asked % 3 == 0 else 3
+
+    def update(self, proposed, accepted, c=None, tokens=None, verified=None, overhead=None):
+        self.updates.append((proposed, accepted))
+
+
+class _TimedPolicy(_ThreeMethodPolicy):
+    """The same, with the optional ``timed`` hook: records what the loop says each pass cost."""
+
+    def __init__(self):
+        super().__init__()
+        self.timed_passes = []
+
+    def timed(self, tokens, seconds):
+        self.timed_passes.append((tokens, seconds, len(self.updates)))
+
+
+@pytest.mark.parametrize("policy_class", [_ThreeMethodPolicy, _TimedPolicy])
+def test_a_policy_gets_each_pass_time_only_if_it_has_the_timed_hook(policy_class):
+    """Greedy text equals plain decoding either way; with the hook, every pass after the prefill that the policy is
+    told about is timed (plain passes too, with 0 draft tokens) before its update."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafter = OracleDrafter(target, gamma=3)
+    drafter.policy = policy = policy_class()
+    result = sf.generate(target, drafter, [1, 2, 3], max_new_tokens=30)
+    assert result.tokens == _hf_greedy(target, [1, 2, 3], 30)
+    assert len(policy.updates) == result.metrics.target_passes - 1  # the last pass is not reported
+    assert (0, 0) in policy.updates and (3, 3) in policy.updates  # plain and drafted passes both ran
+    if policy_class is _TimedPolicy:
+        sizes = [proposed for proposed, _ in policy.updates[1:]]  # the prefill pass is not timed
+        assert [tokens for tokens, _, _ in policy.timed_passes] == sizes
+        assert [before for _, _, before in policy.timed_passes] == list(range(1, len(policy.updates)))
+        assert all(seconds > 0 for _, seconds, _ in policy.timed_passes)
+
+
+def test_auto_policy_measures_the_runs_own_passes_through_the_loop():
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    target.verify_costs = {0: 1.0, 8: 1.0}  # a flat curve: no timing at bind
+    drafter = OracleDrafter(target, policy="auto")
+    result = sf.generate(target, drafter, [1, 2, 3], max_new_tokens=40)
+    assert result.tokens == _hf_greedy(target, [1, 2, 3], 40)
+    costs = drafter.policy.costs
+    assert costs.plain_seconds is not None and costs.points  # a plain pass measured, drafted sizes scaled
+    assert "plain pass" in result.metrics.policy_note and "x measured" in result.metrics.policy_note

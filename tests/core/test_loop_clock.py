@@ -118,3 +118,11 @@ def test_eagle_reports_its_catch_up_apart_from_its_draft_steps(name):
     result = sf.generate(target, drafter, list(range(1, 30)), max_new_tokens=8)
     metrics = result.metrics
     assert 0 < metrics.catch_up_seconds < metrics.draft_seconds
+
+
+def test_the_policy_is_timed_on_cpu_time_on_one_thread_and_on_the_loops_clock_otherwise(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert loop._planning_clock(torch.device("cpu")) is time.process_time
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert loop._planning_clock(torch.device("cpu")) is None
+    assert loop._planning_clock(torch.device("cuda", 0)) is None

@@ -1,5 +1,7 @@
 """Draft-length policies: constant, the HF heuristic schedule, and the theory-optimal gamma."""
 
+import itertools
+
 import pytest
 
 from specfamily.core.policy import (
@@ -182,7 +184,7 @@ def test_auto_drafts_nothing_when_speculation_cannot_pay_but_still_probes():
     assert asked[0] == 4
     tail = asked[1:]
     assert [i for i, g in enumerate(tail) if g] == [4, 14, 34, 64, 94]
-    assert all(g == 1 for g in tail if g)  # the probe is the best (shortest) draft
+    assert all(g == 4 for g in tail if g)  # no length predicts a gain: the probe drafts the start gamma
 
 
 def test_auto_probes_often_again_once_drafting_pays():
@@ -293,3 +295,116 @@ def test_auto_keeps_part_of_its_estimates_across_requests():
 def test_auto_rejects_bad_options(option):
     with pytest.raises(ValueError):
         AutoPolicy(2, **option)
+
+
+# ---------------------------------------------------------------- auto: planning with the run's own pass costs
+
+
+def curve(g: float) -> float:
+    """A prior verify-cost curve: what an offline measurement might say (2% a draft token)."""
+    return 1.0 + 0.02 * g
+
+
+PLAIN = 0.010  # seconds of a plain pass in these runs
+
+
+def feed_timed(policy: AutoPolicy, passes: int, accepted_of, c: float, seconds_of) -> list[int]:
+    """``feed_auto`` as the loop drives a policy with the ``timed`` hook: each pass is timed (plain ones too) and
+    reported before its update."""
+    asked = []
+    for _ in range(passes):
+        gamma = policy.next_gamma()
+        asked.append(gamma)
+        policy.timed(gamma, seconds_of(gamma))
+        policy.update(gamma, accepted_of(gamma) if gamma else 0, c if gamma else None, tokens=gamma)
+    return asked
+
+
+def one_in(n: int):
+    """accepted_of: the first depth accepted in one draft out of n (alpha 1/n at depth 1), deterministic."""
+    count = iter(range(10**9))
+    return lambda g: int(next(count) % n == 0)
+
+
+def test_auto_stops_drafting_when_its_passes_cost_more_than_the_curve_says():
+    """Drafted passes measured at 1.3x what the curve predicts: a draft that the curve says pays 1.17x costs 1.3x
+    more, so the policy drafts nothing, as best_draft_length at the corrected cost says; one that trusts the curve
+    (no pass timed) keeps drafting."""
+    trusting = AutoPolicy(1, max_gamma=4, verify_cost=curve, prior_weight=1e-9)
+    measuring = AutoPolicy(1, max_gamma=4, verify_cost=curve, prior_weight=1e-9)
+    feed_auto(trusting, 80, one_in(4), 0.05)
+    feed_timed(measuring, 80, one_in(4), 0.05, lambda g: PLAIN * (1.3 * curve(g) if g else 1.0))
+    assert measuring.costs.plain_seconds == pytest.approx(PLAIN)
+    assert measuring.costs.scale(1) == pytest.approx(1.3)
+
+    def corrected(g):
+        return 1.3 * curve(g)
+
+    expected = best_draft_length(measuring.acceptance(), measuring.c_estimate, corrected, measuring.min_speedup)
+    assert expected == (0, 1.0)
+    assert trusting.next_gamma() == 1 and trusting.acceptance()[0] == pytest.approx(0.25, abs=0.02)
+    assert "predicted gain below" in measuring.describe()
+    assert "curve 1.02 x measured 1.30" in measuring.describe()
+
+
+def test_auto_speedup_at_a_uniformly_dearer_pass_is_the_curves_over_that_factor():
+    """Every drafted pass 1.3x the curve and everything accepted: the same draft length still wins (c is measured
+    against the same dearer pass), and the predicted speedup is the trusting one over 1.3."""
+    trusting = AutoPolicy(2, max_gamma=6, verify_cost=curve, prior_weight=1e-9)
+    measuring = AutoPolicy(2, max_gamma=6, verify_cost=curve, prior_weight=1e-9)
+    feed_auto(trusting, 60, lambda g: g, 0.05)
+    feed_timed(measuring, 60, lambda g: g, 0.05, lambda g: PLAIN * (1.3 * curve(g) if g else 1.0))
+    gamma, speedup = best_draft_length(measuring.acceptance(), measuring.c_estimate,
+                                       lambda g: 1.3 * curve(g), measuring.min_speedup)
+    assert measuring.next_gamma() == gamma == trusting.next_gamma() == 6
+    assert speedup == pytest.approx(trusting._choose()[2] / 1.3, rel=1e-6)
+
+
+def test_auto_drafts_shorter_when_each_measured_draft_token_costs_more():
+    """Passes that cost 15% of a plain pass per draft token (a per-row warp) on top of the curve: once those sizes
+    are measured the policy drafts the length best_draft_length gives at the measured costs, shorter than the
+    curve's."""
+    def measured(g):
+        return curve(g) + 0.15 * g
+
+    def cycling():
+        counts = itertools.cycle([4, 1, 2, 0])  # acceptance falls with depth: 3/4, 2/3, 1/2 ...
+        return lambda g: min(next(counts), g)
+
+    trusting = AutoPolicy(4, max_gamma=4, verify_cost=curve, prior_weight=1e-9)
+    measuring = AutoPolicy(4, max_gamma=4, verify_cost=curve, prior_weight=1e-9, refresh_every=8)
+    feed_auto(trusting, 40, cycling(), 0.02)
+    for g in (1, 2, 3, 4):  # every size timed, as a run that tried them has
+        measuring.timed(0, PLAIN)
+        measuring.timed(g, PLAIN * measured(g))
+    feed_timed(measuring, 40, cycling(), 0.02, lambda g: PLAIN * measured(g) if g else PLAIN)
+    assert [measuring.costs.scale(g) * curve(g) for g in (1, 2, 3, 4)] == pytest.approx([measured(g) for g in
+                                                                                        (1, 2, 3, 4)])
+    gamma, _ = best_draft_length(measuring.acceptance(), measuring.c_estimate, measured, measuring.min_speedup)
+    trusted, _ = best_draft_length(trusting.acceptance(), trusting.c_estimate, curve, trusting.min_speedup)
+    measuring.timed(0, PLAIN)  # the refresh is not due: the next pass is the policy's choice
+    assert trusting.next_gamma() == trusted == 4
+    assert measuring.next_gamma() == gamma and 0 < gamma < trusted
+
+
+def test_auto_makes_a_plain_pass_to_measure_t1_and_refreshes_it():
+    """Timed drafted passes with no plain pass: the next pass is plain; then one every refresh_every drafted passes.
+    The plain pass follows the run's latest plain passes (the median of the last window), so the cost of a drafted
+    pass is measured against the plain pass of the cache length the run has now."""
+    policy = AutoPolicy(3, max_gamma=4, verify_cost=curve, refresh_every=4)
+    asked = feed_timed(policy, 12, lambda g: g, 0.05, lambda g: PLAIN * 1.2 if g else PLAIN)
+    assert asked[:2] == [3, 0]  # until c is known it drafts its start gamma, then measures a plain pass
+    assert [i for i, g in enumerate(asked) if g == 0] == [1, 6, 11]
+    assert policy.costs.plain_seconds == pytest.approx(PLAIN)
+    for _ in range(3):  # the cache grew: plain passes now take 12 ms
+        policy.timed(0, 1.2 * PLAIN)
+    assert policy.costs.plain_seconds == pytest.approx(1.2 * PLAIN)
+    policy.timed(6, 1.2 * PLAIN * 1.3 * curve(6))  # a size not timed before
+    assert policy.costs.scale(6) == pytest.approx(1.3)  # measured against 12 ms, not the 10 ms of earlier passes
+
+
+def test_auto_without_timed_passes_plans_with_the_curve_and_never_forces_a_plain_pass():
+    policy = AutoPolicy(2, max_gamma=6, verify_cost=curve, prior_weight=1e-9)
+    asked = feed_auto(policy, 60, lambda g: g, 0.05)
+    assert 0 not in asked and policy.costs.plain_seconds is None
+    assert "the curve; no pass timed yet" in policy.describe()
