@@ -38,22 +38,28 @@ class Attend:
     mask: torch.Tensor | None  # additive or boolean, as given (folded onto the key/value heads when ``pack``)
     causal: bool  # sdpa's is_causal: several queries and no mask
     gqa: bool  # sdpa's enable_gqa: grouped heads, no mask
-    pack: bool  # one query, grouped heads, a mask: the query heads folded onto the key/value heads
+    pack: bool  # grouped heads, a mask, one query (or several, ``pack_queries``): query heads folded onto key heads
     groups: int  # query heads per key/value head; keys and values are repeated when none of the above applies
 
 
 def plan_attention(
-    mask: torch.Tensor | None, q_len: int, groups: int, probe: torch.Tensor, masked_gqa: bool = False
+    mask: torch.Tensor | None, q_len: int, groups: int, probe: torch.Tensor, masked_gqa: bool = False,
+    pack_queries: bool = False,
 ) -> Attend:
     """The sdpa branch for a pass of ``q_len`` queries (``probe``: a tensor shaped like one key row).
 
     ``masked_gqa`` (the lean forwards under a non-exact matmul kind, which run on the CPU): a masked pass of several
     queries over grouped heads lets sdpa index the key heads (``enable_gqa``) instead of taking transformers' branch,
     which copies every layer's keys and values ``groups`` times (``repeat_kv``); what that copy cost is measured in
-    docs/bandwidth-smollm2.md."""
+    docs/bandwidth-smollm2.md. With ``pack_queries`` too (the target's lean forward, batch 1), such a pass folds the
+    ``groups`` query heads of each key head into its rows instead, as the single-query branch does (the mask's rows
+    repeated once per group, here, once per pass): sdpa then runs ``groups * q_len`` rows against each key head,
+    cheaper on the CPU than its grouped indexing (docs/pass-cost.md) and bit-identical to it where tested."""
     causal = q_len > 1 and mask is None
     if groups == 1:
         return Attend(mask, causal, gqa=False, pack=False, groups=1)
+    if masked_gqa and pack_queries and q_len > 1 and mask is not None and mask.shape[:2] == (1, 1):
+        return Attend(mask.repeat(1, 1, groups, 1), False, gqa=False, pack=True, groups=groups)  # (1, 1, g * q, S)
     if use_gqa_in_sdpa(mask, probe, probe) or (masked_gqa and q_len > 1):
         return Attend(mask, causal, gqa=True, pack=False, groups=groups)
     if q_len == 1:
@@ -187,8 +193,9 @@ class LeanLayer:
             key, value = cache.update(key, value, self.index)
         if attend.causal and key.shape[2] > q_len:  # transformers' sdpa keeps the first q keys of a causal pass
             key, value = key[:, :, :q_len], value[:, :, :q_len]
-        if attend.pack:
-            query = pack_gqa(query, attend.groups)  # (B, kv heads, groups, D)
+        if attend.pack:  # (B, kv heads, groups * q, D): each key head's query heads as rows
+            query = pack_gqa(query, attend.groups) if q_len == 1 else query.reshape(batch, -1, attend.groups * q_len,
+                                                                                      self.head_dim)
         elif attend.groups > 1 and not attend.gqa:
             key, value = repeat_kv(key, attend.groups), repeat_kv(value, attend.groups)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attend.mask, dropout_p=0.0,
@@ -246,7 +253,8 @@ class LeanLlama:
             raise ValueError("a pass of several tokens over a non-empty cache needs a mask")
         hidden = self._embed(input_ids)  # (1, q, H)
         cos, sin = rope(self._rotary, hidden, position_ids)
-        attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear)
+        attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
+                                pack_queries=True)
         states = []  # transformers' hidden_states, kept only when layer features are asked for
         for layer in self._layers[: self._config.num_hidden_layers]:
             if isinstance(features, tuple):
