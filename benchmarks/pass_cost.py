@@ -20,6 +20,7 @@ at the longest length, grouped (matmul, attention, norm, rope, mask, cache, othe
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -31,6 +32,7 @@ from bandwidth import read_bandwidth
 
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft
+from specfamily.runtime.matmul import linear_for
 
 KINDS = ("plain", "chain", "tree")
 GROUPS = {  # profiler op name fragment -> section (first match wins)
@@ -79,9 +81,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def build(args: argparse.Namespace) -> Target:
     target = load_target(args.model, device="cpu", matmul=args.matmul)
     if args.compile:
-        if not hasattr(target, "set_compile"):
+        if "compile" not in inspect.signature(Target).parameters:
             raise SystemExit("--compile: this build's Target has no compile option")
-        target.set_compile(True)
+        target = Target(target.model, target.tokenizer, matmul=args.matmul, compile=True)
     return target
 
 
@@ -126,6 +128,24 @@ def time_length(target: Target, shapes: Shapes, length: int, repeats: int) -> di
     return {kind: statistics.median(values) for kind, values in times.items()}
 
 
+@torch.inference_mode()
+def products(target: Target, rows: int, repeats: int) -> float:
+    """Median CPU seconds of the pass's weight products alone: ``rows`` rows through every linear weight once, with
+    the lean forward's kind of product (the part of a pass the stream kernel already runs near the floor)."""
+    linear = linear_for(target.matmul)
+    weights = list({id(m.weight): m.weight for m in target.model.modules() if isinstance(m, torch.nn.Linear)}.values())
+    generator = torch.Generator().manual_seed(rows)
+    inputs = {w.shape[1]: torch.randn(1, rows, w.shape[1], generator=generator) for w in weights}
+    times = []
+    for round_ in range(repeats + 1):
+        start = time.process_time()
+        for weight in weights:
+            linear(inputs[weight.shape[1]], weight, None)
+        if round_:
+            times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
 def weight_bytes(target: Target) -> int:
     """Bytes of every linear weight one pass reads (the tied head once)."""
     seen, total = set(), 0
@@ -142,8 +162,9 @@ def section(name: str) -> str:
 
 
 def profile(target: Target, shapes: Shapes, kind: str, length: int, passes: int = 10) -> tuple[dict[str, float], list]:
-    """Section -> ms per pass of ``kind`` at ``length`` (self CPU time by op; "Python and dispatch" is the pass's
-    wall time outside every op), and the top ops."""
+    """Section -> ms per pass of ``kind`` at ``length`` (self CPU time by op; the stream kernel's products and norms
+    are no aten ops: they fall in "kernel calls, Python and dispatch", the pass's wall time outside every op), and
+    the top ops."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -160,18 +181,23 @@ def profile(target: Target, shapes: Shapes, kind: str, length: int, passes: int 
     for event in prof.key_averages():
         ms = event.self_cpu_time_total / 1e3 / passes
         sections[section(event.key)] = sections.get(section(event.key), 0.0) + ms
-    sections["Python and dispatch"] = wall * 1e3 / passes - sum(sections.values())
+    sections["kernel calls, Python and dispatch"] = wall * 1e3 / passes - sum(sections.values())
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
     return sections, [(e.key, e.count // passes, e.self_cpu_time_total / 1e3 / passes) for e in top]
 
 
-def table(results: dict[int, dict[str, float]], floor: float) -> str:
-    lines = ["| cache L | plain ms | chain ms | tree ms | chain / plain | tree / plain | plain / floor |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+def table(results: dict[int, dict[str, float]], floor: float, alone: dict[int, float]) -> str:
+    """ms and ratios by cache length; the last columns: each kind's pass minus its products timed alone."""
+    one, fed = sorted(alone)
+    lines = ["| cache L | plain ms | chain ms | tree ms | chain / plain | tree / plain | plain / floor "
+             "| plain / products | plain - products | chain - products | tree - products |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for length, by_kind in results.items():
-        plain = by_kind["plain"]
-        lines.append(f"| {length} | {plain * 1e3:.2f} | {by_kind['chain'] * 1e3:.2f} | {by_kind['tree'] * 1e3:.2f} "
-                     f"| {by_kind['chain'] / plain:.3f} | {by_kind['tree'] / plain:.3f} | {plain / floor:.2f} |")
+        plain, chain, tree = (by_kind[kind] for kind in KINDS)
+        lines.append(f"| {length} | {plain * 1e3:.2f} | {chain * 1e3:.2f} | {tree * 1e3:.2f} | {chain / plain:.3f} "
+                     f"| {tree / plain:.3f} | {plain / floor:.2f} | {plain / alone[one]:.2f} "
+                     f"| {(plain - alone[one]) * 1e3:.2f} | {(chain - alone[fed]) * 1e3:.2f} "
+                     f"| {(tree - alone[fed]) * 1e3:.2f} |")
     return "\n".join(lines)
 
 
@@ -185,12 +211,16 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     floor = weight_bytes(target) / bandwidth
     started = time.perf_counter()
     results = {length: time_length(target, shapes, length, args.repeats) for length in lengths}
+    alone = {rows: products(target, rows, args.repeats) for rows in (1, args.nodes + 1)}
     out(f"{args.model}, matmul {target.matmul}, {args.threads} thread(s), {args.nodes} draft nodes "
         f"(tree parents {shapes.tree_parents}, kept path {shapes.tree_path}; chain keeps {shapes.chain_path}); "
         f"median of {args.repeats} interleaved passes, process CPU time; weights {weight_bytes(target) / 1e6:.0f} MB, "
         f"read bandwidth {bandwidth / 1e9:.1f} GB/s, floor {floor * 1e3:.2f} ms; timed in "
         f"{time.perf_counter() - started:.0f} s")
-    out(table(results, floor))
+    out("products alone (every linear weight once): " + ", ".join(
+        f"{rows} row(s) {seconds * 1e3:.2f} ms" for rows, seconds in alone.items())
+        + f"; {alone[args.nodes + 1] / alone[1]:.2f}x from 1 to {args.nodes + 1} rows")
+    out(table(results, floor, alone))
     if args.profile:
         sections, top = profile(target, shapes, args.profile_kind, lengths[-1])
         out(f"\n{args.profile_kind} pass at L={lengths[-1]}, torch profiler, ms per pass (self CPU time):")

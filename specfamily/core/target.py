@@ -52,13 +52,15 @@ class _Pass:
 class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact") -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact",
+                 compile: bool = False) -> None:
         """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
         and ``stream`` (a streaming C++ kernel) in other float32 orders that are faster on some CPUs, ``auto`` the
         fastest measured here (``specfamily.runtime.matmul``). ``self.matmul`` is the kind in use,
-        ``self.matmul_choice`` the choice with auto's timings.
+        ``self.matmul_choice`` the choice with auto's timings. ``compile`` (lean forward only): ``torch.compile`` the
+        per-layer rope, falling back to eager where compiling fails (``specfamily.runtime.compiled``); off by default.
         """
         check_supported(model)
         self.model = model.eval()
@@ -77,7 +79,7 @@ class Target:
         lean = fast and lean_unsupported(model) is None
         self.matmul_choice: MatmulChoice = choose_matmul(matmul, model if lean else None)  # auto's timings with it
         self.matmul: str = self.matmul_choice.kind  # the model's own forward (no lean one) multiplies exactly
-        self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul)) if lean else None
+        self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul), compile) if lean else None
         self.reset()
 
     @property
