@@ -74,17 +74,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also break one kind's passes down by section")
     parser.add_argument("--profile-kind", choices=KINDS, default="tree")
     parser.add_argument("--compile", action="store_true", help="Target(compile=True), where the build has it")
+    parser.add_argument("--grouped", action="store_true",
+                        help="also time chain and tree passes unpacked (sdpa's grouped indexing), interleaved")
     parser.add_argument("--gb", type=float, default=0.5, help="size of the bandwidth probe tensor, GB")
     return parser.parse_args(argv)
 
 
-def build(args: argparse.Namespace) -> Target:
+def build(args: argparse.Namespace) -> tuple[Target, str]:
+    """The target, and (``--compile``) what compiling cost: the wall seconds of its first pass, and its state."""
     target = load_target(args.model, device="cpu", matmul=args.matmul)
-    if args.compile:
-        if "compile" not in inspect.signature(Target).parameters:
-            raise SystemExit("--compile: this build's Target has no compile option")
-        target = Target(target.model, target.tokenizer, matmul=args.matmul, compile=True)
-    return target
+    if not args.compile:
+        return target, ""
+    if "compile" not in inspect.signature(Target).parameters:
+        raise SystemExit("--compile: this build's Target has no compile option")
+    target = Target(target.model, target.tokenizer, matmul=args.matmul, compile=True)
+    start = time.perf_counter()
+    prefill(target, 16)
+    one_pass(target, Shapes(args.nodes), "tree", 16, torch.arange(args.nodes + 1))
+    rotate = target.lean.rotate if target.lean is not None else None
+    state = "no lean forward" if rotate is None else "compiled" if rotate.active else f"eager: {rotate.reason}"
+    return target, f"; compile: first passes {time.perf_counter() - start:.1f} s wall, {state}"
 
 
 def prefill(target: Target, length: int, seed: int = 0) -> None:
@@ -113,18 +122,21 @@ def one_pass(target: Target, shapes: Shapes, kind: str, length: int, tokens: tor
     return elapsed
 
 
-def time_length(target: Target, shapes: Shapes, length: int, repeats: int) -> dict[str, float]:
-    """kind -> median seconds over ``repeats`` passes at one cache length, kinds interleaved (after a warm-up)."""
-    prefill(target, length)
+def time_length(targets: dict[str, Target], shapes: Shapes, length: int, repeats: int) -> dict[str, float]:
+    """kind -> median seconds over ``repeats`` passes at one cache length, kinds interleaved (after a warm-up);
+    ``targets``: "" the target, or a suffix naming another (" grouped": the same model, verify passes unpacked)."""
+    for target in targets.values():
+        prefill(target, length)
+    runs = [(suffix, kind) for suffix in targets for kind in KINDS if not suffix or kind != "plain"]
     generator = torch.Generator().manual_seed(length)
-    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    times: dict[str, list[float]] = {kind + suffix: [] for suffix, kind in runs}
     for round_ in range(repeats + 1):
-        tokens = torch.randint(0, target.vocab_size, (shapes.nodes + 1,), generator=generator)
-        shift = round_ % len(KINDS)
-        for kind in KINDS[shift:] + KINDS[:shift]:
-            elapsed = one_pass(target, shapes, kind, length, tokens)
+        tokens = torch.randint(0, targets[""].vocab_size, (shapes.nodes + 1,), generator=generator)
+        shift = round_ % len(runs)
+        for suffix, kind in runs[shift:] + runs[:shift]:
+            elapsed = one_pass(targets[suffix], shapes, kind, length, tokens)
             if round_:
-                times[kind].append(elapsed)
+                times[kind + suffix].append(elapsed)
     return {kind: statistics.median(values) for kind, values in times.items()}
 
 
@@ -205,22 +217,36 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     args = parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     torch.set_num_threads(args.threads)
-    target = build(args)
+    target, compiled = build(args)
     shapes = Shapes(args.nodes)
     bandwidth = read_bandwidth(args.gb, 5)
     floor = weight_bytes(target) / bandwidth
     started = time.perf_counter()
-    results = {length: time_length(target, shapes, length, args.repeats) for length in lengths}
+    targets = {"": target}
+    if args.grouped:
+        if getattr(target.lean, "pack_queries", None) is None:
+            raise SystemExit("--grouped: this build's lean forward does not pack verify passes")
+        targets[" grouped"] = Target(target.model, target.tokenizer, matmul=args.matmul)
+        targets[" grouped"].lean.pack_queries = False
+    results = {length: time_length(targets, shapes, length, args.repeats) for length in lengths}
     alone = {rows: products(target, rows, args.repeats) for rows in (1, args.nodes + 1)}
     out(f"{args.model}, matmul {target.matmul}, {args.threads} thread(s), {args.nodes} draft nodes "
         f"(tree parents {shapes.tree_parents}, kept path {shapes.tree_path}; chain keeps {shapes.chain_path}); "
         f"median of {args.repeats} interleaved passes, process CPU time; weights {weight_bytes(target) / 1e6:.0f} MB, "
         f"read bandwidth {bandwidth / 1e9:.1f} GB/s, floor {floor * 1e3:.2f} ms; timed in "
-        f"{time.perf_counter() - started:.0f} s")
+        f"{time.perf_counter() - started:.0f} s{compiled}")
     out("products alone (every linear weight once): " + ", ".join(
         f"{rows} row(s) {seconds * 1e3:.2f} ms" for rows, seconds in alone.items())
         + f"; {alone[args.nodes + 1] / alone[1]:.2f}x from 1 to {args.nodes + 1} rows")
     out(table(results, floor, alone))
+    if args.grouped:
+        out("\npacked verify passes against the same passes unpacked (sdpa's grouped indexing), same run:\n"
+            "| cache L | chain grouped ms | tree grouped ms | chain packed / grouped | tree packed / grouped |\n"
+            "|---:|---:|---:|---:|---:|")
+        for length, by_kind in results.items():
+            chain, tree = by_kind["chain grouped"], by_kind["tree grouped"]
+            out(f"| {length} | {chain * 1e3:.2f} | {tree * 1e3:.2f} | {by_kind['chain'] / chain:.3f} "
+                f"| {by_kind['tree'] / tree:.3f} |")
     if args.profile:
         sections, top = profile(target, shapes, args.profile_kind, lengths[-1])
         out(f"\n{args.profile_kind} pass at L={lengths[-1]}, torch profiler, ms per pass (self CPU time):")

@@ -238,6 +238,7 @@ class LeanLlama:
         self._probe = torch.empty(0, attn.head_dim)  # a key row's shape, for transformers' GQA predicate
         self._watch = ModuleWatch.of(model.modules())
         self.rotate: Compiled | None = Compiled(rotate_pair) if compile else None
+        self.pack_queries = True  # plan_attention's packing of masked verify passes (False: sdpa's grouped indexing)
 
     def ready(self) -> bool:
         """True when the lean forward reproduces the model's forward right now."""
@@ -264,7 +265,7 @@ class LeanLlama:
         hidden = self._embed(input_ids)  # (1, q, H)
         cos, sin = rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
-                                pack_queries=True)
+                                pack_queries=self.pack_queries)
         if self.rotate is not None:
             attend = replace(attend, rotate=self.rotate)
         states = []  # transformers' hidden_states, kept only when layer features are asked for
