@@ -17,7 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specfamily import zoo
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
-from specfamily.core.tree_mask import TreeLayout, attention_mask, tree_layout
+from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
 from specfamily.runtime.kv_cache import BufferedLayer
@@ -52,13 +52,15 @@ class _Pass:
 class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact") -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact",
+                 compile: bool = False) -> None:
         """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
         and ``stream`` (a streaming C++ kernel) in other float32 orders that are faster on some CPUs, ``auto`` the
         fastest measured here (``specfamily.runtime.matmul``). ``self.matmul`` is the kind in use,
-        ``self.matmul_choice`` the choice with auto's timings.
+        ``self.matmul_choice`` the choice with auto's timings. ``compile`` (lean forward only): ``torch.compile`` the
+        per-layer rope, falling back to eager where compiling fails (``specfamily.runtime.compiled``); off by default.
         """
         check_supported(model)
         self.model = model.eval()
@@ -77,7 +79,7 @@ class Target:
         lean = fast and lean_unsupported(model) is None
         self.matmul_choice: MatmulChoice = choose_matmul(matmul, model if lean else None)  # auto's timings with it
         self.matmul: str = self.matmul_choice.kind  # the model's own forward (no lean one) multiplies exactly
-        self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul)) if lean else None
+        self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul), compile) if lean else None
         self.reset()
 
     @property
@@ -146,7 +148,7 @@ class Target:
         if n or start:
             layout = self._layout(m, parents)
             # one fed token sees every cached position and itself: no mask, as transformers decodes
-            mask = attention_mask(start, layout.local) if m + n > 1 else None  # (1, 1, m + n, start + m + n)
+            mask = layout.mask(start) if m + n > 1 else None  # (1, 1, m + n, start + m + n), a buffer's view
             positions = layout.offsets + start  # (m + n,)
         else:  # prefill without a draft: plain causal, which transformers may hand to sdpa as is_causal
             mask = None
@@ -200,9 +202,10 @@ class Target:
         accepted = list(accepted_nodes)
         _check_path(accepted, last.parents)
         base, k = last.start + last.m, len(accepted)
-        if accepted != list(range(k)):
-            src = torch.tensor(accepted, dtype=torch.long).to(self._device, non_blocking=True) + base  # (k,)
-            _gather_tail(self.cache, base, src)
+        kept = next((i for i, node in enumerate(accepted) if node != i), k)  # the path's prefix already in place
+        if kept < k:  # rewrite only the entries that move: accepted[kept:] to base + kept ...
+            src = torch.tensor(accepted[kept:], dtype=torch.long).to(self._device, non_blocking=True) + base
+            _gather_tail(self.cache, base + kept, src)
         if k < len(last.parents):  # otherwise the cache holds exactly the pending tokens and the whole draft
             _truncate(self.cache, base + k)
         self.cached_length = base + k
@@ -324,7 +327,9 @@ def _load_model(source: str, device: torch.device, dtype: torch.dtype | None) ->
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else "auto"
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
+        # use_kernels=False: transformers >= 5.25 kernelizes by default when the ``kernels`` package is installed (it
+        # now depends on it), and a kernelized model is no longer the plain modules the lean forward reproduces
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", use_kernels=False)
     except ValueError as err:
         if "Unrecognized configuration class" in str(err):
             raise ValueError(f"{source!r} is not a causal language model: {err}") from err

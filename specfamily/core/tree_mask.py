@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "BUFFER_MAX_ROWS",
+    "PrefixMask",
     "TreeLayout",
     "additive",
     "attention_mask",
@@ -88,6 +90,34 @@ def attention_mask(prefix_len: int, local: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+BUFFER_MAX_ROWS = 32  # passes of more fed tokens (prefills, wide trees) build their mask per pass
+
+
+@dataclass
+class PrefixMask:
+    """``attention_mask(prefix_len, local)`` for every prefix length, as views of one buffer that grows with the
+    cache: ``[0 ... 0 | local]`` along the keys, so a pass over a longer cache takes a wider view, not a new tensor.
+
+    A view's rows are strided (the buffer's width); what it holds equals ``attention_mask``'s. Local masks of more
+    than ``BUFFER_MAX_ROWS`` rows are built per call, not kept."""
+
+    local: torch.Tensor  # (q, q) additive
+    buffer: torch.Tensor | None = None  # (1, 1, q, capacity + q)
+
+    @property
+    def capacity(self) -> int:
+        """The longest prefix the buffer holds."""
+        return 0 if self.buffer is None else self.buffer.shape[-1] - self.local.shape[0]
+
+    def __call__(self, prefix_len: int) -> torch.Tensor:
+        """(1, 1, q, prefix_len + q): every cached position visible, then ``local``."""
+        if self.local.shape[0] > BUFFER_MAX_ROWS:
+            return attention_mask(prefix_len, self.local)
+        if self.buffer is None or prefix_len > self.capacity:
+            self.buffer = attention_mask(max(prefix_len + prefix_len // 2, 64), self.local)
+        return self.buffer[..., self.capacity - prefix_len :]
+
+
 @dataclass(frozen=True)
 class TreeLayout:
     """Per-shape tensors of one pass over m pending tokens and a tree, built once and reused."""
@@ -95,6 +125,7 @@ class TreeLayout:
     local: torch.Tensor  # (m + n, m + n) additive mask, model dtype, on the model's device
     offsets: torch.Tensor  # (m + n,) long: position of each fed token minus the first pending position
     chain: bool
+    mask: PrefixMask  # the pass's whole mask by cached length, from a buffer kept with the layout
 
 
 def tree_layout(
@@ -104,4 +135,5 @@ def tree_layout(
     tree = _as_parents(parents)
     local = local_mask(m, tree, dtype)
     offsets = torch.cat((torch.arange(m), m - 1 + tree_positions(tree)))
-    return TreeLayout(local.to(device), offsets.to(device), is_chain(parents))
+    local = local.to(device)
+    return TreeLayout(local, offsets.to(device), is_chain(parents), PrefixMask(local))

@@ -13,7 +13,7 @@ on some CPUs; its logits then differ from the model's in the last bits.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -21,14 +21,27 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 
+from specfamily.runtime.compiled import Compiled
 from specfamily.runtime.lean_support import blocking, global_hooks, lean_unsupported
 from specfamily.runtime.matmul import Linear as LinearFn
 from specfamily.runtime.matmul import stream_norm
 
 __all__ = ["Attend", "LeanLayer", "LeanLlama", "ModuleWatch", "drafting_ready", "plan_attention", "rms_norm",
-           "rope"]
+           "rope", "rotate_pair"]
 
 Linear = tuple[torch.Tensor, "torch.Tensor | None"]  # weight, bias
+
+
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """``rotate_half`` without its negation, which the rope's signed sin carries instead: (-a) * s == a * (-s).
+    (A roll by half the width: one op where slicing and concatenating took three, the same values.)"""
+    return x.roll(x.shape[-1] // 2, -1)
+
+
+def rotate_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rope applied to a layer's queries and keys (B, heads, q, D), ``sin`` signed (see ``_signed``)."""
+    return (query * cos) + (_swap_halves(query) * sin), (key * cos) + (_swap_halves(key) * sin)
 
 
 @dataclass(frozen=True)
@@ -38,22 +51,29 @@ class Attend:
     mask: torch.Tensor | None  # additive or boolean, as given (folded onto the key/value heads when ``pack``)
     causal: bool  # sdpa's is_causal: several queries and no mask
     gqa: bool  # sdpa's enable_gqa: grouped heads, no mask
-    pack: bool  # one query, grouped heads, a mask: the query heads folded onto the key/value heads
+    pack: bool  # grouped heads, a mask, one query (or several, ``pack_queries``): query heads folded onto key heads
     groups: int  # query heads per key/value head; keys and values are repeated when none of the above applies
+    rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotate_pair  # or its compiled version
 
 
 def plan_attention(
-    mask: torch.Tensor | None, q_len: int, groups: int, probe: torch.Tensor, masked_gqa: bool = False
+    mask: torch.Tensor | None, q_len: int, groups: int, probe: torch.Tensor, masked_gqa: bool = False,
+    pack_queries: bool = False,
 ) -> Attend:
     """The sdpa branch for a pass of ``q_len`` queries (``probe``: a tensor shaped like one key row).
 
     ``masked_gqa`` (the lean forwards under a non-exact matmul kind, which run on the CPU): a masked pass of several
     queries over grouped heads lets sdpa index the key heads (``enable_gqa``) instead of taking transformers' branch,
     which copies every layer's keys and values ``groups`` times (``repeat_kv``); what that copy cost is measured in
-    docs/bandwidth-smollm2.md."""
+    docs/bandwidth-smollm2.md. With ``pack_queries`` too (the target's lean forward, batch 1), such a pass folds the
+    ``groups`` query heads of each key head into its rows instead, as the single-query branch does (the mask's rows
+    repeated once per group, here, once per pass): sdpa then runs ``groups * q_len`` rows against each key head,
+    cheaper on the CPU than its grouped indexing (docs/pass-cost.md) and bit-identical to it where tested."""
     causal = q_len > 1 and mask is None
     if groups == 1:
         return Attend(mask, causal, gqa=False, pack=False, groups=1)
+    if masked_gqa and pack_queries and q_len > 1 and mask is not None and mask.shape[:2] == (1, 1):
+        return Attend(mask.repeat(1, 1, groups, 1), False, gqa=False, pack=True, groups=groups)  # (1, 1, g * q, S)
     if use_gqa_in_sdpa(mask, probe, probe) or (masked_gqa and q_len > 1):
         return Attend(mask, causal, gqa=True, pack=False, groups=groups)
     if q_len == 1:
@@ -72,12 +92,6 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     variance = hidden.pow(2).mean(-1, keepdim=True)
     hidden = hidden * torch.rsqrt(variance + eps)
     return weight * (hidden if dtype == torch.float32 else hidden.to(dtype))
-
-
-def _swap_halves(x: torch.Tensor) -> torch.Tensor:
-    """``rotate_half`` without its negation, which the rope's signed sin carries instead: (-a) * s == a * (-s)."""
-    half = x.shape[-1] // 2
-    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
 
 
 def _signed(sin: torch.Tensor) -> torch.Tensor:
@@ -181,14 +195,14 @@ class LeanLayer:
         query = self.linear(x, *self.q).view(shape).transpose(1, 2)  # (B, heads, q, D)
         key = self.linear(x, *self.k).view(shape).transpose(1, 2)  # (B, kv heads, q, D)
         value = self.linear(x, *self.v).view(shape).transpose(1, 2)
-        query = (query * cos) + (_swap_halves(query) * sin)  # sin: signed, see _signed
-        key = (key * cos) + (_swap_halves(key) * sin)
+        query, key = attend.rotate(query, key, cos, sin)
         if cache is not None:
             key, value = cache.update(key, value, self.index)
         if attend.causal and key.shape[2] > q_len:  # transformers' sdpa keeps the first q keys of a causal pass
             key, value = key[:, :, :q_len], value[:, :, :q_len]
-        if attend.pack:
-            query = pack_gqa(query, attend.groups)  # (B, kv heads, groups, D)
+        if attend.pack:  # (B, kv heads, groups * q, D): each key head's query heads as rows
+            query = pack_gqa(query, attend.groups) if q_len == 1 else query.reshape(batch, -1, attend.groups * q_len,
+                                                                                      self.head_dim)
         elif attend.groups > 1 and not attend.gqa:
             key, value = repeat_kv(key, attend.groups), repeat_kv(value, attend.groups)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attend.mask, dropout_p=0.0,
@@ -205,7 +219,9 @@ class LeanLlama:
     its attention implementation is no longer sdpa; the caller then uses the model's forward.
     """
 
-    def __init__(self, model: nn.Module, linear: LinearFn = F.linear) -> None:
+    def __init__(self, model: nn.Module, linear: LinearFn = F.linear, compile: bool = False) -> None:
+        """``compile``: run each layer's rope through ``torch.compile`` (``specfamily.runtime.compiled``: float32
+        only, eager wherever compiling fails); off by default, as it measured slower (docs/pass-cost.md)."""
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(f"the lean forward cannot run this model: {reason}")
@@ -221,6 +237,8 @@ class LeanLlama:
         self._groups: int = attn.num_key_value_groups
         self._probe = torch.empty(0, attn.head_dim)  # a key row's shape, for transformers' GQA predicate
         self._watch = ModuleWatch.of(model.modules())
+        self.rotate: Compiled | None = Compiled(rotate_pair) if compile else None
+        self.pack_queries = True  # plan_attention's packing of masked verify passes (False: sdpa's grouped indexing)
 
     def ready(self) -> bool:
         """True when the lean forward reproduces the model's forward right now."""
@@ -246,7 +264,10 @@ class LeanLlama:
             raise ValueError("a pass of several tokens over a non-empty cache needs a mask")
         hidden = self._embed(input_ids)  # (1, q, H)
         cos, sin = rope(self._rotary, hidden, position_ids)
-        attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear)
+        attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
+                                pack_queries=self.pack_queries)
+        if self.rotate is not None:
+            attend = replace(attend, rotate=self.rotate)
         states = []  # transformers' hidden_states, kept only when layer features are asked for
         for layer in self._layers[: self._config.num_hidden_layers]:
             if isinstance(features, tuple):

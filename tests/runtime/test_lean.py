@@ -136,7 +136,7 @@ def test_plan_attention_takes_transformers_sdpa_branch(head_dim, masked, q_len, 
 
 
 @pytest.mark.parametrize("masked, q_len, branch", [
-    (True, 6, "gqa"),  # a verify pass: the key heads indexed, not repeated
+    (True, 6, "gqa"),  # a drafter's verify-shaped pass: the key heads indexed, not repeated
     (True, 1, "pack"),  # one token keeps the packed branch
     (False, 9, "gqa causal"),
 ])
@@ -147,10 +147,23 @@ def test_plan_attention_for_non_exact_kinds_indexes_grouped_heads(masked, q_len,
     assert (f"{taken} causal" if attend.causal else taken) == branch
 
 
-@pytest.mark.parametrize("kind, key_heads, gqa", [("exact", 4, False), ("skinny", 2, True)])
+@pytest.mark.parametrize("masked, q_len, shape", [(True, 6, (1, 1, 12, 12)), (True, 1, (1, 1, 1, 12))])
+def test_plan_attention_packs_the_queries_of_a_masked_pass_when_asked(masked, q_len, shape):
+    """pack_queries: the grouped query heads become rows of their key head, the mask's rows repeated per group."""
+    mask = torch.randn(1, 1, q_len, 12)
+    attend = plan_attention(mask, q_len, 2, torch.empty(0, 16), masked_gqa=True, pack_queries=True)
+    assert attend.pack and not attend.gqa and not attend.causal and tuple(attend.mask.shape) == shape
+    if q_len > 1:
+        assert torch.equal(attend.mask[0, 0, :q_len], mask[0, 0]) and torch.equal(attend.mask[0, 0, q_len:], mask[0, 0])
+    assert plan_attention(mask, q_len, 2, torch.empty(0, 16), pack_queries=True).pack == (q_len == 1)  # exact: never
+
+
+# exact repeats the keys and values as transformers does; the non-exact kinds fold each key head's query heads into
+# its rows (pack: 2 query rows-of-heads of 2 key heads), the sdpa call of the target's verify pass
+@pytest.mark.parametrize("kind, key_heads, gqa", [("exact", 4, False), ("skinny", 2, False)])
 def test_a_verify_pass_copies_the_key_heads_only_under_exact(kind, key_heads, gqa, monkeypatch):
-    """exact repeats the keys and values as transformers does; the non-exact kinds let sdpa index the 2 key heads
-    of the 4 query heads, with logits within float32 rounding of the model's."""
+    """exact repeats the keys and values as transformers does; the non-exact kinds run the 4 query heads as rows of
+    the 2 key heads, with logits within float32 rounding of the model's."""
     model = _model(kv_heads=2)
     target, plain = Target(model, matmul=kind), Target(model, fast=False)
     assert target.lean is not None and target.matmul == kind
@@ -167,7 +180,7 @@ def test_a_verify_pass_copies_the_key_heads_only_under_exact(kind, key_heads, gq
     calls.clear()
     draft = Draft(torch.tensor([3, 5, 7, 11]), torch.tensor([-1, 0, 0, 1]))
     logits = target.forward(torch.tensor([2]), draft).logits
-    assert calls == [(4, key_heads, gqa, True)] * 2  # one call per layer, masked
+    assert calls == [(key_heads, key_heads, gqa, True)] * 2  # one call per layer, masked
     torch.testing.assert_close(logits, plain.forward(torch.tensor([2]), draft).logits, rtol=1e-5, atol=1e-5)
 
 
@@ -251,3 +264,40 @@ def test_the_lean_forward_declines_while_the_model_changed(change):
     assert not target.lean.ready()
     undo()
     assert target.lean.ready()
+
+
+@pytest.mark.parametrize("kind", ["skinny", "stream"])
+def test_packed_queries_equal_the_grouped_branch_bit_for_bit(kind, monkeypatch):
+    """A verify pass with its query heads packed onto the key heads gives the logits and cache entries of sdpa's
+    grouped indexing (the branch before packing), over a chain, a tree whose commit rewrites the cache, and decodes."""
+    from specfamily.runtime import kernel, lean
+
+    if kind == "stream" and not kernel.stream_kernel().available:
+        pytest.skip(f"stream kernel unavailable: {kernel.stream_kernel().reason}")
+    model = _model(kv_heads=2)
+    packed, grouped = Target(model, matmul=kind), Target(model, matmul=kind)
+    original, taken = lean.plan_attention, []
+
+    def plan(*args, **options):
+        attend = original(*args, **{**options, "pack_queries": options.get("pack_queries") and not grouped_now})
+        taken.append((grouped_now, attend.pack, attend.gqa, args[1]))
+        return attend
+
+    monkeypatch.setattr(lean, "plan_attention", plan)
+    grouped_now = False
+    gen = torch.Generator().manual_seed(3)
+    ids = lambda n: torch.randint(0, VOCAB, (n,), generator=gen)  # noqa: E731
+    steps = [(ids(9), None, []), (ids(1), Draft.chain(ids(4)), [0, 1]),
+             (ids(1), Draft(ids(5), torch.tensor([-1, -1, 0, 1, 3])), [1, 3, 4]), (ids(1), None, [])]
+    for pending, draft, accepted in steps:
+        grouped_now = False
+        a = packed.forward(pending, draft)
+        grouped_now = True
+        b = grouped.forward(pending, draft)
+        assert torch.equal(a.logits, b.logits)
+        packed.commit(accepted)
+        grouped.commit(accepted)
+        _assert_same_cache(packed, grouped)
+    multi = [t for t in taken if t[3] > 1 and t[0] is False]
+    assert multi and all(pack and not gqa for _, pack, gqa, _ in multi[1:])  # after the prefill: packed
+    assert all(gqa and not pack for g, pack, gqa, q in taken if g and q > 1)

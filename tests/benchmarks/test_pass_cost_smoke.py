@@ -1,0 +1,47 @@
+"""benchmarks/pass_cost.py on the shipped code target: the table's plumbing (every kind at every length, the
+products alone, the profiler's sections), not its numbers."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def pass_cost(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("pass_cost", "bandwidth"):
+        sys.modules.pop(name, None)
+    threads = torch.get_num_threads()
+    yield importlib.import_module("pass_cost")
+    torch.set_num_threads(threads)  # the script fixes its own thread count
+    sys.modules.pop("pass_cost", None)
+
+
+def test_tiny_run_times_every_kind_and_profiles(pass_cost, capsys):
+    results = pass_cost.main(["--model", "zoo:code-target", "--matmul", "skinny", "--lengths", "16,40",
+                              "--repeats", "1", "--gb", "0.001", "--threads", "1", "--profile", "--grouped"])
+    assert sorted(results) == [16, 40]
+    kinds = {*pass_cost.KINDS, "chain grouped", "tree grouped"}
+    assert all(set(by_kind) == kinds and min(by_kind.values()) > 0 for by_kind in results.values())
+    printed = capsys.readouterr().out
+    assert "| cache L | plain ms | chain ms | tree ms |" in printed and "products alone" in printed
+    assert "| chain packed / grouped |" in printed
+    assert "tree pass at L=40" in printed and "| attention |" in printed and "| matmul |" in printed
+
+
+def test_the_tree_kind_commits_a_path_that_moves():
+    """The tree's kept path is the second branch: every kept node moves in the cache (the rewrite is timed)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        shapes = importlib.import_module("pass_cost").Shapes(4)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert shapes.tree_parents == [-1, -1, 0, 1] and shapes.tree_path == [1, 3] and shapes.chain_path == [0, 1]
+    assert all(node != i for i, node in enumerate(shapes.tree_path))
