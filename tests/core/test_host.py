@@ -1,6 +1,7 @@
 """The sampled-tree verifier moves what it needs to the host once per pass, with the old path's math and randomness.
 
-``_old_verify_tree`` is the verifier as it was (an ``.item()`` per tried node, draws on the residual's device): on
+``_old_verify_tree`` is the verifier as it was (an ``.item()`` per tried node, draws on the residual's device; its
+final token drawn by inversion of one uniform, as the verifier now draws it, where it was ``torch.multinomial``): on
 CPU tensors with a CPU generator the new one must give the same paths, tokens and generator state on many random
 trees. ``DeviceTensor`` stands in for tensors on an accelerator and counts what would be a device-to-host transfer.
 """
@@ -47,8 +48,8 @@ def _old_verify_tree(tokens, parents, q, p, generator=None, draw_on=None):
                 rejected = torch.clamp(residual - q64[child], min=0.0)
             total = rejected.sum()
             residual = residual / residual.sum() if total <= 0 else rejected / total
-        if accepted is None:
-            return path, int(torch.multinomial(residual, 1, generator=generator).item())
+        if accepted is None:  # the final token by inversion of one more uniform (it was torch.multinomial)
+            return path, host.inverse_cdf(residual, uniform(residual.device))
         path.append(accepted)
         node, residual = accepted, p64[accepted + 1]
 
@@ -195,3 +196,27 @@ def test_inverse_cdf_never_picks_a_token_without_mass():
     assert host.inverse_cdf(probs, 0.25) == 3
     assert host.inverse_cdf(probs, 1 - 2**-53) == 3
     assert host.inverse_cdf(probs * 3, 1.0) == 3  # u * total rounded up to the total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sample_by_inversion_follows_the_row_and_skips_tokens_without_mass(dtype):
+    """The final token's draw (one uniform, inverted through the row's cumulative sum) follows the row's law: a
+    chi-square fit over 20,000 draws of an unnormalised row with zeros, none of which is ever drawn."""
+    from specfamily.testing.power import DEFAULT_SIGNIFICANCE
+    from specfamily.testing.stats import chi_square
+
+    row = torch.tensor([0.0, 3.0, 0.0, 1e-3, 2.0, 0.5, 0.0, 4.0], dtype=dtype)
+    gen = torch.Generator().manual_seed(4)
+    counts = torch.bincount(torch.tensor([host.sample(row, gen) for _ in range(20000)]), minlength=8)
+    assert counts[row == 0].sum() == 0
+    _, p_value, _ = chi_square(counts.double(), (row / row.sum()).double())
+    assert p_value >= DEFAULT_SIGNIFICANCE
+
+
+def test_sample_draws_one_uniform_from_the_generator():
+    """One uniform per final token, not one per vocabulary entry: the generator moves as one torch.rand does."""
+    row = torch.rand(1000, generator=torch.Generator().manual_seed(0))
+    gen, twin = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    host.sample(row, gen)
+    torch.rand((), generator=twin, dtype=torch.float64)
+    assert torch.equal(gen.get_state(), twin.get_state())

@@ -105,7 +105,9 @@ def test_all_zero_residual_falls_back_to_the_current_residual(monkeypatch):
     tokens, parents = torch.tensor([0, 1]), torch.tensor([-1, -1])
     draws = []
     for seed in range(40):
-        uniforms = iter([0.9, 1 - 2**-53])  # reject sibling 0 (0.9 >= 0.5), then sibling 1 (ratio 1 - 2^-52)
+        # reject sibling 0 (0.9 >= 0.5), then sibling 1 (ratio 1 - 2^-52); then the final token's uniform, spread over
+        # [0, 1): from the root's p, token 0 would come back for half of them
+        uniforms = iter([0.9, 1 - 2**-53, seed / 40])
         monkeypatch.setattr(host, "uniform", lambda generator, device, scripted=uniforms: next(scripted))
         path, token = verify_tree(tokens, parents, q, p, torch.Generator().manual_seed(seed))
         assert path == []
