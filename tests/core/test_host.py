@@ -159,7 +159,8 @@ def test_to_host_keeps_dtypes_values_and_shapes():
 
 
 def _block_draws_from(monkeypatch, gen: torch.Generator) -> None:
-    """Make verify_tree take its accelerator path (a block of uniforms per pass) with CPU draws."""
+    """Make verify_tree draw as on an accelerator (a block of uniforms per pass) with CPU draws; the tests then ask
+    for the host walk (``device_walk=False``); tests/core/test_device_verify.py tests the device walk."""
     monkeypatch.setattr(host, "draw_device", lambda p, generator: torch.device("cuda", 0))
     monkeypatch.setattr(host, "uniform_block",
                         lambda size, generator, device: torch.rand(size, generator=gen, dtype=torch.float64))
@@ -171,8 +172,9 @@ def test_block_draws_keep_the_textbook_law(monkeypatch):
     n, counts, accepted = 40000, torch.zeros(5), 0
     for _ in range(n):
         x = torch.multinomial(Q, 1, generator=gen)
-        k, nxt = verify_chain(x, Q.view(1, -1), torch.stack([P, P]), gen)
-        counts[int(x) if k == 1 else nxt] += 1
+        path, nxt = verify_tree(x, torch.tensor([-1]), Q.view(1, -1), torch.stack([P, P]), gen, device_walk=False)
+        counts[int(x) if path else nxt] += 1
+        k = len(path)
         accepted += k
     assert accepted / n == pytest.approx(0.67, abs=0.01)
     assert torch.allclose(counts / n, P.float(), atol=0.01)
@@ -184,7 +186,7 @@ def test_block_draws_keep_a_deterministic_trees_law(monkeypatch):
     tokens, parents, p = torch.tensor([1, 0]), torch.tensor([-1, -1]), torch.stack([P, P, P])
     counts, n = torch.zeros(5), 30000
     for _ in range(n):
-        path, nxt = verify_tree(tokens, parents, None, p, gen)
+        path, nxt = verify_tree(tokens, parents, None, p, gen, device_walk=False)
         counts[int(tokens[path[0]]) if path else nxt] += 1
     assert torch.allclose(counts / n, P.float(), atol=0.01)
 
