@@ -13,7 +13,7 @@ import torch
 
 import specfamily.core.host as host
 from specfamily.core.host import to_host
-from specfamily.core.verify import greedy_tree, verify_chain, verify_tree
+from specfamily.core.verify import greedy_tree, verify_tree
 
 P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
 Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
