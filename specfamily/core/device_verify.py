@@ -32,8 +32,9 @@ class WalkResult:
 
 
 def on(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``tensor`` on ``like``'s device (no copy when it is there already), as long."""
-    return (tensor if tensor.device == like.device else tensor.to(like.device)).long()
+    """``tensor`` on ``like``'s device as long: no copy when it is there already, else an asynchronous one (a host
+    tensor's bytes are staged at once, so the host waits for nothing)."""
+    return (tensor if tensor.device == like.device else tensor.to(like.device, non_blocking=True)).long()
 
 
 def positions(like: torch.Tensor, n: int) -> torch.Tensor:
@@ -71,14 +72,15 @@ def tree_walk(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor | Non
     p and q are read in float64."""
     n = tokens.numel()
     p64, q64 = p.double(), None if q is None else q.double()
-    tokens, parents = on(tokens, p), on(parents, p)
-    current = parents.new_full((), -1)  # the node the walk stands on (-1: the root)
+    tokens = on(tokens, p)
+    parent_of = parents.tolist() if parents.device.type == "cpu" else on(parents, p)  # host ints: nothing to move
+    current = tokens.new_full((), -1)  # the node the walk stands on (-1: the root)
     residual = p64[0]
     accepted = torch.zeros_like(tokens, dtype=torch.bool)
-    zero_q = parents.new_full((), -1)
+    zero_q = tokens.new_full((), -1)
     for i in range(n):
         token = tokens[i : i + 1]
-        active = parents[i] == current
+        active = current == parent_of[i]
         p_x = residual.gather(0, token)[0]
         q_x = p_x.new_ones(()) if q64 is None else q64[i].gather(0, token)[0]
         refused = active & (q_x <= 0)

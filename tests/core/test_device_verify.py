@@ -119,13 +119,15 @@ def test_an_accelerators_generator_walks_on_the_device(monkeypatch):
     assert len(walked) == 1 and walked[0][-1].tolist() == [0.5, 0.5]
 
 
-@pytest.mark.parametrize("shape", ["tree", "chain"])
+@pytest.mark.parametrize("shape", ["tree", "tree-host-parents", "chain"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
 def test_one_host_synchronisation_per_pass(shape, sampled):
+    """Tokens, q, p and u on the 'device'; parents there (trees) or on the host (a chain is recognised there)."""
     cases = torch.Generator().manual_seed(8)
     for _ in range(40):
         tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
-        parents = torch.arange(tokens.numel()) - 1 if shape == "chain" else _on_device(parents)
+        parents = torch.arange(tokens.numel()) - 1 if shape == "chain" else parents
+        parents = _on_device(parents) if shape == "tree" else parents
         if sampled and bool((q[torch.arange(tokens.numel()), tokens] == 0).any()):
             continue
         u = torch.rand(tokens.numel() + 1, generator=cases, dtype=torch.float64)
