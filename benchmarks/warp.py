@@ -1,8 +1,10 @@
 """The sampled verification of one pass, before against now, at SmolLM2's vocabulary (V = 49152).
 
 before: ``verify_draft`` as it was before the final draw by inversion: the rows the walk reads warped lazily (top-p
-over a bounded ``torch.topk`` head), the final token by ``torch.multinomial`` over all V.
-now: ``verify_draft`` as the loop calls it: the same walk, the final token by inversion of one uniform.
+over a bounded ``torch.topk`` head), q checked by the exact checks over every entry, the final token by
+``torch.multinomial`` over all V.
+now: ``verify_draft`` as the loop calls it: the same walk, q's quick check, the final token by inversion of one
+uniform.
 device walk (CPU): every row warped at once, then the device walk (``verify_tree(device_walk=True)``: trees in one
 branch-free sweep, chains in one vectorised block, one host synchronisation) on CPU tensors: what an accelerator
 runs, timed here on the CPU to show whether it would pay there.
@@ -19,6 +21,7 @@ lazily).
 
     python benchmarks/warp.py --threads 1
     python benchmarks/warp.py --threads 1 --model zoo:smollm2
+    python benchmarks/warp.py --threads 1 --model zoo:smollm2 --decode 4 --repeats 2   # and plain decoding's ms/token
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from specfamily.core import host
 from specfamily.core.acceptance import verify_draft
 from specfamily.core.sampling import top_k_filter, warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import _children, _host_walk, _walk, check_q, verify_tree
+from specfamily.core.verify import Rows, _children, _row_checks, _walk, check_q, sum_tolerance, verify_tree
 
 TREES = {  # n -> parents: root with two branches, and for 12 a wider, deeper tree
     4: [-1, -1, 0, 1],
@@ -75,11 +78,18 @@ def old_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, gen
 
 
 def before_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
-    """verify_draft before the final draw by inversion: lazy rows, the final token by multinomial."""
+    """verify_draft before this work: lazy rows, q checked by the exact checks alone (no quick pass), the final
+    token by multinomial."""
     def p_row(i: int) -> torch.Tensor:
         return warp(logits[i : i + 1], sampling)[0].double()
 
-    return _host_walk(draft.tokens, draft.parents, draft.q, p_row, MultinomialDraws(generator))
+    q, q64 = draft.q, None
+    if q is not None:
+        if bool(_row_checks(q, sum_tolerance(q.dtype))[3].any()):
+            check_q(q)
+        q64 = Rows(lambda i: q[i].double())
+    return _walk(_children(draft.parents.tolist()), draft.tokens.tolist(), q64, Rows(p_row),
+                 MultinomialDraws(generator))
 
 
 def device_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
@@ -87,22 +97,59 @@ def device_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, 
     return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator, device_walk=True)
 
 
-def model_rows(name: str, questions: str, count: int, tokens: int, sampling: SamplingConfig) -> torch.Tensor:
+def model_rows(name: str, path: str, count: int, tokens: int, sampling: SamplingConfig) -> torch.Tensor:
     """(R, V) the target's logits over its own sampled answers (plain decoding) to the first ``count`` questions."""
     import specfamily as sf
 
     target = sf.load_target(name)
     rows = []
-    with open(questions) as lines:
-        turns = [json.loads(line)["turns"][0] for line, _ in zip(lines, range(count), strict=False)]
-    for seed, turn in enumerate(turns):
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    for seed, turn in enumerate(questions(path, count)):
+        ids = prompt_ids(target, turn)
         answer = sf.generate(target, None, ids, max_new_tokens=tokens, sampling=sampling, seed=seed).tokens
         with torch.no_grad():
             logits = target.model(torch.tensor([ids + answer])).logits[0].float()
         rows.append(logits[len(ids) - 1 : len(ids) + len(answer) - 1])  # the rows that produced the answer
     return torch.cat(rows)
+
+
+def questions(path: str, count: int) -> list[str]:
+    with open(path) as lines:
+        return [json.loads(line)["turns"][0] for line, _ in zip(lines, range(count), strict=False)]
+
+
+def prompt_ids(target, turn: str) -> list[int]:
+    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def decode_ms(name: str, path: str, count: int, tokens: int, sampling: SamplingConfig, repeats: int) -> None:
+    """Plain decoding's CPU ms per new token: greedy, sampled with the final draw by multinomial (before), sampled
+    now; interleaved, ``repeats`` rounds over the first ``count`` questions, ``tokens`` new tokens each."""
+    import specfamily as sf
+
+    target = sf.load_target(name)
+    prompts = [prompt_ids(target, turn) for turn in questions(path, count)]
+    now_sample = host.HostDraws.sample
+    settings = {"greedy": (SamplingConfig(), now_sample), "sampled, before": (sampling, MultinomialDraws.sample),
+                "sampled, now": (sampling, now_sample)}
+    seconds, made = dict.fromkeys(settings, 0.0), dict.fromkeys(settings, 0)
+    for _ in range(repeats):
+        for label, (config, draw) in settings.items():
+            host.HostDraws.sample = draw
+            try:
+                for seed, ids in enumerate(prompts):
+                    start = time.process_time()
+                    out = sf.generate(target, None, ids, max_new_tokens=tokens, sampling=config, seed=seed)
+                    seconds[label] += time.process_time() - start
+                    made[label] += len(out.tokens)
+            finally:
+                host.HostDraws.sample = now_sample
+    greedy = seconds["greedy"] / made["greedy"]
+    print(f"\n| plain decoding ({name}, {count} prompts x {tokens} tokens, {repeats} rounds) | ms / token | "
+          "/ greedy |\n| --- | --- | --- |")
+    for label in settings:
+        per_token = seconds[label] / made[label]
+        print(f"| {label} | {1e3 * per_token:.2f} | {per_token / greedy:.3f}x |")
 
 
 def make_drafts(n: int, shape: str, count: int, pool: torch.Tensor | None, vocab: int, scale: float, tilt: float,
@@ -166,9 +213,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answers", type=int, default=8, help="with --model: questions answered")
     parser.add_argument("--passes", type=int, default=20, help="drafts per (n, shape); each timed pass is one")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--decode", type=int, default=0, help="with --model: also time plain decoding, greedy and "
+                        "sampled, over this many questions (48 new tokens each, --repeats rounds)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     sampling = SamplingConfig(args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if args.model is not None and args.decode:
+        decode_ms(args.model, args.questions, args.decode, 48, sampling, args.repeats)
 
     pool = None
     if args.model is not None:
