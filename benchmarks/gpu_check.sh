@@ -4,9 +4,11 @@
 #   1. the CUDA test subset (pytest -m "cuda and not slow" tests/gpu): greedy identity (fp32) and near-ties only
 #      (bf16) of plain decoding and every drafter against transformers' generate, the verifier and whole
 #      generations of every registered drafter (chain and tree modes, each sampling setting in rotation) against
-#      the exact law (chi-square), a tree commit on a cache split over CPU and GPU, a training step of each trainer
-#      in fp32 and bf16. The whole CUDA matrix (every drafter x mode x sampling setting): pytest -m cuda tests/gpu.
-#   2. the verifier's time per pass on CUDA tensors (informational: host walk vs the old per-node path);
+#      the exact law (chi-square), the device walk (tests/gpu/test_cuda_verify.py: the CPU result for the same
+#      uniforms, one host synchronisation a pass, the textbook law), a tree commit on a cache split over CPU and
+#      GPU, a training step of each trainer in fp32 and bf16. The whole CUDA matrix (every drafter x mode x sampling setting): pytest -m cuda tests/gpu.
+#   2. the verifier's time per pass on CUDA tensors (informational): the device walk (one host sync a pass)
+#      against the host walk (p and q copied to the host once), and verify_draft (warp + walk), V 4096 / 49152;
 #   3. one benchmark: benchmarks/peer.py on zoo:code-target (shipped in the repository) on the GPU in float32.
 # Then a summary; the exit status is non-zero when a check failed.
 #
@@ -68,43 +70,54 @@ else
     record "CUDA tests" FAIL $((SECONDS - t0)) "rc $rc: ${line:-no result (timed out?)}"
 fi
 
-echo "== 2. verifier time per pass on CUDA (informational)"
+echo "== 2. verifier time per pass on CUDA (informational): device walk vs host walk"
 t0=$SECONDS
-timeout 60 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/verify-timing.log"
-import importlib.util
+timeout 90 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/verify-timing.log"
 import time
 
 import torch
 
+from specfamily.core.acceptance import verify_draft
+from specfamily.core.sampling import warp
+from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import verify_tree
 
-spec = importlib.util.spec_from_file_location("reference", "tests/core/test_verify_host.py")
-reference = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(reference)
+TREE12 = [-1, -1, 0, 0, 1, 2, 2, 3, 5, 6, 7, 8]
 
 
-def per_pass_ms(fn, passes):
+def per_pass_ms(fn, passes=50):
+    for _ in range(5):  # warm-up
+        fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for args in passes:
-        fn(*args)
+    for _ in range(passes):
+        fn()
     torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - start) / len(passes)
+    return 1000 * (time.perf_counter() - start) / passes
 
 
-for vocab, nodes, sampled in ((4096, 8, True), (4096, 32, False), (49152, 8, True), (49152, 32, False)):
-    gen = torch.Generator().manual_seed(0)
-    parents = torch.tensor([-1 if i < 4 else (i - 4) // 2 for i in range(nodes)])
-    p = torch.softmax(torch.randn(nodes + 1, vocab, generator=gen), dim=-1).cuda()
-    q = torch.softmax(torch.randn(nodes, vocab, generator=gen), dim=-1).cuda() if sampled else None
-    tokens = torch.randint(0, vocab, (nodes,), generator=gen).cuda()
-    cuda_gen = torch.Generator(device="cuda").manual_seed(0)
-    passes = [(tokens, parents, q, p, cuda_gen)] * 50
-    per_pass_ms(verify_tree, passes[:5])  # warm-up
-    new = per_pass_ms(verify_tree, passes)
-    old = per_pass_ms(lambda *a: reference._old_verify_tree(*a), passes)
-    kind = "sampled" if sampled else "deterministic"
-    print(f"V={vocab:6d} n={nodes:3d} {kind:13s}: host walk {new:7.3f} ms/pass, old per-node path {old:7.3f} ms/pass")
+gen = torch.Generator().manual_seed(0)
+cuda_gen = torch.Generator(device="cuda").manual_seed(0)
+sampling = SamplingConfig(0.7, top_p=0.9)
+for vocab in (4096, 49152):
+    for shape, parents in (("plain", []), ("chain 4", [-1, 0, 1, 2]), ("tree 4", [-1, -1, 0, 1]),
+                           ("chain 12", list(range(-1, 11))), ("tree 12", TREE12)):
+        n, parents = len(parents), torch.tensor(parents, dtype=torch.long)
+        logits = (3 * torch.randn(n + 1, vocab, generator=gen)).cuda()
+        p = warp(logits, sampling)
+        q = warp(logits[parents + 1] + torch.randn(n, vocab, generator=gen).cuda(), sampling) if n else None
+        tokens = torch.multinomial(q, 1, generator=cuda_gen).view(-1) if n else torch.zeros(0, dtype=torch.long).cuda()
+        for sampled in (True, False):
+            q_used = q if sampled else None
+            device = per_pass_ms(lambda: verify_tree(tokens, parents, q_used, p, cuda_gen))
+            hosted = per_pass_ms(lambda: verify_tree(tokens, parents, q_used, p, cuda_gen, device_walk=False))
+            draft = Draft(tokens=tokens, parents=parents, q=q_used)
+            whole = per_pass_ms(lambda: verify_draft(draft, logits, sampling, cuda_gen))
+            kind = "sampled" if sampled else "deterministic"
+            print(f"V={vocab:6d} {shape:8s} {kind:13s}: device walk {device:7.3f} ms/pass, host walk {hosted:7.3f} "
+                  f"ms/pass; verify_draft (warp + device walk) {whole:7.3f} ms/pass")
+            if not n:
+                break
 EOF
 rc=$?
 record "verify timing" "$([ "$rc" = 0 ] && echo INFO || echo WARN)" $((SECONDS - t0)) "see verify-timing.log"

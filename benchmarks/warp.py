@@ -1,11 +1,17 @@
-"""The sampled verification of one pass, old against new, at SmolLM2's vocabulary (V = 49152).
+"""The sampled verification of one pass, before against now, at SmolLM2's vocabulary (V = 49152).
 
-old: the warp as it was (temperature, top-k, softmax, top-p by a full descending sort of every row) on all n + 1
-fed rows, then the walk over p and q converted to float64 whole (verify_tree's body before this change).
-new: ``verify_draft`` as the loop calls it: top-p over a bounded ``torch.topk`` head, and on the CPU only the rows
-the walk reads warped (the root's, then each accepted node's). new-batched: the new warp on all rows at once, then
-the walk: the alternative to warping lazily. Outputs (path and token, generator state) are checked equal on every
-pass. Also the warp alone per row (one row, and 13 rows at once), old and new.
+before: ``verify_draft`` as it was before the final draw by inversion: the rows the walk reads warped lazily (top-p
+over a bounded ``torch.topk`` head), q checked by the exact checks over every entry, the final token by
+``torch.multinomial`` over all V.
+now: ``verify_draft`` as the loop calls it: the same walk, q's quick check, the final token by inversion of one
+uniform.
+device walk (CPU): every row warped at once, then the device walk (``verify_tree(device_walk=True)``: trees in one
+branch-free sweep, chains in one vectorised block, one host synchronisation) on CPU tensors: what an accelerator
+runs, timed here on the CPU to show whether it would pay there.
+old: the warp before the bounded head (a full descending sort of every row) on all n + 1 rows, then the walk with
+multinomial: the first baseline. Each pass has its own generator (seeded by its index): before and now must take the
+same paths (their tries read the same uniforms), which is checked. Times are CPU seconds of this process
+(``time.process_time``; one thread), the median of ``--repeats`` interleaved repeats. Also the warp alone.
 
 Logits are random (``--scale`` times a standard normal) or, with ``--model zoo:smollm2``, the target's own rows
 over its sampled answers to Spec-Bench questions (n + 1 consecutive rows a pass); the kept nucleus sizes are
@@ -15,6 +21,7 @@ lazily).
 
     python benchmarks/warp.py --threads 1
     python benchmarks/warp.py --threads 1 --model zoo:smollm2
+    python benchmarks/warp.py --threads 1 --model zoo:smollm2 --decode 4 --repeats 2   # and plain decoding's ms/token
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from specfamily.core import host
 from specfamily.core.acceptance import verify_draft
 from specfamily.core.sampling import top_k_filter, warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import _children, _walk, check_q, verify_tree
+from specfamily.core.verify import Rows, _children, _row_checks, _walk, check_q, sum_tolerance, verify_tree
 
 TREES = {  # n -> parents: root with two branches, and for 12 a wider, deeper tree
     4: [-1, -1, 0, 1],
@@ -52,37 +59,97 @@ def old_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
+class MultinomialDraws(host.HostDraws):
+    """The host walk's draws as they were: the final token by torch.multinomial over the whole row."""
+
+    def sample(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+
 def old_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
-    """verify_draft and verify_tree as they were (CPU tensors): every row warped, p and q in float64 whole."""
+    """verify_draft and verify_tree as they were first (CPU tensors): every row warped with a full sort, p and q in
+    float64 whole, the final token by multinomial."""
     p = old_warp(logits, sampling)
     q64 = None if draft.q is None else draft.q.double()
     if q64 is not None:
         check_q(q64, draft.q.dtype)
-    draws = host.HostDraws(generator)
+    draws = MultinomialDraws(generator)
     return _walk(_children(draft.parents.tolist()), draft.tokens.tolist(), q64, p.double(), draws)
 
 
-def batched_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
-    """The new warp on all rows at once, then the walk."""
-    return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
+def before_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
+    """verify_draft before this work: lazy rows, q checked by the exact checks alone (no quick pass), the final
+    token by multinomial."""
+    def p_row(i: int) -> torch.Tensor:
+        return warp(logits[i : i + 1], sampling)[0].double()
+
+    q, q64 = draft.q, None
+    if q is not None:
+        if bool(_row_checks(q, sum_tolerance(q.dtype))[3].any()):
+            check_q(q)
+        q64 = Rows(lambda i: q[i].double())
+    return _walk(_children(draft.parents.tolist()), draft.tokens.tolist(), q64, Rows(p_row),
+                 MultinomialDraws(generator))
 
 
-def model_rows(name: str, questions: str, count: int, tokens: int, sampling: SamplingConfig) -> torch.Tensor:
+def device_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
+    """Every row warped at once, then the device walk on the CPU tensors."""
+    return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator, device_walk=True)
+
+
+def model_rows(name: str, path: str, count: int, tokens: int, sampling: SamplingConfig) -> torch.Tensor:
     """(R, V) the target's logits over its own sampled answers (plain decoding) to the first ``count`` questions."""
     import specfamily as sf
 
     target = sf.load_target(name)
     rows = []
-    with open(questions) as lines:
-        turns = [json.loads(line)["turns"][0] for line, _ in zip(lines, range(count), strict=False)]
-    for seed, turn in enumerate(turns):
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    for seed, turn in enumerate(questions(path, count)):
+        ids = prompt_ids(target, turn)
         answer = sf.generate(target, None, ids, max_new_tokens=tokens, sampling=sampling, seed=seed).tokens
         with torch.no_grad():
             logits = target.model(torch.tensor([ids + answer])).logits[0].float()
         rows.append(logits[len(ids) - 1 : len(ids) + len(answer) - 1])  # the rows that produced the answer
     return torch.cat(rows)
+
+
+def questions(path: str, count: int) -> list[str]:
+    with open(path) as lines:
+        return [json.loads(line)["turns"][0] for line, _ in zip(lines, range(count), strict=False)]
+
+
+def prompt_ids(target, turn: str) -> list[int]:
+    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def decode_ms(name: str, path: str, count: int, tokens: int, sampling: SamplingConfig, repeats: int) -> None:
+    """Plain decoding's CPU ms per new token: greedy, sampled with the final draw by multinomial (before), sampled
+    now; interleaved, ``repeats`` rounds over the first ``count`` questions, ``tokens`` new tokens each."""
+    import specfamily as sf
+
+    target = sf.load_target(name)
+    prompts = [prompt_ids(target, turn) for turn in questions(path, count)]
+    now_sample = host.HostDraws.sample
+    settings = {"greedy": (SamplingConfig(), now_sample), "sampled, before": (sampling, MultinomialDraws.sample),
+                "sampled, now": (sampling, now_sample)}
+    seconds, made = dict.fromkeys(settings, 0.0), dict.fromkeys(settings, 0)
+    for _ in range(repeats):
+        for label, (config, draw) in settings.items():
+            host.HostDraws.sample = draw
+            try:
+                for seed, ids in enumerate(prompts):
+                    start = time.process_time()
+                    out = sf.generate(target, None, ids, max_new_tokens=tokens, sampling=config, seed=seed)
+                    seconds[label] += time.process_time() - start
+                    made[label] += len(out.tokens)
+            finally:
+                host.HostDraws.sample = now_sample
+    greedy = seconds["greedy"] / made["greedy"]
+    print(f"\n| plain decoding ({name}, {count} prompts x {tokens} tokens, {repeats} rounds) | ms / token | "
+          "/ greedy |\n| --- | --- | --- |")
+    for label in settings:
+        per_token = seconds[label] / made[label]
+        print(f"| {label} | {1e3 * per_token:.2f} | {per_token / greedy:.3f}x |")
 
 
 def make_drafts(n: int, shape: str, count: int, pool: torch.Tensor | None, vocab: int, scale: float, tilt: float,
@@ -107,25 +174,28 @@ def make_drafts(n: int, shape: str, count: int, pool: torch.Tensor | None, vocab
     return out
 
 
-def per_pass_ms(verify: Callable, cases, sampling: SamplingConfig, repeats: int) -> tuple[float, list]:
-    """Median over ``repeats`` of the mean time per pass over ``cases`` (ms), and the outputs of the last repeat."""
-    times, outputs = [], []
+def per_pass_ms(verifiers: dict[str, Callable], cases, sampling: SamplingConfig,
+                repeats: int) -> tuple[dict[str, float], dict[str, list]]:
+    """Per verifier: the median over ``repeats`` (the verifiers interleaved in each) of the mean CPU time per pass
+    over ``cases`` (ms), and its outputs (each pass with its own generator, seeded by the pass's index)."""
+    times: dict[str, list[float]] = {name: [] for name in verifiers}
+    outputs: dict[str, list] = {}
     for _ in range(repeats):
-        outputs = []
-        gen = torch.Generator().manual_seed(0)
-        start = time.perf_counter()
-        for draft, logits in cases:
-            outputs.append(verify(draft, logits, sampling, gen))
-        times.append((time.perf_counter() - start) / len(cases))
-    return 1e3 * statistics.median(times), outputs
+        for name, verify in verifiers.items():
+            gens = [torch.Generator().manual_seed(i) for i in range(len(cases))]
+            start = time.process_time()
+            outputs[name] = [verify(draft, logits, sampling, gen) for (draft, logits), gen in zip(cases, gens,
+                                                                                                  strict=True)]
+            times[name].append((time.process_time() - start) / len(cases))
+    return {name: 1e3 * statistics.median(values) for name, values in times.items()}, outputs
 
 
 def warp_ms(fn: Callable, logits: torch.Tensor, sampling: SamplingConfig, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         fn(logits, sampling)
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return 1e3 * statistics.median(times)
 
 
@@ -143,9 +213,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answers", type=int, default=8, help="with --model: questions answered")
     parser.add_argument("--passes", type=int, default=20, help="drafts per (n, shape); each timed pass is one")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--decode", type=int, default=0, help="with --model: also time plain decoding, greedy and "
+                        "sampled, over this many questions (48 new tokens each, --repeats rounds)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     sampling = SamplingConfig(args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if args.model is not None and args.decode:
+        decode_ms(args.model, args.questions, args.decode, 48, sampling, args.repeats)
 
     pool = None
     if args.model is not None:
@@ -164,17 +238,18 @@ def main(argv: list[str] | None = None) -> None:
         new = warp_ms(warp, logits[:rows], sampling, 10 * args.repeats)
         print(f"| per call | {rows} | {old:.3f} | {new:.3f} | {old / new:.1f}x |")
 
-    print("\n| pass | n | accepted (mean) | old ms | new ms (lazy) | new-batched ms | old / new |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    verifiers = {"old": old_verify, "before": before_verify, "now": verify_draft, "device": device_verify}
+    print("\n| pass | n | accepted (mean) | old ms | before ms | now ms | device walk (CPU) ms | before / now |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n, shape in ((0, "chain"), (4, "chain"), (4, "tree"), (12, "chain"), (12, "tree")):
         cases = make_drafts(n, shape, args.passes, pool, args.vocab, args.scale, args.tilt, sampling)
-        old, old_out = per_pass_ms(old_verify, cases, sampling, args.repeats)
-        new, new_out = per_pass_ms(verify_draft, cases, sampling, args.repeats)
-        batched, batched_out = per_pass_ms(batched_verify, cases, sampling, args.repeats)
-        if not old_out == new_out == batched_out:
-            raise SystemExit(f"outputs differ at n = {n} ({shape})")
-        accepted = statistics.mean(len(path) for path, _ in new_out)
-        print(f"| {shape} | {n} | {accepted:.2f} | {old:.2f} | {new:.2f} | {batched:.2f} | {old / new:.1f}x |")
+        ms, out = per_pass_ms(verifiers, cases, sampling, args.repeats)
+        paths = {name: [path for path, _ in outputs] for name, outputs in out.items()}
+        if not paths["old"] == paths["before"] == paths["now"]:
+            raise SystemExit(f"paths differ at n = {n} ({shape})")
+        accepted = statistics.mean(len(path) for path in paths["now"])
+        print(f"| {shape} | {n} | {accepted:.2f} | {ms['old']:.2f} | {ms['before']:.2f} | {ms['now']:.2f} | "
+              f"{ms['device']:.2f} | {ms['before'] / ms['now']:.2f}x |")
 
 
 if __name__ == "__main__":

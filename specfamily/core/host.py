@@ -1,6 +1,10 @@
 """Host transfer for the verifier: what of tokens, p and q lives on an accelerator reaches the CPU in one packed copy
 per device (``to_host``), and where the walk's uniforms come from (``HostDraws``: one per try from a CPU generator;
-``BlockDraws``: one block per pass drawn on the accelerator's generator and moved with p and q)."""
+``BlockDraws``: one block per pass drawn on the accelerator's generator and moved with p and q).
+
+Every final token is drawn by inversion (:func:`inverse_cdf`) from one uniform: one cumulative sum over the row, no
+draw per vocabulary entry (``torch.multinomial`` draws V exponentials). Tokens without mass are never picked, so the
+draw reads only the kept support of a warped row."""
 
 from __future__ import annotations
 
@@ -16,13 +20,16 @@ def uniform(generator: torch.Generator | None, device: torch.device) -> float:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """A token of probs (V,) (any scale, float64 sums): inversion of one uniform from ``generator`` (its device's
+    stream; torch's default one on probs' device when None)."""
+    return inverse_cdf(probs.double(), uniform(generator, draw_device(probs, generator)))
 
 
 def inverse_cdf(probs: torch.Tensor, u: float) -> int:
     """The token whose cumulative-probability interval holds u * total; never one of probability 0."""
     cdf = probs.cumsum(0)  # (V,)
-    index = int(torch.searchsorted(cdf, torch.tensor([u * cdf[-1].item()], dtype=cdf.dtype), right=True))
+    at = cdf.new_tensor([u * cdf[-1].item()])
+    index = int(torch.searchsorted(cdf, at, right=True))
     if index >= probs.numel():  # u * total rounded up to the total: the last token with mass
         index = int(torch.nonzero(probs).max())
     return index

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from specfamily.core import host
 from specfamily.core.sampling import warp
 from specfamily.core.types import SamplingConfig
 from specfamily.core.verify import greedy_tree
@@ -70,5 +71,5 @@ def typical_accept(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Te
     path = longest_passing_path(parent_list, passed.tolist())
     end = path[-1] + 1 if path else 0  # the row the next token is drawn from
     row = p[slot[end]] if end in slot else warp(logits[end : end + 1], sampling)[0]
-    next_token = int(torch.multinomial(row, 1, generator=generator).item())
+    next_token = host.sample(row, generator)
     return path, next_token

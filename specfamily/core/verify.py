@@ -7,13 +7,13 @@ p(x) <- 0 and p is renormalised. Accepting descends to the child's own row of p.
 accepted the next token is sampled from what is left of p. Greedy decoding is the same code with
 one-hot p. Exact: the committed tokens follow p whatever the drafter proposes.
 
-The walk is sequential and branches on every draw, so it runs on the host (:mod:`specfamily.core.host`):
-whatever of tokens, p and q lives on an accelerator is moved to the CPU once per pass (one copy per device, in
-the tensors' own dtypes), never an ``.item()`` per node. With a CPU generator (or none, for CPU tensors) the uniforms
-are drawn one per tried child, exactly as they always were. With an accelerator's generator they are
-drawn as one block of n + 1 per pass (one per possible try, one for the final token) and travel with
-p and q; the final token is then drawn by inversion from its uniform. The law is the same; that
-stream differs from one draw per node.
+With a CPU generator (or none, for CPU tensors) the walk runs on the host and branches on every draw
+(:mod:`specfamily.core.host`): whatever of tokens, p and q lives on an accelerator is moved to the CPU once per pass
+(one copy per device, in the tensors' own dtypes), never an ``.item()`` per node; the uniforms are drawn one per tried
+child, the final token by inversion of one more. With an accelerator's generator the walk runs on the device
+(:func:`device_verify_tree`, :mod:`specfamily.core.device_verify`): a block of n + 1 uniforms per pass (node i's try
+reads u[i], the final token u[n]), chains in one vectorised step, and one host synchronisation for the accepted path
+and the next token. The law is the same; the streams differ.
 
 Only the rows the walk reaches are read (the root's, then each accepted node's; q's for each tried child), each
 converted to float64 once; :func:`verify_tree_rows` takes p row by row, so that its caller warps no other row.
@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from specfamily.core import host
+from specfamily.core.device_verify import chain_walk, tree_walk
 
 
 class DraftProbabilityError(ValueError):
@@ -45,11 +46,9 @@ def check_q(q: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     if q.numel() == 0:
         return
     tolerance = sum_tolerance(q.dtype if dtype is None else dtype)
-    finite = torch.isfinite(q).all(dim=1)  # (n,)
-    negative = (q < 0).any(dim=1)  # (n,)
-    sums = q.sum(dim=1, dtype=torch.float64)  # (n,)
-    off = (sums - 1).abs() > tolerance
-    bad = ~finite | negative | off
+    if bool(plain_rows(q, tolerance).all()):
+        return
+    finite, negative, sums, bad = _row_checks(q, tolerance)
     if not bool(bad.any()):
         return
     node = int(bad.nonzero()[0])
@@ -60,6 +59,28 @@ def check_q(q: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     else:
         problem = f"a sum of {float(sums[node]):.6g} (more than {tolerance:.3g} from 1)"
     raise DraftProbabilityError(f"q of draft node {node} is not a distribution: {problem}")
+
+
+def plain_rows(q: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """(n,) bool: rows that are distributions beyond doubt, in two cheap passes (a sum in float32, or in float64
+    for float64 q, and a min): the sum within tolerance / 2 of 1 (a NaN or infinite entry makes it fail) and no
+    entry below 0. A row that fails it is judged by the exact checks (:func:`_row_checks`), so no verdict changes:
+    the float32 sum of a distribution's row is off its float64 sum by far less than tolerance / 2."""
+    sums = q.sum(dim=1, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+    return ((sums - 1).abs() <= tolerance / 2) & (q.amin(dim=1) >= 0)
+
+
+def _row_checks(q: torch.Tensor, tolerance: float) -> tuple[torch.Tensor, ...]:
+    """(n,) each, on q's device: finite, has a negative entry, the row's sum (float64), not a distribution."""
+    finite = torch.isfinite(q).all(dim=1)
+    negative = (q < 0).any(dim=1)
+    sums = q.sum(dim=1, dtype=torch.float64)
+    return finite, negative, sums, ~finite | negative | ((sums - 1).abs() > tolerance)
+
+
+def _zero_q_error(token: int, node: int) -> DraftProbabilityError:
+    return DraftProbabilityError(f"draft token {token} has q = 0 (node {node}) under the distribution it was "
+                                 "reported sampled from")
 
 
 class Rows:
@@ -108,8 +129,7 @@ def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, d
         return False, rejected
     q_x = q_row[token].item()
     if q_x <= 0:
-        raise DraftProbabilityError(f"draft token {token} has q = 0 (node {node}) under the distribution it was "
-                                    "reported sampled from")
+        raise _zero_q_error(token, node)
     if draws.uniform() < min(1.0, residual[token].item() / q_x):
         return True, residual
     return False, torch.clamp(residual - q_row, min=0.0)
@@ -157,15 +177,21 @@ def verify_tree(
     q: torch.Tensor | None,
     p: torch.Tensor,
     generator: torch.Generator | None = None,
+    device_walk: bool | None = None,
 ) -> tuple[list[int], int]:
     """Accept a path of a token tree against the target's p.
 
     tokens (n,), parents (n,), q (n, V) or None, p (n+1, V): row 0 at the root, row i+1 after node i.
     Returns (accepted node indices from the root down, the next token sampled by the target).
+    ``device_walk``: walk on p's device with one host synchronisation (:func:`device_verify_tree`); None: when the
+    uniforms come from an accelerator (the generator's device, or p's for torch's default generator).
     """
     n = tokens.numel()
     _check_shapes(n, tuple(p.shape), q)
     device = host.draw_device(p, generator)
+    on_device = device.type != "cpu" if device_walk is None else device_walk
+    if on_device:
+        return device_verify_tree(tokens, parents, q, p, host.uniform_block(n + 1, generator, device))
     block = None if device.type == "cpu" else host.uniform_block(n + 1, generator, device)  # n tries at most, 1 token
     tokens, parents, q, p, block = host.to_host([tokens, parents, q, p, block])
     draws = host.HostDraws(generator) if block is None else host.BlockDraws(block.tolist())
@@ -190,6 +216,27 @@ def verify_tree_rows(
         raise ValueError(f"verify_tree_rows draws on the host; got a generator on {generator.device}")
     tokens, parents, q = host.to_host([tokens, parents, q])
     return _host_walk(tokens, parents, q, lambda i: p_row(i).double(), host.HostDraws(generator))
+
+
+def device_verify_tree(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                       u: torch.Tensor) -> tuple[list[int], int]:
+    """verify_tree's law with the walk on p's device (:mod:`specfamily.core.device_verify`; a chain in one block when
+    parents is a host tensor that says so), uniforms u (n + 1,): node i's try reads u[i], the final token u[n]. The
+    accept mask, the next token and what a refused q needs cross to the host in one copy: one synchronisation."""
+    n = tokens.numel()
+    u = u if u.device == p.device else u.to(p.device)
+    chain = parents.device.type == "cpu" and parents.tolist() == list(range(-1, n - 1))
+    result = chain_walk(tokens, q, p, u) if chain else tree_walk(tokens, parents, q, p, u)
+    flags = [result.next_token.view(1), result.zero_q.view(1)]
+    if q is not None:
+        flags.append((~plain_rows(q, sum_tolerance(q.dtype))).any().long().view(1))
+    values = torch.cat([result.accepted.long(), *flags]).tolist()  # the one synchronisation
+    if q is not None and values[n + 2]:
+        check_q(q)  # the exact checks: raises, naming the node and what is wrong with its row
+    if values[n + 1] >= 0:
+        node = values[n + 1]
+        raise _zero_q_error(int(tokens[node]), node)
+    return [i for i in range(n) if values[i]], values[n]
 
 
 def verify_chain(

@@ -45,7 +45,8 @@ def test_same_paths_tokens_and_generator_state_as_warping_every_row(sampled, sam
         logits = 3 * torch.randn(n + 1, 300, generator=cases)
         draft = _random_draft(cases, logits, sampling, sampled)
         old, new = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        for _ in range(3):  # consecutive passes on one generator stay in step
+        for _ in range(5):  # consecutive passes on one generator stay in step (5: deterministic walks reach depth 3
+            # under the final draw by inversion, whose stream differs from torch.multinomial's)
             got = verify_draft(draft, logits, sampling, new)
             assert got == _warp_all(draft, logits, sampling, old)
             depths.append(len(got[0]))

@@ -1,6 +1,7 @@
 """The sampled-tree verifier moves what it needs to the host once per pass, with the old path's math and randomness.
 
-``_old_verify_tree`` is the verifier as it was (an ``.item()`` per tried node, draws on the residual's device): on
+``_old_verify_tree`` is the verifier as it was (an ``.item()`` per tried node, draws on the residual's device; its
+final token drawn by inversion of one uniform, as the verifier now draws it, where it was ``torch.multinomial``): on
 CPU tensors with a CPU generator the new one must give the same paths, tokens and generator state on many random
 trees. ``DeviceTensor`` stands in for tensors on an accelerator and counts what would be a device-to-host transfer.
 """
@@ -12,7 +13,7 @@ import torch
 
 import specfamily.core.host as host
 from specfamily.core.host import to_host
-from specfamily.core.verify import greedy_tree, verify_chain, verify_tree
+from specfamily.core.verify import greedy_tree, verify_tree
 
 P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
 Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
@@ -47,8 +48,8 @@ def _old_verify_tree(tokens, parents, q, p, generator=None, draw_on=None):
                 rejected = torch.clamp(residual - q64[child], min=0.0)
             total = rejected.sum()
             residual = residual / residual.sum() if total <= 0 else rejected / total
-        if accepted is None:
-            return path, int(torch.multinomial(residual, 1, generator=generator).item())
+        if accepted is None:  # the final token by inversion of one more uniform (it was torch.multinomial)
+            return path, host.inverse_cdf(residual, uniform(residual.device))
         path.append(accepted)
         node, residual = accepted, p64[accepted + 1]
 
@@ -158,7 +159,8 @@ def test_to_host_keeps_dtypes_values_and_shapes():
 
 
 def _block_draws_from(monkeypatch, gen: torch.Generator) -> None:
-    """Make verify_tree take its accelerator path (a block of uniforms per pass) with CPU draws."""
+    """Make verify_tree draw as on an accelerator (a block of uniforms per pass) with CPU draws; the tests then ask
+    for the host walk (``device_walk=False``); tests/core/test_device_verify.py tests the device walk."""
     monkeypatch.setattr(host, "draw_device", lambda p, generator: torch.device("cuda", 0))
     monkeypatch.setattr(host, "uniform_block",
                         lambda size, generator, device: torch.rand(size, generator=gen, dtype=torch.float64))
@@ -170,8 +172,9 @@ def test_block_draws_keep_the_textbook_law(monkeypatch):
     n, counts, accepted = 40000, torch.zeros(5), 0
     for _ in range(n):
         x = torch.multinomial(Q, 1, generator=gen)
-        k, nxt = verify_chain(x, Q.view(1, -1), torch.stack([P, P]), gen)
-        counts[int(x) if k == 1 else nxt] += 1
+        path, nxt = verify_tree(x, torch.tensor([-1]), Q.view(1, -1), torch.stack([P, P]), gen, device_walk=False)
+        counts[int(x) if path else nxt] += 1
+        k = len(path)
         accepted += k
     assert accepted / n == pytest.approx(0.67, abs=0.01)
     assert torch.allclose(counts / n, P.float(), atol=0.01)
@@ -183,7 +186,7 @@ def test_block_draws_keep_a_deterministic_trees_law(monkeypatch):
     tokens, parents, p = torch.tensor([1, 0]), torch.tensor([-1, -1]), torch.stack([P, P, P])
     counts, n = torch.zeros(5), 30000
     for _ in range(n):
-        path, nxt = verify_tree(tokens, parents, None, p, gen)
+        path, nxt = verify_tree(tokens, parents, None, p, gen, device_walk=False)
         counts[int(tokens[path[0]]) if path else nxt] += 1
     assert torch.allclose(counts / n, P.float(), atol=0.01)
 
@@ -195,3 +198,27 @@ def test_inverse_cdf_never_picks_a_token_without_mass():
     assert host.inverse_cdf(probs, 0.25) == 3
     assert host.inverse_cdf(probs, 1 - 2**-53) == 3
     assert host.inverse_cdf(probs * 3, 1.0) == 3  # u * total rounded up to the total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sample_by_inversion_follows_the_row_and_skips_tokens_without_mass(dtype):
+    """The final token's draw (one uniform, inverted through the row's cumulative sum) follows the row's law: a
+    chi-square fit over 20,000 draws of an unnormalised row with zeros, none of which is ever drawn."""
+    from specfamily.testing.power import DEFAULT_SIGNIFICANCE
+    from specfamily.testing.stats import chi_square
+
+    row = torch.tensor([0.0, 3.0, 0.0, 1e-3, 2.0, 0.5, 0.0, 4.0], dtype=dtype)
+    gen = torch.Generator().manual_seed(4)
+    counts = torch.bincount(torch.tensor([host.sample(row, gen) for _ in range(20000)]), minlength=8)
+    assert counts[row == 0].sum() == 0
+    _, p_value, _ = chi_square(counts.double(), (row / row.sum()).double())
+    assert p_value >= DEFAULT_SIGNIFICANCE
+
+
+def test_sample_draws_one_uniform_from_the_generator():
+    """One uniform per final token, not one per vocabulary entry: the generator moves as one torch.rand does."""
+    row = torch.rand(1000, generator=torch.Generator().manual_seed(0))
+    gen, twin = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    host.sample(row, gen)
+    torch.rand((), generator=twin, dtype=torch.float64)
+    assert torch.equal(gen.get_state(), twin.get_state())

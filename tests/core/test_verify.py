@@ -105,7 +105,9 @@ def test_all_zero_residual_falls_back_to_the_current_residual(monkeypatch):
     tokens, parents = torch.tensor([0, 1]), torch.tensor([-1, -1])
     draws = []
     for seed in range(40):
-        uniforms = iter([0.9, 1 - 2**-53])  # reject sibling 0 (0.9 >= 0.5), then sibling 1 (ratio 1 - 2^-52)
+        # reject sibling 0 (0.9 >= 0.5), then sibling 1 (ratio 1 - 2^-52); then the final token's uniform, spread over
+        # [0, 1): from the root's p, token 0 would come back for half of them
+        uniforms = iter([0.9, 1 - 2**-53, seed / 40])
         monkeypatch.setattr(host, "uniform", lambda generator, device, scripted=uniforms: next(scripted))
         path, token = verify_tree(tokens, parents, q, p, torch.Generator().manual_seed(seed))
         assert path == []
@@ -166,3 +168,22 @@ def test_the_sum_tolerance_follows_the_reported_dtype():
     verify_chain(torch.tensor([1]), bf16.view(1, -1), torch.stack([P, P]).to(torch.bfloat16))
     with pytest.raises(DraftProbabilityError, match="a sum of 1.02"):
         verify_chain(torch.tensor([1]), (Q * 1.02).float().view(1, -1), torch.stack([P, P]).float())
+
+
+def test_check_q_judges_rows_its_quick_pass_doubts_exactly():
+    """The quick pass (float32 sum within tolerance / 2, no negative entry) only waves rows through; a row it doubts
+    gets the exact float64 checks: within the tolerance it is accepted, beyond it refused with its sum."""
+    from specfamily.core.verify import check_q, plain_rows
+
+    row = torch.full((4,), 0.25)
+    near, off = row * (1 + 0.8e-3), row * (1 + 1.2e-3)  # sums 1.0008 and 1.0012 against a tolerance of 1e-3
+    assert plain_rows(torch.stack([row, near]), 1e-3).tolist() == [True, False]
+    check_q(torch.stack([row, near]))
+    with pytest.raises(DraftProbabilityError, match=r"^q of draft node 1 is not a distribution: a sum of 1\.0012"):
+        check_q(torch.stack([row, off]))
+    for bad in (float("nan"), float("inf"), -0.25):
+        broken = row.clone()
+        broken[1] = bad
+        assert not plain_rows(broken.view(1, -1), 1e-3).any()
+        with pytest.raises(DraftProbabilityError, match=r"^q of draft node 0 is not a distribution"):
+            check_q(broken.view(1, -1))

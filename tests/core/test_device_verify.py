@@ -1,0 +1,158 @@
+"""The device walk (specfamily.core.device_verify, verify_tree's accelerator path) on CPU tensors.
+
+Exact: given the same uniforms (node i's try reads u[i], the final token u[n]) the device walk returns what the host
+walk returns, tree and chain, sampled and deterministic, on many random cases, so it inherits the host walk's law
+(which the conformance kit tests). Law: the textbook chain and a deterministic tree by chi-square, with the walk's
+own block of uniforms. Cost: one host synchronisation per pass, counted on stand-in device tensors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_host import DeviceTensor, _on_device, _random_case
+
+import specfamily.core.verify as verify
+from specfamily.core import host
+from specfamily.core.verify import DraftProbabilityError, device_verify_tree, verify_tree
+from specfamily.testing.power import DEFAULT_SIGNIFICANCE
+from specfamily.testing.stats import chi_square
+
+P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
+Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
+
+
+class NodeDraws:
+    """The host walk's draws with the device walk's assignment: the try of node i reads u[i], the final token u[n]."""
+
+    def __init__(self, u: list[float]) -> None:
+        self.u, self.node, self.tried = u, None, []
+
+    def uniform(self) -> float:
+        self.tried.append(self.node)
+        return self.u[self.node]
+
+    def sample(self, probs: torch.Tensor) -> int:
+        return host.inverse_cdf(probs, self.u[-1])
+
+
+def _host_walk(monkeypatch, tokens, parents, q, p, u) -> tuple[tuple[list[int], int], list[int]]:
+    """The host walk's result with uniforms assigned per node, and the nodes it tried."""
+    real = verify._try_child
+
+    def tagged(residual, token, q_row, draws, node=0):
+        draws.node = node
+        return real(residual, token, q_row, draws, node)
+
+    monkeypatch.setattr(verify, "_try_child", tagged)
+    draws = NodeDraws(u.tolist())
+    result = verify._host_walk(tokens, parents, q, lambda i: p[i].double(), draws)
+    monkeypatch.setattr(verify, "_try_child", real)
+    return result, draws.tried
+
+
+@pytest.mark.parametrize("shape", ["tree", "chain"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+def test_same_result_as_the_host_walk_given_the_same_uniforms(monkeypatch, shape, sampled):
+    cases = torch.Generator().manual_seed(31 + sampled)
+    depths, tried_late = [], 0
+    for _ in range(300):
+        tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
+        if shape == "chain":
+            parents = torch.arange(tokens.numel()) - 1
+        if sampled and bool((q[torch.arange(tokens.numel()), tokens] == 0).any()):
+            continue  # a token its q cannot have drawn (float rounding): the refusal has its own test
+        u = torch.rand(tokens.numel() + 1, generator=cases, dtype=torch.float64)
+        (path, token), tried = _host_walk(monkeypatch, tokens, parents, q, p, u)
+        assert device_verify_tree(tokens, parents, q, p, u) == (path, token)
+        assert tried == sorted(tried)  # tries come in node order: what the device walk's one sweep assumes
+        depths.append(len(path))
+        tried_late += bool(tried) and len(tried) > len(path) + 1  # a rejected sibling before the last try
+    assert max(depths) >= 3
+    assert shape == "chain" or tried_late > 10  # the trees exercised residuals after rejected siblings
+
+
+def test_plain_decoding_n_0():
+    p = torch.stack([P])
+    for u, expected in ((0.0, 0), (0.41, 0), (0.43, 1), (0.99, 4)):
+        assert device_verify_tree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), None, p,
+                                  torch.tensor([u], dtype=torch.float64)) == ([], expected)
+
+
+@pytest.mark.parametrize("parents", [[-1], [-1, -1]], ids=["chain", "tree"])
+def test_textbook_law_with_the_walks_own_uniforms(parents):
+    """x ~ q at the root (and, for the tree, an independent second sibling); the first token must follow p (a
+    chi-square check beside the exact equality above: 5000 passes, as each costs ~2 ms of small tensor ops)."""
+    gen, n = torch.Generator().manual_seed(5), 5000
+    parents = torch.tensor(parents)
+    counts, accepted = torch.zeros(5), 0
+    q, p = Q.expand(len(parents), 5).contiguous(), torch.stack([P] * (len(parents) + 1))
+    for _ in range(n):
+        x = torch.multinomial(q, 1, replacement=True, generator=gen).view(-1)
+        path, nxt = verify_tree(x, parents, q, p, gen, device_walk=True)
+        counts[int(x[path[0]]) if path else nxt] += 1
+        accepted += bool(path)
+    _, p_value, _ = chi_square(counts.double(), P)
+    assert p_value >= DEFAULT_SIGNIFICANCE
+    if len(parents) == 1:
+        assert accepted / n == pytest.approx(0.67, abs=0.02)  # 3 standard deviations at n = 5000
+
+
+def test_deterministic_trees_law_with_the_walks_own_uniforms():
+    gen, n = torch.Generator().manual_seed(6), 5000
+    tokens, parents, p = torch.tensor([1, 0]), torch.tensor([-1, -1]), torch.stack([P, P, P])
+    counts = torch.zeros(5)
+    for _ in range(n):
+        path, nxt = verify_tree(tokens, parents, None, p, gen, device_walk=True)
+        counts[int(tokens[path[0]]) if path else nxt] += 1
+    _, p_value, _ = chi_square(counts.double(), P)
+    assert p_value >= DEFAULT_SIGNIFICANCE
+
+
+def test_an_accelerators_generator_walks_on_the_device(monkeypatch):
+    """verify_tree's default: uniforms from an accelerator mean the device walk (here its draws are faked)."""
+    walked = []
+    monkeypatch.setattr(host, "draw_device", lambda p, generator: torch.device("cuda", 0))
+    monkeypatch.setattr(host, "uniform_block", lambda size, generator, device: torch.full((size,), 0.5).double())
+    monkeypatch.setattr(verify, "device_verify_tree", lambda *args: walked.append(args) or ([], 0))
+    verify_tree(torch.tensor([1]), torch.tensor([-1]), None, torch.stack([P, P]))
+    assert len(walked) == 1 and walked[0][-1].tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("shape", ["tree", "tree-host-parents", "chain"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+def test_one_host_synchronisation_per_pass(shape, sampled):
+    """Tokens, q, p and u on the 'device'; parents there (trees) or on the host (a chain is recognised there)."""
+    cases = torch.Generator().manual_seed(8)
+    for _ in range(40):
+        tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
+        parents = torch.arange(tokens.numel()) - 1 if shape == "chain" else parents
+        parents = _on_device(parents) if shape == "tree" else parents
+        if sampled and bool((q[torch.arange(tokens.numel()), tokens] == 0).any()):
+            continue
+        u = torch.rand(tokens.numel() + 1, generator=cases, dtype=torch.float64)
+        expected = device_verify_tree(tokens, parents, q, p, u)
+        DeviceTensor.transfers = []
+        got = device_verify_tree(_on_device(tokens), parents, _on_device(q), _on_device(p), _on_device(u))
+        assert DeviceTensor.transfers == ["tolist"], DeviceTensor.transfers
+        assert got == expected
+
+
+@pytest.mark.parametrize("parents, u0", [([-1, 0], 0.0), ([-1, -1], 0.99)], ids=["chain", "tree"])
+def test_a_tried_token_with_q_0_is_refused_with_the_host_walks_message(parents, u0):
+    """Node 1's token has q = 0. Chain: node 0 accepted (u0 = 0), so node 1 is tried; tree: node 0 rejected
+    (u0 = 0.99 >= p/q = 0.3), so its sibling node 1 is tried. Not tried, it is not refused (as on the host)."""
+    q = torch.stack([Q, torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0], dtype=torch.float64)])
+    tokens, p, parents = torch.tensor([4, 3]), torch.stack([P, P, P]), torch.tensor(parents)
+    u = torch.tensor([u0, 0.5, 0.5], dtype=torch.float64)
+    with pytest.raises(DraftProbabilityError, match=r"^draft token 3 has q = 0 \(node 1\) under the distribution"):
+        device_verify_tree(tokens, parents, q, p, u)
+    u[0] = 0.99 if u0 == 0.0 else 0.0  # chain: node 0 rejected; tree: node 0 accepted (node 1 is not its child)
+    assert device_verify_tree(tokens, parents, q, p, u)[0] == ([] if u0 == 0.0 else [0])
+
+
+def test_a_q_that_is_not_a_distribution_is_refused_with_check_qs_message():
+    q = torch.stack([Q, Q * 2])
+    with pytest.raises(DraftProbabilityError, match=r"^q of draft node 1 is not a distribution: a sum of 2"):
+        device_verify_tree(torch.tensor([0, 1]), torch.tensor([-1, -1]), q, torch.stack([P, P, P]),
+                           torch.full((3,), 0.5, dtype=torch.float64))
