@@ -1,11 +1,21 @@
-"""EAGLE-2 dynamic tree: expansion, reranking and pruning on hand-made log-probability tables."""
+"""EAGLE-2 dynamic tree: expansion, reranking and pruning on hand-made log-probability tables; sampled trees
+(children drawn without replacement, slot scores, draw-order prefixes, conditional q)."""
 
 import math
 
 import pytest
 import torch
 
-from specfamily.drafters.shared.dynamic_tree import Candidates, expand, grow_tree, select_tree
+from specfamily.drafters.shared.dynamic_tree import (
+    Candidates,
+    DraftTree,
+    expand,
+    expand_sampled,
+    grow_tree,
+    is_draw_prefix,
+    select_tree,
+    sibling_q,
+)
 
 V = 6
 
@@ -105,14 +115,19 @@ def test_select_tree_keeps_ancestors_and_breaks_ties_by_index():
         tokens=torch.tensor([5, 6, 7, 8]),
         parents=torch.tensor([-1, -1, 1, 2]),
         scores=torch.tensor([-1.0, -0.5, -0.5, -0.5]),
+        ranks=torch.tensor([0, 1, 0, 0]),
+        rows=torch.tensor([0, 0, 1, 2]),
     )
     tree = select_tree(candidates, 2)
-    assert tree.tokens.tolist() == [6, 7]
-    assert tree.parents.tolist() == [-1, 0]
+    assert tree.tokens.tolist() == [5, 6, 7]  # 6 is the root's second child: its earlier sibling 5 comes along
+    assert tree.parents.tolist() == [-1, -1, 1]
+    assert tree.ranks.tolist() == [0, 1, 0] and is_draw_prefix(tree)
 
 
 def test_select_tree_closes_over_ancestors_even_with_inconsistent_scores():
-    candidates = Candidates(torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 1]), torch.tensor([-3.0, -2.0, -0.1]))
+    zero = torch.zeros(3, dtype=torch.long)
+    candidates = Candidates(torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 1]), torch.tensor([-3.0, -2.0, -0.1]),
+                            zero, zero)
     tree = select_tree(candidates, 1)
     assert tree.tokens.tolist() == [1, 2, 3]
     assert tree.parents.tolist() == [-1, 0, 1]
@@ -160,10 +175,105 @@ def test_bad_sizes_are_refused():
 
 
 def test_expand_scores_are_cumulative():
-    tokens, parents, scores = expand(torch.tensor([4, 7]), torch.tensor([-1.0, -2.0]),
+    tokens, parents, scores, ranks = expand(torch.tensor([4, 7]), torch.tensor([-1.0, -2.0]),
                                      torch.tensor([[math.log(0.5), math.log(0.25), math.log(0.25)],
                                                    [math.log(0.1), math.log(0.2), math.log(0.7)]]), 2)
     assert tokens.tolist() == [0, 1, 2, 1]
     assert parents.tolist() == [4, 4, 7, 7]
+    assert ranks.tolist() == [0, 1, 0, 1]
     assert scores.tolist() == pytest.approx([-1 + math.log(0.5), -1 + math.log(0.25),
                                              -2 + math.log(0.7), -2 + math.log(0.2)])
+
+
+def test_select_tree_keeps_earlier_siblings_of_a_kept_later_one():
+    # the root's third-drawn child (index 2) outscores the second: keeping it keeps the second too (a draw-order
+    # prefix), so the conditional q of the third stays the one it was drawn from
+    candidates = Candidates(torch.tensor([3, 1, 4]), torch.tensor([-1, -1, -1]), torch.tensor([-0.1, -3.0, -0.2]),
+                            torch.tensor([0, 1, 2]), torch.zeros(3, dtype=torch.long))
+    tree = select_tree(candidates, 2)
+    assert tree.tokens.tolist() == [3, 1, 4]
+    assert tree.ranks.tolist() == [0, 1, 2] and is_draw_prefix(tree)
+
+
+def test_is_draw_prefix_refuses_a_gap_or_a_reordering():
+    def tree(parents, ranks):
+        n = len(parents)
+        return DraftTree(torch.arange(n), torch.tensor(parents), torch.zeros(n), torch.tensor(ranks),
+                         torch.zeros(n, dtype=torch.long), [])
+
+    assert is_draw_prefix(tree([-1, -1, 0, 0, 1], [0, 1, 0, 1, 0]))
+    assert not is_draw_prefix(tree([-1, -1, 0], [0, 2, 0]))  # the root's second draw dropped, the third kept
+    assert not is_draw_prefix(tree([-1, -1], [1, 0]))  # kept, but out of draw order
+    assert not is_draw_prefix(tree([-1, 0], [0, 1]))  # a first child of node 0 with rank 1
+
+
+def test_expand_sampled_draws_distinct_children_with_slot_scores():
+    q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    gen = torch.Generator().manual_seed(0)
+    tokens, parents, scores, ranks = expand_sampled(torch.tensor([2, 5]), torch.tensor([-1.0, -2.0]), q, 3, gen)
+    assert parents.tolist() == [2, 2, 2, 5]  # the second row's support has one token: one child
+    assert ranks.tolist() == [0, 1, 2, 0]
+    assert sorted(tokens[:3].tolist()) == [0, 1, 2] and tokens[3].item() == 2
+    # the j-th child's score is the parent's plus the log of the j-th largest q, whatever token was drawn
+    assert scores.tolist() == pytest.approx([-1 + math.log(0.5), -1 + math.log(0.3), -1 + math.log(0.2), -2.0])
+
+
+def test_expand_sampled_draws_in_sequential_order():
+    """First draw ~ q, second ~ q with the first zeroed: the joint law of the first two draws, exactly."""
+    q = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    gen = torch.Generator().manual_seed(1)
+    n = 40000
+    counts = torch.zeros(4, 4)
+    for _ in range(n // 100):
+        rows = q.expand(100, 4)
+        draws = torch.multinomial(rows, 2, replacement=False, generator=gen)  # what expand_sampled calls per row
+        counts.index_put_((draws[:, 0], draws[:, 1]), torch.ones(100), accumulate=True)
+    first, second = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    law = torch.where(first == second, 0.0, q[first] * q[second] / (1 - q[first]))
+    mask = law > 0
+    chi2 = (((counts - n * law)[mask]) ** 2 / (n * law[mask])).sum().item()
+    assert chi2 < 32.9  # chi-square, 11 degrees of freedom, p = 0.0005
+    # expand_sampled's own draw: same generator state, same tokens in the same order
+    a = torch.multinomial(q, 3, replacement=False, generator=torch.Generator().manual_seed(7))
+    b, *_ = expand_sampled(torch.tensor([-1]), torch.zeros(1), q[None], 3, torch.Generator().manual_seed(7))
+    assert a.tolist() == b.tolist()
+
+
+def test_sibling_q_zeroes_the_earlier_siblings():
+    rows = torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    q = sibling_q(torch.tensor([1, 0, 0, 2]), torch.tensor([-1, -1, 0, 0]), rows)
+    expected = torch.tensor([[0.5, 0.3, 0.2], [0.5 / 0.7, 0.0, 0.2 / 0.7], [0.5, 0.3, 0.2],
+                             [0.0, 0.1 / 0.9, 0.8 / 0.9]],
+                            dtype=torch.float64)
+    assert torch.allclose(q, expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sampled_growth_keeps_draw_order_prefixes_and_reports_their_rows(seed):
+    """Random sharp rows, tight budgets: the kept children of every node are ranks 0, 1, ... of its draws, each
+    node's row is the one its parent was expanded with, and tokens never repeat under one parent."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = {}
+
+    def rows(path):
+        if path not in cache:
+            cache[path] = torch.softmax(3 * torch.randn(V, generator=gen, dtype=torch.float64), -1).float()
+        return cache[path]
+
+    step = TableStep(rows)
+    draw = torch.Generator().manual_seed(100 + seed)
+    top_k, total = 3, 2 + seed % 7
+
+    def expand_fn(nodes, scores, q):
+        return expand_sampled(nodes, scores, q, top_k, draw)
+
+    tree = grow_tree(rows(()), step, 4, top_k, total, expand_fn)
+    assert is_draw_prefix(tree)
+    assert len(tree.tokens) >= total or len(step.calls) < 3
+    paths = _paths(tree)
+    assert len(set(paths)) == len(paths)
+    drawn_from = torch.cat(tree.expanded)[tree.rows]
+    for i, path in enumerate(paths):
+        assert torch.equal(drawn_from[i], rows(path[:-1]))
+    assert torch.all(tree.scores[1:][tree.parents[1:] == tree.parents[:-1]] <=
+                     tree.scores[:-1][tree.parents[1:] == tree.parents[:-1]])

@@ -93,6 +93,15 @@ PRUNED_CASES = [
     Case("eagle3", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain", "draft_vocab": list(PRUNED)}),
 ]
 
+# EAGLE trees with children drawn without replacement (tree_sampling="sampled"): every node reports a q, so these
+# are held to depth 3 in every config (300-sample pilots not needed: the runs measured depth-3 shares .81/.52/.30
+# (eagle) and .82/.63/.52 (eagle3) at t1, t07-top_p09, top_k5, power at depth 3 >= 0.94 at the kit's sizes).
+SAMPLED_TREE_CASES = [
+    Case("eagle", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30,
+                           "tree_sampling": "sampled"}),
+    Case("eagle3", "tree", {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30,
+                            "tree_sampling": "sampled"}),
+]
 
 # The depth each case's run must have power 0.9 at (against an error of TV 0.1 in the tokens decided at that level),
 # per sampling config (t1, t07-top_p09, top_k5): the deepest depth that a share >= 0.6 of samples reaches, measured
@@ -120,6 +129,8 @@ MIN_DEPTH = {
     "eagle-chain-pruned": (2, 2, 2),  # d3 .35 .29 .29
     "eagle3-tree-pruned": (2, 2, 2),  # d2 .75 .77 .74
     "eagle3-chain-pruned": (2, 2, 2),  # d3 .35 .16 .24
+    "eagle-tree-sampled": (3, 3, 3),  # d3 .81 .52 .30
+    "eagle3-tree-sampled": (3, 3, 3),  # d3 .82 .63 .52
 }
 SAMPLED_Q = ("small_model-chain", "eagle-chain", "eagle3-chain")  # chains that report the q they sampled from
 
@@ -137,7 +148,8 @@ def min_depth(key: str, sampling) -> int:
 
 
 def test_every_case_states_its_depth():
-    assert {str(case) for case in CASES} | {f"{case}-pruned" for case in PRUNED_CASES} == set(MIN_DEPTH)
+    assert {str(case) for case in CASES} | {f"{case}-pruned" for case in PRUNED_CASES} \
+        | {f"{case}-sampled" for case in SAMPLED_TREE_CASES} == set(MIN_DEPTH)
 
 
 def test_every_registered_drafter_has_a_case_in_each_of_its_modes():
@@ -183,6 +195,18 @@ def test_lossless_with_a_reduced_draft_vocabulary(case, sampling):
                             prompt=case.prompt())
     assert fit.depth.deepest_verified == DEPTH, fit.depth.summary()
     assert drafted and drafted <= set(PRUNED)
+
+
+@pytest.mark.parametrize(("case", "sampling"), rotated(SAMPLED_TREE_CASES, "-sampled"))
+def test_lossless_sampled_trees_at_full_depth(case, sampling):
+    """EAGLE trees drawn without replacement, each child with its conditional q: lossless, verified 3 deep, with
+    power at depth 3 (a q misreported only there would be caught)."""
+    [fit] = assert_lossless(case.factory, configs=[sampling], min_depth=min_depth(f"{case}-sampled", sampling),
+                            prompt=case.prompt(), require_depth=True)
+    depth = fit.depth
+    assert depth.deepest_verified == depth.deepest_drafted == DEPTH, depth.summary()
+    assert depth.trees > 0, depth.summary()
+    print(f"\n{case}-sampled: {fit.describe()}")
 
 
 @pytest.mark.slow

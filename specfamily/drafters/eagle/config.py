@@ -1,7 +1,7 @@
 """Options of the two EAGLE drafters: ``eagle`` (EAGLE-1/2) and ``eagle3`` (EAGLE-3).
 
-Both share the drafting shape (mode, gamma, policy, top_k, total_tokens) and its checks; each adds what its
-weights need. Field order is the drafters' positional order.
+Both share the drafting shape (mode, gamma, policy, top_k, total_tokens, tree_sampling) and its checks; each adds
+what its weights need. Field order is the drafters' positional order (``tree_sampling``, added later, comes last).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("tree", "chain")
+TREE_SAMPLING = ("topk", "sampled")  # as specfamily.drafters.shared.feature_drafting.TREE_SAMPLING
 
 
 @dataclass
@@ -34,6 +35,9 @@ class DraftShapeConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{self.NAME} {name} must be an integer >= 1, got {value!r}")
+        tree_sampling = getattr(self, "tree_sampling", None)
+        if tree_sampling is not None and tree_sampling not in TREE_SAMPLING:
+            raise ValueError(f"{self.NAME} tree_sampling must be one of {TREE_SAMPLING}, got {tree_sampling!r}")
 
     def _check_weights(self, accepted: str) -> None:
         """A built model given as weights must be the variant's; ``accepted`` lists what may be given."""
@@ -53,6 +57,9 @@ class EagleConfig(DraftShapeConfig):
     # None: as trained; "full": the target's whole LM head; an int n: the n most frequent ids of the trained draft
     # vocabulary; a list of target ids: weights="random" only
     draft_vocab: Any = None
+    # tree mode at temperature > 0: "topk" (deterministic children, q = None) or "sampled" (drawn without
+    # replacement from the warped q, conditional q reported); None: the measured default; greedy is always top-k
+    tree_sampling: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +87,7 @@ class Eagle3Config(DraftShapeConfig):
     layers: Any = None  # target feature layer ids; None: the checkpoint's, else the reference's (2, L // 2, L - 3)
     draft_vocab: Any = None  # weights="random": None (the whole vocabulary) or a list of target ids
     seed: int = 0  # initialisation of weights="random"
+    tree_sampling: str | None = None  # as EagleConfig's
 
     NAME = "eagle3"
 

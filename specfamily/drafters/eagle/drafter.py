@@ -43,10 +43,14 @@ DEFAULT_TOP_K = 4
 # measures the fastest shape on the machine and stores it). On CPU a verify pass over n tokens grows quickly with
 # n, so the best tree is far below EAGLE-2's GPU default of 60.
 DEFAULT_TOTAL_TOKENS = 12
+# How trees choose children at temperature > 0 when not told (greedy is always top-k): the mode with more tau per
+# unit of pass cost at t0.7 / top-p 0.9 on SmolLM2, for both variants (docs/sampled-trees.md).
+DEFAULT_TREE_SAMPLING = "topk"
 
 
 class EagleFamilyDrafter(FeatureDrafter):
-    """Deterministic trees (q = None) or sampled chains with honest q (over the draft vocabulary, zero outside it).
+    """Trees (top-k, q = None; or, sampling, children drawn without replacement with their conditional q) or chains
+    (sampled with honest q); every q over the whole vocabulary, zero outside the draft vocabulary.
 
     ``calibration``: the drafting shape a checkpoint was calibrated for (mode, gamma, total_tokens), or {}.
     """
@@ -54,7 +58,8 @@ class EagleFamilyDrafter(FeatureDrafter):
     model: DraftNetwork
 
     def __init__(self, target: Target, model: DraftNetwork, calibration: dict, gamma: int | None,
-                 policy: str | None, mode: str | None, top_k: int | None, total_tokens: int | None) -> None:
+                 policy: str | None, mode: str | None, top_k: int | None, total_tokens: int | None,
+                 tree_sampling: str | None = None) -> None:
         self.model = model
         self.linear = linear_for(target.matmul)  # the layer and the head's single rows, multiplied as the target does
         self.forward = fast_forward(model, self.linear)
@@ -68,6 +73,7 @@ class EagleFamilyDrafter(FeatureDrafter):
         calibrated_tree = calibrated and mode == "tree"
         self.total_tokens = total_tokens or (calibration.get("total_tokens") if calibrated_tree else None) \
             or DEFAULT_TOTAL_TOKENS
+        self.tree_sampling = tree_sampling or DEFAULT_TREE_SAMPLING
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Roll back the last draft's entries and queue the target's features of the committed positions."""
@@ -108,10 +114,11 @@ class EagleDrafter(EagleFamilyDrafter):
         total_tokens: int | None = None,
         seed: int = 0,
         draft_vocab: int | str | list[int] | None = None,
+        tree_sampling: str | None = None,
     ) -> None:
-        config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab)
+        config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab, tree_sampling)
         model, calibration = load_eagle_weights(target, config)
-        super().__init__(target, model, calibration, gamma, policy, mode, top_k, total_tokens)
+        super().__init__(target, model, calibration, gamma, policy, mode, top_k, total_tokens, tree_sampling)
 
     def _check_features(self, features: torch.Tensor | None) -> None:
         if features is None:
@@ -134,11 +141,13 @@ class Eagle3Drafter(EagleFamilyDrafter):
         layers: list[int] | tuple[int, ...] | None = None,
         draft_vocab: list[int] | None = None,
         seed: int = 0,
+        tree_sampling: str | None = None,
     ) -> None:
-        config = Eagle3Config(weights, gamma, policy, mode, top_k, total_tokens, layers, draft_vocab, seed)
+        config = Eagle3Config(weights, gamma, policy, mode, top_k, total_tokens, layers, draft_vocab, seed,
+                              tree_sampling)
         model = load_eagle3_weights(target, config)
         self.needs_features: tuple[int, ...] = target.check_feature_layers(model.shape.layers)
-        super().__init__(target, model, {}, gamma, policy, mode, top_k, total_tokens)
+        super().__init__(target, model, {}, gamma, policy, mode, top_k, total_tokens, tree_sampling)
 
     def _check_features(self, features: torch.Tensor | None) -> None:
         if features is None:

@@ -3,14 +3,17 @@
 The drafter's KV cache holds one entry per committed pair (target feature at t, token t + 1): positions
 ``0 .. real - 1``. ``observe`` rolls back the entries of the last draft and queues the target's features;
 ``propose`` feeds the queued pairs in one call, whose last output is the root's, then drafts a chain or an
-EAGLE-2 dynamic tree from there. A drafter package supplies the model-specific parts: how features become the
-layer's input (``_fuse``), one call of its layer (``_step``), its drafting logits and its q over the whole vocabulary.
+EAGLE-2 dynamic tree from there. Under sampling a tree is top-k (deterministic, q = None) or sampled (children
+drawn without replacement from the warped q, each reported with its conditional q), per ``tree_sampling``.
+A drafter package supplies the model-specific parts: how features become the layer's input (``_fuse``), one
+call of its layer (``_step``), its drafting logits and its q over the whole vocabulary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -22,7 +25,9 @@ from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import Draft, VerifyOutcome
-from specfamily.drafters.shared.dynamic_tree import grow_tree
+from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree, is_draw_prefix, sibling_q
+
+TREE_SAMPLING = ("topk", "sampled")  # how a tree's children are chosen at temperature > 0
 
 # One call of the drafter's layer: (tokens (1, q), inputs (1, q, H), positions (1, q), additive mask or None,
 # cache) -> outputs (1, q, H).
@@ -84,7 +89,8 @@ def catch_up(state: FeatureState, context: list[int], fuse: Callable, step: Step
 class FeatureDrafter(BaseDrafter):
     """Chain (sampled with honest q) or dynamic-tree drafting over queued target features.
 
-    Subclasses set ``model``, ``mode``, ``top_k``, ``total_tokens`` and define ``_step`` and ``_full_q``; they
+    Subclasses set ``model``, ``mode``, ``top_k``, ``total_tokens``, ``tree_sampling`` (one of ``TREE_SAMPLING``;
+    greedy decoding always drafts top-k trees) and define ``_step`` and ``_full_q``; they
     may override ``_fuse`` (default: features as they are) and ``_draft_logits`` (default: ``model.logits``).
     """
 
@@ -92,6 +98,7 @@ class FeatureDrafter(BaseDrafter):
     mode: str
     top_k: int
     total_tokens: int
+    tree_sampling: str
 
     def __init__(self, gamma: int | None = None, policy: str | None = None) -> None:
         super().__init__(gamma, policy)
@@ -154,22 +161,55 @@ class FeatureDrafter(BaseDrafter):
         return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs).cpu() if qs else None)
 
     def _tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
-        """EAGLE-2 dynamic tree over draft-vocabulary indices, scored at the sampling temperature."""
+        """EAGLE-2 dynamic tree over draft-vocabulary indices: top-k children scored at the sampling temperature
+        (q = None), or, sampling with ``tree_sampling == "sampled"``, children drawn from the warped q."""
+        if self.tree_sampling == "sampled" and not ctx.sampling.greedy:
+            return self._sampled_tree(ctx, root, gamma)
         temperature = ctx.sampling.temperature or 1.0
-        feeder = TreeFeeder(self.model, self._step, self.state, root, temperature, self.top_k, gamma,
-                            self._draft_logits)
-        root_logp = torch.log_softmax(self._draft_logits(root).float() / temperature, dim=-1)
-        tree = grow_tree(root_logp, feeder.step, gamma, self.top_k, self.total_tokens)
+        rows = TopkRows(temperature)
+        feeder = TreeFeeder(self.model, self._step, self.state, root, self.top_k, gamma, self._draft_logits, rows)
+        tree = grow_tree(rows(self._draft_logits(root)), feeder.step, gamma, self.top_k, self.total_tokens)
         return Draft(self.model.token_ids(tree.tokens).cpu(), tree.parents.cpu(), None)
+
+    def _sampled_tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
+        """Children drawn without replacement from warp(logits) with ``ctx.generator``; kept siblings are a prefix
+        of their draw order, each reported with its q given the earlier ones (over V, zero outside the draft
+        vocabulary)."""
+        rows = partial(warp, sampling=ctx.sampling)  # the warped q rows the children are drawn from
+        feeder = TreeFeeder(self.model, self._step, self.state, root, self.top_k, gamma, self._draft_logits, rows)
+        expand = partial(expand_sampled, top_k=self.top_k, generator=ctx.generator)
+        tree = grow_tree(rows(self._draft_logits(root)), feeder.step, gamma, self.top_k, self.total_tokens, expand)
+        q = self._full_q(drawn_q(tree).float())
+        return Draft(self.model.token_ids(tree.tokens).cpu(), tree.parents.cpu(), q.cpu())
+
+
+def drawn_q(tree: DraftTree) -> torch.Tensor:
+    """(t, N) each kept node's conditional q given its earlier siblings; refuses a tree whose kept siblings are not
+    a prefix of their draw order (dropping an earlier sibling while keeping a later one changes the later's law)."""
+    if not is_draw_prefix(tree):
+        raise RuntimeError("a sampled tree kept a later-drawn sibling without an earlier one: its conditional q "
+                           "would be misreported")
+    return sibling_q(tree.tokens, tree.parents, torch.cat(tree.expanded)[tree.rows])
+
+
+@dataclass
+class TopkRows:
+    """The top-k tree's rows: log-probabilities at the sampling temperature (1 when greedy)."""
+
+    temperature: float
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits.float() / self.temperature, dim=-1)
 
 
 class TreeFeeder:
     """Feeds chosen tree nodes, one batched call per depth, under an ancestor mask over the drafter's cache."""
 
     def __init__(self, model: FeatureModel, forward: Step, state: FeatureState, root: torch.Tensor,
-                 temperature: float, top_k: int, gamma: int, logits: Callable | None = None) -> None:
-        self.model, self.forward, self.state, self.root, self.temperature = model, forward, state, root, temperature
-        self.logits = logits or model.logits  # the drafter's head: its kind of product over a depth's rows
+                 top_k: int, gamma: int, logits: Callable, rows: Callable) -> None:
+        self.model, self.forward, self.state, self.root = model, forward, state, root
+        self.logits = logits  # the drafter's head: its kind of product over a depth's rows
+        self.rows = rows  # logits (k, N) -> what the tree expands: log-probabilities or warped q
         device, deeper = root.device, max(gamma - 1, 0)
         self.slot_of = torch.full((top_k + deeper * top_k * top_k,), -1, dtype=torch.long, device=device)
         self.hidden = root.new_empty(top_k * deeper, root.shape[-1])  # (F, H) outputs of fed nodes
@@ -178,7 +218,7 @@ class TreeFeeder:
         self.depth = 0
 
     def step(self, nodes: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        """Feed nodes (k,) of one depth; return their children's log-probabilities (k, N)."""
+        """Feed nodes (k,) of one depth; return their children's rows (k, N)."""
         k, fed, real, device = nodes.numel(), self.fed, self.state.real, nodes.device
         self.depth += 1
         has_parent = parents >= 0
@@ -196,4 +236,4 @@ class TreeFeeder:
         self.hidden[new] = out
         self.slot_of[nodes] = new
         self.fed = fed + k
-        return torch.log_softmax(self.logits(out).float() / self.temperature, dim=-1)
+        return self.rows(self.logits(out))
