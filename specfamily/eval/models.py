@@ -76,7 +76,8 @@ def load_model_target(node: DictConfig, device: torch.device, tokenizer=None) ->
     source = _source(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype or "auto", device_map=device_map, attn_implementation="sdpa"
+            source, dtype=dtype or "auto", device_map=device_map, attn_implementation="sdpa",
+            use_kernels=False,  # see core/target.py: transformers >= 5.25 kernelizes by default
         )
     except OSError as err:
         if is_local(source):

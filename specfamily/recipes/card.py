@@ -106,7 +106,7 @@ def spread(rows: list, count: int) -> list:
 
 
 def load_model(path: str):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_kernels=False).eval()
 
 
 @torch.no_grad()

@@ -44,7 +44,7 @@ def make_greedy_data(cfg: GreedyDataConfig) -> dict:
     """Generate the windows batch by batch, then write the array and its record (each atomically)."""
     check_config(cfg)
     tokens = token_array(Path(cfg.workdir) / "train.npy")
-    teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval()
+    teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32, use_kernels=False).eval()
     if teacher.config.vocab_size > np.iinfo(np.uint16).max + 1:
         raise ValueError(f"a vocabulary of {teacher.config.vocab_size} does not fit the uint16 windows")
     generator = torch.Generator().manual_seed(cfg.seed)

@@ -145,12 +145,14 @@ class ZooTraining(Resumable):
         self.greedy = load_greedy_data(cfg.greedy_data, len(self.tokenizer)) if cfg.greedy_data else None
         self.windows = fixed_windows(np.load(work / "heldout.npy"), cfg.eval_windows, cfg.seq_len)
         if cfg.init_from:
-            model = LlamaForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+            model = LlamaForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32, use_kernels=False)
         else:
             torch.manual_seed(cfg.seed)
             model = LlamaForCausalLM(llama_config(cfg.kind, len(self.tokenizer)))
         model = model.to(precision.device).train()
-        teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).eval() if cfg.teacher else None
+        teacher = None
+        if cfg.teacher:
+            teacher = LlamaForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32, use_kernels=False).eval()
         teacher = teacher.to(precision.device) if teacher is not None else None
         loss_fn = torch.compile(_loss) if cfg.compile else _loss
         objective = Objective(model, lambda m, rows: batch_loss(loss_fn, m, teacher, rows))

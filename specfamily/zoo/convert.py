@@ -16,7 +16,9 @@ def convert_gguf(gguf: str | Path, out: str | Path, progress: bool = True, desc:
     gguf = Path(gguf)
     with tqdm(total=3, desc=desc, unit="step", disable=not progress) as bar:
         bar.set_postfix_str("dequantize weights")
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, use_kernels=False
+        )
         bar.update()
         bar.set_postfix_str("tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
