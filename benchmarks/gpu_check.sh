@@ -9,13 +9,18 @@
 #      GPU, a training step of each trainer in fp32 and bf16. The whole CUDA matrix (every drafter x mode x sampling setting): pytest -m cuda tests/gpu.
 #   2. the verifier's time per pass on CUDA tensors (informational): the device walk (one host sync a pass)
 #      against the host walk (p and q copied to the host once), and verify_draft (warp + walk), V 4096 / 49152;
-#   3. one benchmark: benchmarks/peer.py on zoo:code-target (shipped in the repository) on the GPU in float32.
+#   3. one benchmark: benchmarks/peer.py on zoo:code-target (shipped in the repository) on the GPU in float32;
+#   4. real target shapes with random weights (benchmarks/gpu_shapes.py): SmolLM2-135M's architecture in float32 and
+#      bfloat16 and an 8B Llama-3-shaped target in bfloat16, built on the GPU: the pass-cost curve t(1 + g) / t(1) for
+#      g up to 64 over a 512-token cache, and plain decoding against transformers' generate() (tokens/s, identity).
 # Then a summary; the exit status is non-zero when a check failed.
 #
 #   bash benchmarks/gpu_check.sh        # from the repository root
 #
-# Nothing is installed or downloaded: the project runs from this tree (PYTHONPATH) with the machine's own torch
-# and transformers, offline. Logs go to $GPU_CHECK_LOGS, else $OUT (the device tool's folder), else a temp dir.
+# Nothing is downloaded: the project runs from this tree (PYTHONPATH) with the machine's own torch, offline. Where
+# the machine's transformers is older than the project's floor (5.23), carry the wheels benchmarks/gpu_wheels.sh
+# downloads into .whl/ (name .whl in the device tool's carry): this script installs them into /tmp/site first.
+# Logs go to $GPU_CHECK_LOGS, else $OUT (the device tool's folder), else a temp dir.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -23,6 +28,11 @@ LOGS=${GPU_CHECK_LOGS:-${OUT:-$(mktemp -d)}}
 mkdir -p "$LOGS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "could not install the carried wheels in .whl/"; exit 1; }
+    export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 STARTED=$SECONDS
 SUMMARY=()
 FAILED=0
@@ -60,7 +70,7 @@ record environment PASS $((SECONDS - STARTED)) "$(tail -n 1 "$LOGS/environment.l
 
 echo "== 1. CUDA test subset"
 t0=$SECONDS
-timeout 330 "$PY" -m pytest -m "cuda and not slow" tests/gpu -q -rfEs -p no:cacheprovider \
+timeout ${CUDA_TESTS_LIMIT:-300} "$PY" -m pytest -m "cuda and not slow" tests/gpu -q -rfEs -p no:cacheprovider \
     --junitxml="$LOGS/cuda-tests.xml" 2>&1 | tee "$LOGS/cuda-tests.log"
 rc=$?
 line=$(grep -E '^[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$LOGS/cuda-tests.log" | tail -n 1)
@@ -68,6 +78,13 @@ if [ "$rc" = 0 ] && ! grep -qE '[0-9]+ skipped' <<<"$line"; then
     record "CUDA tests" PASS $((SECONDS - t0)) "$line"
 else
     record "CUDA tests" FAIL $((SECONDS - t0)) "rc $rc: ${line:-no result (timed out?)}"
+fi
+
+first=$(grep -m1 -oE '^FAILED [^ ]+' "$LOGS/cuda-tests.log" | cut -d' ' -f2)
+if [ -n "$first" ]; then  # CUDA reports a kernel's fault at a later call: rerun the first failure synchronously
+    echo "== 1b. $first again with CUDA_LAUNCH_BLOCKING=1 (the faulting call in the traceback)"
+    CUDA_LAUNCH_BLOCKING=1 timeout 120 "$PY" -m pytest "$first" -n 0 -x -q -p no:cacheprovider 2>&1 \
+        | tee "$LOGS/first-failure.log" | grep -E '^(E |specfamily/|tests/|[a-z_/]+\.py:[0-9]+)' | head -40
 fi
 
 echo "== 2. verifier time per pass on CUDA (informational): device walk vs host walk"
@@ -126,7 +143,7 @@ echo "== 3. benchmark: peer.py on zoo:code-target, cuda, float32"
 t0=$SECONDS
 rm -f "$LOGS/peer.json"
 timeout 180 "$PY" benchmarks/peer.py --target zoo:code-target --device cuda --dtype float32 --threads 4 --count 4 \
-    --tokens 64 --repeats 2 --out "$LOGS/peer.json" --markdown "$LOGS/peer.md" 2>&1 | tee "$LOGS/peer.log"
+    --tokens 64 --repeats 2 ${PEER_ROWS:+--only $PEER_ROWS} --out "$LOGS/peer.json" --markdown "$LOGS/peer.md" 2>&1 | tee "$LOGS/peer.log"
 rc=$?
 if [ "$rc" = 0 ]; then
     record "benchmark peer.py" PASS $((SECONDS - t0)) "all rows identical to transformers; table in peer.md"
@@ -135,6 +152,12 @@ elif [ -f "$LOGS/peer.json" ]; then  # it ran to the end: some row's text differ
 else
     record "benchmark peer.py" FAIL $((SECONDS - t0)) "rc $rc: did not finish (see peer.log)"
 fi
+
+echo "== 4. real target shapes, random weights: pass-cost curve and plain decoding vs transformers"
+t0=$SECONDS
+timeout ${SHAPES_LIMIT:-150} "$PY" benchmarks/gpu_shapes.py --out "$LOGS/shapes.json" 2>&1 | tee "$LOGS/shapes.log"
+rc=$?
+record "shapes (informational)" "$([ "$rc" = 0 ] && echo INFO || echo WARN)" $((SECONDS - t0)) "see shapes.json"
 
 summary
 exit "$FAILED"

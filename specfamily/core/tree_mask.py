@@ -99,7 +99,9 @@ class PrefixMask:
     cache: ``[0 ... 0 | local]`` along the keys, so a pass over a longer cache takes a wider view, not a new tensor.
 
     A view's rows are strided (the buffer's width); what it holds equals ``attention_mask``'s. Local masks of more
-    than ``BUFFER_MAX_ROWS`` rows are built per call, not kept."""
+    than ``BUFFER_MAX_ROWS`` rows are built per call, not kept, and so is every mask off the CPU: CUDA's fused
+    attention kernels read the mask with vector loads that need its rows to start 16-byte aligned, which a view at
+    an arbitrary offset is not (a misaligned-address fault on an H200), and a fresh mask there is one small kernel."""
 
     local: torch.Tensor  # (q, q) additive
     buffer: torch.Tensor | None = None  # (1, 1, q, capacity + q)
@@ -111,7 +113,7 @@ class PrefixMask:
 
     def __call__(self, prefix_len: int) -> torch.Tensor:
         """(1, 1, q, prefix_len + q): every cached position visible, then ``local``."""
-        if self.local.shape[0] > BUFFER_MAX_ROWS:
+        if self.local.shape[0] > BUFFER_MAX_ROWS or self.local.device.type != "cpu":
             return attention_mask(prefix_len, self.local)
         if self.buffer is None or prefix_len > self.capacity:
             self.buffer = attention_mask(max(prefix_len + prefix_len // 2, 64), self.local)

@@ -38,8 +38,17 @@ def _cuda(tensor):
     return None if tensor is None else tensor.cuda()
 
 
-def _syncs(fn) -> tuple[object, int]:
-    """fn()'s result and how many synchronising CUDA calls it made."""
+class Syncs(int):
+    """A count of synchronising calls that shows, when an assertion prints it, where each one was made."""
+
+    where: list[str]
+
+    def __repr__(self) -> str:
+        return f"{int(self)} synchronising call(s), at {self.where}"
+
+
+def _syncs(fn) -> tuple[object, Syncs]:
+    """fn()'s result and how many synchronising CUDA calls it made (with the file:line of each)."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -48,7 +57,10 @@ def _syncs(fn) -> tuple[object, int]:
             result = fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return result, sum("synchronizing" in str(w.message) for w in caught)
+    where = [f"{w.filename}:{w.lineno}" for w in caught if "synchronizing" in str(w.message)]
+    count = Syncs(len(where))
+    count.where = where
+    return result, count
 
 
 @pytest.mark.parametrize("chain", [False, True], ids=["tree", "chain"])
