@@ -329,7 +329,10 @@ def _load_model(source: str, device: torch.device, dtype: torch.dtype | None) ->
     try:
         # use_kernels=False: transformers >= 5.25 kernelizes by default when the ``kernels`` package is installed (it
         # now depends on it), and a kernelized model is no longer the plain modules the lean forward reproduces
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", use_kernels=False)
+        # device_map: off the CPU the weights load straight onto the device (never a float32 copy on the host first)
+        placement = {} if device.type == "cpu" else {"device_map": str(device)}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", use_kernels=False,
+                                                     **placement)
     except ValueError as err:
         if "Unrecognized configuration class" in str(err):
             raise ValueError(f"{source!r} is not a causal language model: {err}") from err

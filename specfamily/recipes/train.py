@@ -51,8 +51,8 @@ class TrainConfig:
     resume: bool = True  # continue from the checkpoint when it exists
     seed: int = 0
     compile: bool = False  # torch.compile the loss
-    device: str = "cpu"  # cpu, cuda or cuda:N
-    dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
+    device: str = "auto"  # auto (a GPU when there is one), cpu, cuda or cuda:N
+    dtype: str = "auto"  # auto (bfloat16 on a GPU, else float32), float32, bfloat16 or float16: autocast
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from specfamily.train.distributed import DistInfo, barrier, env_world, setup, teardown
+from specfamily.train.precision import concrete_device
 
 
 class Objective(nn.Module):
@@ -117,6 +118,7 @@ def start(device: str) -> Ranks:
     """Join torchrun's process group when launched by it (NCCL for a CUDA ``device``, gloo otherwise; under NCCL
     each rank takes GPU ``LOCAL_RANK``); a single process joins nothing. Call before resolving the device."""
     _, world_size, _ = env_world()
+    device = concrete_device(device)
     use_cuda = device.startswith("cuda")
     if world_size > 1 and use_cuda and device != "cuda":
         raise ValueError(f"under torchrun give --device cuda (each rank takes GPU LOCAL_RANK), not {device!r}")

@@ -71,8 +71,8 @@ class LoopSettings:
     label: str  # the progress bar's
     budget: Budget
     checkpoint: Path  # the resumable training state
-    device: str = "cpu"  # cpu, cuda or cuda:N (under torchrun: cuda, each rank on GPU LOCAL_RANK)
-    dtype: str = "float32"  # the passes' autocast dtype over float32 weights
+    device: str = "auto"  # auto (a GPU if any), cpu, cuda, cuda:N (torchrun: cuda, each rank on GPU LOCAL_RANK)
+    dtype: str = "auto"  # the passes' autocast dtype over float32 weights (auto: bfloat16 on a GPU, else float32)
     clip: float = 1.0  # gradient-norm clip
     eval_every: int = 0  # 0: evaluate after the last step only
     ckpt_every: int = 0  # 0: checkpoint after evaluations and at the end only

@@ -1,7 +1,9 @@
-"""Where and in what precision the trainers run: ``--device cpu|cuda|cuda:N`` and ``--dtype float32|bfloat16|float16``.
+"""Where and in what precision the trainers run: ``--device auto|cpu|cuda|cuda:N`` and
+``--dtype auto|float32|bfloat16|float16``.
 
 16-bit training is mixed precision: float32 master weights, forward passes under ``torch.autocast``, and for float16
-a ``torch.amp.GradScaler`` on the loss.
+a ``torch.amp.GradScaler`` on the loss. ``auto`` (the default): a GPU when there is one, and there bfloat16; else the
+CPU in float32 (as the runner picks its device).
 """
 
 from __future__ import annotations
@@ -14,21 +16,30 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
-_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def check_device(text: str) -> str:
-    """``text`` when it names a device the trainers take (cpu, cuda, cuda:N); ValueError otherwise."""
+    """``text`` when it names a device the trainers take (auto, cpu, cuda, cuda:N); ValueError otherwise."""
     if not isinstance(text, str) or not _DEVICE.fullmatch(text):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got {text!r}")
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index), got {text!r} (or 'auto': a GPU "
+                         "when there is one)")
     return text
 
 
 def check_dtype(text: str) -> str:
-    """``text`` when it is one of :data:`DTYPES`; ValueError otherwise."""
-    if text not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {text!r}")
+    """``text`` when it is one of :data:`DTYPES` or ``auto``; ValueError otherwise."""
+    if text != "auto" and text not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {text!r} (or 'auto': bfloat16 on a GPU, "
+                         "float32 on the CPU)")
     return text
+
+
+def concrete_device(text: str) -> str:
+    """A checked ``--device``, ``auto`` made ``cuda`` when CUDA is available, else ``cpu``."""
+    if check_device(text) != "auto":
+        return text
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def device_arg(text: str) -> str:
@@ -50,7 +61,7 @@ def dtype_arg(text: str) -> str:
 def resolve_device(text: str) -> torch.device:
     """The torch device for a checked name (``cuda`` with the current GPU's index, as models report theirs); a clear
     error when it asks for a GPU this machine does not have."""
-    device = torch.device(check_device(text))
+    device = torch.device(concrete_device(text))
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():
@@ -70,8 +81,17 @@ class Precision:
 
     @classmethod
     def of(cls, device: str, dtype: str) -> Precision:
-        """From the ``--device`` and ``--dtype`` options, checked."""
-        return cls(resolve_device(device), getattr(torch, check_dtype(dtype)))
+        """From the ``--device`` and ``--dtype`` options, checked (``auto`` dtype: bfloat16 on a GPU, else float32)."""
+        where = resolve_device(device)
+        if check_dtype(dtype) == "auto":
+            dtype = "bfloat16" if where.type == "cuda" else "float32"
+        return cls(where, getattr(torch, dtype))
+
+    @property
+    def frozen_dtype(self) -> torch.dtype:
+        """The dtype a frozen target is loaded in for training: float32 on the CPU (its 16-bit products are slow
+        there), else the compute dtype (an 8B target in float32 is 32 GB of GPU memory for nothing)."""
+        return torch.float32 if self.device.type == "cpu" else self.dtype
 
     @property
     def mixed(self) -> bool:
@@ -88,13 +108,14 @@ class Precision:
         return torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
 
 
-def frozen_target(name: str, device: torch.device, flag: str, given=None, **options):
+def frozen_target(name: str, device: torch.device, flag: str, given=None, dtype: torch.dtype = torch.float32,
+                  **options):
     """The frozen target a trainer reads on ``device`` (``flag``: the ``--device`` it came from): ``given`` (refused
-    on another device) or ``name`` loaded in float32 (``options``: :func:`~specfamily.core.target.load_target`'s)."""
+    on another device) or ``name`` loaded in ``dtype`` (``options``: :func:`~specfamily.core.target.load_target`'s)."""
     from specfamily.core import target as targets
 
     if given is None:
-        given = targets.load_target(name, device=device, dtype=torch.float32, **options)
+        given = targets.load_target(name, device=device, dtype=dtype, **options)
     elif given.device != device:
         raise ValueError(f"the target given is on {given.device}, not on --device {flag}")
     given.model.requires_grad_(False)

@@ -184,7 +184,7 @@ def test_device_and_dtype_flags_are_parsed_and_checked(capsys):
     base = ["--target", "t", "--out", "o", "--tokens", "a.npy"]
     cfg = eagle_train.parse_args([*base, "--device", "cuda:1", "--dtype", "float16"])
     assert (cfg.device, cfg.dtype) == ("cuda:1", "float16")
-    assert (eagle_train.parse_args(base).device, eagle_train.parse_args(base).dtype) == ("cpu", "float32")
+    assert (eagle_train.parse_args(base).device, eagle_train.parse_args(base).dtype) == ("auto", "auto")
     for flag, value, message in (("--device", "gpu", "device must be 'cpu', 'cuda' or 'cuda:N'"),
                                  ("--dtype", "half", "dtype must be one of float32, bfloat16, float16")):
         with pytest.raises(SystemExit):

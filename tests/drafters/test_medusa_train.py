@@ -132,7 +132,7 @@ def test_bfloat16_autocast_training_keeps_float32_heads_and_resumes(zoo_dir, tar
 def test_device_and_dtype_flags_are_parsed_and_checked(capsys, target, zoo_dir):
     cfg = parse_args(["--device", "cuda:0", "--dtype", "float16"])
     assert (cfg.device, cfg.dtype) == ("cuda:0", "float16")
-    assert (parse_args([]).device, parse_args([]).dtype) == ("cpu", "float32")
+    assert (parse_args([]).device, parse_args([]).dtype) == ("auto", "auto")  # a GPU in bfloat16 when there is one
     for flag, value, message in (("--device", "gpu0", "device must be 'cpu', 'cuda' or 'cuda:N'"),
                                  ("--dtype", "bf16", "dtype must be one of float32, bfloat16, float16")):
         with pytest.raises(SystemExit):

@@ -11,6 +11,7 @@ from specfamily.train.precision import (
     Precision,
     check_device,
     check_dtype,
+    concrete_device,
     device_arg,
     optimizer_step,
     resolve_device,
@@ -94,3 +95,15 @@ def test_16_bit_steps_train_float32_weights(dtype):
     for a, b, c in zip(start.parameters(), reference.parameters(), trained.parameters(), strict=True):
         assert c.dtype == torch.float32 and torch.isfinite(c).all() and not torch.equal(a, c)  # it trained
         assert torch.allclose(b, c, atol=0.01)  # as the float32 run did, up to 16-bit rounding
+
+
+def test_auto_is_a_gpu_in_bfloat16_when_there_is_one_else_the_cpu_in_float32(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = Precision.of("auto", "auto")
+    assert (cpu.device, cpu.dtype, cpu.frozen_dtype) == (torch.device("cpu"), torch.float32, torch.float32)
+    assert concrete_device("auto") == "cpu" and concrete_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert concrete_device("auto") == "cuda"
+    assert Precision(torch.device("cuda", 0), torch.bfloat16).frozen_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"dtype must be one of float32, bfloat16, float16, got 'half' \(or 'auto'"):
+        check_dtype("half")

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.drafters.shared.placement import built_like, forked_rng
 from specfamily.runtime.matmul import head_product
 
 # decoder layer (config, layer_idx) + rotary embeddings handed in by the model; Mistral without a sliding window
@@ -171,7 +172,7 @@ def build_model(model: PreTrainedModel, seed: int = 0, vocab: DraftVocab | None 
                 input_norm: bool = True) -> EagleModel:
     """A freshly initialised EagleModel on the target's device and dtype; ``seed`` fixes the init, global RNG kept.
     ``vocab``: draft over those target ids only; ``input_norm`` False: the reference form (no input norm)."""
-    with torch.random.fork_rng(devices=[]):
+    with forked_rng(model.device), built_like(model.device, model.dtype):
         torch.manual_seed(seed)
         eagle = EagleModel(model, vocab, input_norm)
     return eagle.to(device=model.device, dtype=model.dtype).eval()

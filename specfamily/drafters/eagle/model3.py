@@ -20,6 +20,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specfamily.drafters.eagle.model import DraftNetwork
 from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.drafters.shared.placement import built_like, forked_rng
 from specfamily.runtime.matmul import head_product
 
 __all__ = ["Eagle3Model", "Eagle3Shape", "build_model", "default_layers", "draft_layer_config"]
@@ -134,7 +135,7 @@ def build_model(
     next), else a fresh init anchored to the target (:func:`anchor_to_target`)."""
     embed = model.get_input_embeddings()
     embed.requires_grad_(False)
-    with torch.random.fork_rng(devices=[]):
+    with forked_rng(model.device), built_like(model.device, model.dtype):
         if seed is not None:
             torch.manual_seed(seed)
         eagle = Eagle3Model(shape, embed, vocab)

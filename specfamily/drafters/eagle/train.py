@@ -71,7 +71,7 @@ class EagleRun(Resumable):
     def build(self, ranks: Ranks, precision: Precision) -> Trainee:
         """Load the target (unless given) and the data, build the draft vocabulary, the network and its optimiser."""
         cfg, self.ranks, self.precision = self.cfg, ranks, precision
-        self.target = frozen_target(cfg.target, precision.device, cfg.device, self.target)
+        self.target = frozen_target(cfg.target, precision.device, cfg.device, self.target, precision.frozen_dtype)
         self.data: EagleData = load_data(cfg, self.target)
         vocab = target_draft_vocab(cfg.draft_vocab, self.target, self.data.counted)
         self.model = model = self.variant.build(cfg, self.target, vocab)

@@ -49,8 +49,8 @@ class CommonTrainConfig:
     save_dtype: str = "float16"  # dtype of the exported weights
     threads: int = 0  # torch threads; 0 = leave as is
     resume: bool = True  # continue from the training state when it exists (off: it is overwritten)
-    device: str = "cpu"  # cpu, cuda or cuda:N (under torchrun: cuda, each rank on GPU LOCAL_RANK)
-    dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
+    device: str = "auto"  # auto (a GPU if any), cpu, cuda, cuda:N (torchrun: cuda, each rank on GPU LOCAL_RANK)
+    dtype: str = "auto"  # auto (bfloat16 on a GPU, else float32), float32, or bfloat16 / float16: autocast
 
     def __post_init__(self) -> None:
         check_device(self.device)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.drafters.shared.placement import built_like
 
 IGNORE_INDEX = -100  # cross-entropy label of a target token outside the draft vocabulary
 
@@ -165,7 +166,8 @@ def build_heads(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> M
         )
     if getattr(lm_head, "bias", None) is not None and not shape.share_lm_head:
         raise ValueError("the target's LM head has a bias; use share_lm_head=True for this target")
-    heads = MedusaHeads(shape, lm_head, vocab)
+    with built_like(weight.device, weight.dtype):
+        heads = MedusaHeads(shape, lm_head, vocab)
     rows = weight.detach() if heads.vocab is None else heads.vocab.head_rows(lm_head)
     with torch.no_grad():
         for head in heads.heads:

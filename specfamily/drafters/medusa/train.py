@@ -105,8 +105,8 @@ def evaluate(context: HeadsContext, heads: MedusaHeads) -> tuple[Calibration, fl
 
 def open_context(cfg: TrainConfig, target=None) -> HeadsContext:
     """The frozen target (``target``: an already loaded one), the data and the target's verify cost."""
-    device = Precision.of(cfg.device, cfg.dtype).device
-    target = frozen_target(cfg.target, device, cfg.device, target, matmul=cfg.matmul)
+    precision = Precision.of(cfg.device, cfg.dtype)
+    target = frozen_target(cfg.target, precision.device, cfg.device, target, precision.frozen_dtype, matmul=cfg.matmul)
     data = load_data(cfg, target)
     curve, t1 = measure_verify_cost(target, max_size=cfg.max_nodes + 1)
     return HeadsContext(cfg, target, data, curve, t1)

@@ -49,8 +49,8 @@ class TrainConfig:
     seed: int = 0
     resume: bool = True
     recalibrate: str = ""  # a checkpoint: no training, re-measure accuracies and cost here and rewrite its tree
-    device: str = "cpu"  # cpu, cuda or cuda:N
-    dtype: str = "float32"  # float32, or bfloat16 / float16: autocast over float32 master weights
+    device: str = "auto"  # auto (a GPU when there is one), cpu, cuda or cuda:N
+    dtype: str = "auto"  # auto (bfloat16 on a GPU, else float32), float32, or bfloat16 / float16: autocast
     matmul: str = "auto"  # the target's products (specfamily.runtime.matmul): the tree is chosen at decode-time costs
 
     def __post_init__(self) -> None:
