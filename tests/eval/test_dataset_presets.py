@@ -131,3 +131,34 @@ def test_auto_spec_bench_is_the_explicit_one():
     assert a == e and len(a) == 13 and source.split == "train" and source.revision is None
     assert source.columns == {"turns_field": "turns", "id_field": "question_id", "category_field": "category"}
     assert CHAT_TEMPLATE == tok.chat_template
+
+
+def test_a_preset_on_a_local_hub_copy_runs_and_run_json_keeps_its_revision(chat_pair, compose_config, tmp_path):
+    """dataset=mt_bench with one override (the path of a git clone in the hub's layout) runs both turns of every
+    question for each arm, and run.json says which commit, split and rows the prompts came from."""
+    import json
+    import subprocess
+
+    from eval_helpers import _run_overrides
+
+    from specfamily.eval.runner import run_experiment
+
+    folder = write_hub_copies(tmp_path / "hub")["mt_bench"]
+    git = ["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "copy"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    overrides = [*_run_overrides(chat_pair["target"], chat_pair["target"], "exact"), "dataset=mt_bench",
+                 f"dataset.path={folder}", "dataset.max_new_tokens=4"]
+    outcome = run_experiment(compose_config(overrides), tmp_path / "run")
+    ids = sorted({(r.prompt_id, r.category) for r in outcome.records})
+    assert ids == [("19227631", "roleplay"), ("19227631:turn2", "roleplay"), ("58093402", "writing"),
+                   ("58093402:turn2", "writing"), ("77120985", "math"), ("77120985:turn2", "math")]
+    assert sorted({r.drafter for r in outcome.records}) == ["plain", "small_model"]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    source = run["dataset_source"]
+    assert (run["dataset"], source["path"], source["split"], source["revision"]) == ("mt_bench", str(folder), "train",
+                                                                                      head)
+    assert source["rows"] == 4 and len(source["fingerprint"]) == 16 and len(source["rows_sha256"]) == 64
+    assert source["columns"] == {"turns_field": "prompt", "id_field": "prompt_id", "category_field": "category"}
