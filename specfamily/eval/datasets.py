@@ -210,6 +210,13 @@ def _load(spec: DatasetSpec):
         if data_files is not None or is_local(path):
             raise
         raise unreachable_dataset(path, err) from None
+    except ValueError as err:  # datasets' "Config name is missing.\nPlease pick one among ...: [...]"
+        lines = str(err).splitlines()
+        if not lines or not lines[0].startswith("Config name is missing"):
+            raise
+        choices = lines[1].split(":", 1)[-1].strip() if len(lines) > 1 else "?"
+        raise ValueError(f"dataset {spec.name!r}: {path!r} has several configurations {choices}; choose one with "
+                         "dataset.config_name=NAME") from None
     return rows, split, builder_hash, path, data_files
 
 

@@ -116,6 +116,13 @@ def test_chat_template_override_as_string_or_file_with_keyword_arguments(hub, tm
     assert tok.decode(load_prompt_set(quiet, tok)[0][0].ids).startswith("[user]Tom")
 
 
+def test_a_dataset_of_several_configurations_asks_for_one(hub, tok):
+    spec = dataclasses.replace(_preset("spec_bench"), path=str(hub["gsm8k"]))
+    with pytest.raises(ValueError, match=r"dataset 'spec_bench': '.*gsm8k' has several configurations \['main', "
+                                         r"'socratic'\]; choose one with dataset.config_name=NAME"):
+        load_prompt_set(spec, tok)
+
+
 def test_a_misspelt_explicit_column_is_an_error_not_a_guess(hub, tok):
     with pytest.raises(ValueError, match=r"dataset 'gsm8k' has no field 'questoin'; its fields are: question, answer"):
         load_prompt_set(_preset("gsm8k", path=str(hub["gsm8k"]), field="questoin"), tok)
