@@ -217,6 +217,7 @@ class RunInfo:
     noise: list[NoiseCheck] = field(default_factory=list)  # the run's noise checks, written when it finishes
     matmul: str = "exact"  # how the target's lean forward multiplied (specfamily.runtime.matmul): exact, skinny, stream
     matmul_seconds: dict[str, float] = field(default_factory=dict)  # auto's median timed round per kind; {} if not
+    dataset_source: dict[str, Any] | None = None  # path, split, revision, fingerprint, rows hash (DatasetSource)
 
     @property
     def unstable(self) -> bool:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specfamily.core.types import SamplingConfig
 from specfamily.eval.config import DrafterSpec, check_config, sampling_config, sampling_label
-from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompts, turn_prompt_ids
+from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompt_set, turn_prompt_ids
 from specfamily.eval.models import load_model_target, load_model_tokenizer, pick_device
 from specfamily.eval.noise import NoiseSettings, record_noise
 from specfamily.eval.repeats import PlainRepeats
@@ -252,9 +252,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
             log.info("%s holds this run, finished: nothing to run", out_dir)
             return _finish(out_dir, info.rank, labels, plots, drafters)
         tokenizer = load_model_tokenizer(cfg.model)
-        prompts = load_prompts(dataset, tokenizer)  # a missing or malformed prompt file fails before the model loads
+        prompts, source = load_prompt_set(dataset, tokenizer)  # a bad prompt file fails before the model loads
         target = load_model_target(cfg.model, device, tokenizer=tokenizer)
-        plan = start_run(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info)
+        plan = start_run(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info, source)
         writer = ResultWriter(rank_results_path(out_dir, info.rank, info.world_size))
         try:
             run_arms(plan, [Arm(spec) for spec in specs], distributed.shard(prompts, info), writer)

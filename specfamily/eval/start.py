@@ -17,6 +17,7 @@ from specfamily.core.costs import CURVE_CONTEXT, measure_pass_seconds, process_c
 from specfamily.core.target import Target
 from specfamily.core.types import SamplingConfig
 from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
+from specfamily.eval.dataset_source import DatasetSource
 from specfamily.eval.datasets import DatasetSpec, Prompt
 from specfamily.eval.environment import (
     git_commit,
@@ -113,7 +114,7 @@ def _reused_cost(old: RunInfo, target: Target) -> CostMeasurement:
     return CostMeasurement(old.verify_cost, old.pass_seconds)
 
 
-def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info) -> RunInfo:
+def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info, source=None) -> RunInfo:
     old = RunInfo.load(out_dir) if (out_dir / RUN_INFO).is_file() else None
     rounds = NoiseSettings.from_config(cfg.get("noise")).cost_rounds
     cost = _reused_cost(old, target) if old and old.verify_cost else _verify_cost(cfg, target, prompts, rounds)
@@ -139,6 +140,7 @@ def _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir,
         pass_seconds=cost.rounds,
         matmul=target.matmul,
         matmul_seconds=dict(target.matmul_choice.seconds),
+        dataset_source=None if source is None else source.as_dict(),
     )
 
 
@@ -152,13 +154,17 @@ def start_run(
     prompts: list[Prompt],
     out_dir: Path,
     info: DistInfo,
+    dataset_source: DatasetSource | None = None,
 ) -> RunPlan:
-    """Rank 0 checks the folder, measures the verify cost once and writes ``run.json``; every rank gets it."""
+    """Rank 0 checks the folder, measures the verify cost once and writes ``run.json``; every rank gets it.
+
+    ``dataset_source``: where the prompts came from (revision, fingerprint), kept in ``run.json``."""
     payload: tuple[RunInfo | None, str | None] = (None, None)
     if info.is_main:
         error = _resume_error(out_dir, resolved)
         if error is None:
-            run_info = _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info)
+            run_info = _run_info(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info,
+                                 dataset_source)
             run_info.save(out_dir)
             payload = (run_info, None)
         else:

@@ -5,7 +5,8 @@ generation prompt, as Spec-Bench asks its second turns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 TURN_MARK = ":turn"  # record ids: "81" for a question's first turn, "81:turn2" for its second
 
@@ -34,13 +35,21 @@ def chat_messages(
 
 
 def chat_prompt_ids(
-    tokenizer, user_turns: Sequence[str], answers: Sequence[str] = (), system_prompt: str | None = None
+    tokenizer,
+    user_turns: Sequence[str],
+    answers: Sequence[str] = (),
+    system_prompt: str | None = None,
+    template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """Token ids of the conversation in the tokenizer's chat template, with the assistant's generation prompt."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the dataset asks for the chat template but the target's tokenizer has none")
+    """Token ids of the conversation in the tokenizer's chat template (or ``template``, a Jinja string, with
+    ``template_kwargs`` as extra template variables), with the assistant's generation prompt."""
+    if template is None and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the dataset asks for the chat template but the target's tokenizer has none; "
+                         "give one with dataset.chat_template=FILE or a Jinja string")
     messages = chat_messages(user_turns, answers, system_prompt)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True,
+                                         **dict(template_kwargs or {}))
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -77,7 +77,7 @@ def test_a_sweep_jobs_own_overrides():
     [
         (["drafter=small_model", "drafter.confidence=abc"], "drafter.confidence must be a number, got 'abc'"),
         (["drafter=small_model", "drafter.policy=fastest"], "drafter.policy must be one of"),
-        (["dataset=jsonl", "dataset.field=text"], "dataset.data_files: missing mandatory value (???)"),
+        (["dataset=jsonl", "dataset.field=text"], "dataset 'jsonl': path 'json' reads the files named by data_files"),
     ],
 )
 def test_a_config_error_exits_before_any_model_loads_with_one_line(tmp_path, overrides, message):

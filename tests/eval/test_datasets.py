@@ -100,17 +100,32 @@ def test_select_indices():
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
         ({"num_examples": -1}, "num_examples must be an integer >= 1, got -1"),
         ({"select": "random"}, "select must be one of"),
-        ({"field": None}, "set field, template, ids_field or turns_field"),
+        ({"field": None}, "set field, template, ids_field, turns_field or messages_field"),
         ({"select": "per_category"}, "select per_category needs category_field"),
         ({"turns_field": "turns"}, "later turns are asked through the chat template; set chat_template: true, or "
                                    "max_turns: 1"),
-        ({"turns_field": "turns", "chat_template": True, "ids_field": "ids"}, "unset ids_field and template"),
+        ({"turns_field": "turns", "chat_template": True, "ids_field": "ids"}, "unset ids_field, template and"),
+        ({"messages_field": "messages", "turns_field": "turns", "chat_template": True}, "the other of turns_field"),
+        ({"messages_field": "messages"}, "later turns are asked through the chat template"),
+        ({"chat_template": "no-such-template.jinja"}, "chat_template 'no-such-template.jinja' is neither a file nor a "
+                                                      "Jinja template"),
+        ({"chat_template_kwargs": ["x"]}, "chat_template_kwargs must be a mapping"),
         ({"turns_field": "turns", "chat_template": True, "max_turns": 0}, "max_turns must be an integer >= 1"),
     ],
 )
 def test_bad_values(options, message):
     with pytest.raises(ValueError, match=message):
-        DatasetSpec("d", "json", **options)
+        DatasetSpec("d", "json", data_files="p.jsonl", **options)
+
+
+def test_a_builder_path_without_files_is_refused_before_loading():
+    """The papercut of dataset=jsonl: data_files is null by default (a hub path needs no override), and a builder
+    path left without files says what to set."""
+    with pytest.raises(ValueError, match=r"dataset 'jsonl': path 'json' reads the files named by data_files; set "
+                                         r"dataset.data_files=FILE"):
+        DatasetSpec.from_config(OmegaConf.load(configs_dir() / "dataset" / "jsonl.yaml"))
+    spec = DatasetSpec.from_config({**OmegaConf.load(configs_dir() / "dataset" / "jsonl.yaml"), "path": "openai/gsm8k"})
+    assert (spec.path, spec.data_files, spec.field) == ("openai/gsm8k", None, "prompt")
 
 
 def test_unknown_key_is_named():
