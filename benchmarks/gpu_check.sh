@@ -13,7 +13,7 @@
 #   4. real target shapes with random weights (benchmarks/gpu_shapes.py): SmolLM2-135M's architecture in float32 and
 #      bfloat16 and an 8B Llama-3-shaped target in bfloat16, built on the GPU: the pass-cost curve t(1 + g) / t(1) for
 #      g up to 64 over a 512-token cache, and plain decoding against transformers' generate() (tokens/s, identity).
-# Then a summary; the exit status is non-zero when a check failed.
+# Then a summary, also as one JSON ($LOGS/gpu_check.json); the exit status is non-zero when a check failed.
 #
 #   bash benchmarks/gpu_check.sh        # from the repository root
 #
@@ -28,17 +28,20 @@ LOGS=${GPU_CHECK_LOGS:-${OUT:-$(mktemp -d)}}
 mkdir -p "$LOGS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if compgen -G ".whl/*.whl" > /dev/null; then
+if compgen -G ".whl/*.whl" > /dev/null && ! "$PY" -c "import sys, transformers, hydra
+sys.exit(tuple(int(x) for x in transformers.__version__.split('.')[:2]) < (5, 23))" 2> /dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "could not install the carried wheels in .whl/"; exit 1; }
     export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 STARTED=$SECONDS
 SUMMARY=()
+rm -f "$LOGS/summary.tsv"
 FAILED=0
 
 record() {  # record NAME STATUS SECONDS NOTE
     SUMMARY+=("$(printf '%-28s %-5s %5ss  %s' "$1" "$2" "$3" "$4")")
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4//$'\t'/ }" >> "$LOGS/summary.tsv"
     if [ "$2" = FAIL ]; then FAILED=1; fi
 }
 
@@ -47,6 +50,21 @@ summary() {
     echo "== gpu_check summary ($((SECONDS - STARTED)) s; logs in $LOGS)"
     printf '%s\n' "${SUMMARY[@]}"
     if [ "$FAILED" = 0 ]; then echo "ALL CHECKS PASSED"; else echo "SOME CHECKS FAILED"; fi
+    "$PY" - "$LOGS" <<'EOF' || true  # one JSON: every check's verdict, the shapes' and the peer's measurements
+import json
+import pathlib
+import sys
+
+logs = pathlib.Path(sys.argv[1])
+checks = [dict(zip(("check", "status", "seconds", "note"), line.split("\t"), strict=True))
+          for line in (logs / "summary.tsv").read_text().splitlines()]
+out = {"checks": checks}
+for name in ("shapes", "peer"):
+    if (logs / f"{name}.json").is_file():
+        out[name] = json.loads((logs / f"{name}.json").read_text())
+(logs / "gpu_check.json").write_text(json.dumps(out, indent=1))
+print(f"wrote {logs / 'gpu_check.json'}")
+EOF
 }
 
 echo "== environment"

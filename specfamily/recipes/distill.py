@@ -53,7 +53,9 @@ class DistillConfig:
     max_minutes: float = 0.0  # 0 = until done; else stop after the batch that crosses it (rerun to continue)
     feature_dtype: str = "float16"
     engine: str = "fast"  # answers: fast (fast_answers: static cache, lean forward) or generate (transformers')
-    matmul: str = "stream"  # the fast engine's matmul (specfamily.runtime.matmul); exact: generate()'s float32 sums
+    # the fast engine's matmul (specfamily.runtime.matmul); exact: generate()'s float32 sums; None: stream on the CPU,
+    # exact on a GPU (the stream kernel is a CPU kernel)
+    matmul: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("conversations", "batch", "user_tokens", "answer_tokens", "workers"):
@@ -67,7 +69,7 @@ class DistillConfig:
             raise ValueError(f"feature_dtype must be one of {', '.join(FEATURE_DTYPES)}, got {self.feature_dtype!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.matmul not in MATMUL_KINDS:
+        if self.matmul is not None and self.matmul not in MATMUL_KINDS:
             raise ValueError(f"matmul must be one of {', '.join(MATMUL_KINDS)}, got {self.matmul!r}")
 
     @property
@@ -100,7 +102,9 @@ class Teacher:
 def load_teacher(cfg: DistillConfig) -> Teacher:
     from specfamily.core.target import load_target
 
-    target = load_target(cfg.target, dtype=torch.float32, matmul=cfg.matmul if cfg.engine == "fast" else "exact")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # load_target's default
+    matmul = (cfg.matmul or ("stream" if device == "cpu" else "exact")) if cfg.engine == "fast" else "exact"
+    target = load_target(cfg.target, device=device, dtype=torch.float32, matmul=matmul)
     if cfg.engine == "fast" and target.lean is None:
         raise ValueError(f"engine 'fast' needs a target the lean forward covers: {lean_unsupported(target.model)}; "
                          f"use --engine generate")

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> Trial:
     from specfamily.core.target import load_target
     from specfamily.zoo import prompt_ids
 
-    target = load_target(args.target, dtype=torch.float32, matmul=args.matmul)
+    target = load_target(args.target, matmul=args.matmul)  # float32 on the CPU, the checkpoint's dtype on a GPU
     model, _ = load_eagle(args.weights, target.model)
     prompts = prompt_ids(args.prompts, args.count, target.tokenizer, last=args.prompt_tokens)
     trials, base = measure_trials(target, model, prompts, args.new_tokens)

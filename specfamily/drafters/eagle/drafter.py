@@ -34,15 +34,13 @@ from specfamily.drafters.eagle.lean import (
 )
 from specfamily.drafters.eagle.model import DraftNetwork, EagleModel
 from specfamily.drafters.eagle.model3 import Eagle3Model
+from specfamily.drafters.eagle.tree_shape import TREE_SHAPES, default_tree_shape
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter
 from specfamily.runtime.matmul import linear_for
 
-DEFAULT_GAMMA = {"tree": 5, "chain": 4}
-DEFAULT_TOP_K = 4
-# Nodes kept per tree when the checkpoint carries no calibration (``python -m specfamily.drafters.eagle.calibrate``
-# measures the fastest shape on the machine and stores it). On CPU a verify pass over n tokens grows quickly with
-# n, so the best tree is far below EAGLE-2's GPU default of 60.
-DEFAULT_TOTAL_TOKENS = 12
+DEFAULT_GAMMA = {"tree": 5, "chain": 4}  # the tree's: the device's tree shape (tree_shape.py) replaces it
+# Tree size when the checkpoint carries no calibration (``python -m specfamily.drafters.eagle.calibrate`` measures
+# the fastest shape on the machine and stores it): from the device's verify-cost curve, drafters/eagle/tree_shape.py.
 # How trees choose children at temperature > 0 when not told (greedy is always top-k): the mode with more tau per
 # unit of pass cost at t0.7 / top-p 0.9 on SmolLM2, for both variants (docs/sampled-trees.md).
 DEFAULT_TREE_SAMPLING = "topk"
@@ -65,14 +63,16 @@ class EagleFamilyDrafter(FeatureDrafter):
         self.forward = fast_forward(model, self.linear)
         mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
         calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
-        self.default_gamma = calibration.get("gamma", DEFAULT_GAMMA[mode]) if calibrated else DEFAULT_GAMMA[mode]
+        shape = default_tree_shape(target) if mode == "tree" else TREE_SHAPES[0]
+        uncalibrated = shape.depth if mode == "tree" else DEFAULT_GAMMA[mode]
+        self.default_gamma = calibration.get("gamma", uncalibrated) if calibrated else uncalibrated
         self.auto_max_gamma = None if mode == "tree" else BaseDrafter.auto_max_gamma  # trees: calibrated depth
         super().__init__(gamma, policy)
         self.mode = mode
-        self.top_k = DEFAULT_TOP_K if top_k is None else top_k
+        self.top_k = shape.top_k if top_k is None else top_k
         calibrated_tree = calibrated and mode == "tree"
         self.total_tokens = total_tokens or (calibration.get("total_tokens") if calibrated_tree else None) \
-            or DEFAULT_TOTAL_TOKENS
+            or shape.total_tokens
         self.tree_sampling = tree_sampling or DEFAULT_TREE_SAMPLING
 
     def observe(self, outcome: VerifyOutcome) -> None:
