@@ -109,7 +109,7 @@ def generate(
                                  verified_depth=draft.verified_depth(accepted) if depth else 0)
             committed = [*_tokens_at(draft, accepted), next_token]
             kept, finished = truncate(committed, remaining, target.eos_token_ids)
-            tracer.record(draft, accepted, next_token, len(kept), t1 - t0, t2 - t1, t2)
+            tracer.record(draft.tokens, draft.parents, accepted, next_token, len(kept), t1 - t0, t2 - t1, t2)
             new_tokens += kept
             ctx.tokens += kept
             if finished:

@@ -27,7 +27,6 @@ import torch
 
 from specfamily.core.memory import PeakMemory
 from specfamily.core.metrics import NAN, Metrics
-from specfamily.core.types import Draft
 
 TARGET = 0  # origin of a token the target chose without a draft to confirm it
 BONUS = -1  # origin of the target's token after an accepted path that reached a leaf
@@ -114,15 +113,16 @@ class TraceRecorder:
     def start(cls, clock: Callable[[], float], started: float, device: torch.device, keep_passes: bool = True):
         return cls(clock, started, PeakMemory.start(device), keep_passes)
 
-    def record(self, draft: Draft, accepted: list[int], bonus: int, kept: int, draft_seconds: float,
-               verify_seconds: float, end: float) -> None:
-        """One pass; ``end`` is the loop clock's reading once the pass's tokens were known."""
+    def record(self, tokens: torch.Tensor, parents: torch.Tensor, accepted: list[int], bonus: int, kept: int,
+               draft_seconds: float, verify_seconds: float, end: float) -> None:
+        """One pass: the draft's (n,) tokens and parents, the accepted nodes, the target's token after them, the
+        committed tokens kept, the times; ``end`` is the loop clock's reading once the pass's tokens were known."""
         trace = self.trace
         trace.kept.append(kept)
         trace.end_seconds.append(end - self.started)
         if not self.keep_passes:
             return
-        self._drafts.append((draft.tokens.detach().clone(), draft.parents.detach().clone()))  # no host sync here
+        self._drafts.append((tokens.detach().clone(), parents.detach().clone()))  # no host sync here
         trace.accepted.append(list(accepted))
         trace.bonus.append(int(bonus))
         trace.draft_seconds.append(draft_seconds)
