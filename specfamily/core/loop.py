@@ -18,6 +18,7 @@ from specfamily.core.drafter import Drafter, drafter_name, hooks
 from specfamily.core.metrics import MetricsRecorder
 from specfamily.core.policy import BoundHooks, policy_hooks
 from specfamily.core.target import Target
+from specfamily.core.trace import TraceRecorder
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig, VerifyOutcome
 from specfamily.core.verify import DraftProbabilityError
 
@@ -66,8 +67,10 @@ def generate(
     max_new_tokens: int = 64,
     sampling: SamplingConfig | None = None,
     seed: int = 0,
+    trace: bool = True,
 ) -> GenerationResult:
-    """Generate up to ``max_new_tokens`` after ``prompt_ids``, stopping after EOS."""
+    """Generate up to ``max_new_tokens`` after ``prompt_ids``, stopping after EOS; ``trace``: keep every pass in
+    ``result.trace`` (the latency and memory metrics are measured either way)."""
     sampling = SamplingConfig() if sampling is None else sampling
     _check_request(drafter, max_new_tokens, sampling)
     ids = target.check_ids(prompt_ids)
@@ -82,6 +85,7 @@ def generate(
     if policy is not None:
         recorder.calibration_seconds = _bind_costs(policy, target, ids, clock)
     started = clock()  # after the one-time cost measurement, which the metrics keep apart
+    tracer = TraceRecorder.start(clock, started, device, keep_passes=trace)
     if drafter is not None:
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
     target.reset()
@@ -105,6 +109,7 @@ def generate(
                                  verified_depth=draft.verified_depth(accepted) if depth else 0)
             committed = [*_tokens_at(draft, accepted), next_token]
             kept, finished = truncate(committed, remaining, target.eos_token_ids)
+            tracer.record(draft.tokens, draft.parents, accepted, next_token, len(kept), t1 - t0, t2 - t1, t2)
             new_tokens += kept
             ctx.tokens += kept
             if finished:
@@ -121,7 +126,8 @@ def generate(
     lossy = bool(drafter is not None and drafter.lossy)
     note = policy.describe() if policy is not None else ""
     metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy, policy_note=note)
-    return GenerationResult(new_tokens, metrics, lossy)
+    metrics, passes = tracer.finish(metrics)
+    return GenerationResult(new_tokens, metrics, lossy, passes)
 
 
 def _verified(accept, drafter: Drafter | None, draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,

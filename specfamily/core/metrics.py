@@ -44,6 +44,13 @@ class Metrics:
     prefill_seconds: float = NAN  # verify time of the first pass (the prompt's prefill); the rest are steady passes
     drafted_passes: int = 0  # passes after the prefill that verified a draft ...
     drafted_verify_seconds: float = 0.0  # ... and their verify time: what a drafted pass costs in this run
+    time_to_first_token: float = NAN  # start of the request (drafter.begin included) to the first token
+    decode_seconds: float = NAN  # the rest: total_seconds - time_to_first_token
+    token_latency_p50: float = NAN  # per token after the first (its pass's interval / tokens the pass kept), seconds
+    token_latency_p90: float = NAN
+    token_latency_p99: float = NAN
+    peak_memory_bytes: int | None = None  # this request's peak: max allocated on CUDA, RSS on the CPU ...
+    peak_memory_kind: str = ""  # ... which one (specfamily.core.memory)
 
     def as_dict(self) -> dict[str, Any]:
         """Flat and JSON-friendly: nan becomes None."""

@@ -10,6 +10,7 @@ import torch
 
 if TYPE_CHECKING:
     from specfamily.core.metrics import Metrics
+    from specfamily.core.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -112,3 +113,4 @@ class GenerationResult:
     tokens: list[int]  # new tokens only; an EOS that ends the text is included
     metrics: Metrics
     lossy: bool = False
+    trace: Trace | None = None  # every pass (specfamily.core.trace); None when generate(trace=False)

@@ -24,9 +24,19 @@ from pathlib import Path
 
 from specfamily.core.costs import verify_cost_at
 from specfamily.eval.breakdown import BREAKDOWN, GroupRow, breakdown_csv, breakdown_markdown, breakdown_rows
+from specfamily.eval.latency import LatencyRow, latency_markdown, latency_rows
 from specfamily.eval.noise import describe, noise_checks
 from specfamily.eval.plots import plot_all
-from specfamily.eval.results import RUN_INFO, FailureRecord, NoiseCheck, RunInfo, read_repeats, read_run, write_atomic
+from specfamily.eval.results import (
+    RUN_INFO,
+    FailureRecord,
+    NoiseCheck,
+    PromptRecord,
+    RunInfo,
+    read_repeats,
+    read_run,
+    write_atomic,
+)
 from specfamily.eval.summary import SummaryRow, run_name, summarize_run
 
 SUMMARY = "summary.csv"
@@ -45,6 +55,7 @@ class Report:
     files: list[Path]
     groups: list[GroupRow] = field(default_factory=list)  # the breakdown by category / turn (may be empty)
     noise: dict[str, list[NoiseCheck]] = field(default_factory=dict)  # run name -> its noise checks
+    latency: list[LatencyRow] = field(default_factory=list)  # time to first token, per-token latency, peak memory
 
 
 def find_runs(folder: Path) -> list[Path]:
@@ -70,6 +81,7 @@ class Collected:
     failures: list[FailureRecord] = field(default_factory=list)
     groups: list[GroupRow] = field(default_factory=list)
     noise: dict[str, list[NoiseCheck]] = field(default_factory=dict)  # run name -> its noise checks
+    latency: list[LatencyRow] = field(default_factory=list)
 
 
 def collect(folder: Path) -> Collected:
@@ -84,6 +96,7 @@ def collect(folder: Path) -> Collected:
         found.failures += [r for r in records if isinstance(r, FailureRecord)]
         found.groups += breakdown_rows(records, info, name)
         found.noise[name] = noise_checks(records, read_repeats(run), info)
+        found.latency += latency_rows(records, name)
     return found
 
 
@@ -228,6 +241,7 @@ def policy_notes(rows: list[SummaryRow]) -> str:
 def render(
     rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureRecord], plots: list[Path],
     groups: list[GroupRow] | None = None, noise: dict[str, list[NoiseCheck]] | None = None,
+    latency: list[LatencyRow] | None = None,
 ) -> str:
     """The text of ``report.md``."""
     parts = ["# specfamily comparison\n", "\n".join(_header(infos)) + "\n"]
@@ -237,6 +251,8 @@ def render(
     notes = policy_notes(rows)
     if notes:
         parts.append(notes)
+    if latency and latency_markdown(latency):
+        parts.append(latency_markdown(latency))
     if groups:
         parts += [breakdown_markdown(groups), GROUP_NOTES]
     if noise:
@@ -256,22 +272,41 @@ def write_report(folder: Path | str, plots: bool = True) -> Report:
     found = collect(folder)
     written = plot_all(found.rows, _verify_cost_fn(found.infos), folder) if plots else []
     write_atomic(folder / SUMMARY, summary_csv(found.rows))
-    write_atomic(folder / REPORT, render(found.rows, found.infos, found.failures, written, found.groups, found.noise))
+    write_atomic(folder / REPORT, render(found.rows, found.infos, found.failures, written, found.groups, found.noise,
+                                         found.latency))
     files = [folder / SUMMARY, folder / REPORT, *written]
     if found.groups:
         write_atomic(folder / BREAKDOWN, breakdown_csv(found.groups))
         files.append(folder / BREAKDOWN)
-    return Report(markdown_table(found.rows), found.rows, files, found.groups, found.noise)
+    return Report(markdown_table(found.rows), found.rows, files, found.groups, found.noise, found.latency)
+
+
+def write_html(folder: Path | str, report: Report) -> Path:
+    """Write the self-contained ``report.html`` (:mod:`specfamily.eval.html`) beside the ``report.md`` that
+    ``report`` is: the report, and every prompt's answers from the records of the runs under ``folder``."""
+    from specfamily.eval.html import HTML, render_html
+
+    folder = Path(folder)
+    records = [(None if run == folder else run.relative_to(folder).as_posix(), record)
+               for run in find_runs(folder) for record in read_run(run) if isinstance(record, PromptRecord)]
+    path = folder / HTML
+    write_atomic(path, render_html((folder / REPORT).read_text(encoding="utf-8"), folder, report.rows, records))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``specfamily-report DIR``: rebuild the report of a run or a sweep and print its table."""
+    """``specfamily-report DIR [--html]``: rebuild the report of a run or a sweep and print its table."""
+    from specfamily.eval.html import HTML
+
     parser = argparse.ArgumentParser(prog="specfamily-report", description=main.__doc__)
     parser.add_argument("folder", type=Path, help="a run folder (with run.json) or a sweep folder above run folders")
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
+    parser.add_argument("--html", action="store_true", help=f"also write {HTML}: one self-contained page to look at")
     args = parser.parse_args(argv)
     try:
         report = write_report(args.folder, plots=not args.no_plots)
+        if args.html:
+            report.files.append(write_html(args.folder, report))
     except FileNotFoundError as err:
         print(f"specfamily-report: {err}", file=sys.stderr)
         return 2

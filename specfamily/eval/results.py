@@ -44,6 +44,8 @@ class PromptRecord:
     turn: int = 1  # the turn of a multi-turn prompt (prompt_id "<id>:turn<t>" after the first)
     prompt: str | None = None  # the prompt as the model saw it (decoded ids, chat template included)
     text: str | None = None  # the new tokens decoded (special tokens kept); None without a tokenizer
+    trace: dict[str, Any] | None = None  # every pass (specfamily.core.trace.Trace.as_dict); None with trace: false
+    pieces: list[str] | None = None  # each new token's share of ``text`` (eval.pieces); None without a tokenizer
 
     @property
     def key(self) -> tuple[str, str]:

@@ -27,6 +27,7 @@ from specfamily.eval.config import DrafterSpec, check_config, sampling_config, s
 from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompt_set, turn_prompt_ids
 from specfamily.eval.models import load_model_target, load_model_tokenizer, pick_device
 from specfamily.eval.noise import NoiseSettings, record_noise
+from specfamily.eval.pieces import token_pieces
 from specfamily.eval.repeats import PlainRepeats
 from specfamily.eval.results import FailureRecord, PromptRecord, Record, ResultWriter, consolidate, read_run
 from specfamily.eval.results import results_path as rank_results_path
@@ -106,11 +107,12 @@ def _build(arm: Arm, target, writer: ResultWriter, rank: int) -> None:
         arm.failed = True
 
 
-def _generate(plan: RunPlan, arm: Arm, ids: list[int], max_new_tokens: int, seed: int, drafter: Any = None):
+def _generate(plan: RunPlan, arm: Arm, ids: list[int], max_new_tokens: int, seed: int, drafter: Any = None,
+              trace: bool = False):
     import specfamily as sf
 
     drafter = arm.drafter if drafter is None else drafter
-    return sf.generate(plan.target, drafter, ids, max_new_tokens, plan.sampling, seed=seed)
+    return sf.generate(plan.target, drafter, ids, max_new_tokens, plan.sampling, seed=seed, trace=trace)
 
 
 def _warm_up(plan: RunPlan, arm: Arm, prompt: Prompt, writer: ResultWriter) -> None:
@@ -143,7 +145,7 @@ def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt, turn: int = 1, ids: list
     ids = prompt.ids if ids is None else ids
     seed = plan.seed + prompt.index
     start = time.perf_counter()
-    result = _generate(plan, arm, ids, plan.dataset.max_new_tokens, seed)
+    result = _generate(plan, arm, ids, plan.dataset.max_new_tokens, seed, trace=plan.trace)
     wall = time.perf_counter() - start
     tokenizer = plan.target.tokenizer
     return PromptRecord(
@@ -164,6 +166,8 @@ def run_prompt(plan: RunPlan, arm: Arm, prompt: Prompt, turn: int = 1, ids: list
         turn=turn,
         prompt=None if tokenizer is None else tokenizer.decode(list(ids)),
         text=None if tokenizer is None else tokenizer.decode(list(result.tokens)),
+        trace=None if result.trace is None else result.trace.as_dict(),
+        pieces=None if tokenizer is None or result.trace is None else token_pieces(tokenizer, result.tokens),
     )
 
 

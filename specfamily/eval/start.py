@@ -49,6 +49,7 @@ class RunPlan:
     warmup_tokens: int = 16
     progress: bool = True
     plots: bool = True
+    trace: bool = True  # keep every pass's trace in the records
     noise: NoiseSettings = NoiseSettings()
 
 
@@ -186,5 +187,6 @@ def start_run(
         warmup_tokens=int(cfg.get("warmup_tokens", 16)),
         progress=bool(cfg.get("progress", True)),
         plots=bool(cfg.get("plots", True)),
+        trace=bool(cfg.get("trace", True)),
         noise=NoiseSettings.from_config(cfg.get("noise")),
     )

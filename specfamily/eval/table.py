@@ -27,6 +27,9 @@ _METRIC_FEATURES = {
     "mean_accepted_length": "float64", "per_position_acceptance": ["float64"],
     "conditional_acceptance": ["float64"], "draft_seconds": "float64",
     "verify_seconds": "float64", "other_seconds": "float64", "total_seconds": "float64", "c": "float64",
+    "time_to_first_token": "float64", "decode_seconds": "float64", "token_latency_p50": "float64",
+    "token_latency_p90": "float64", "token_latency_p99": "float64", "peak_memory_bytes": "int64",
+    "peak_memory_kind": "string",
 }
 _DERIVED_FEATURES = {"identical_to_plain": "bool", "speedup": "float64"}
 _DROPPED_METRICS = {"lossy"}  # the record's own lossy column says the same
