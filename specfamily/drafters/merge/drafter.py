@@ -16,6 +16,7 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter, Drafter, hooks
 from specfamily.core.plugins import create_drafter
+from specfamily.core.schedules import ConstantPolicy
 from specfamily.core.target import Target
 from specfamily.core.tree_merge import MergedTree, merge_drafts
 from specfamily.core.types import Draft, VerifyOutcome
@@ -61,8 +62,8 @@ def feature_plan(needs: Sequence[bool | tuple[int, ...]], names: Sequence[str]) 
 
 
 class MergeDrafter(BaseDrafter):
-    """Proposes the merge of its parts' drafts; a part's depth is the merged draft's, capped by the part's own
-    ``gamma`` option or default."""
+    """Proposes the merge of its parts' drafts; a part's depth is the merged draft's, capped by the gamma the part
+    was given (its ``gamma`` option) or else its own default."""
 
     def __init__(self, target: Target, parts: Sequence[str | Drafter] = DEFAULT_PARTS, options: dict | None = None,
                  gamma: int | None = None, policy: str | None = None) -> None:
@@ -72,8 +73,7 @@ class MergeDrafter(BaseDrafter):
         for name, part in zip(self.names, self.parts, strict=True):
             if part.lossy:
                 raise ValueError(f"merge cannot take the lossy drafter {name!r}: its acceptance rule is its own")
-        self.caps = [_cap(part, spec, self.config.options) for part, spec in zip(self.parts, self.config.parts,
-                                                                                 strict=True)]
+        self.caps = [_cap(part) for part in self.parts]
         self.default_gamma = max((cap for cap in self.caps if cap is not None), default=BaseDrafter.default_gamma)
         self.auto_max_gamma = None  # auto never drafts deeper than the deepest part's own depth
         super().__init__(gamma, policy)
@@ -118,7 +118,9 @@ def _build(part: str | Drafter, target: Target, options: dict[str, dict]) -> Dra
     return create_drafter(part, target, **options.get(part, {}))
 
 
-def _cap(part: Drafter, spec: str | Drafter, options: dict[str, dict]) -> int | None:
-    """The most a part drafts: its ``gamma`` option, else its own default (None for a drafter without one)."""
-    given = options.get(spec, {}).get("gamma") if isinstance(spec, str) else None
-    return given if given is not None else getattr(part, "default_gamma", None)
+def _cap(part: Drafter) -> int | None:
+    """The most a part drafts: the gamma it was given (a constant policy's), else its own default (None for a
+    drafter without one)."""
+    if isinstance(part.policy, ConstantPolicy):
+        return part.policy.gamma
+    return getattr(part, "default_gamma", None)
