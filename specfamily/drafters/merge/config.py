@@ -13,13 +13,16 @@ DEFAULT_PARTS = ("suffix", "eagle3")
 class MergeConfig:
     """``parts``: registered drafter names (or, from Python, drafter objects), laid into the tree in this order;
     ``options``: each named part's own options (``{"eagle3": {"total_tokens": 8}}``), checked against its schema;
-    a part's ``gamma`` there caps its depth (else its own default does). ``gamma``/``policy``: the merged draft's
-    depth, as every drafter's (None: cost-aware)."""
+    a part's ``gamma`` there caps its depth (else its own default does). ``min_tokens``: a part drafts only while
+    the parts before it proposed fewer tokens than this (SAM-Decoding's switch: the model drafts where retrieval
+    found nothing); None: every part drafts every pass. ``gamma``/``policy``: the merged draft's depth, as every
+    drafter's (None: cost-aware)."""
 
     parts: Any = field(default_factory=lambda: list(DEFAULT_PARTS))
     options: Any = None
     gamma: int | None = None
     policy: str | None = None
+    min_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.parts, (str, bytes)) or not isinstance(self.parts, Sequence) or not self.parts:
@@ -43,6 +46,9 @@ class MergeConfig:
         if self.gamma is not None and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
                                        or self.gamma < 1):
             raise ValueError(f"merge gamma must be an integer >= 1, got {self.gamma!r}")
+        if self.min_tokens is not None and (isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int)
+                                            or self.min_tokens < 1):
+            raise ValueError(f"merge min_tokens must be an integer >= 1 or null, got {self.min_tokens!r}")
         _check_parts(names, self.options)
 
 

@@ -66,8 +66,8 @@ class MergeDrafter(BaseDrafter):
     was given (its ``gamma`` option) or else its own default."""
 
     def __init__(self, target: Target, parts: Sequence[str | Drafter] = DEFAULT_PARTS, options: dict | None = None,
-                 gamma: int | None = None, policy: str | None = None) -> None:
-        self.config = MergeConfig(list(parts), options, gamma, policy)
+                 gamma: int | None = None, policy: str | None = None, min_tokens: int | None = None) -> None:
+        self.config = MergeConfig(list(parts), options, gamma, policy, min_tokens)
         self.parts: list[Drafter] = [_build(part, target, self.config.options) for part in self.config.parts]
         self.names = [part if isinstance(part, str) else type(part).__name__ for part in self.config.parts]
         for name, part in zip(self.names, self.parts, strict=True):
@@ -88,8 +88,15 @@ class MergeDrafter(BaseDrafter):
             part.begin(ctx)
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
-        drafts = [part.propose(ctx, gamma if cap is None else min(gamma, cap))
-                  for part, cap in zip(self.parts, self.caps, strict=True)]
+        """Every part's draft (with ``min_tokens``, a part's only while the drafts before it hold fewer tokens: a
+        choice made from those drafts alone, independent of its own draws, so the merge stays exact), merged."""
+        drafts, drafted, enough = [], 0, self.config.min_tokens
+        for part, cap in zip(self.parts, self.caps, strict=True):
+            if enough is not None and drafted >= enough:
+                drafts.append(Draft.empty())  # not asked: it observes a pass it did not draft for
+                continue
+            drafts.append(part.propose(ctx, gamma if cap is None else min(gamma, cap)))
+            drafted += len(drafts[-1])
         self.last = merge_drafts(drafts, ctx.target.vocab_size)
         draft = self.last.draft
         draft.catch_up_seconds = sum(part_draft.catch_up_seconds for part_draft in drafts)
