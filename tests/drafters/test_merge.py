@@ -69,6 +69,7 @@ def test_registered_with_its_config_and_defaults():
      "merge options name ['eagle3'], which are not among the parts ['suffix']"),
     ({"parts": ["sufix"]}, "unknown drafter 'sufix'; did you mean 'suffix'?"),
     ({"gamma": 0}, "merge gamma must be an integer >= 1, got 0"),
+    ({"min_tokens": 0}, "merge min_tokens must be an integer >= 1 or null, got 0"),
 ])
 def test_bad_options_are_refused_before_any_model_loads(options, message):
     with pytest.raises(ValueError) as info:
@@ -128,6 +129,21 @@ def test_each_part_observes_its_own_accepted_path_and_features():
     assert all(o.features is None for o in lookup.outcomes)
 
 
+def test_with_min_tokens_a_later_part_drafts_only_where_the_earlier_found_nothing():
+    target = tiny_target("llama")
+    parts = [Recorder(sf.create_drafter("prompt_lookup", target, gamma=3)),
+             Recorder(sf.create_drafter("eagle3", target, weights="random", gamma=3, top_k=4, total_tokens=12))]
+    merge = MergeDrafter(target, parts=parts, gamma=3, min_tokens=1)
+    prompt = [1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3, 7, 4]
+    result = sf.generate(target, merge, prompt, max_new_tokens=24)
+    assert result.tokens == sf.generate(target, None, prompt, max_new_tokens=24).tokens
+    lookup, eagle = parts
+    asked = [len(draft) == 0 for draft in lookup.drafts]  # eagle3 is asked exactly on these passes
+    assert len(eagle.drafts) == sum(asked) and 0 < sum(asked) < len(asked)
+    assert len(eagle.outcomes) == len(lookup.outcomes)  # it observes every pass, drafted for or not
+    assert all(o.features is not None for o in eagle.outcomes)
+
+
 # --- greedy identity and losslessness -------------------------------------------------------------
 
 
@@ -162,3 +178,17 @@ def test_lossless_with_the_default_parts():
     [fit] = assert_lossless(lambda target: _merge(target, ("suffix", "eagle3")), configs=[SAMPLING_MATRIX[0]],
                             prompt=LOOKUP_PROMPT, min_depth=1)
     assert fit.depth.deepest_verified >= 2 and fit.depth.trees > 0, fit.depth.summary()
+
+
+def test_lossless_with_min_tokens():
+    """small_model's sampled chain first (stopping after a token its q doubts), eagle3's sampled tree added only
+    on passes where the chain stopped after one token (min_tokens 2): which passes get a tree depends on the
+    chain alone."""
+    options = {"options": {**SAMPLED["options"], "small_model": {"gamma": 3, "confidence": 0.3}}}
+
+    def factory(target):
+        options["options"]["small_model"]["model"] = draft_model_for(target)
+        return _merge(target, ("small_model", "eagle3"), min_tokens=2, **options)
+
+    [fit] = assert_lossless(factory, configs=[SAMPLING_MATRIX[0]], min_depth=1)
+    assert fit.depth.deepest_verified == 3 and 0 < fit.depth.trees < fit.depth.passes, fit.depth.summary()
