@@ -16,6 +16,7 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
+from specfamily.core.tree_merge import MergedTree, merge_drafts
 from specfamily.core.types import Draft, SamplingConfig, VerifyOutcome
 
 _MEMO_LIMIT = 200_000
@@ -274,6 +275,52 @@ class ShiftedFeatures(FeatureHeads):
         return self.laws(self.rows[-2], gamma, sampling)
 
 
+class TopChain(HonestChain):
+    """Proposes the argmax chain of its tilted logits whatever the sampling, q = None: a deterministic part."""
+
+    @torch.inference_mode()
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        tokens: list[int] = []
+        for _ in range(gamma):
+            tokens.append(int(self.draft_logits(ctx.tokens + tokens).argmax()))
+        return Draft.chain(tokens)
+
+
+class HonestMerge(BaseDrafter):
+    """Two parts merged by :func:`specfamily.core.tree_merge.merge_drafts` (as the merge drafter does): a
+    deterministic argmax chain, then a sampled chain from another tilt; each node reports the row of the draw that
+    put it there. Lossless (the control)."""
+
+    default_gamma = 3
+
+    def __init__(self, target, gamma: int | None = 3) -> None:
+        super().__init__(gamma, "constant")
+        self.parts = [TopChain(target, gamma, seed=1), HonestChain(target, gamma, noise=1.0, seed=2)]
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        drafts = [part.propose(ctx, gamma) for part in self.parts]
+        return self.reported(merge_drafts(drafts, ctx.target.vocab_size), drafts)
+
+    def reported(self, merged: MergedTree, drafts: list[Draft]) -> Draft:
+        return merged.draft
+
+
+class MisattributedMerge(HonestMerge):
+    """Merges the same trie, but a node both parts drew reports the row of the last part that landed on it (a
+    per-node q overwritten part after part): the sampled part's q for the deterministic part's node."""
+
+    def reported(self, merged: MergedTree, drafts: list[Draft]) -> Draft:
+        q = merged.draft.q
+        if q is None:
+            return merged.draft
+        q = q.clone()
+        for k, draft in enumerate(drafts):
+            for i, node in enumerate(merged.at[k]):
+                if draft.q is not None and merged.sources[node].part != k:  # laid by another part
+                    q[node] = draft.q[i]
+        return Draft(merged.draft.tokens, merged.draft.parents, q)
+
+
 @dataclass(frozen=True)
 class Rogue:
     """A gallery entry: the bug, how to build it, and a sampling config under which the suite rejects it."""
@@ -300,6 +347,8 @@ def rogue_gallery() -> list[Rogue]:
         Rogue("off_by_one_parent", "children drawn in the context of node parent - 1", OffByOneParent, t1),
         Rogue("unnormalised_q", "reports top-k probabilities without renormalising (q sums below 1)",
               UnnormalisedTopK, k5),
+        Rogue("misattributed_merge", "a merged node shared by two drafters reports the later drafter's q",
+              MisattributedMerge, t1),
     ]
 
 

@@ -36,6 +36,8 @@ DRAFTERS = {
     "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
     "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
     "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
+    "merge": lambda t: sf.create_drafter("merge", t, parts=["prompt_lookup", "eagle3"], gamma=3,
+                                         options={"eagle3": {"weights": "random"}}),
 }
 
 

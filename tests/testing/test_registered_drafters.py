@@ -82,6 +82,9 @@ CASES = [
     Case("eagle3", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain"}),
     Case("suffix", "chain", {"gamma": DEPTH, "mode": "chain"}, lambda: lookup_prompts()["chain"]),
     Case("suffix", "tree", {"gamma": DEPTH, "max_spec_factor": 2.0}, lambda: lookup_prompts()["tree"]),
+    Case("merge", "tree", {"gamma": DEPTH, "parts": ["eagle3", "self_spec"], "options": {
+        "eagle3": {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30, "tree_sampling": "sampled"},
+        "self_spec": {"skip": ["mlp:1"], "gamma": DEPTH}}}),  # every node sampled: q given the earlier siblings
 ]
 PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
 PRUNED_CASES = [
@@ -125,6 +128,7 @@ MIN_DEPTH = {
     "eagle3-chain": (3, 2, 2),  # d3 .64 .45 .39
     "suffix-chain": (1, 1, 1),  # d2 .28 .32 .31
     "suffix-tree": (1, 1, 1),  # d2 .41 .51 .57
+    "merge-tree": (3, 3, 3),
     "eagle-tree-pruned": (2, 2, 2),  # d2 .75 .74 .74
     "eagle-chain-pruned": (2, 2, 2),  # d3 .35 .29 .29
     "eagle3-tree-pruned": (2, 2, 2),  # d2 .75 .77 .74

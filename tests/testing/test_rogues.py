@@ -13,6 +13,7 @@ from specfamily.testing.rogues import (
     DeepMisreport,
     FeatureHeads,
     HonestChain,
+    HonestMerge,
     HonestTree,
     cost_aware,
     top_p_without_crossing,
@@ -36,6 +37,7 @@ def test_the_gallery_covers_the_bugs_it_promises():
     assert [rogue.name for rogue in GALLERY] == [
         "late_misreport", "default_policy_misreport", "mixture_report", "siblings_without_replacement",
         "temperature_mismatch", "top_p_mismatch", "shifted_features", "off_by_one_parent", "unnormalised_q",
+        "misattributed_merge",
     ]
 
 
@@ -56,8 +58,9 @@ def test_the_suite_rejects_the_rogue(rogue):
 
 @pytest.mark.parametrize(
     ("honest", "sampling"),
-    [(HonestChain, SAMPLING_MATRIX[1]), (HonestTree, SAMPLING_MATRIX[2]), (FeatureHeads, SAMPLING_MATRIX[0])],
-    ids=["chain-t07-top_p09", "tree-top_k5", "features-t1"],
+    [(HonestChain, SAMPLING_MATRIX[1]), (HonestTree, SAMPLING_MATRIX[2]), (FeatureHeads, SAMPLING_MATRIX[0]),
+     (HonestMerge, SAMPLING_MATRIX[0])],
+    ids=["chain-t07-top_p09", "tree-top_k5", "features-t1", "merge-t1"],
 )
 def test_the_honest_twins_pass(honest, sampling):
     [fit] = assert_lossless(honest, configs=[sampling], min_depth=2 if honest is FeatureHeads else 3)
@@ -122,3 +125,23 @@ def test_rogue_trees_are_trees_of_depth_three():
 def test_the_pytest_plugin_hands_out_the_gallery(specfamily_rogues, specfamily_conformance):
     assert [rogue.name for rogue in specfamily_rogues] == [rogue.name for rogue in GALLERY]
     assert specfamily_conformance.assert_lossless is assert_lossless
+
+
+def test_the_merge_rogue_misattributes_only_nodes_two_parts_drew():
+    """Its drafts are the honest merge's trie; rows differ only at nodes the sampled part landed on after the
+    deterministic one put them there, where the honest row is one-hot and the rogue's the sampled part's."""
+    target = tiny_target("llama")
+    honest, rogue = HonestMerge(target), next(r for r in GALLERY if r.name == "misattributed_merge").build(target)
+    shared = 0
+    for seed in range(20):
+        drafts = []
+        for drafter in (honest, rogue):
+            ctx = sf.DecodeContext(target, torch.tensor(PROMPT), SAMPLING_MATRIX[0],
+                                   torch.Generator().manual_seed(seed), list(PROMPT))
+            drafts.append(drafter.propose(ctx, 3))
+        (h, r) = drafts
+        assert torch.equal(h.tokens, r.tokens) and torch.equal(h.parents, r.parents)
+        differ = (h.q != r.q).any(dim=1)
+        assert all(h.q[node].max() == 1.0 for node in differ.nonzero().view(-1).tolist())
+        shared += int(differ.any())
+    assert 0 < shared < 20

@@ -1,0 +1,133 @@
+"""The merge drafter: its parts propose, their trees are merged into one (:mod:`specfamily.core.tree_merge`), the
+shared verifier checks it, and each part is told what it alone would have had accepted.
+
+Each part keeps its own state: it is begun, asked to propose and ended as if it drafted alone, and observes the
+verification with its own nodes on the accepted path (as far as its tree follows it), its own draft size, and the
+target's features it asked for (parts asking for layers get their layers out of the union of every part's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specfamily.core.context import DecodeContext
+from specfamily.core.drafter import BaseDrafter, Drafter, hooks
+from specfamily.core.plugins import create_drafter
+from specfamily.core.schedules import ConstantPolicy
+from specfamily.core.target import Target
+from specfamily.core.tree_merge import MergedTree, merge_drafts
+from specfamily.core.types import Draft, VerifyOutcome
+from specfamily.drafters.merge.config import DEFAULT_PARTS, MergeConfig
+
+
+@dataclass(frozen=True)
+class FeaturePlan:
+    """What the merged drafter asks the target for (``needs``) and, per part, which of those features it gets:
+    None (none), () (all of them as they come), or the positions of its layers in ``needs``."""
+
+    needs: bool | tuple[int, ...]
+    picks: tuple[tuple[int, ...] | None, ...]
+
+    def part_features(self, part: int, features: torch.Tensor | None) -> torch.Tensor | None:
+        """(m, k * H) the features part ``part`` asked for, out of (m, K * H) for all of ``needs``."""
+        pick = self.picks[part]
+        if pick is None or features is None:
+            return None
+        if not pick:
+            return features
+        width = features.shape[-1] // len(self.needs)
+        return torch.cat([features[:, i * width : (i + 1) * width] for i in pick], dim=-1)
+
+
+def feature_plan(needs: Sequence[bool | tuple[int, ...]], names: Sequence[str]) -> FeaturePlan:
+    """One request for the target's features serving every part: the last normed state, or the union of layers."""
+    asking = [need for need in needs if need]
+    if not asking:
+        return FeaturePlan(False, tuple(None for _ in needs))
+    if all(need is True for need in asking):
+        return FeaturePlan(True, tuple(() if need else None for need in needs))
+    if any(need is True for need in asking):
+        last = [name for name, need in zip(names, needs, strict=True) if need is True]
+        layers = [name for name, need in zip(names, needs, strict=True) if isinstance(need, tuple)]
+        raise ValueError(f"merge cannot feed one pass's features to both kinds of feature parts: {last} need the "
+                         f"last normed state, {layers} need layer features")
+    union = tuple(dict.fromkeys(layer for need in asking for layer in need))
+    picks = tuple(None if not need else tuple(union.index(layer) for layer in need) for need in needs)
+    if all(pick is None or pick == tuple(range(len(union))) for pick in picks):
+        picks = tuple(None if pick is None else () for pick in picks)
+    return FeaturePlan(union, picks)
+
+
+class MergeDrafter(BaseDrafter):
+    """Proposes the merge of its parts' drafts; a part's depth is the merged draft's, capped by the gamma the part
+    was given (its ``gamma`` option) or else its own default."""
+
+    def __init__(self, target: Target, parts: Sequence[str | Drafter] = DEFAULT_PARTS, options: dict | None = None,
+                 gamma: int | None = None, policy: str | None = None, min_tokens: int | None = None) -> None:
+        self.config = MergeConfig(list(parts), options, gamma, policy, min_tokens)
+        self.parts: list[Drafter] = [_build(part, target, self.config.options) for part in self.config.parts]
+        self.names = [part if isinstance(part, str) else type(part).__name__ for part in self.config.parts]
+        for name, part in zip(self.names, self.parts, strict=True):
+            if part.lossy:
+                raise ValueError(f"merge cannot take the lossy drafter {name!r}: its acceptance rule is its own")
+        self.caps = [_cap(part) for part in self.parts]
+        self.default_gamma = max((cap for cap in self.caps if cap is not None), default=BaseDrafter.default_gamma)
+        self.auto_max_gamma = None  # auto never drafts deeper than the deepest part's own depth
+        super().__init__(gamma, policy)
+        self.features = feature_plan([part.needs_features for part in self.parts], self.names)
+        self.needs_features = self.features.needs
+        self.last: MergedTree | None = None  # the latest merge, until its verification is observed
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        self.last = None
+        for part in self.parts:
+            part.begin(ctx)
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        """Every part's draft (with ``min_tokens``, a part's only while the drafts before it hold fewer tokens: a
+        choice made from those drafts alone, independent of its own draws, so the merge stays exact), merged."""
+        drafts, drafted, enough = [], 0, self.config.min_tokens
+        for part, cap in zip(self.parts, self.caps, strict=True):
+            if enough is not None and drafted >= enough:
+                drafts.append(Draft.empty())  # not asked: it observes a pass it did not draft for
+                continue
+            drafts.append(part.propose(ctx, gamma if cap is None else min(gamma, cap)))
+            drafted += len(drafts[-1])
+        self.last = merge_drafts(drafts, ctx.target.vocab_size)
+        draft = self.last.draft
+        draft.catch_up_seconds = sum(part_draft.catch_up_seconds for part_draft in drafts)
+        return draft
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        """Each part observes the verification as if it had drafted alone (what of its tree was accepted)."""
+        merged, self.last = self.last, None
+        for k, part in enumerate(self.parts):
+            path = [] if merged is None else merged.part_path(k, outcome.accepted_nodes)
+            size = 0 if merged is None else len(merged.at[k])
+            features = self.features.part_features(k, outcome.features)
+            part.observe(VerifyOutcome(outcome.tokens, path, size, features, outcome.feature_start))
+
+    def end(self) -> None:
+        self.last = None
+        for part in self.parts:
+            hooks(part).end()
+
+
+def _build(part: str | Drafter, target: Target, options: dict[str, dict]) -> Drafter:
+    if not isinstance(part, str):
+        if not isinstance(part, Drafter):
+            raise TypeError(f"merge parts must be drafter names or drafters, got {type(part).__name__}")
+        return part
+    return create_drafter(part, target, **options.get(part, {}))
+
+
+def _cap(part: Drafter) -> int | None:
+    """The most a part drafts: the gamma it was given (a constant policy's), else its own default (None for a
+    drafter without one)."""
+    if isinstance(part.policy, ConstantPolicy):
+        return part.policy.gamma
+    return getattr(part, "default_gamma", None)
