@@ -39,9 +39,11 @@ PUBLISHED = {
     "eagle": lambda: {"weights": "random"},  # EAGLE(-2) for Llama-3-8B: one decoder layer, the whole vocabulary
     "eagle3": lambda: {"weights": "random", "draft_vocab": list(range(32000))},  # EAGLE-3: 32000-token draft vocab
     "small_model": lambda: {"model": meta_llama(LLAMA32_1B)},  # Llama-3.2-1B drafting for Llama-3-8B
+    "merge": lambda: {"parts": ["suffix", "eagle3"],  # SAM-Decoding's pairing: a suffix index and an EAGLE head
+                      "options": {"eagle3": {"weights": "random", "draft_vocab": list(range(32000))}}},
 }
 OWN_WEIGHTS = {"medusa": 5 * 4096 * (4096 + 128256), "eagle": 200_000_000, "eagle3": 200_000_000,
-               "small_model": 1_000_000_000}  # at least this many drafter parameters were checked
+               "small_model": 1_000_000_000, "merge": 200_000_000}  # at least this many drafter parameters were checked
 
 
 class HostFloat32(TorchDispatchMode):
@@ -65,14 +67,16 @@ def meta_target():
 
 
 def drafter_tensors(drafter, target) -> list[torch.Tensor]:
-    """Every parameter and buffer of the modules a drafter holds (three attribute levels deep), the target's own
+    """Every parameter and buffer of the modules a drafter holds (three attribute levels deep, through lists: a merge's
+    parts), the target's own
     excluded (self_spec holds the target's blocks; their rotary buffers are float32 by transformers' design)."""
     own = {id(t) for t in (*target.model.parameters(), *target.model.buffers())}
     seen, tensors, frontier = {id(target.model)}, [], [drafter]
     for _ in range(3):
         found = []
         for holder in frontier:
-            for value in vars(holder).values() if hasattr(holder, "__dict__") else ():
+            values = list(vars(holder).values()) if hasattr(holder, "__dict__") else []
+            for value in values + [item for v in values if isinstance(v, list | tuple) for item in v]:
                 if isinstance(value, torch.nn.Module) and id(value) not in seen:
                     seen.add(id(value))
                     tensors += [t for t in (*value.parameters(), *value.buffers()) if id(t) not in own]
