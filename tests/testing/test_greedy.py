@@ -36,6 +36,7 @@ DRAFTERS = {
     "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
     "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
     "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
+    "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3),
 }
 
 
