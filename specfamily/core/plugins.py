@@ -36,6 +36,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "specfamily.drafters.eagle",
     "specfamily.drafters.suffix",
     "specfamily.drafters.recycling",
+    "specfamily.drafters.rest",
 )
 
 
