@@ -50,6 +50,8 @@ def suffix_array(data: np.ndarray, progress: bool = False) -> np.ndarray:
 def build_datastore(sequences: Iterable[list[int]], path: str | os.PathLike, vocab_size: int, source: str = "",
                     progress: bool = True) -> Path:
     """Write a datastore of ``sequences`` (token ids < ``vocab_size``) to the folder ``path``; returns it."""
+    folder = Path(path)
+    (folder / "meta.json").unlink(missing_ok=True)  # a half-rebuilt folder reads as no datastore
     chunks, count = [], 0
     for seq in tqdm(sequences, desc="datastore", unit="seq", disable=not progress):
         ids = np.asarray(seq, dtype=np.int64)
@@ -59,7 +61,6 @@ def build_datastore(sequences: Iterable[list[int]], path: str | os.PathLike, voc
         count += 1
     data = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
     suffixes = suffix_array(data, progress).astype(np.int32 if len(data) < 2**31 else np.int64)
-    folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "tokens.npy", data)
     np.save(folder / "suffixes.npy", suffixes)
