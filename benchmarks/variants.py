@@ -49,8 +49,10 @@ def make_arms(target, names: Sequence[str], rest_datastore: str | None) -> dict[
     return arms
 
 
-def run(target, arms: dict[str, object], items, max_new_tokens: int) -> dict[str, dict[str, Totals]]:
-    """Every item with every arm in turn (plain first: the reference); totals per arm and category ("all" too)."""
+def run(target, arms: dict[str, object], items, max_new_tokens: int,
+        out: str | None = None) -> dict[str, dict[str, Totals]]:
+    """Every item with every arm in turn (plain first: the reference); totals per arm and category ("all" too),
+    written to ``out`` (JSON) after each prompt, so an interrupted run keeps what it measured."""
     totals: dict[str, dict[str, Totals]] = {name: {} for name in arms}
     for i, item in enumerate(items):
         reference = None
@@ -63,7 +65,15 @@ def run(target, arms: dict[str, object], items, max_new_tokens: int) -> dict[str
                 totals[name].setdefault(key, Totals()).add(len(result.tokens), result.metrics.target_passes,
                                                            seconds, result.tokens != reference)
         print(f"prompt {i + 1}/{len(items)} ({item.category}) done", flush=True)
+        if out:
+            save(out, totals, prompts=i + 1)
     return totals
+
+
+def save(out: str, totals: dict[str, dict[str, Totals]], **extra) -> None:
+    data = {arm: {c: vars(t) for c, t in by.items()} for arm, by in totals.items()}
+    with open(out, "w") as f:
+        json.dump({**extra, "totals": data, "markdown": markdown(totals)}, f, indent=1)
 
 
 def markdown(totals: dict[str, dict[str, Totals]]) -> str:
@@ -94,13 +104,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     target = sf.load_target(args.target)
     items = spec_bench_items(target.tokenizer, args.per_category)
-    totals = run(target, make_arms(target, args.arms.split(","), args.rest_datastore), items, args.max_new_tokens)
+    arms = make_arms(target, args.arms.split(","), args.rest_datastore)
+    totals = run(target, arms, items, args.max_new_tokens, args.out)
     print(markdown(totals))
-    data = {arm: {c: vars(t) for c, t in by.items()} for arm, by in totals.items()}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "totals": data}, f, indent=1)
-    return data
+    return {arm: {c: vars(t) for c, t in by.items()} for arm, by in totals.items()}
 
 
 if __name__ == "__main__":
