@@ -76,6 +76,18 @@ def save(out: str, totals: dict[str, dict[str, Totals]], **extra) -> None:
         json.dump({**extra, "totals": data, "markdown": markdown(totals)}, f, indent=1)
 
 
+def warm_up(target, arms: dict[str, object]) -> None:
+    """Untimed: the target's verify-cost curve (measured once per target, by the first cost-aware arm otherwise) and
+    one short generation per arm on a prompt that is not an evaluation prompt (the zoo's first instruct prompt)."""
+    from specfamily.core.costs import target_cost_curve
+    from specfamily.zoo.prompts import prompt_ids
+
+    [ids] = prompt_ids("instruct", 1, target.tokenizer)
+    target_cost_curve(target, ids)
+    for drafter in arms.values():
+        sf.generate(target, drafter, ids, max_new_tokens=16)
+
+
 def markdown(totals: dict[str, dict[str, Totals]]) -> str:
     plain = totals[PLAIN]
     arms = [name for name in totals if name != PLAIN]
@@ -99,12 +111,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--matmul", default="stream", help="the lean forward's matmul kind (the default run's pick)")
     parser.add_argument("--out", default=None, help="write the totals as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target = sf.load_target(args.target)
+    target = sf.load_target(args.target, matmul=args.matmul)
     items = spec_bench_items(target.tokenizer, args.per_category)
     arms = make_arms(target, args.arms.split(","), args.rest_datastore)
+    warm_up(target, arms)
     totals = run(target, arms, items, args.max_new_tokens, args.out)
     print(markdown(totals))
     return {arm: {c: vars(t) for c, t in by.items()} for arm, by in totals.items()}

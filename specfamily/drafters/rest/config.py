@@ -16,7 +16,7 @@ class RestConfig:
     """Retrieval from a datastore of text (:func:`~specfamily.drafters.rest.datastore.build_datastore`).
 
     ``datastore``: the folder of a built datastore; null: the one the recipe builds for a zoo target
-    (``python -m specfamily.recipes.rest``, in the specfamily cache). The longest suffix of the context of
+    (``python -m specfamily.recipes.rest_datastore``, in the specfamily cache). The longest suffix of the context of
     ``min_span``..``max_span`` tokens (reference: 2..16) that occurs in it is looked up; the ``continuation`` tokens
     (reference: 10) after up to ``max_matches`` of its occurrences (reference: 5000, from a GPU; fewer keep a CPU
     pass cheap) are counted, and the ``max_tree_size`` most frequent prefixes (reference: 64) form the token tree.

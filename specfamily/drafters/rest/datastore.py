@@ -85,7 +85,7 @@ class Datastore:
         meta_file = folder / "meta.json"
         if not meta_file.is_file():
             raise FileNotFoundError(f"no REST datastore at {folder} (meta.json missing): build it with "
-                                    "python -m specfamily.recipes.rest or rest.datastore.build_datastore")
+                                    "python -m specfamily.recipes.rest_datastore or rest.datastore.build_datastore")
         meta = json.loads(meta_file.read_text())
         if meta.get("format") != FORMAT:
             raise ValueError(f"datastore {folder} has format {meta.get('format')!r}; this version reads {FORMAT}")

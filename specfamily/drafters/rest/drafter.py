@@ -23,7 +23,7 @@ from specfamily.drafters.rest.retrieve import continuations, frequent_tree
 
 
 def default_datastore(target: Target) -> Path:
-    """Where ``python -m specfamily.recipes.rest`` puts the datastore of a zoo target; a ValueError for others."""
+    """Where ``python -m specfamily.recipes.rest_datastore`` puts a zoo target's datastore; a ValueError for others."""
     from specfamily.zoo.fetch import cache_root
 
     name = zoo.identify(target)

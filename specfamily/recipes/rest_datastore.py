@@ -1,4 +1,4 @@
-"""A REST datastore for a target: ``python -m specfamily.recipes.rest [--target zoo:smollm2] [--out DIR]``.
+"""A REST datastore for a target: ``python -m specfamily.recipes.rest_datastore [--target zoo:smollm2] [--out DIR]``.
 
 Default text: the zoo corpus's training split (the standard library's Python sources, :mod:`corpus`), never an
 evaluation prompt set; ``--dataset`` takes any ``datasets`` corpus instead (``--dataset json --data-files F.jsonl

@@ -3,7 +3,7 @@
 import json
 
 from specfamily.drafters.rest.datastore import Datastore, build_datastore
-from specfamily.recipes.rest import corpus_texts, token_sequences
+from specfamily.recipes.rest_datastore import corpus_texts, token_sequences
 
 
 class _Ids:
