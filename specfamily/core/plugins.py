@@ -36,6 +36,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "specfamily.drafters.eagle",
     "specfamily.drafters.suffix",
     "specfamily.drafters.merge",
+    "specfamily.drafters.recycling",
+    "specfamily.drafters.rest",
 )
 
 

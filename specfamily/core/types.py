@@ -99,6 +99,9 @@ class VerifyOutcome:
     absolute position ``feature_start + j``, i.e. the one that produced the token at position
     ``feature_start + j + 1``. Usually the root and the accepted nodes; on the first pass the
     whole prompt. A drafter whose ``needs_features`` names k layers gets (m, k * H), those layers concatenated.
+    ``logits``: (draft_size + 1, V) the target's logits of this pass as it returned them (before processors and
+    warping): row 0 at the root, row i + 1 after draft node i, every drafted node, accepted or not. For drafters
+    that learn from what the target already computed (Token Recycling); a view that is only valid during ``observe``.
     """
 
     tokens: list[int]
@@ -106,6 +109,7 @@ class VerifyOutcome:
     draft_size: int
     features: torch.Tensor | None = None  # (m, H) or (m, k * H)
     feature_start: int = 0
+    logits: torch.Tensor | None = None  # (draft_size + 1, V)
 
 
 @dataclass

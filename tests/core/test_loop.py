@@ -96,6 +96,43 @@ def test_features_reach_observe_aligned_with_positions():
     assert predicted[3:] == first.tokens  # the feature at position t predicts the token at t + 1
 
 
+def test_logits_of_every_drafted_row_reach_observe():
+    """observe gets the pass's (draft_size + 1, V) logits: row 0 at the root, row i + 1 after node i, drafted nodes
+    accepted or not; each row equals the target's own logits after that node's path."""
+    target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float64)
+    seen = []
+
+    class Recorder(RandomTreeDrafter):
+        def propose(self, ctx, gamma):
+            draft = super().propose(ctx, gamma)
+            seen.append((list(ctx.tokens), draft))
+            return draft
+
+        def observe(self, outcome):
+            seen[-1] += (outcome.logits.clone(),)
+
+    sf.generate(target, Recorder(target, gamma=3, nodes=6), [1, 2, 3, 4], max_new_tokens=12)
+    checked = 0
+    for context, draft, logits in (case for case in seen if len(case) == 3):
+        assert logits.shape == (len(draft) + 1, 32)
+        for i in range(len(draft) + 1):
+            path = [] if i == 0 else _path(draft, i - 1)
+            ids = torch.tensor([context + [int(draft.tokens[j]) for j in path]])
+            with torch.inference_mode():
+                expected = target.model(input_ids=ids).logits[0, -1]
+            torch.testing.assert_close(logits[i], expected, rtol=1e-9, atol=1e-9)
+            checked += 1
+    assert checked >= 3 * 7  # three passes or more, six drafted nodes and the root each
+
+
+def _path(draft, node):
+    parents, path = draft.parents.tolist(), []
+    while node >= 0:
+        path.insert(0, node)
+        node = parents[node]
+    return path
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [

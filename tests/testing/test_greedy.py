@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import tempfile
+
 import pytest
 import torch
 
@@ -18,6 +21,7 @@ from specfamily.testing.greedy import (
     check_report,
     compare_greedy,
     greedy_case,
+    greedy_prompts,
     ulp,
 )
 from specfamily.testing.tiny import single_thread
@@ -38,7 +42,19 @@ DRAFTERS = {
     "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
     "merge": lambda t: sf.create_drafter("merge", t, parts=["prompt_lookup", "eagle3"], gamma=3,
                                          options={"eagle3": {"weights": "random"}}),
+    "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3),
+    "rest": lambda t: sf.create_drafter("rest", t, gamma=4, datastore=_rest_datastore(t.vocab_size)),
 }
+
+
+@functools.cache
+def _rest_datastore(vocab_size: int) -> str:
+    """A datastore of the greedy prompts, each followed by the next: the end of a prompt is followed by text."""
+    from specfamily.drafters.rest.datastore import build_datastore
+
+    prompts = greedy_prompts(vocab_size, BF16["prompts"])
+    sequences = [a.tolist() + b.tolist() for a, b in zip(prompts, prompts[1:] + prompts[:1], strict=True)]
+    return str(build_datastore(sequences, tempfile.mkdtemp(prefix="rest-"), vocab_size, progress=False))
 
 
 @pytest.fixture(scope="module")

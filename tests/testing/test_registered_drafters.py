@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import specfamily as sf
+from specfamily.drafters.rest.datastore import build_datastore
 from specfamily.testing import SAMPLING_MATRIX, assert_lossless, draft_model_for, tiny_target
 from specfamily.testing.conformance import PROMPT
 
@@ -52,6 +54,15 @@ def lookup_prompts() -> dict[str, tuple[int, ...]]:
     return {"chain": tuple(base + g + base), "tree": tuple(base + g + base + h + base)}
 
 
+@functools.cache
+def rest_datastore(vocab_size: int) -> str:
+    """A datastore in which the kit's prompt is followed by prompt lookup's two best continuations: a tree."""
+    tree = list(lookup_prompts()["tree"])
+    base = list(PROMPT)
+    g, h = tree[len(base) : len(base) + DEPTH], tree[2 * len(base) + DEPTH : 2 * len(base) + 2 * DEPTH]
+    return str(build_datastore([base + g, base + h], tempfile.mkdtemp(prefix="rest-"), vocab_size, progress=False))
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -66,6 +77,8 @@ class Case:
         options = dict(self.options)
         if self.name == "small_model":
             options["model"] = draft_model_for(target)
+        if self.name == "rest":
+            options["datastore"] = rest_datastore(target.vocab_size)
         return sf.create_drafter(self.name, target, **options)
 
 
@@ -85,6 +98,8 @@ CASES = [
     Case("merge", "tree", {"gamma": DEPTH, "parts": ["eagle3", "self_spec"], "options": {
         "eagle3": {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30, "tree_sampling": "sampled"},
         "self_spec": {"skip": ["mlp:1"], "gamma": DEPTH}}}),  # every node sampled: q given the earlier siblings
+    Case("recycling", "tree", {"gamma": DEPTH, "max_tree_size": 12}),
+    Case("rest", "tree", {"gamma": DEPTH}),
 ]
 PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
 PRUNED_CASES = [
@@ -129,6 +144,8 @@ MIN_DEPTH = {
     "suffix-chain": (1, 1, 1),  # d2 .28 .32 .31
     "suffix-tree": (1, 1, 1),  # d2 .41 .51 .57
     "merge-tree": (3, 3, 3),
+    "rest-tree": (1, 1, 1),  # the datastore's two continuations of the prompt, as prompt lookup's tree (no pilot)
+    "recycling-tree": (2, 2, 2),  # the table learns the tiny target's successors over the samples (no pilot run)
     "eagle-tree-pruned": (2, 2, 2),  # d2 .75 .74 .74
     "eagle-chain-pruned": (2, 2, 2),  # d3 .35 .29 .29
     "eagle3-tree-pruned": (2, 2, 2),  # d2 .75 .77 .74
@@ -159,7 +176,7 @@ def test_every_case_states_its_depth():
 def test_every_registered_drafter_has_a_case_in_each_of_its_modes():
     assert set(sf.list_drafters()) <= {case.name for case in CASES}
     trees = {case.name for case in CASES if case.mode == "tree"}
-    assert {"prompt_lookup", "medusa", "eagle", "suffix"} <= trees
+    assert {"prompt_lookup", "medusa", "eagle", "suffix", "recycling", "rest"} <= trees
 
 
 def test_lookup_prompts_repeat_their_base():

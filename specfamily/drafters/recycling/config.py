@@ -1,0 +1,45 @@
+"""Options of the recycling drafter (Token Recycling: Luo et al., 2024), with the reference's defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TEMPLATES = ("2.2.2",)  # as template.TEMPLATES (kept import-free here)
+
+
+def _check_int(value: object, name: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class RecyclingConfig:
+    """An adjacency table token -> its top_k most likely successors, rewritten from the logits of every pass
+    (each fed token's row: the root and every drafted node), and a draft tree grown from it by a static template.
+
+    ``top_k`` (reference: 8): successors kept per token; a template's ranks must be below it. ``template``: the
+    static tree, as rank paths (``2.2.2``: the reference's 80 nodes, depth 6). ``max_tree_size``: the template's
+    first nodes by depth + summed rank (a sub-tree: a parent always comes first); null: the whole template.
+    ``gamma``: the depth cap (null: cost-aware, see policy). ``keep``: keep the table across requests (the reference
+    does: it is one matrix for the whole run) or start each request empty.
+    """
+
+    gamma: int | None = None  # depth cap of the tree; null: cost-aware (see policy)
+    policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
+    top_k: int = 8
+    template: str = "2.2.2"
+    max_tree_size: int | None = 8
+    keep: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gamma is not None:
+            _check_int(self.gamma, "gamma", 1)
+        if self.policy is not None and not isinstance(self.policy, str):
+            raise ValueError(f"policy must be a string, got {self.policy!r}")
+        _check_int(self.top_k, "top_k", 1)
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, got {self.template!r}")
+        if self.max_tree_size is not None:
+            _check_int(self.max_tree_size, "max_tree_size", 1)
+        if not isinstance(self.keep, bool):
+            raise ValueError(f"keep must be true or false, got {self.keep!r}")

@@ -1,0 +1,72 @@
+"""Token Recycling (Luo et al., 2024): the target's own top-k candidates from earlier passes, recycled as drafts.
+
+Every pass already computes logits after the root and after each drafted node, accepted or not; ``observe`` keeps
+each fed token's top-k successors in an :class:`AdjacencyTable` (one table for the drafter's life, as the
+reference's one matrix per run, unless ``keep=False``). ``propose`` grows a static template tree from the
+context's last token through that table (:func:`grow`). No model of its own, deterministic (q = None): lossless
+under sampling, the target's own greedy text at temperature 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfamily.core.context import DecodeContext
+from specfamily.core.drafter import BaseDrafter
+from specfamily.core.target import Target
+from specfamily.core.types import Draft, VerifyOutcome
+from specfamily.drafters.recycling.config import RecyclingConfig
+from specfamily.drafters.recycling.table import AdjacencyTable
+from specfamily.drafters.recycling.template import grow, make_template
+
+
+class RecyclingDrafter(BaseDrafter):
+    """Grows the template from the last token through the adjacency table; learns the table from each pass."""
+
+    auto_max_gamma = None  # auto drafts at most the template's depth
+
+    def __init__(
+        self,
+        target: Target | None = None,
+        gamma: int | None = None,
+        policy: str | None = None,
+        top_k: int = 8,
+        template: str = "2.2.2",
+        max_tree_size: int | None = 8,
+        keep: bool = True,
+    ) -> None:
+        self.config = RecyclingConfig(gamma, policy, top_k, template, max_tree_size, keep)
+        self.template = make_template(template, max_tree_size, top_k)
+        self.default_gamma = self.template.depth
+        super().__init__(gamma, policy)
+        self.stop: frozenset[int] = frozenset(target.eos_token_ids) if target is not None else frozenset()
+        self.table: AdjacencyTable | None = None
+        if target is not None:
+            self.table = AdjacencyTable.empty(target.vocab_size, top_k)
+        self._fed: list[int] = []  # the last pass's fed tokens: root, then the draft's nodes
+        self._last = -1  # the context's last token, the root of the next pass
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        self.stop = frozenset(ctx.target.eos_token_ids)
+        vocab = ctx.target.vocab_size
+        table = self.table
+        if table is None or not self.config.keep or table.successors.shape[0] != vocab:
+            self.table = AdjacencyTable.empty(vocab, self.config.top_k)
+        self._last, self._fed = ctx.tokens[-1], []
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        root = self._last = ctx.tokens[-1]
+        table = self.table
+        tokens, parents = grow(root, table.successors, table.known, self.template, gamma, self.stop)
+        self._fed = [root, *tokens]
+        if not tokens:
+            return Draft.empty()
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        """Rewrite the rows of every token this pass fed (the root, every drafted node) from its logits."""
+        fed = self._fed if len(self._fed) == outcome.draft_size + 1 else [self._last]  # no proposal: the root alone
+        if outcome.logits is not None and self.table is not None:
+            self.table.update(fed, outcome.logits)
+        self._fed, self._last = [], outcome.tokens[-1]
