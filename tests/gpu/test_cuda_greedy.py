@@ -6,6 +6,9 @@ at near-ties only (``specfamily.testing.greedy``'s criterion: a logit gap within
 
 from __future__ import annotations
 
+import functools
+import tempfile
+
 import pytest
 import torch
 
@@ -26,10 +29,22 @@ DRAFTERS = {
     "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
     "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
     "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
+    "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3),
+    "rest": lambda t: sf.create_drafter("rest", t, gamma=4, datastore=_rest_datastore(t.vocab_size)),
     "merge": lambda t: sf.create_drafter("merge", t, parts=["prompt_lookup", "eagle3"], gamma=3,
                                          options={"eagle3": {"weights": "random"}}),
 }
 CASES: dict[tuple[str, torch.dtype], GreedyCase] = {}
+
+
+@functools.cache
+def _rest_datastore(vocab_size: int) -> str:
+    """A datastore of the greedy prompts, each followed by the next (as tests/testing/test_greedy.py's)."""
+    from specfamily.drafters.rest.datastore import build_datastore
+
+    prompts = greedy_prompts(vocab_size, PROMPTS)
+    sequences = [a.tolist() + b.tolist() for a, b in zip(prompts, prompts[1:] + prompts[:1], strict=True)]
+    return str(build_datastore(sequences, tempfile.mkdtemp(prefix="rest-"), vocab_size, progress=False))
 
 
 def cuda_case(family: str, dtype: torch.dtype) -> GreedyCase:

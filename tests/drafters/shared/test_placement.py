@@ -5,6 +5,8 @@ weights on the device (``device_map``)."""
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -39,6 +41,8 @@ PUBLISHED = {
     "eagle": lambda: {"weights": "random"},  # EAGLE(-2) for Llama-3-8B: one decoder layer, the whole vocabulary
     "eagle3": lambda: {"weights": "random", "draft_vocab": list(range(32000))},  # EAGLE-3: 32000-token draft vocab
     "small_model": lambda: {"model": meta_llama(LLAMA32_1B)},  # Llama-3.2-1B drafting for Llama-3-8B
+    "recycling": lambda: {},  # the reference's 2.2.2 template, its first nodes
+    "rest": lambda: {"datastore": _datastore()},
     "merge": lambda: {"parts": ["suffix", "eagle3"],  # SAM-Decoding's pairing: a suffix index and an EAGLE head
                       "options": {"eagle3": {"weights": "random", "draft_vocab": list(range(32000))}}},
 }
@@ -59,6 +63,14 @@ class HostFloat32(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and tensor.dtype == torch.float32:
                 self.largest = max(self.largest, tensor.numel())
         return out
+
+
+def _datastore() -> str:
+    """A small REST datastore over a Llama-3 vocabulary (the drafter opens it; no weights)."""
+    from specfamily.drafters.rest.datastore import build_datastore
+
+    sequences = [[(7 * i + j) % LLAMA3_8B["vocab_size"] for j in range(40)] for i in range(8)]
+    return str(build_datastore(sequences, tempfile.mkdtemp(prefix="rest-"), LLAMA3_8B["vocab_size"], progress=False))
 
 
 @pytest.fixture(scope="module")
