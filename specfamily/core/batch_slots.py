@@ -4,9 +4,9 @@ A drafter written for one request keeps per-request state on itself (an n-gram i
 last target feature). Batched decoding therefore gives each slot its own copy of the drafter (:func:`slot_copy`):
 a deep copy that shares, instead of copying, every ``torch.nn.Module`` with its parameters and buffers (read-only
 weights), the verifying target, and the attributes the drafter names in ``batch_shared`` (e.g. a cache meant to
-learn across requests). :func:`propose_batch` asks every slot for its draft: through the drafter's own batched call
-when its family has one (``propose_batch(ctxs, gammas)`` on the prototype), else by looping over each slot's
-``propose``, so a third-party batch-1 drafter works unchanged.
+learn across requests). :func:`propose_batch` asks every slot for its draft through the prototype's
+``propose_batch(drafters, ctxs, gammas)``: BaseDrafter's default loops over each slot's ``propose``, so a third-party
+batch-1 drafter works unchanged; a family with a model of its own batches its draft forwards (Medusa).
 
 Each slot's :class:`DecodeContext` carries a :class:`SlotTarget`: the target as that slot's request sees it (its
 ``cached_length`` and a batch-1 view of its cache rows), so a drafter that runs the target's own layers over its
@@ -59,15 +59,13 @@ def slot_copy(drafter: Drafter, target) -> Drafter:
     """A copy of ``drafter`` for one batch slot: its own per-request state, the modules, the target and the
     attributes named in ``batch_shared`` shared with the original."""
     memo: dict[int, object] = {id(target): target}
-    for name in getattr(drafter, "batch_shared", ()):
-        value = getattr(drafter, name)
-        memo[id(value)] = value
     _share_modules(drafter, memo, set(), _WALK_DEPTH)
     return copy.deepcopy(drafter, memo)
 
 
 def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> None:
-    """Put every nn.Module reachable from ``obj`` (with its submodules, parameters and buffers) into ``memo``."""
+    """Put into ``memo`` every nn.Module reachable from ``obj`` (with its submodules, parameters and buffers) and
+    the attributes each reachable object names in ``batch_shared``."""
     if depth < 0 or id(obj) in seen:
         return
     seen.add(id(obj))
@@ -84,17 +82,25 @@ def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> 
     elif isinstance(obj, (list, tuple, set, frozenset)):
         children = obj
     else:
-        children = getattr(obj, "__dict__", {}).values()
+        attributes = getattr(obj, "__dict__", {})
+        for name in getattr(obj, "batch_shared", ()):  # a wrapped drafter's shared attributes are shared too
+            if name in attributes:
+                memo[id(attributes[name])] = attributes[name]
+        children = attributes.values()
     for child in children:
         _share_modules(child, memo, seen, depth - 1)
 
 
 def propose_batch(prototype: Drafter, drafters: Sequence[Drafter], ctxs: Sequence[DecodeContext],
                   gammas: Sequence[int]) -> list[Draft]:
-    """Each slot's draft of ``gammas[i]`` tokens (an empty draft for gamma 0): the family's batched call when the
-    prototype defines ``propose_batch(drafters, ctxs, gammas)``, else each slot's own ``propose``."""
-    own = getattr(type(prototype), "propose_batch", None)
-    if own is not None:
-        return own(prototype, drafters, ctxs, gammas)
+    """Each slot's draft of ``gammas[i]`` tokens (an empty draft for gamma 0): the prototype's
+    ``propose_batch(drafters, ctxs, gammas)`` (BaseDrafter's default loops; families with a model batch it), or, for
+    a drafter that does not derive from BaseDrafter and has none, each slot's own ``propose``."""
+    own = getattr(prototype, "propose_batch", None)
+    if callable(own):
+        drafts = own(list(drafters), list(ctxs), list(gammas))
+        if len(drafts) != len(drafters):
+            raise ValueError(f"propose_batch returned {len(drafts)} drafts for {len(drafters)} slots")
+        return drafts
     return [drafter.propose(ctx, gamma) if gamma > 0 else Draft.empty()
             for drafter, ctx, gamma in zip(drafters, ctxs, gammas, strict=True)]
