@@ -6,6 +6,7 @@ Public API (names load lazily, so importing the package does no work)::
     target = sf.load_target("zoo:code-target")
     drafter = sf.create_drafter("small_model", target)
     result = sf.generate(target, drafter, prompt_ids, max_new_tokens=64)
+    results = sf.generate_batch(target, drafter, [prompt_ids, other_ids], max_new_tokens=64)  # many at once
     rows = sf.load_run("runs/2025-01-01_12-00-00")  # a comparison run's rows as a datasets.Dataset
 """
 
@@ -17,6 +18,7 @@ _EXPORTS = {
     "load_target": "specfamily.core.target",
     "Target": "specfamily.core.target",
     "generate": "specfamily.core.loop",
+    "generate_batch": "specfamily.core.batch_loop",
     "SamplingConfig": "specfamily.core.types",
     "Draft": "specfamily.core.types",
     "VerifyOutcome": "specfamily.core.types",

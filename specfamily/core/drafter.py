@@ -2,7 +2,8 @@
 
 Required: ``begin``, ``propose``, ``observe`` and the attributes ``needs_features``, ``lossy``, ``policy``.
 Optional (declared on :class:`DrafterHooks`, defaults on :class:`BaseDrafter`): ``end()`` after each request, and
-``accept`` (a lossy drafter's own acceptance rule). :func:`hooks` resolves them once per request, so a drafter that
+``accept`` (a lossy drafter's own acceptance rule); for batched decoding ``propose_batch`` (BaseDrafter's default loops
+over each slot's ``propose``) and ``batch_shared``. :func:`hooks` resolves them once per request, so a drafter that
 implements only the required protocol gets the defaults and the loop never probes for them.
 """
 
@@ -97,6 +98,7 @@ class BaseDrafter:
     accept: AcceptRule | None = None  # a lossy drafter defines ``accept`` as a method (DrafterHooks.accept)
     default_gamma: int = 4
 
+    batch_shared: tuple[str, ...] = ()  # attributes every batch slot's copy shares with the prototype (slot_copy)
     auto_max_gamma: int | None = 16  # the most "auto" drafts; None: the default gamma (calibrated tree depths)
 
     def __init__(self, gamma: int | None = None, policy: str | None = None) -> None:
@@ -110,6 +112,13 @@ class BaseDrafter:
 
     def begin(self, ctx: DecodeContext) -> None:
         self.policy.reset()
+
+    def propose_batch(self, drafters: list[Drafter], ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
+        """Batched decoding (``core.batch_slots``), called on the prototype with each slot's own copy: each slot's
+        draft of ``gammas[i]`` tokens. This default loops over the slots' ``propose``; a family with a model of its
+        own overrides it with one draft forward per step for the whole batch."""
+        return [drafter.propose(ctx, gamma) if gamma > 0 else Draft.empty()
+                for drafter, ctx, gamma in zip(drafters, ctxs, gammas, strict=True)]
 
     def observe(self, outcome: VerifyOutcome) -> None:
         pass

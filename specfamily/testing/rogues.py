@@ -49,6 +49,7 @@ class HonestChain(BaseDrafter):
     """Samples a chain from q = warp(target logits + a fixed tilt) and reports that q: lossless (the control)."""
 
     default_gamma = 3
+    batch_shared = ("logits",)  # batched decoding: the slots share the memo of the target's logits (not a request's)
 
     def __init__(self, target, gamma: int | None = 3, noise: float = 0.5, seed: int = 0) -> None:
         super().__init__(gamma, "constant")
@@ -361,3 +362,38 @@ class DeepMisreport(LateMisreport):
 
     def __init__(self, target, gamma: int | None = 4, from_depth: int = 4, **kw) -> None:
         super().__init__(target, gamma, from_depth, **kw)
+
+
+class CrossRequestLeak(HonestChain):
+    """A rogue of batched decoding: draws its chain from the draft law of ANOTHER live request's context (read from
+    a board every slot shares) while it reports the q of its own. Alone in the batch it reads only itself: honest
+    under ``generate``; beside other requests it draws from the wrong law."""
+
+    batch_shared = ("board", "logits")
+
+    def __init__(self, target, gamma: int | None = 3, **kw) -> None:
+        super().__init__(target, gamma, **kw)
+        self.board: dict[int, DecodeContext] = {}
+        self._own: DecodeContext | None = None
+
+    def begin(self, ctx: DecodeContext) -> None:
+        super().begin(ctx)
+        self._own = ctx
+        self.board[id(ctx)] = ctx
+
+    def end(self) -> None:
+        self.board.pop(id(self._own), None)
+
+    @torch.inference_mode()
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        other = next((c for key, c in self.board.items() if key != id(ctx)), ctx)
+        tokens, qs = [], []
+        for depth in range(1, gamma + 1):
+            own = self.draft_logits(ctx.tokens + tokens)
+            if ctx.sampling.greedy:
+                tokens.append(int(own.argmax()))
+                continue
+            law = self.sample_law(self.draft_logits(other.tokens + tokens), ctx.sampling, depth)
+            tokens.append(int(torch.multinomial(law, 1, generator=ctx.generator)))
+            qs.append(self.sample_law(own, ctx.sampling, depth))
+        return Draft.chain(tokens, torch.stack(qs) if qs else None)

@@ -102,13 +102,32 @@ class MedusaDrafter(BaseDrafter):
         if self._feature is None:  # first pass: nothing processed yet, plain prefill
             return Draft.empty()
         depth = min(gamma, self.tree.depth)
-        n = self.tree.prefix[depth]
         logits = self.heads(self._feature, depth, **self._head_options)  # (depth, V), or (depth, N) over draft ids
-        top = logits.topk(self.tree.top_k, dim=-1).indices  # (depth, top_k)
+        return self._tree_draft(logits.topk(self.tree.top_k, dim=-1).indices)
+
+    def _tree_draft(self, top: torch.Tensor) -> Draft:
+        """The tree cut at depth ``len(top)`` from the heads' top-k ids (depth, top_k)."""
+        n = self.tree.prefix[top.shape[0]]
         tokens = top.reshape(-1).index_select(0, self._gather[:n])  # (n,)
         if self._token_ids is not None:
             tokens = self._token_ids(tokens)
         return Draft(tokens, self.tree.parents[:n])
+
+    @torch.inference_mode()
+    def propose_batch(self, drafters: list[MedusaDrafter], ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
+        """Batched decoding: one heads call over every drafting slot's feature (stacked), each slot's tree cut at
+        its own depth (slots before their first feature, or at gamma 0, draft nothing)."""
+        drafts = [Draft.empty() for _ in drafters]
+        live = [i for i, (d, g) in enumerate(zip(drafters, gammas, strict=True)) if g > 0 and d._feature is not None]
+        if not live:
+            return drafts
+        depths = [min(gammas[i], self.tree.depth) for i in live]
+        features = torch.stack([drafters[i]._feature for i in live])  # (B, H)
+        logits = self.heads(features, max(depths), **self._head_options)  # (depth, B, V) or (depth, B, N)
+        top = logits.topk(self.tree.top_k, dim=-1).indices  # (depth, B, top_k)
+        for j, (i, depth) in enumerate(zip(live, depths, strict=True)):
+            drafts[i] = self._tree_draft(top[:depth, j])
+        return drafts
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Keep the feature of the last processed position on the committed path: it produced the new root."""

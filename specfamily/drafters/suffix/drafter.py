@@ -56,6 +56,7 @@ class SuffixDrafter(BaseDrafter):
     """Proposes the per-request or the global speculation tree (or chain), as ``choose`` says (see the config)."""
 
     default_gamma = 16
+    batch_shared = ("global_cache",)  # batched decoding: every slot learns into and reads the one global cache
 
     def __init__(
         self,

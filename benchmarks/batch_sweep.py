@@ -1,0 +1,244 @@
+"""Batched decoding by load: tokens/s of every drafter against plain batched decoding and transformers' generate.
+
+For each batch size B (``--batch-sizes``), the first B prompts (Spec-Bench first turns through the chat template,
+cut to their last ``--max-prompt-tokens``) are decoded greedily, ``--max-new-tokens`` each, in one process at a fixed
+thread count:
+
+- ``hf``: transformers' ``generate`` on the same batch, left-padded with an attention mask (its tokens up to each
+  row's EOS are counted);
+- ``plain``: ``sf.generate_batch`` without a drafter (one pass per step over every live request);
+- each drafter at its defaults (``sf.create_drafter(name, target)``), through ``sf.generate_batch``;
+
+methods interleaved within each round, ``--repeats`` rounds, the median time kept. Tokens/s counts each request's
+new tokens; every drafter's tokens are compared with plain batched decoding's, request by request. The table gives
+each method's tokens/s and its ratio to plain batched decoding at the same B, and each drafter's crossover (the
+smallest B at which it is slower than plain). Beside it, the method's own picture measured here: the time of one
+batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the batched cache's bytes per
+request. ``--plot`` writes speedup against B per drafter with the crossovers marked. Numbers are as quiet as the
+machine: the CPU clock (``--clock cpu``, one thread) is steadier where other processes share the cores.
+
+    python benchmarks/batch_sweep.py --threads 1 --batch-sizes 1,2,4,8,16,32 --plot docs/batching.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from common import make_clock, quiet_transformers, set_threads, spec_bench_prompts
+
+import specfamily as sf
+from specfamily.core.batch_target import BatchTarget, SlotFeed
+from specfamily.core.types import Draft
+
+PASS_TOKENS = 5  # the method's picture: verify 5 tokens per request against writing 1
+
+
+@dataclass
+class Row:
+    """One method at one batch size."""
+
+    method: str
+    batch: int
+    seconds: float  # median over rounds
+    tokens: int  # new tokens over the batch
+    mismatched: int = 0  # requests whose tokens differ from plain batched decoding's (drafters)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Sweep:
+    threads: int
+    clock: str
+    max_new_tokens: int
+    rows: list[Row] = field(default_factory=list)
+    pass_ratio: dict[int, float] = field(default_factory=dict)  # B -> t(B, 5) / t(B, 1)
+    cache_bytes_per_request: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def tps(self, method: str, batch: int) -> float | None:
+        row = next((r for r in self.rows if r.method == method and r.batch == batch), None)
+        return None if row is None else row.tokens_per_second
+
+    def speedup(self, method: str, batch: int) -> float | None:
+        ours, plain = self.tps(method, batch), self.tps("plain", batch)
+        return None if ours is None or not plain else ours / plain
+
+    def crossover(self, method: str, batches: list[int]) -> int | None:
+        return next((b for b in batches if (s := self.speedup(method, b)) is not None and s < 1.0), None)
+
+
+def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...]) -> list[list[int]]:
+    """transformers' greedy generate on the left-padded batch: each row's new tokens up to its first EOS."""
+    width = max(len(p) for p in prompts)
+    pad = eos[0] if eos else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad)
+    rows = []
+    for row in out[:, width:].tolist():
+        end = next((i for i, t in enumerate(row) if t in eos), None)
+        rows.append(row if end is None else row[: end + 1])
+    return rows
+
+
+def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> float:
+    """t(B, 5) / t(B, 1): one batched pass feeding 5 tokens per request (a root and a 4-token chain) against 1,
+    over B caches holding ``prompt``; medians of ``repeats``."""
+    engine = BatchTarget(target, batch)
+    engine.forward(0, [SlotFeed(torch.tensor(prompt), Draft.empty())] * batch)
+    for slot in range(batch):
+        engine.commit(slot, [])
+
+    def timed(n: int) -> float:
+        feeds = [SlotFeed(torch.tensor([prompt[-1]]), Draft.chain(prompt[:n - 1]) if n > 1 else Draft.empty())] * batch
+        times = []
+        for _ in range(repeats):
+            start = clock()
+            engine.forward(0, feeds)
+            times.append(clock() - start)
+            for slot in range(batch):
+                engine.commit(slot, [])
+            engine.cache.lengths[:] = [len(prompt)] * batch  # back to the prompt: every pass sees the same cache
+        return statistics.median(times)
+
+    timed(1)
+    return timed(PASS_TOKENS) / timed(1)
+
+
+def run_round(target, names: list[str], prompts: list[list[int]], args, clock, times: dict) -> None:
+    """One round at one batch size: hf, plain, each drafter (a fresh one: suffix's cache must not have seen these
+    prompts' outputs in an earlier round), interleaved; times appended to ``times``."""
+    start = clock()
+    hf_rows = hf_batch(target.model, prompts, args.max_new_tokens, target.eos_token_ids)
+    times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0))
+    start = clock()
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, args.max_new_tokens)]
+    times.setdefault("plain", []).append((clock() - start, sum(map(len, plain)), 0))
+    for name in names:
+        drafter = sf.create_drafter(name, target)  # loading is not timed
+        start = clock()
+        out = [r.tokens for r in sf.generate_batch(target, drafter, prompts, args.max_new_tokens)]
+        seconds = clock() - start
+        mismatched = sum(a != b for a, b in zip(out, plain, strict=True))
+        times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched))
+
+
+def sweep(args) -> Sweep:
+    set_threads(args.threads)
+    quiet_transformers()
+    clock = make_clock(args.clock)
+    target = sf.load_target(args.target)
+    prompts, _ = spec_bench_prompts(3, target.tokenizer)
+    prompts = [p[-args.max_prompt_tokens:] for p in prompts]
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    if max(batches) > len(prompts):
+        raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)}")
+    result = Sweep(args.threads, args.clock, args.max_new_tokens)
+    names = args.drafters.split(",") if args.drafters else sf.list_drafters()
+    for name in list(names):
+        try:
+            sf.create_drafter(name, target)
+        except ValueError as err:  # no shipped weights for this target
+            result.skipped[name] = str(err).split(";")[0]
+            names.remove(name)
+    for batch in batches:
+        chosen = prompts[:batch]
+        times: dict[str, list] = {}
+        if batch == batches[0]:
+            run_round(target, names, chosen, args, clock, {})  # warm-up: the cost-aware policy's calibration
+        for _ in range(args.repeats):
+            run_round(target, names, chosen, args, clock, times)
+        for method, rounds in times.items():
+            result.rows.append(Row(method, batch, statistics.median(r[0] for r in rounds), rounds[-1][1],
+                                   max(r[2] for r in rounds)))
+        result.pass_ratio[batch] = pass_ratio(target, chosen[0], batch, args.repeats * 3, clock)
+        print(table(result, batches), flush=True)
+    engine = BatchTarget(target, 1)
+    engine.forward(0, [SlotFeed(torch.tensor(prompts[0]), Draft.empty())])
+    engine.commit(0, [])
+    result.cache_bytes_per_request = engine.cache.bytes_per_slot()
+    return result
+
+
+def table(result: Sweep, batches: list[int]) -> str:
+    methods = ["plain", "hf"] + [m for m in dict.fromkeys(r.method for r in result.rows) if m not in ("plain", "hf")]
+    done = [b for b in batches if result.tps("plain", b) is not None]
+    lines = ["| method | " + " | ".join(f"B={b}" for b in done) + " | crossover |",
+             "| --- |" + " --- |" * (len(done) + 1)]
+    for method in methods:
+        cells = []
+        for b in done:
+            tps, ratio = result.tps(method, b), result.speedup(method, b)
+            row = next((r for r in result.rows if r.method == method and r.batch == b), None)
+            mark = f" ({row.mismatched} differ)" if row is not None and row.mismatched else ""
+            cells.append("-" if tps is None else f"{tps:.1f} tok/s ({ratio:.2f}x){mark}")
+        cross = "" if method == "plain" else str(result.crossover(method, done) or f"none up to {done[-1]}")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {cross} |")
+    lines.append("| t(B,5)/t(B,1) | " + " | ".join(f"{result.pass_ratio.get(b, float('nan')):.2f}" for b in done)
+                 + " | |")
+    return "\n".join(lines)
+
+
+def plot(result: Sweep, batches: list[int], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r.method for r in result.rows):
+        if method == "plain":
+            continue
+        xs = [b for b in batches if result.speedup(method, b) is not None]
+        ys = [result.speedup(method, b) for b in xs]
+        (line,) = ax.plot(xs, ys, marker="o", label=method)
+        cross = result.crossover(method, xs)
+        if cross is not None:
+            ax.plot([cross], [result.speedup(method, cross)], marker="x", markersize=12, color=line.get_color())
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B (concurrent requests)")
+    ax.set_ylabel("tokens/s relative to plain batched decoding")
+    ax.set_title(f"speedup by load ({result.threads} thread(s), x = crossover)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="zoo:smollm2")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--drafters", default="", help="comma-separated (default: every registered drafter)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--max-prompt-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--plot", default="")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args(argv)
+    result = sweep(args)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    print(table(result, batches))
+    print(f"batched cache per request: {result.cache_bytes_per_request / 2**20:.1f} MiB; skipped: {result.skipped}")
+    if args.plot:
+        plot(result, batches, args.plot)
+    if args.json:
+        Path(args.json).write_text(json.dumps({**asdict(result)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The batched decode loop: many requests, one target pass per step over every live request (continuous batching).
+
+Each pass: every live request's drafter proposes (:func:`specfamily.core.batch_slots.propose_batch`), one target
+forward scores each request's root plus draft (:class:`specfamily.core.batch_target.BatchTarget`, ragged drafts and
+cache lengths), each request is verified on its own by the shared verifier with its own generator, and its cache
+rolls back on its own. A request that is done retires at once and, with ``max_batch``, a waiting one takes its place;
+a newly admitted request is prefilled in a pass of the newcomers only. Every request's law is the one ``generate``
+gives it (the verifier is exact per request); at temperature 0 its text is its batch-1 text, up to near-ties that a
+pass of another shape rounds differently.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specfamily.core import acceptance
+from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
+from specfamily.core.batch_target import BatchTarget, SlotFeed
+from specfamily.core.context import DecodeContext
+from specfamily.core.costs import device_clock
+from specfamily.core.drafter import Drafter, Hooks, hooks
+from specfamily.core.loop import (
+    _bind_costs,
+    _check_request,
+    _depth,
+    _outcome,
+    _report,
+    _tokens_at,
+    _verified,
+    generate,
+    truncate,
+)
+from specfamily.core.metrics import MetricsRecorder
+from specfamily.core.policy import policy_hooks
+from specfamily.core.target import Target
+from specfamily.core.types import Draft, GenerationResult, SamplingConfig
+
+__all__ = ["generate_batch"]
+
+
+@dataclass
+class _Request:
+    """One request's state while it is in the batch."""
+
+    index: int
+    ctx: DecodeContext
+    drafter: Drafter | None
+    own: Hooks | None
+    accept: object
+    pending: torch.Tensor  # (m,): the prompt before the prefill, then the root
+    started: float
+    recorder: MetricsRecorder = field(default_factory=MetricsRecorder)
+    new_tokens: list[int] = field(default_factory=list)
+    prefilled: bool = False
+    drafted_before: bool = False
+    done: bool = False
+
+
+def generate_batch(
+    target: Target,
+    drafter: Drafter | None,
+    prompts: Sequence,
+    max_new_tokens: int = 64,
+    sampling: SamplingConfig | None = None,
+    seed: int = 0,
+    max_batch: int | None = None,
+) -> list[GenerationResult]:
+    """Generate up to ``max_new_tokens`` after each prompt, at most ``max_batch`` requests at once (default: all):
+    one GenerationResult per prompt, in order. Request i draws from its own generator seeded ``seed + i``, so its
+    law (and, at temperature 0, its text) is what ``generate(..., seed=seed + i)`` gives it. ``drafter`` is the
+    prototype each batch slot copies (``slot_copy``); with ``max_batch=1`` the requests run one after the other
+    through ``generate`` itself, with ``drafter``."""
+    sampling = SamplingConfig() if sampling is None else sampling
+    _check_request(drafter, max_new_tokens, sampling)
+    if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of token-id sequences, got {type(prompts).__name__}")
+    ids = [target.check_ids(prompt) for prompt in prompts]
+    max_batch = max(len(ids), 1) if max_batch is None else max_batch
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    if max_batch == 1 or len(ids) <= 1 or max_new_tokens == 0:
+        return [generate(target, drafter, p, max_new_tokens, sampling, seed + i) for i, p in enumerate(ids)]
+    capacity = max(len(p) for p in ids) + max_new_tokens + 64
+    return _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity).run(ids)
+
+
+class _Batch:
+    """The loop's state: the batch target, the live requests (slot = position in ``live``), the results."""
+
+    def __init__(self, target: Target, drafter: Drafter | None, sampling: SamplingConfig, seed: int, budget: int,
+                 slots: int, capacity: int) -> None:
+        self.target, self.prototype, self.sampling, self.seed, self.budget = target, drafter, sampling, seed, budget
+        self.batch = BatchTarget(target, slots, capacity)
+        self.clock = device_clock(target.device)
+        self.live: list[_Request] = []
+        self.results: dict[int, GenerationResult] = {}
+        self.features = drafter is not None and drafter.needs_features
+
+    def run(self, prompts: list[torch.Tensor]) -> list[GenerationResult]:
+        waiting = deque(enumerate(prompts))
+        try:
+            while waiting or self.live:
+                while waiting and len(self.live) < self.batch.cache.slots:
+                    self._admit(*waiting.popleft())
+                lo = next((i for i, r in enumerate(self.live) if not r.prefilled), 0)
+                self._step(lo)
+                self._retire()
+        finally:
+            for request in self.live:
+                if request.own is not None:
+                    request.own.end()
+        return [self.results[i] for i in range(len(prompts))]
+
+    def _admit(self, index: int, ids: torch.Tensor) -> None:
+        slot = len(self.live)
+        generator = torch.Generator(device=self.target.device).manual_seed(self.seed + index)
+        view = SlotTarget(self.target, self.batch.cache, slot)
+        ctx = DecodeContext(view, ids, self.sampling, generator, tokens=ids.tolist())
+        drafter = own = None
+        if self.prototype is not None:
+            drafter = slot_copy(self.prototype, self.target)
+            own = hooks(drafter)
+        self.batch.reset_slot(slot)
+        request = _Request(index, ctx, drafter, own, acceptance.acceptance(own, ctx), ids, 0.0)
+        if drafter is not None:
+            policy = policy_hooks(drafter.policy)
+            request.recorder.calibration_seconds = _bind_costs(policy, self.target, ids, self.clock)
+        request.started = self.clock()
+        if drafter is not None:
+            drafter.begin(ctx)
+        self.live.append(request)
+
+    def _step(self, lo: int) -> None:
+        """One pass over live slots ``lo:``: propose, one target forward, then verify and commit each request."""
+        group = self.live[lo:]
+        gammas = [self._gamma(r) for r in group]
+        drafts, draft_seconds = self._propose(group, gammas)
+        t1 = self.clock()
+        feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
+        outs = self.batch.forward(lo, feeds, self.features)
+        verdicts = []
+        for slot, (request, draft, out) in enumerate(zip(group, drafts, outs, strict=True), start=lo):
+            accepted, next_token = _verified(request.accept, request.drafter, draft, out.logits, self.sampling,
+                                             request.ctx.generator)
+            self.batch.commit(slot, accepted)
+            verdicts.append((accepted, next_token))
+        verify_seconds = self.clock() - t1
+        for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
+                                                                   strict=True):
+            self._commit(request, draft, out, accepted, token, seconds, verify_seconds)
+
+    def _gamma(self, request: _Request) -> int:
+        if request.drafter is None:
+            return 0
+        return max(0, min(request.drafter.policy.next_gamma(), self.budget - len(request.new_tokens) - 1))
+
+    def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
+        """The drafts and each one's share of the proposal time."""
+        if self.prototype is None or not any(gammas):
+            return [Draft.empty() for _ in group], [0.0] * len(group)
+        t0 = self.clock()
+        drafts = propose_batch(self.prototype, [r.drafter for r in group], [r.ctx for r in group], gammas)
+        share = (self.clock() - t0) / len(group)
+        return drafts, [share if gamma else 0.0 for gamma in gammas]
+
+    def _commit(self, request: _Request, draft: Draft, out, accepted: list[int], next_token: int,
+                draft_seconds: float, verify_seconds: float) -> None:
+        """Record the pass for ``request``, append its new tokens, tell its drafter."""
+        depth = _depth(draft)
+        request.recorder.record_pass(depth, len(accepted), draft_seconds, verify_seconds, proposed_tokens=len(draft),
+                                     catch_up_seconds=draft.catch_up_seconds,
+                                     verified_depth=draft.verified_depth(accepted) if depth else 0)
+        committed = [*_tokens_at(draft, accepted), next_token]
+        kept, finished = truncate(committed, self.budget - len(request.new_tokens), self.target.eos_token_ids)
+        request.new_tokens += kept
+        request.ctx.tokens += kept
+        m, start = request.pending.numel(), request.ctx.target.cached_length - len(accepted) - request.pending.numel()
+        request.prefilled = True
+        if finished or self.budget == 0:
+            request.done = True
+            return
+        if request.drafter is not None:
+            _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds,
+                    request.drafted_before)
+            request.drafter.observe(_outcome(draft, accepted, committed, out.features, m, start))
+        request.pending = torch.tensor([next_token], dtype=torch.long, device=self.target.device)
+        request.drafted_before = depth > 0
+
+    def _retire(self) -> None:
+        """Finish the done requests and keep the live ones packed in slots 0.. (the last moves into a hole)."""
+        slot = 0
+        while slot < len(self.live):
+            request = self.live[slot]
+            if not request.done:
+                slot += 1
+                continue
+            self._finish(request)
+            last = len(self.live) - 1
+            if slot != last:
+                self.batch.move(last, slot)
+                self.live[slot] = self.live[last]
+                self.live[slot].ctx.target.slot = slot
+            self.live.pop()
+
+    def _finish(self, request: _Request) -> None:
+        if request.own is not None:
+            request.own.end()
+        drafter = request.drafter
+        lossy = bool(drafter is not None and drafter.lossy)
+        note = policy_hooks(drafter.policy).describe() if drafter is not None else ""
+        metrics = request.recorder.finish(len(request.new_tokens), self.clock() - request.started, lossy=lossy,
+                                          policy_note=note)
+        self.results[request.index] = GenerationResult(request.new_tokens, metrics, lossy)

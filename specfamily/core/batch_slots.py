@@ -1,0 +1,106 @@
+"""Drafters in batches: one drafter instance per batch slot, and the batched proposal call.
+
+A drafter written for one request keeps per-request state on itself (an n-gram index, a draft model's KV cache, the
+last target feature). Batched decoding therefore gives each slot its own copy of the drafter (:func:`slot_copy`):
+a deep copy that shares, instead of copying, every ``torch.nn.Module`` with its parameters and buffers (read-only
+weights), the verifying target, and the attributes the drafter names in ``batch_shared`` (e.g. a cache meant to
+learn across requests). :func:`propose_batch` asks every slot for its draft through the prototype's
+``propose_batch(drafters, ctxs, gammas)``: BaseDrafter's default loops over each slot's ``propose``, so a third-party
+batch-1 drafter works unchanged; a family with a model of its own batches its draft forwards (Medusa).
+
+Each slot's :class:`DecodeContext` carries a :class:`SlotTarget`: the target as that slot's request sees it (its
+``cached_length`` and a batch-1 view of its cache rows), so a drafter that runs the target's own layers over its
+request (self-speculation) reads only its own slot.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from specfamily.core.context import DecodeContext
+from specfamily.core.drafter import Drafter
+from specfamily.core.types import Draft
+from specfamily.runtime.batch_cache import BatchCache
+
+__all__ = ["SlotTarget", "propose_batch", "slot_copy"]
+
+_WALK_DEPTH = 6
+
+
+class SlotTarget:
+    """The verifying target seen from one slot: ``cached_length`` and ``cache`` are the slot's, the rest the target's.
+
+    ``slot`` follows the request when the loop packs the live slots."""
+
+    def __init__(self, target, cache: BatchCache, slot: int) -> None:
+        self._target, self._cache, self.slot = target, cache, slot
+
+    @property
+    def cached_length(self) -> int:
+        return self._cache.lengths[self.slot]
+
+    @property
+    def cache(self):
+        """A batch-1 DynamicCache over this slot's committed entries (appends go to new tensors, not the slots)."""
+        return self._cache.slot_view(self.slot)
+
+    def __getattr__(self, name: str):
+        return getattr(self._target, name)
+
+    def __repr__(self) -> str:
+        return f"SlotTarget(slot={self.slot}, cached_length={self.cached_length}, {self._target!r})"
+
+
+def slot_copy(drafter: Drafter, target) -> Drafter:
+    """A copy of ``drafter`` for one batch slot: its own per-request state, the modules, the target and the
+    attributes named in ``batch_shared`` shared with the original."""
+    memo: dict[int, object] = {id(target): target}
+    _share_modules(drafter, memo, set(), _WALK_DEPTH)
+    return copy.deepcopy(drafter, memo)
+
+
+def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> None:
+    """Put into ``memo`` every nn.Module reachable from ``obj`` (with its submodules, parameters and buffers) and
+    the attributes each reachable object names in ``batch_shared``."""
+    if depth < 0 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, nn.Module):
+        for module in obj.modules():
+            memo[id(module)] = module
+        for tensor in (*obj.parameters(), *obj.buffers()):
+            memo[id(tensor)] = tensor
+        return
+    if isinstance(obj, torch.Tensor):
+        return
+    if isinstance(obj, dict):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        children = obj
+    else:
+        attributes = getattr(obj, "__dict__", {})
+        for name in getattr(obj, "batch_shared", ()):  # a wrapped drafter's shared attributes are shared too
+            if name in attributes:
+                memo[id(attributes[name])] = attributes[name]
+        children = attributes.values()
+    for child in children:
+        _share_modules(child, memo, seen, depth - 1)
+
+
+def propose_batch(prototype: Drafter, drafters: Sequence[Drafter], ctxs: Sequence[DecodeContext],
+                  gammas: Sequence[int]) -> list[Draft]:
+    """Each slot's draft of ``gammas[i]`` tokens (an empty draft for gamma 0): the prototype's
+    ``propose_batch(drafters, ctxs, gammas)`` (BaseDrafter's default loops; families with a model batch it), or, for
+    a drafter that does not derive from BaseDrafter and has none, each slot's own ``propose``."""
+    own = getattr(prototype, "propose_batch", None)
+    if callable(own):
+        drafts = own(list(drafters), list(ctxs), list(gammas))
+        if len(drafts) != len(drafters):
+            raise ValueError(f"propose_batch returned {len(drafts)} drafts for {len(drafters)} slots")
+        return drafts
+    return [drafter.propose(ctx, gamma) if gamma > 0 else Draft.empty()
+            for drafter, ctx, gamma in zip(drafters, ctxs, gammas, strict=True)]

@@ -1,0 +1,144 @@
+"""One target forward for many requests: each slot's pending tokens and draft tree, ragged, in one model call.
+
+The batched counterpart of :class:`specfamily.core.target.Target` (whose model, lean forward and checks it reuses).
+Slot b's cache holds ``lengths[b]`` committed tokens (every committed token but its root); a pass over slots
+``lo:hi`` feeds each slot's pending tokens (the root last) then its draft nodes, padded on the right to the longest
+slot. Positions and the additive 4D mask are per slot: a fed token sees its slot's cached entries and, among the
+fed ones, what :func:`specfamily.core.tree_mask.local_mask` lets it see; a padding row sees only itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specfamily.core.target import Target, TargetOutput, _check_draft_tokens, _check_path
+from specfamily.core.tree_mask import TreeLayout, tree_layout
+from specfamily.core.types import Draft
+from specfamily.runtime.batch_cache import BatchCache
+
+__all__ = ["BatchTarget", "SlotFeed"]
+
+_LAYOUTS_KEPT = 64
+
+
+@dataclass(frozen=True)
+class SlotFeed:
+    """What one slot feeds in a pass: pending tokens (m,), the root last, and a draft (possibly empty)."""
+
+    pending: torch.Tensor  # (m,) long
+    draft: Draft
+
+
+class BatchTarget:
+    """A :class:`Target`'s model run over batch slots, with a :class:`BatchCache` and per-slot rollback."""
+
+    def __init__(self, target: Target, slots: int, capacity: int = 256) -> None:
+        self.target = target
+        self.cache = BatchCache(target.model.config, slots, capacity)
+        self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()
+        self._last: dict[int, tuple[int, tuple[int, ...]]] = {}  # slot -> (base, parents) until committed
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.cache.lengths
+
+    @torch.inference_mode()
+    def forward(self, lo: int, feeds: Sequence[SlotFeed], features: bool | tuple[int, ...] = False,
+                ) -> list[TargetOutput]:
+        """Score slots ``lo : lo + len(feeds)`` in one model call: one TargetOutput per slot (logits (n + 1, V),
+        row 0 at the root; features (m + n, H) of its fed positions when asked)."""
+        if self._last:
+            raise RuntimeError("commit() every slot of the previous pass before the next one")
+        target, device, dtype = self.target, self.target.device, self.target.dtype
+        if isinstance(features, tuple):
+            target.check_feature_layers(features)
+        parents = [tuple(feed.draft.parents.tolist()) for feed in feeds]
+        for feed, tree in zip(feeds, parents, strict=True):
+            if tree:
+                _check_draft_tokens(feed.draft.tokens, target.vocab_size)
+        m = [feed.pending.numel() for feed in feeds]
+        fed = [mi + len(tree) for mi, tree in zip(m, parents, strict=True)]
+        width, hi = max(fed), lo + len(feeds)
+        plan = self.cache.plan_pass(lo, hi, width, device)
+        lengths = self.cache.lengths[lo:hi]
+        ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
+        positions = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
+        mask = torch.full((len(feeds), 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
+        for b, (feed, tree) in enumerate(zip(feeds, parents, strict=True)):
+            self._place(b, feed, tree, lengths[b], m[b], width, ids, positions, mask)
+        keep = width - (min(m) - 1)  # from the earliest root to the last row
+        try:
+            logits, hidden = self._call(ids, positions, mask, keep, features)
+        except BaseException:
+            self.cache.end_pass()  # entries past each slot's length are never read: nothing to undo
+            raise
+        self.cache.end_pass()
+        outputs = []
+        for b in range(len(feeds)):
+            first = m[b] - 1 - (width - keep)
+            rows = logits[b, first : first + len(parents[b]) + 1]  # (n + 1, V)
+            outputs.append(TargetOutput(rows, hidden[b, : fed[b]] if features else None))
+            self._last[lo + b] = (lengths[b] + m[b], parents[b])
+        return outputs
+
+    def _place(self, b: int, feed: SlotFeed, tree: tuple[int, ...], length: int, m: int, width: int,
+               ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> None:
+        """Write slot row b's ids, positions and mask (cached entries, its local tree mask, padding rows)."""
+        layout = self._layout(m, tree)
+        f = m + len(tree)
+        ids[b, :m] = feed.pending
+        if tree:
+            ids[b, m:f] = feed.draft.tokens.to(ids.device)
+        positions[b, :f] = layout.offsets + length
+        positions[b, f:] = length
+        mask[b, 0, :f, :length] = 0
+        mask[b, 0, :f, length : length + f] = layout.local
+        pad = torch.arange(f, width, device=mask.device)
+        mask[b, 0, pad, length + pad] = 0  # a padding row sees itself (no all-masked row, no NaN)
+
+    def _call(self, ids, positions, mask, keep: int, features: bool | tuple[int, ...]):
+        """(logits (B, keep, V), hidden (B, F, H) or None): the target's lean forward, else its model."""
+        target, cache = self.target, self.cache.cache
+        if target.lean is not None and target.lean.ready():
+            return target.lean(ids, positions, mask, cache, keep, features)
+        extra = {"logits_to_keep": keep} if target._keep_logits else {}
+        out = target.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                           output_hidden_states=bool(features), **{target._cache_kw: cache}, **extra)
+        logits = out.logits[:, -keep:]
+        if isinstance(features, tuple):
+            return logits, torch.cat([out.hidden_states[i] for i in features], dim=-1)
+        return logits, (out.hidden_states[-1] if features else None)
+
+    @torch.inference_mode()
+    def commit(self, slot: int, accepted_nodes: Sequence[int]) -> None:
+        """Keep in slot's cache its pending tokens of the last pass and the accepted nodes (root down)."""
+        if slot not in self._last:
+            raise RuntimeError(f"slot {slot} has no forward to commit")
+        base, parents = self._last.pop(slot)
+        accepted = list(accepted_nodes)
+        _check_path(accepted, parents)
+        self.cache.keep(slot, base, accepted)
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        """Slot ``src``'s cache into slot ``dst`` (keeping the live slots packed when ``dst`` retires)."""
+        self.cache.move(src, dst)
+
+    def reset_slot(self, slot: int) -> None:
+        """An empty cache for a request admitted into ``slot``."""
+        self.cache.lengths[slot] = 0
+
+    def _layout(self, m: int, parents: tuple[int, ...]) -> TreeLayout:
+        key = (m, parents)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = tree_layout(m, parents, self.target.dtype, self.target.device)
+            if m + len(parents) <= 64:
+                self._layouts[key] = layout
+                if len(self._layouts) > _LAYOUTS_KEPT:
+                    self._layouts.popitem(last=False)
+        return layout

@@ -1,0 +1,47 @@
+"""batch_sweep's plumbing on a tiny target: transformers' padded batch, the pass-cost ratio, the crossover (no timing
+claims)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.testing import tiny_target
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def sweep_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("batch_sweep", "common", "pairs", "bench_report"):
+        sys.modules.pop(name, None)
+    yield importlib.import_module("batch_sweep")
+    sys.modules.pop("batch_sweep", None)
+
+
+def test_transformers_padded_batch_gives_each_row_its_own_greedy_text(sweep_module):
+    target = tiny_target("llama", vocab_size=32, spread=1.0)  # float64: padding cannot flip a near-tie
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    theirs = sweep_module.hf_batch(target.model, prompts, 6, target.eos_token_ids)
+    ours = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=6)]
+    assert theirs == ours
+
+
+def test_pass_ratio_and_crossover(sweep_module):
+    target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float32)
+    ratio = sweep_module.pass_ratio(target, [1, 2, 3, 4, 5, 6], 3, repeats=2, clock=__import__("time").perf_counter)
+    assert ratio > 0
+    result = sweep_module.Sweep(threads=1, clock="cpu", max_new_tokens=4)
+    Row = sweep_module.Row
+    result.rows += [Row("plain", 1, 1.0, 10), Row("plain", 2, 1.0, 20), Row("suffix", 1, 0.5, 10),
+                    Row("suffix", 2, 2.0, 20)]
+    assert result.speedup("suffix", 1) == 2.0 and result.speedup("suffix", 2) == 0.5
+    assert result.crossover("suffix", [1, 2]) == 2
+    table = sweep_module.table(result, [1, 2])
+    assert "| suffix | 20.0 tok/s (2.00x) | 10.0 tok/s (0.50x) | 2 |" in table

@@ -1,0 +1,117 @@
+"""The batched decode loop: every request's greedy text equals its batch-1 text, continuous batching, budgets."""
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.core import batch_loop
+from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
+
+
+def _prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of ragged lengths 2, 5, 8, ..."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (2 + 3 * (i % 5),), generator=gen).tolist() for i in range(count)]
+
+
+def _hf_greedy(target, prompt, n):
+    ids = torch.tensor([prompt])
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                min_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_plain_batched_decoding_equals_transformers_greedy_per_request(family, attn):
+    target = tiny_target(family, vocab_size=64, spread=1.0, dtype=torch.float32, attn=attn)
+    prompts = _prompts(64, 5)
+    results = sf.generate_batch(target, None, prompts, max_new_tokens=12)
+    assert [r.tokens for r in results] == [_hf_greedy(target, p, 12) for p in prompts]
+    assert [r.metrics.target_passes for r in results] == [12] * 5
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("max_batch", [2, 3, None])
+def test_random_trees_in_a_batch_equal_batch_1(family, max_batch):
+    """Ragged trees (random shapes and sizes per request) and ragged caches; with max_batch < 7 requests wait and are
+    admitted as others retire (ragged budgets retire them at different passes)."""
+    target = tiny_target(family, vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafter = RandomTreeDrafter(target, gamma=3, nodes=6)
+    prompts = _prompts(64, 7, seed=1)
+    reference = [sf.generate(target, drafter, p, max_new_tokens=20, seed=i).tokens for i, p in enumerate(prompts)]
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=20, max_batch=max_batch)
+    assert [r.tokens for r in results] == reference
+    assert all(r.metrics.draft_steps > 0 for r in results)  # the requests did draft
+
+
+def test_continuous_batching_admits_as_requests_retire(monkeypatch):
+    """With max_batch=2 and budgets that end requests at different passes, the batch never holds more than 2 and a
+    waiting request is admitted in the pass after one retires (its prefill pass runs over the newcomers only)."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    widths = []
+    forward = batch_loop.BatchTarget.forward
+
+    def spy(self, lo, feeds, features=False):
+        widths.append((lo, len(feeds), [feed.pending.numel() for feed in feeds]))
+        return forward(self, lo, feeds, features)
+
+    monkeypatch.setattr(batch_loop.BatchTarget, "forward", spy)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    oracle = OracleDrafter(target, gamma=4)
+    results = sf.generate_batch(target, oracle, prompts, max_new_tokens=9, max_batch=2)
+    assert [r.tokens for r in results] == [_hf_greedy(target, p, 9) for p in prompts]
+    assert max(n for _, n, _ in widths) == 2
+    assert widths[0] == (0, 2, [3, 2])  # both first requests prefilled together
+    admitted = [w for w in widths if w[2] == [4]]
+    assert len(admitted) == 1 and admitted[0][:2] == (0, 1)  # the third, alone, into the freed slot 0
+
+
+def test_eos_inside_an_accepted_block_ends_only_that_request():
+    model = tiny_model("llama", vocab_size=16, spread=1.0, dtype=torch.float32)
+    target = sf.load_target(model)
+    prompts = [[1, 2], [3, 4, 5], [6]]
+    plain = [sf.generate(target, None, p, max_new_tokens=30).tokens for p in prompts]
+    eos = plain[0][3]  # a token the first request emits early
+    model.generation_config.eos_token_id = eos
+    model.config.eos_token_id = eos
+    target = sf.load_target(model)
+    reference = [sf.generate(target, OracleDrafter(target, gamma=5), p, max_new_tokens=30).tokens for p in prompts]
+    results = sf.generate_batch(target, OracleDrafter(target, gamma=5), prompts, max_new_tokens=30)
+    assert [r.tokens for r in results] == reference
+    assert results[0].tokens[-1] == eos and len(results[0].tokens) <= 4
+
+
+def test_sampled_requests_draw_from_their_own_generators():
+    """Request i draws from seed + i: a request's sampled text does not depend on which others share its batch."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    sampling = sf.SamplingConfig(temperature=1.0)
+    drafter = RandomTreeDrafter(target, gamma=3, nodes=5, sampled=True)
+    prompts = _prompts(64, 4, seed=2)
+    together = sf.generate_batch(target, drafter, prompts, max_new_tokens=10, sampling=sampling, seed=7)
+    alone = sf.generate_batch(target, drafter, prompts[2:3], max_new_tokens=10, sampling=sampling, seed=9)
+    assert together[2].tokens == alone[0].tokens
+    assert len({tuple(r.tokens) for r in together}) > 1
+
+
+def test_batch_of_one_and_max_batch_one_are_generate():
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    prompts = _prompts(64, 3)
+    sequential = sf.generate_batch(target, None, prompts, max_new_tokens=6, max_batch=1)
+    assert [r.tokens for r in sequential] == [sf.generate(target, None, p, max_new_tokens=6).tokens for p in prompts]
+    assert sf.generate_batch(target, None, [], max_new_tokens=6) == []
+    assert [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=0)] == [[], [], []]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"max_batch": 0}, ValueError, "max_batch must be an int >= 1, got 0"),
+    ({"max_new_tokens": -1}, ValueError, "max_new_tokens must be >= 0, got -1"),
+    ({"prompts": torch.tensor([[1, 2]])}, TypeError, "prompts must be a list of token-id sequences, got Tensor"),
+    ({"prompts": [[1, 2], []]}, ValueError, "prompt is empty"),
+    ({"prompts": [[1, 99]]}, ValueError, r"token id 99 is outside the vocabulary \[0, 64\)"),
+])
+def test_bad_input_is_refused_with_its_reason(kwargs, error, message):
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    call = {"prompts": [[1, 2], [3]], **kwargs}
+    with pytest.raises(error, match=message):
+        sf.generate_batch(target, None, call.pop("prompts"), **call)

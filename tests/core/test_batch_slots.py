@@ -1,0 +1,117 @@
+"""Drafters in batches: one copy per slot sharing the weights, the batched proposal call, and every registered drafter
+giving each request its batch-1 greedy text inside a batch."""
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
+from specfamily.core.context import DecodeContext
+from specfamily.core.types import Draft, SamplingConfig
+from specfamily.runtime.batch_cache import BatchCache
+from specfamily.testing import tiny_target
+
+
+@pytest.fixture(scope="module")
+def code_target():
+    torch.manual_seed(0)
+    return sf.load_target("zoo:code-target")
+
+
+@pytest.fixture(scope="module")
+def code_prompts(code_target):
+    texts = ["def add(a, b):\n    return", "import os\nimport sys\n\ndef main", "class Foo:\n    def __init__(self",
+             "for i in range(10):"]
+    return [code_target.tokenizer(t)["input_ids"] for t in texts]
+
+
+def test_slot_copies_share_weights_and_named_state_and_own_the_rest(code_target):
+    small = sf.create_drafter("small_model", code_target)
+    copy = slot_copy(small, code_target)
+    assert copy is not small and copy.draft is small.draft  # the draft model's module: shared, not copied
+    assert next(copy.draft.parameters()) is next(small.draft.parameters())
+    assert copy.runner is not small.runner and copy.runner.cache is not small.runner.cache  # its own KV cache
+    assert copy.policy is not small.policy
+    suffix = sf.create_drafter("suffix", code_target)
+    other = slot_copy(suffix, code_target)
+    assert other.global_cache is suffix.global_cache  # batch_shared: learns across every slot's requests
+
+
+class BareDrafter:
+    """A third-party drafter written for batch 1 that does not derive from BaseDrafter: copies the context's last
+    tokens (per-request state: the tokens it saw at begin)."""
+
+    needs_features = False
+    lossy = False
+
+    def __init__(self):
+        self.policy = sf.BaseDrafter(gamma=3).policy
+        self.seen: list[int] | None = None
+
+    def begin(self, ctx):
+        self.seen = list(ctx.prompt_ids.tolist())
+
+    def propose(self, ctx, gamma):
+        assert ctx.tokens[: len(self.seen)] == self.seen  # its own request's context, never another slot's
+        return Draft.chain(ctx.tokens[-gamma:])
+
+    def observe(self, outcome):
+        pass
+
+
+def test_a_batch_1_drafter_outside_base_drafter_works_unchanged():
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    prompts = [[1, 2, 3, 1, 2, 3], [5, 6], [7, 8, 9, 10]]
+    reference = [sf.generate(target, None, p, max_new_tokens=15).tokens for p in prompts]
+    results = sf.generate_batch(target, BareDrafter(), prompts, max_new_tokens=15, max_batch=2)
+    assert [r.tokens for r in results] == reference
+    assert all(r.metrics.draft_steps > 0 for r in results)
+
+
+def test_propose_batch_loops_over_the_slots_with_gamma_0_as_an_empty_draft():
+    target = tiny_target("llama", vocab_size=16)
+    cache = BatchCache(target.model.config, 2)
+    ctxs = [DecodeContext(SlotTarget(target, cache, i), torch.tensor(p), SamplingConfig(), torch.Generator(),
+                          tokens=p) for i, p in enumerate([[1, 2, 3], [4, 5]])]
+    drafters = [BareDrafter(), BareDrafter()]
+    for d, c in zip(drafters, ctxs, strict=True):
+        d.begin(c)
+    drafts = propose_batch(drafters[0], drafters, ctxs, [2, 0])
+    assert drafts[0].tokens.tolist() == [2, 3] and len(drafts[1]) == 0
+    assert ctxs[1].target.cached_length == 0 and ctxs[1].target.vocab_size == 16  # the slot's view of the target
+
+
+def test_medusa_drafts_every_slot_in_one_heads_call(code_target, code_prompts, monkeypatch):
+    medusa = sf.create_drafter("medusa", code_target, gamma=3)
+    calls = []
+    heads = type(medusa.heads).forward
+
+    def spy(self, features, *args, **kwargs):
+        calls.append(tuple(features.shape))
+        return heads(self, features, *args, **kwargs)
+
+    monkeypatch.setattr(type(medusa.heads), "forward", spy)
+    reference = [sf.generate(code_target, medusa, p, max_new_tokens=12, seed=i).tokens
+                 for i, p in enumerate(code_prompts)]
+    calls.clear()
+    results = sf.generate_batch(code_target, medusa, code_prompts, max_new_tokens=12)
+    assert [r.tokens for r in results] == reference
+    assert calls and max(shape[0] for shape in calls) == len(code_prompts)  # (B, H): the whole batch at once
+    assert all(len(shape) == 2 for shape in calls)
+
+
+def _options(name):
+    return {"weights": "random"} if name == "eagle3" else {}  # the zoo ships no eagle3 weights for the code target
+
+
+@pytest.mark.parametrize("name", sf.list_drafters())
+def test_every_registered_drafter_gives_each_request_its_batch_1_greedy_text(name, code_target, code_prompts):
+    drafter = sf.create_drafter(name, code_target, **_options(name))
+    reference = [sf.generate(code_target, drafter, p, max_new_tokens=16, seed=i).tokens
+                 for i, p in enumerate(code_prompts)]
+    drafter = sf.create_drafter(name, code_target, **_options(name))
+    results = sf.generate_batch(code_target, drafter, code_prompts, max_new_tokens=16, max_batch=3)
+    assert [r.tokens for r in results] == reference
+    plain = [r.tokens for r in sf.generate_batch(code_target, None, code_prompts, max_new_tokens=16)]
+    assert plain == reference
+

@@ -1,0 +1,61 @@
+"""The batched conformance kit: honest drafters pass inside batches, a drafter that leaks across requests is rejected,
+and the registered drafters keep each request's law under batching."""
+
+import pytest
+
+import specfamily as sf
+from specfamily.core.types import SamplingConfig
+from specfamily.testing import draft_model_for
+from specfamily.testing.batched import GAMMAS, PROMPTS, assert_lossless_batched, batched_rogue_gallery
+from specfamily.testing.conformance import ConformanceError
+from specfamily.testing.rogues import CrossRequestLeak, HonestChain, HonestTree
+
+SAMPLES = 400  # per prompt; the leak below is rejected at p ~ 1e-10 with these
+
+
+def test_an_honest_chain_passes_inside_batches_at_every_prompts_draft_length():
+    fit = assert_lossless_batched(HonestChain, samples=SAMPLES)
+    assert fit.passed and fit.batch == 6 and fit.max_batch == 4  # admission while others decode
+    assert fit.depths == {tuple(p): g for p, g in zip(PROMPTS, GAMMAS, strict=True)}  # each prompt its own depth
+
+
+def test_an_honest_tree_passes_inside_batches_under_top_k():
+    fit = assert_lossless_batched(HonestTree, sampling=SamplingConfig(1.0, top_k=5), samples=SAMPLES)
+    assert fit.passed and fit.depths[tuple(PROMPTS[0])] == 3
+
+
+def test_a_drafter_that_reads_another_requests_context_is_rejected_only_beside_others():
+    rogue = batched_rogue_gallery()[0]
+    assert rogue.build is CrossRequestLeak
+    alone = assert_lossless_batched(CrossRequestLeak, samples=200, batch=1)  # one request at a time: honest
+    assert alone.passed
+    with pytest.raises(ConformanceError, match="not lossless under batching: .* batches of 6"):
+        assert_lossless_batched(CrossRequestLeak, sampling=rogue.sampling, samples=SAMPLES)
+
+
+def _registered(name, **options):
+    def factory(target):
+        if name == "small_model":
+            options["model"] = draft_model_for(target)
+        return sf.create_drafter(name, target, gamma=3, **options)
+    return factory
+
+
+REGISTERED = [
+    pytest.param("small_model", {}, True, id="small_model"),
+    pytest.param("eagle", {"weights": "random", "mode": "chain"}, True, id="eagle-chain"),
+    pytest.param("self_spec", {"skip": ["mlp:1"]}, True, marks=pytest.mark.slow, id="self_spec"),
+    pytest.param("eagle3", {"weights": "random", "top_k": 4, "total_tokens": 30}, False, marks=pytest.mark.slow,
+                 id="eagle3-tree"),
+    pytest.param("medusa", {"weights": "random"}, False, marks=pytest.mark.slow, id="medusa-tree"),
+    pytest.param("prompt_lookup", {}, False, marks=pytest.mark.slow, id="prompt_lookup"),
+    pytest.param("suffix", {}, False, marks=pytest.mark.slow, id="suffix"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "deep"), REGISTERED)
+def test_registered_drafters_keep_each_requests_law_under_batching(name, options, deep):
+    """Drafters that report a sampled q are held to each prompt's draft length; copiers and random trees draft what
+    their matches and heads allow (their q is None: nothing to misreport at depth)."""
+    fit = assert_lossless_batched(_registered(name, **options), samples=SAMPLES, require_depth=deep)
+    assert fit.passed
