@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ZOO_PREFIX = "zoo:"
-KINDS = ("target", "draft", "medusa", "eagle", "eagle3", "skip_set")
+KINDS = ("target", "draft", "medusa", "eagle", "eagle3", "skip_set", "hydra")
 SOURCES = ("shipped", "fetched")
 _PROBE_SIZE = 16
 _PROBE_RTOL = 1e-2  # the same target in float16 / bfloat16 still matches
@@ -119,6 +119,9 @@ KIND_INFO = {
     "medusa": KindInfo("medusa", "weights=DIR", "train", "trained",
                        "python -m specfamily.drafters.medusa.train --target {target} --data CORPUS.jsonl "
                        "--labels argmax --out runs/medusa --export DIR"),
+    "hydra": KindInfo("hydra", "weights=DIR", "train", "trained",
+                      "python -m specfamily.drafters.medusa.hydra_train --target {target} --data CORPUS.jsonl "
+                      "--labels argmax --out runs/hydra --export DIR"),
     "eagle": KindInfo("eagle", "weights=DIR", "train", "trained",
                       "python -m specfamily.drafters.eagle.train --target {target} --dataset json "
                       "--data-files CORPUS.jsonl --out DIR"),
