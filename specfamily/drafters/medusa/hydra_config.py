@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specfamily.drafters.shared.quantize import check_bits
+
 
 @dataclass
 class HydraConfig:
@@ -15,6 +17,7 @@ class HydraConfig:
     num_heads: int = 4  # K, for weights="random"
     layers: int = 1  # blocks per head (the grounding block included), for weights="random"
     share_lm_head: bool = False  # project with the target's LM head instead of per-head copies, for "random"
+    quantize: int = 0  # 8: the heads (and a shared LM head) with int8 weights (specfamily.drafters.shared.quantize)
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "layers"):
@@ -26,5 +29,6 @@ class HydraConfig:
             raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
         if not isinstance(self.share_lm_head, bool):
             raise TypeError(f"share_lm_head must be a bool, got {type(self.share_lm_head).__name__}")
+        check_bits(self.quantize)
         if isinstance(self.tree, str) and self.tree != "chain":
             raise ValueError(f"tree must be None, 'chain' or a list of rank paths, got {self.tree!r}")

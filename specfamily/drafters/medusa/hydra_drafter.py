@@ -25,6 +25,7 @@ from specfamily.drafters.medusa.hydra_checkpoint import load_hydra
 from specfamily.drafters.medusa.hydra_config import HydraConfig
 from specfamily.drafters.medusa.hydra_heads import HydraHeads, build_hydra
 from specfamily.drafters.medusa.tree import MedusaTree
+from specfamily.drafters.shared.quantize import quantize_heads
 from specfamily.runtime.matmul import linear_for
 
 
@@ -68,8 +69,8 @@ class HydraDrafter(BaseDrafter):
     auto_max_gamma = None
 
     def __init__(self, target, weights=None, gamma: int | None = None, policy: str | None = None, tree=None,
-                 num_heads: int = 4, layers: int = 1, share_lm_head: bool = False) -> None:
-        cfg = HydraConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head)
+                 num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, quantize: int = 0) -> None:
+        cfg = HydraConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, quantize)
         weights = zoo.default_weights("hydra", target) if cfg.weights is None else cfg.weights
         if isinstance(weights, str) and weights == "random":
             heads, meta = build_hydra(target, shape_for(target, num_heads, layers, share_lm_head)).eval(), None
@@ -90,6 +91,8 @@ class HydraDrafter(BaseDrafter):
         return drafter
 
     def _setup(self, target, heads: HydraHeads, meta, cfg: HydraConfig) -> None:
+        if cfg.quantize:
+            heads = quantize_heads(heads)
         self.heads, self.checkpoint = heads, meta
         k = heads.shape.num_heads
         if cfg.gamma is not None and cfg.gamma > k:
