@@ -169,3 +169,19 @@ def test_training_on_distilled_data_exports_a_hydra_checkpoint_and_resumes(disti
         sf.create_drafter("medusa", target, weights=str(folder))
     resumed = train(replace(cfg, steps=6), target=target)
     assert resumed.step == 6 and [row["step"] for row in resumed.history] == [2, 4, 6]
+
+
+def test_a_warm_start_from_medusa_heads_proposes_what_they_propose(target):
+    from specfamily.drafters.medusa.hydra_heads import hydra_from_medusa
+
+    medusa = MedusaDrafter(target, weights="random", tree=TREE, layers=2, policy="constant")
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in medusa.heads.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    hydra = HydraDrafter.from_heads(target, hydra_from_medusa(target, medusa.heads).eval(), tree=TREE,
+                                    policy="constant")
+    features = target_features(target.model, torch.tensor([PROMPT]))[0]
+    top = medusa.heads(features[-2], 4).topk(medusa.tree.top_k, dim=-1).indices.reshape(-1)
+    assert hydra.draft_tokens(features[-2], PROMPT[-1], 4).tolist() == top[medusa.tree.gather].tolist()
+    assert [len(h.blocks) for h in hydra.heads.heads] == [2, 2, 2, 2]

@@ -133,6 +133,25 @@ def build_hydra(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> H
     return heads.to(device=weight.device, dtype=weight.dtype)
 
 
+def hydra_from_medusa(target, medusa: nn.Module) -> HydraHeads:
+    """Hydra heads that propose exactly what the Medusa heads ``medusa`` (a MedusaHeads) propose: the grounding block
+    is the Medusa head's first residual block reading the feature only (embedding columns zero), the other blocks and
+    the projections copied; shape and draft vocabulary are the Medusa heads'. A warm start for training."""
+    heads = build_hydra(target, medusa.shape, medusa.vocab)
+    size = medusa.shape.hidden_size
+    with torch.no_grad():
+        for hydra_head, medusa_head in zip(heads.heads, medusa.heads, strict=True):
+            first = medusa_head.blocks[0].linear
+            hydra_head.blocks[0].linear.weight.zero_()
+            hydra_head.blocks[0].linear.weight[:, :size].copy_(first.weight)
+            hydra_head.blocks[0].linear.bias.copy_(first.bias)
+            for ours, theirs in zip(list(hydra_head.blocks)[1:], list(medusa_head.blocks)[1:], strict=True):
+                ours.load_state_dict(theirs.state_dict())
+            if hydra_head.proj is not None:
+                hydra_head.proj.load_state_dict(medusa_head.proj.state_dict())
+    return heads
+
+
 def hydra_loss(heads: HydraHeads, features: torch.Tensor, ids: torch.Tensor,
                decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
     """sum_k decay**k * CE(head k at t given x_{t+1..t+1+k}, x_{t+2+k}); also each head's CE. features (B, T, H)."""

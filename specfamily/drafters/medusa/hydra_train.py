@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from specfamily.drafters.medusa.calibrate import Calibration, calibrate
-from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint
+from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint
 from specfamily.drafters.medusa.data import vocab_report
 from specfamily.drafters.medusa.heads import shape_for
 from specfamily.drafters.medusa.hydra_checkpoint import save_hydra
@@ -27,6 +27,7 @@ from specfamily.drafters.medusa.hydra_drafter import HydraDrafter, measure_hydra
 from specfamily.drafters.medusa.hydra_heads import (
     HydraHeads,
     build_hydra,
+    hydra_from_medusa,
     hydra_loss,
     hydra_rank_table,
     rank_accuracies,
@@ -66,9 +67,13 @@ class HydraTraining(MedusaTraining):
     def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
         cfg = self.cfg
         self.context = context = open_context(cfg, self.target)
-        vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
-        heads = build_hydra(context.target, shape_for(context.target, cfg.num_heads, cfg.layers, cfg.share_lm_head,
-                                                      cfg.draft_vocab), vocab)
+        if cfg.init:  # a warm start from Medusa heads: proposes what they propose until it learns otherwise
+            heads = hydra_from_medusa(context.target, load_checkpoint(cfg.init, context.target)[0])
+            vocab = heads.vocab
+        else:
+            vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
+            heads = build_hydra(context.target, shape_for(context.target, cfg.num_heads, cfg.layers,
+                                                          cfg.share_lm_head, cfg.draft_vocab), vocab)
         # c of the nominal tree (the one untrained heads draft): the tree is chosen against this fixed cost
         context.c = measure_hydra_cost(HydraDrafter.from_heads(context.target, heads.eval()),
                                        context.seconds_per_pass)
