@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--distilled", default="", help="also the held-out prompts of this distillation data")
+    parser.add_argument("--trees", default="chain4,medusa,nominal16", help="which of the trees, comma-separated")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     import specfamily as sf
@@ -55,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     for arm in args.arm:
         name, spec = arm.split("=", 1)
         family, weights = spec.split(":", 1)
-        for tree_name, tree in trees().items():
+        wanted = args.trees.split(",")
+        chosen = {k: v for k, v in trees().items() if any(k.startswith(w) for w in wanted)}
+        for tree_name, tree in chosen.items():
             drafter = sf.create_drafter(family, target, weights=weights, tree=tree, gamma=4, policy="constant")
             for set_name, ps in sets.items():
                 tokens = passes = 0

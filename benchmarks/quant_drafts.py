@@ -40,9 +40,12 @@ def step_costs(target, drafters: dict, repeats: int) -> dict:
     def target_pass():
         target.reset()
         target.forward(torch.tensor(prompt))
+        target.commit([])
         started = time.process_time()
         target.forward(torch.tensor([5]))
-        return time.process_time() - started
+        seconds = time.process_time() - started
+        target.commit([])
+        return seconds
 
     out = {"target": statistics.median(target_pass() for _ in range(repeats))}
     for arm, drafter in drafters.items():
@@ -53,9 +56,12 @@ def step_costs(target, drafters: dict, repeats: int) -> dict:
         def draft_step(runner=runner):
             runner.reset()
             runner.forward(torch.tensor(prompt))
+            runner.commit([])
             started = time.process_time()
             runner.forward(torch.tensor([5]))
-            return time.process_time() - started
+            seconds = time.process_time() - started
+            runner.commit([])
+            return seconds
 
         out[arm] = statistics.median(draft_step() for _ in range(repeats))
     target.reset()
@@ -81,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     step = max(1, len(prompts) // args.prompts)
     prompts, categories = prompts[::step][: args.prompts], categories[::step][: args.prompts]
     drafters = {arm: make_drafter(sf, target, args.drafter, arm, args.gamma) for arm in ARMS}
+    steps = step_costs(target, drafters, args.repeats)
+    print(json.dumps({"step_seconds": steps}), flush=True)
     totals = {arm: {"tokens": 0, "passes": 0, "seconds": 0.0, "accepted": 0, "drafted": 0, "c": []} for arm in ARMS}
     texts = {}
     for i, prompt in enumerate(prompts):
@@ -98,18 +106,20 @@ def main(argv: list[str] | None = None) -> int:
             if m.draft_steps and m.c == m.c:
                 row["c"].append(m.c)
             texts.setdefault(i, {})[arm] = result.tokens
+            print(json.dumps({"prompt": i, "arm": arm, "tokens": m.new_tokens, "passes": m.target_passes,
+                              "accepted": m.accepted_tokens, "proposed": m.proposed_tokens, "c": m.c,
+                              "cpu_seconds": time.process_time() - started}), flush=True)
     identical = all(len({tuple(v) for v in per.values()}) == 1 for per in texts.values())
     plain_rate = totals["plain"]["tokens"] / totals["plain"]["seconds"]
     report = {"drafter": args.drafter, "prompts": len(prompts), "categories": categories, "tokens": args.tokens,
               "gamma": args.gamma, "threads": args.threads, "greedy_identical": identical, "arms": {},
-              "step_seconds": step_costs(target, drafters, args.repeats)}
+              "step_seconds": steps}
     for arm, row in totals.items():
         report["arms"][arm] = {
             "tau": row["tokens"] / max(row["passes"], 1),
             "acceptance": row["accepted"] / row["drafted"] if row["drafted"] else None,  # accepted / proposed
             "c_run_median": statistics.median(row["c"]) if row["c"] else None,
             "speedup": (row["tokens"] / row["seconds"]) / plain_rate, "cpu_seconds": row["seconds"]}
-    steps = report["step_seconds"]
     for arm in ("float", "int8"):
         if arm in steps:
             report["arms"][arm]["c_step"] = steps[arm] / steps["target"]
