@@ -36,8 +36,22 @@ def _check_cpu(device: torch.device | str) -> None:
         raise ValueError(f"quantize=8 runs on the CPU only (fbgemm int8 kernels); the draft is on {device}")
 
 
-def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
-    """A dynamically quantized copy of ``x -> x @ weight^T + bias`` (per-channel int8 weights, float32 in and out)."""
+class Int8Linear(nn.Module):
+    """A dynamically quantized linear layer that takes and returns the caller's dtype and shape, one row (H,)
+    included (the kernels are float32 and want rows)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 1:  # the kernels want rows
+            return self.inner(x.float()[None])[0].to(x.dtype)
+        return self.inner(x.float()).to(x.dtype)
+
+
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+    """A dynamically quantized copy of ``x -> x @ weight^T + bias`` (per-channel int8 weights)."""
     _check_cpu(weight.device)
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     with torch.no_grad():
@@ -50,7 +64,7 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Mo
         from torch.ao.quantization import per_channel_dynamic_qconfig
 
         linear.qconfig = per_channel_dynamic_qconfig
-        return DynamicLinear.from_float(linear)
+        return Int8Linear(DynamicLinear.from_float(linear))
 
 
 def quantize_linears(module: nn.Module) -> nn.Module:
@@ -79,7 +93,7 @@ class Int8Linears:
         entry = self._table.get(weight.data_ptr())
         if entry is None:
             return F.linear(x, weight, bias)
-        return entry[1](x.float()).to(x.dtype)
+        return entry[1](x)
 
 
 def causal_lm_linears(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:

@@ -24,7 +24,7 @@ def test_int8_linear_is_close_to_float_and_holds_int8_weights():
     weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
     x = torch.randn(5, 64, generator=gen)
     q = int8_linear(weight, bias)
-    assert q.weight().dtype == torch.qint8
+    assert q.inner.weight().dtype == torch.qint8
     exact = nn.functional.linear(x, weight, bias)
     assert (q(x) - exact).abs().max() < 0.05 * exact.abs().max()
     assert not torch.equal(q(x), exact)  # it did run in int8
