@@ -77,6 +77,8 @@ def test_unresolvable_annotations_are_not_checked():
         ("small_model", {"policy": "fastest"}, "policy"),
         ("prompt_lookup", {"gamma": 2.5}, "gamma"),
         ("medusa", {"typical": "yes"}, "typical"),
+        ("hydra", {"share_lm_head": "yes"}, "share_lm_head"),
+        ("small_model", {"quantize": "8"}, "quantize"),
         ("eagle", {"top_k": "8"}, "top_k"),
         ("self_spec", {"exit_threshold": "high"}, "exit_threshold"),
     ],

@@ -37,6 +37,7 @@ DRAFTERS = {
     "prompt_lookup": lambda t: sf.create_drafter("prompt_lookup", t, gamma=4, branches=2),
     "self_spec": lambda t: sf.create_drafter("self_spec", t, skip=["mlp:1"], gamma=4),
     "medusa": lambda t: sf.create_drafter("medusa", t, weights="random", gamma=3),
+    "hydra": lambda t: sf.create_drafter("hydra", t, weights="random", gamma=3),
     "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
     "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
     "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),

@@ -100,6 +100,8 @@ CASES = [
         "self_spec": {"skip": ["mlp:1"], "gamma": DEPTH}}}),  # every node sampled: q given the earlier siblings
     Case("recycling", "tree", {"gamma": DEPTH, "max_tree_size": 12}),
     Case("rest", "tree", {"gamma": DEPTH}),
+    Case("hydra", "tree", {"weights": "random", "gamma": DEPTH, "tree": medusa_tree()}),
+    Case("hydra", "chain", {"weights": "random", "gamma": DEPTH, "tree": "chain"}),
 ]
 PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
 PRUNED_CASES = [
@@ -137,6 +139,8 @@ MIN_DEPTH = {
     "self_spec-chain": (3, 3, 3),  # d3 1.0 .99 .96
     "medusa-tree": (2, 2, 3),  # d3 .56 .57 .68
     "medusa-chain": (1, 1, 1),  # d2 .30 .37 .42
+    "hydra-tree": (2, 2, 3),  # random Hydra heads propose what random Medusa heads do (tests/drafters/test_hydra.py)
+    "hydra-chain": (1, 1, 1),
     "eagle-tree": (2, 2, 2),  # d2 .75 .74 .73, d3 .04
     "eagle-chain": (3, 2, 2),  # d3 .63 .37 .21
     "eagle3-tree": (2, 2, 2),  # d2 .80 .79 .82, d3 .07-.14

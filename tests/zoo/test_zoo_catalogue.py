@@ -31,7 +31,7 @@ def test_every_entry_serves_a_target_of_its_family_and_every_target_has_each_kin
         assert (item.identity is not None) == (item.kind == "target")
     kinds = {name: sorted(e.kind for e in CATALOGUE if e.serves == name and e.kind != "target") for name in targets}
     assert kinds["smollm2"] == sorted(KIND_INFO)
-    assert kinds["code-target"] == sorted(set(KIND_INFO) - {"eagle3"})  # no EAGLE-3 trained for the code target
+    assert kinds["code-target"] == sorted(set(KIND_INFO) - {"eagle3", "hydra"})  # none trained for the code target
     eagle3 = zoo.entry("zoo:smollm2-eagle3")
     assert (eagle3.kind, eagle3.family, eagle3.serves, eagle3.source, eagle3.location) == (
         "eagle3", "smollm2", "smollm2", "shipped", ("zoo", "weights", "smollm2-eagle3"))
@@ -79,7 +79,7 @@ def test_identity_tells_other_weights_and_other_shapes_apart(code_target):
 
 
 def test_default_weights_for_the_code_target_are_the_shipped_code_family(code_target):
-    found = {kind: zoo.default_weights(kind, code_target) for kind in KIND_INFO if kind != "eagle3"}
+    found = {kind: zoo.default_weights(kind, code_target) for kind in KIND_INFO if kind not in ("eagle3", "hydra")}
     assert found == {"draft": "zoo:code-draft", "medusa": "zoo:code-medusa", "eagle": "zoo:code-eagle",
                      "skip_set": "zoo:code-skip"}
     with pytest.raises(ValueError) as caught:

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from specfamily.drafters.shared.quantize import check_bits
+
 
 @dataclass
 class MedusaConfig:
@@ -19,6 +21,7 @@ class MedusaConfig:
     typical: bool = False  # Medusa's typical acceptance: LOSSY, every result is marked lossy=True (rule: .accept)
     epsilon: float = 0.09  # typical acceptance: hard threshold
     delta: float | None = None  # typical acceptance: entropy-scaled threshold (default sqrt(epsilon))
+    quantize: int = 0  # 8: the heads (and a shared LM head) with int8 weights (specfamily.drafters.shared.quantize)
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "layers"):
@@ -36,5 +39,6 @@ class MedusaConfig:
         if self.delta is not None and not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta)
                                            and self.delta > 0):
             raise ValueError(f"delta must be a finite number > 0, got {self.delta!r}")
+        check_bits(self.quantize)
         if isinstance(self.tree, str) and self.tree != "chain":
             raise ValueError(f"tree must be None, 'chain' or a list of rank paths, got {self.tree!r}")

@@ -22,6 +22,7 @@ from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpo
 from specfamily.drafters.medusa.config import MedusaConfig
 from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.tree import MedusaTree, build_tree, chain_paths, greedy_paths, nominal_accuracies
+from specfamily.drafters.shared.quantize import quantize_heads
 from specfamily.runtime.matmul import linear_for
 
 RANDOM_TREE_NODES = 16  # default tree size for uncalibrated heads (a CPU-sized tree)
@@ -54,8 +55,9 @@ class MedusaDrafter(BaseDrafter):
 
     def __init__(self, target, weights=None, gamma: int | None = None, policy: str | None = None, tree=None,
                  num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, typical: bool = False,
-                 epsilon: float = 0.09, delta: float | None = None) -> None:
-        cfg = MedusaConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, typical, epsilon, delta)
+                 epsilon: float = 0.09, delta: float | None = None, quantize: int = 0) -> None:
+        cfg = MedusaConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, typical, epsilon, delta,
+                           quantize)
         weights = zoo.default_weights("medusa", target) if cfg.weights is None else cfg.weights
         if isinstance(weights, str) and weights == "random":
             heads, checkpoint = build_heads(target, shape_for(target, num_heads, layers, share_lm_head)).eval(), None
@@ -77,6 +79,8 @@ class MedusaDrafter(BaseDrafter):
         return drafter
 
     def _setup(self, target, heads: MedusaHeads, checkpoint: MedusaCheckpoint | None, cfg: MedusaConfig) -> None:
+        if cfg.quantize:
+            heads = quantize_heads(heads)
         self.heads, self.checkpoint = heads, checkpoint
         k = heads.shape.num_heads
         if cfg.gamma is not None and cfg.gamma > k:

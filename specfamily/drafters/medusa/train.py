@@ -135,9 +135,13 @@ class MedusaTraining(Resumable):
     def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
         cfg = self.cfg
         self.context = context = open_context(cfg, self.target)
-        vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
-        shape = shape_for(context.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
-        heads = build_heads(context.target, shape, vocab)
+        if cfg.init:  # a warm start: the checkpoint's heads, shape and draft vocabulary
+            heads = load_checkpoint(cfg.init, context.target)[0]
+            vocab = heads.vocab
+        else:
+            vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
+            shape = shape_for(context.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
+            heads = build_heads(context.target, shape, vocab)
         context.measure_heads(heads)
         heads.train()
         optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

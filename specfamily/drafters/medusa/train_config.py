@@ -23,6 +23,7 @@ class TrainConfig:
     distill_prompt: int = 64  # greedy labels: tokens of each window kept as the prompt
     out: str = "work/medusa"  # state.pt (resumable) and, unless export is set, heads/ (the best checkpoint)
     export: str = ""
+    init: str = ""  # start from these Medusa heads (a checkpoint or zoo: name; their shape and draft vocabulary)
     num_heads: int = 4
     layers: int = 1
     share_lm_head: bool = False

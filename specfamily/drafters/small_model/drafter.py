@@ -11,6 +11,8 @@ from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, VerifyOutcome
+from specfamily.drafters.shared.quantize import Int8Linears, causal_lm_linears, check_bits
+from specfamily.runtime.lean import LeanLlama
 
 CATCH_UP_TOKENS = 2  # more unseen tokens than a drafted pass leaves (the last draft token and the bonus): a backlog
 
@@ -25,15 +27,17 @@ class SmallModelDrafter(BaseDrafter):
     The draft model runs through a :class:`Target` of its own: the same lean forward and in-place KV buffer as
     the target, one token per call, rolled back to the accepted tokens after each verification. With
     ``confidence`` > 0 a draft ends early after a token whose draft probability is below it (transformers'
-    ``assistant_confidence_threshold``, fixed here rather than adapted).
+    ``assistant_confidence_threshold``, fixed here rather than adapted). ``quantize=8`` runs the draft's linear
+    layers (its LM head included) with int8 weights through the same lean forward; q is the quantized draft's.
     """
 
     default_gamma = 4
 
     def __init__(self, target: Target, model=None, gamma: int | None = None, policy: str | None = None, dtype=None,
-                 confidence: float = 0.0):
+                 confidence: float = 0.0, quantize: int = 0):
         if not 0.0 <= confidence < 1.0:
             raise ValueError(f"confidence must be in [0, 1), got {confidence}")
+        self.quantize = check_bits(quantize)
         super().__init__(gamma, policy)
         self.confidence = confidence
         source = zoo.default_weights("draft", target) if model is None else model  # the zoo's draft for it
@@ -43,6 +47,8 @@ class SmallModelDrafter(BaseDrafter):
             raise ValueError(
                 f"draft vocabulary ({_vocab_size(self.draft)}) differs from the target's ({target.vocab_size})"
             )
+        if self.quantize:
+            _quantize_runner(self.runner)
         self._base = 0  # committed length when the last draft was made
         self._gamma = 0
 
@@ -88,3 +94,11 @@ class SmallModelDrafter(BaseDrafter):
         if outcome.draft_size == 0:
             return
         self.runner.rollback(self._base + min(len(outcome.accepted_nodes), self._gamma - 1))
+
+
+def _quantize_runner(runner: Target) -> None:
+    """Rebuild the draft's lean forward over int8 copies of its linear weights (the float model stays as it is)."""
+    if runner.lean is None:
+        raise ValueError("quantize=8 needs the lean forward for the draft model (a Llama/Mistral/Qwen2 causal LM "
+                         "with sdpa attention); this draft runs transformers' own forward")
+    runner.lean = LeanLlama(runner.model, Int8Linears(causal_lm_linears(runner.model)))

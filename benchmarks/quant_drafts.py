@@ -1,0 +1,134 @@
+"""8-bit against float drafts on SmolLM2: draft cost c, acceptance and speed over plain decoding, side by side.
+
+Arms per prompt, interleaved (the order rotates with the prompt): plain decoding, the drafter with float weights and
+with ``quantize=8``, each at its defaults (cost-aware policy) and at a constant gamma (acceptance compared at equal
+draft length). Clock: CPU time of this process (``time.process_time``) on one thread, so other work on the machine
+shows less; also the direct cost of one draft step: the draft's one-token forward over the target's, medians.
+
+    python benchmarks/quant_drafts.py --threads 1 --prompts 6 --tokens 48 --out docs/variants-quant.json
+    python benchmarks/quant_drafts.py --drafter medusa --threads 1      # medusa / hydra heads instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import common
+import torch
+
+ARMS = ("plain", "float", "int8", "float-g", "int8-g")
+
+
+def make_drafter(sf, target, name: str, arm: str, gamma: int):
+    if arm == "plain":
+        return None
+    options = {"quantize": 8 if arm.startswith("int8") else 0}
+    if arm.endswith("-g"):
+        options["gamma"] = gamma
+    return sf.create_drafter(name, target, **options)
+
+
+@torch.inference_mode()
+def step_costs(target, drafters: dict, repeats: int) -> dict:
+    """Median CPU seconds of one draft step (small_model: one-token forward; heads: one proposal) per arm, and of
+    the target's one-token pass."""
+    prompt = list(range(100, 164))
+
+    def target_pass():
+        target.reset()
+        target.forward(torch.tensor(prompt))
+        target.commit([])
+        started = time.process_time()
+        target.forward(torch.tensor([5]))
+        seconds = time.process_time() - started
+        target.commit([])
+        return seconds
+
+    out = {"target": statistics.median(target_pass() for _ in range(repeats))}
+    for arm, drafter in drafters.items():
+        runner = getattr(drafter, "runner", None)
+        if runner is None:
+            continue
+
+        def draft_step(runner=runner):
+            runner.reset()
+            runner.forward(torch.tensor(prompt))
+            runner.commit([])
+            started = time.process_time()
+            runner.forward(torch.tensor([5]))
+            seconds = time.process_time() - started
+            runner.commit([])
+            return seconds
+
+        out[arm] = statistics.median(draft_step() for _ in range(repeats))
+    target.reset()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--drafter", default="small_model")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--prompts", type=int, default=6, help="Spec-Bench first turns (evenly over categories)")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import specfamily as sf
+
+    common.set_threads(args.threads)
+    common.quiet_transformers()
+    target = sf.load_target("zoo:smollm2")
+    prompts, categories = common.spec_bench_prompts(1, target.tokenizer)
+    step = max(1, len(prompts) // args.prompts)
+    prompts, categories = prompts[::step][: args.prompts], categories[::step][: args.prompts]
+    drafters = {arm: make_drafter(sf, target, args.drafter, arm, args.gamma) for arm in ARMS}
+    steps = step_costs(target, drafters, args.repeats)
+    print(json.dumps({"step_seconds": steps}), flush=True)
+    totals = {arm: {"tokens": 0, "passes": 0, "seconds": 0.0, "accepted": 0, "drafted": 0, "c": []} for arm in ARMS}
+    texts = {}
+    for i, prompt in enumerate(prompts):
+        order = ARMS[i % len(ARMS):] + ARMS[: i % len(ARMS)]
+        for arm in order:
+            started = time.process_time()
+            result = sf.generate(target, drafters[arm], prompt, max_new_tokens=args.tokens)
+            row = totals[arm]
+            row["seconds"] += time.process_time() - started
+            m = result.metrics
+            row["tokens"] += m.new_tokens
+            row["passes"] += m.target_passes
+            row["accepted"] += m.accepted_tokens
+            row["drafted"] += m.proposed_tokens
+            if m.draft_steps and m.c == m.c:
+                row["c"].append(m.c)
+            texts.setdefault(i, {})[arm] = result.tokens
+            print(json.dumps({"prompt": i, "arm": arm, "tokens": m.new_tokens, "passes": m.target_passes,
+                              "accepted": m.accepted_tokens, "proposed": m.proposed_tokens, "c": m.c,
+                              "cpu_seconds": time.process_time() - started}), flush=True)
+    identical = all(len({tuple(v) for v in per.values()}) == 1 for per in texts.values())
+    plain_rate = totals["plain"]["tokens"] / totals["plain"]["seconds"]
+    report = {"drafter": args.drafter, "prompts": len(prompts), "categories": categories, "tokens": args.tokens,
+              "gamma": args.gamma, "threads": args.threads, "greedy_identical": identical, "arms": {},
+              "step_seconds": steps}
+    for arm, row in totals.items():
+        report["arms"][arm] = {
+            "tau": row["tokens"] / max(row["passes"], 1),
+            "acceptance": row["accepted"] / row["drafted"] if row["drafted"] else None,  # accepted / proposed
+            "c_run_median": statistics.median(row["c"]) if row["c"] else None,
+            "speedup": (row["tokens"] / row["seconds"]) / plain_rate, "cpu_seconds": row["seconds"]}
+    for arm in ("float", "int8"):
+        if arm in steps:
+            report["arms"][arm]["c_step"] = steps[arm] / steps["target"]
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

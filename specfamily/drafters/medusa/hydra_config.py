@@ -1,0 +1,34 @@
+"""Options of the Hydra drafter: Medusa's, without typical acceptance (Hydra here is exact only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specfamily.drafters.shared.quantize import check_bits
+
+
+@dataclass
+class HydraConfig:
+    weights: Any = None  # a checkpoint folder, a zoo: name or "random"; None = the zoo's heads for this target
+    gamma: int | None = None  # tree depth cap (default: the tree's depth, at most the number of heads)
+    policy: str | None = None  # None: auto (cost-aware) without a gamma, constant with one | heuristic | optimal
+    tree: Any = None  # None = the checkpoint's calibrated tree, "chain" = top-1 chain, or a list of rank paths
+    num_heads: int = 4  # K, for weights="random"
+    layers: int = 1  # blocks per head (the grounding block included), for weights="random"
+    share_lm_head: bool = False  # project with the target's LM head instead of per-head copies, for "random"
+    quantize: int = 0  # 8: the heads (and a shared LM head) with int8 weights (specfamily.drafters.shared.quantize)
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.gamma is not None and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
+                                       or self.gamma < 1):
+            raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
+        if not isinstance(self.share_lm_head, bool):
+            raise TypeError(f"share_lm_head must be a bool, got {type(self.share_lm_head).__name__}")
+        check_bits(self.quantize)
+        if isinstance(self.tree, str) and self.tree != "chain":
+            raise ValueError(f"tree must be None, 'chain' or a list of rank paths, got {self.tree!r}")

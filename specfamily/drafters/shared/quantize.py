@@ -1,0 +1,111 @@
+"""8-bit drafts: a drafter's own weights run as int8 (dynamic quantization: int8 weights, activations quantized per
+call), so one draft step reads a quarter of the bytes.
+
+The kernels are PyTorch's own (``torch.ao`` dynamic quantization, fbgemm/x86 on CPU): on this project's CPU they are
+the only maintained int8 path that is faster than float32 at 1-8 rows (torchao 0.18's CPU int8 tensors dequantize
+first and measured slower than float; docs/variants-hydra-quant.md). ``torch.ao.quantization`` is deprecated in
+favour of torchao, so its warnings are silenced here and the choice is revisited when torchao's CPU path is fast.
+4-bit is refused: no maintained library runs 4-bit weights on this CPU faster than float.
+
+Losslessness does not depend on this module: a drafter reports the q it sampled from, which is the quantized
+model's. Quantization needs the CPU (fbgemm); other devices are refused by name.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QUANT_BITS = (0, 8)  # 0: float weights (the default); 8: int8 weights
+
+
+def check_bits(bits) -> int:
+    """The ``quantize`` option: 0 or 8."""
+    if isinstance(bits, bool) or bits not in QUANT_BITS:
+        raise ValueError(f"quantize must be 0 (float weights) or 8 (int8 weights), got {bits!r}; 4-bit drafts need a "
+                         "library that runs them on this CPU, and none is maintained")
+    return bits
+
+
+def _check_cpu(device: torch.device | str) -> None:
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"quantize=8 runs on the CPU only (fbgemm int8 kernels); the draft is on {device}")
+
+
+class Int8Linear(nn.Module):
+    """A dynamically quantized linear layer that takes and returns the caller's dtype and shape, one row (H,)
+    included (the kernels are float32 and want rows)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 1:  # the kernels want rows
+            return self.inner(x.float()[None])[0].to(x.dtype)
+        return self.inner(x.float()).to(x.dtype)
+
+
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+    """A dynamically quantized copy of ``x -> x @ weight^T + bias`` (per-channel int8 weights)."""
+    _check_cpu(weight.device)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight.float())
+        if bias is not None:
+            linear.bias.copy_(bias.float())
+    with warnings.catch_warnings():  # torch.ao's deprecation notices (module docstring)
+        warnings.simplefilter("ignore")
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+        from torch.ao.quantization import per_channel_dynamic_qconfig
+
+        linear.qconfig = per_channel_dynamic_qconfig
+        return Int8Linear(DynamicLinear.from_float(linear))
+
+
+def quantize_linears(module: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` inside ``module`` (in place) by its int8 copy; returns ``module``."""
+    for name, child in list(module.named_children()):
+        if type(child) is nn.Linear:
+            setattr(module, name, int8_linear(child.weight, child.bias))
+        else:
+            quantize_linears(child)
+    return module
+
+
+class Int8Linears:
+    """A ``linear(x, weight, bias)`` for the lean forward (``specfamily.runtime.lean``) that multiplies the given
+    weights by their int8 copies, made once, and any other weight in float as ``F.linear`` does."""
+
+    def __init__(self, weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+        self._table: dict[int, tuple[torch.Tensor, nn.Module]] = {}
+        for weight, bias in weights:  # keyed by storage; the float weight is kept so the key stays valid
+            self._table[weight.data_ptr()] = (weight, int8_linear(weight, bias))
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        entry = self._table.get(weight.data_ptr())
+        if entry is None:
+            return F.linear(x, weight, bias)
+        return entry[1](x)
+
+
+def causal_lm_linears(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of every ``nn.Linear`` of a causal LM, its LM head included (tied or not)."""
+    return [(m.weight, m.bias) for m in model.modules() if type(m) is nn.Linear]
+
+
+def quantize_heads(heads: nn.Module) -> nn.Module:
+    """Medusa/Hydra heads with int8 weights, in place: their linear layers, and the shared LM head (the target's, or
+    its draft-vocabulary rows) replaced in the heads' own reference by an int8 copy (the target is untouched)."""
+    quantize_linears(heads)
+    shared = getattr(heads, "_lm_head", ())
+    if shared:
+        heads._lm_head = (int8_linear(shared[0].weight, getattr(shared[0], "bias", None)),)
+    return heads
