@@ -6,7 +6,7 @@ any number of ``--arm NAME=FAMILY:WEIGHTS`` (FAMILY medusa or hydra). Prompts: S
 its categories, and optionally the held-out prompts of distillation data (``--distilled DIR``).
 
     python benchmarks/hydra_vs_medusa.py --threads 1 --prompts 6 --tokens 48 \
-        --arm medusa=medusa:zoo:smollm2-medusa --arm hydra=hydra:zoo:smollm2-hydra --out docs/variants-hydra.json
+        --arm medusa=medusa:zoo:smollm2-medusa --arm hydra=hydra:work/smollm2-hydra/heads --out docs/variants-hydra.json
 """
 
 from __future__ import annotations

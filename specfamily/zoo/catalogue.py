@@ -194,13 +194,6 @@ CATALOGUE: tuple[Entry, ...] = (
           "--export specfamily/zoo/weights/smollm2-medusa",
           "Medusa-1 heads on zoo:smollm2 (self-distilled, 16384-token draft vocabulary)",
           location=("zoo", "weights", "smollm2-medusa")),
-    Entry("smollm2-hydra", "hydra", _SMOL, "smollm2", "shipped", _SMOL_CARD,
-          "specfamily-zoo distill --out work/smollm2-distill --conversations 1200  (its first 5 batches), then "
-          "python -m specfamily.drafters.medusa.hydra_train --target zoo:smollm2 --distilled work/smollm2-distill "
-          "--init zoo:smollm2-medusa --draft-vocab 16384 --share-lm-head --layers 2 --warmup 2 --minutes 13 "
-          "--eval-every 0 --matmul exact --out work/smollm2-hydra --export specfamily/zoo/weights/smollm2-hydra",
-          "Hydra heads on zoo:smollm2, warm-started from zoo:smollm2-medusa (self-distilled, 16384-token draft "
-          "vocabulary)", location=("zoo", "weights", "smollm2-hydra")),
     Entry("smollm2-eagle", "eagle", _SMOL, "smollm2", "shipped", _SMOL_CARD,
           "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
           "python -m specfamily.drafters.eagle.train --target zoo:smollm2 --distilled work/smollm2-distill "
