@@ -51,12 +51,13 @@ def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty:
     return drafter.propose(ctx, gamma) if gamma > 0 else empty
 
 
-def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int):
+def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int,
+             side_logits: torch.Tensor | None = None):
     rows = None
     if features is not None:
         index = torch.cat([torch.arange(pending), pending + torch.tensor(accepted, dtype=torch.long)])
         rows = features.index_select(0, index.to(features.device))
-    return VerifyOutcome(committed, accepted, len(draft), rows, start)
+    return VerifyOutcome(committed, accepted, len(draft), rows, start, side_logits)
 
 
 def generate(
@@ -110,10 +111,11 @@ def generate(
             if finished:
                 break
             if drafter is not None:
-                if len(pending) == 1:  # not the prefill: a pass the policy plans
+                if len(pending) == 1 and draft.side is None:  # not the prefill nor side rows: a pass the policy plans
                     policy.timed(len(draft), c2 - c1)
                 _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, drafted_before)
-                drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start))
+                drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start,
+                                         out.side_logits))
             pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0
     finally:
         if own is not None:

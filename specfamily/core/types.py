@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specfamily.core.side_rows import SideRows
+
 if TYPE_CHECKING:
     from specfamily.core.metrics import Metrics
 
@@ -39,13 +41,16 @@ class Draft:
     """A token tree over the current context; a chain has parents [-1, 0, 1, ...].
 
     ``q`` row i is the distribution token i was actually sampled from (after the target's warping),
-    or ``q is None`` for deterministic proposals, which the verifier treats as one-hot.
+    or ``q is None`` for deterministic proposals, which the verifier treats as one-hot. ``side``: rows fed in the same
+    pass that the verifier never sees and the cache never keeps, whose logits come back to the drafter
+    (``specfamily.core.side_rows``); None for none.
     """
 
     tokens: torch.Tensor  # (n,) long
     parents: torch.Tensor  # (n,) long, -1 for children of the root, parents[i] < i
     q: torch.Tensor | None = None  # (n, V)
     catch_up_seconds: float = 0.0  # of the proposal's time, spent feeding context the drafter had not seen yet
+    side: SideRows | None = None  # rows for the drafter's own reading (never verified, never committed)
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
@@ -57,11 +62,13 @@ class Draft:
             raise ValueError("draft parents must satisfy -1 <= parents[i] < i")
         if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != n):
             raise ValueError(f"draft q must have shape (n={n}, V), got {tuple(self.q.shape)}")
+        if self.side is not None and not isinstance(self.side, SideRows):
+            raise TypeError(f"draft side rows must be a SideRows or None, got {type(self.side).__name__}")
 
     @classmethod
-    def chain(cls, tokens, q: torch.Tensor | None = None) -> Draft:
+    def chain(cls, tokens, q: torch.Tensor | None = None, side: SideRows | None = None) -> Draft:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, torch.arange(tokens.numel()) - 1, q)
+        return cls(tokens, torch.arange(tokens.numel()) - 1, q, side=side)
 
     @classmethod
     def empty(cls) -> Draft:
@@ -98,6 +105,7 @@ class VerifyOutcome:
     absolute position ``feature_start + j``, i.e. the one that produced the token at position
     ``feature_start + j + 1``. Usually the root and the accepted nodes; on the first pass the
     whole prompt. A drafter whose ``needs_features`` names k layers gets (m, k * H), those layers concatenated.
+    ``side_logits``: (s, V) the target's logits at the draft's side rows, in their order (None without side rows).
     """
 
     tokens: list[int]
@@ -105,6 +113,7 @@ class VerifyOutcome:
     draft_size: int
     features: torch.Tensor | None = None  # (m, H) or (m, k * H)
     feature_start: int = 0
+    side_logits: torch.Tensor | None = None  # (s, V)
 
 
 @dataclass
