@@ -35,6 +35,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "specfamily.drafters.medusa",
     "specfamily.drafters.eagle",
     "specfamily.drafters.suffix",
+    "specfamily.drafters.lookahead",
 )
 
 
