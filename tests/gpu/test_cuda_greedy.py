@@ -26,6 +26,7 @@ DRAFTERS = {
     "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
     "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
     "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
+    "lookahead": lambda t: sf.create_drafter("lookahead", t, gamma=3, guesses=3),
 }
 CASES: dict[tuple[str, torch.dtype], GreedyCase] = {}
 

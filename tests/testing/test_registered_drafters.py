@@ -82,6 +82,8 @@ CASES = [
     Case("eagle3", "chain", {"weights": "random", "gamma": DEPTH, "mode": "chain"}),
     Case("suffix", "chain", {"gamma": DEPTH, "mode": "chain"}, lambda: lookup_prompts()["chain"]),
     Case("suffix", "tree", {"gamma": DEPTH, "max_spec_factor": 2.0}, lambda: lookup_prompts()["tree"]),
+    Case("lookahead", "chain", {"gamma": DEPTH, "guesses": 1}, lambda: lookup_prompts()["chain"]),
+    Case("lookahead", "tree", {"gamma": DEPTH, "guesses": 3}, lambda: lookup_prompts()["tree"]),
 ]
 PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
 PRUNED_CASES = [
@@ -125,6 +127,8 @@ MIN_DEPTH = {
     "eagle3-chain": (3, 2, 2),  # d3 .64 .45 .39
     "suffix-chain": (1, 1, 1),  # d2 .28 .32 .31
     "suffix-tree": (1, 1, 1),  # d2 .41 .51 .57
+    "lookahead-chain": (1, 1, 1),  # d2 .37 .42 .49 (the 1389-sample runs themselves, not 300-sample pilots)
+    "lookahead-tree": (1, 1, 1),  # d2 .53 .60 .62 (likewise)
     "eagle-tree-pruned": (2, 2, 2),  # d2 .75 .74 .74
     "eagle-chain-pruned": (2, 2, 2),  # d3 .35 .29 .29
     "eagle3-tree-pruned": (2, 2, 2),  # d2 .75 .77 .74
@@ -155,7 +159,7 @@ def test_every_case_states_its_depth():
 def test_every_registered_drafter_has_a_case_in_each_of_its_modes():
     assert set(sf.list_drafters()) <= {case.name for case in CASES}
     trees = {case.name for case in CASES if case.mode == "tree"}
-    assert {"prompt_lookup", "medusa", "eagle", "suffix"} <= trees
+    assert {"prompt_lookup", "medusa", "eagle", "suffix", "lookahead"} <= trees
 
 
 def test_lookup_prompts_repeat_their_base():
