@@ -79,7 +79,7 @@ def test_unresolvable_annotations_are_not_checked():
         ("medusa", {"typical": "yes"}, "typical"),
         ("eagle", {"top_k": "8"}, "top_k"),
         ("self_spec", {"exit_threshold": "high"}, "exit_threshold"),
-        ("lookahead", {"window": 0}, "window"),
+        ("lookahead", {"window": "4"}, "window"),
     ],
 )
 def test_every_registered_schema_is_checked(name, options, key):
