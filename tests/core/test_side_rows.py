@@ -108,3 +108,16 @@ def test_the_loop_hands_side_logits_back_and_keeps_greedy_text():
     assert result.tokens == plain.tokens
     assert drafter.seen and all(s is not None and s.shape == (4, target.vocab_size) for s in drafter.seen)
     assert result.metrics.target_passes == len(drafter.seen) + 1  # every pass but the last one is observed
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_features_cover_the_verified_rows_only(family):
+    target = tiny_target(family)
+    plain = target.forward(torch.tensor(PROMPT), Draft.chain([1, 2]), features=True)
+    target.commit([])
+    target.reset()
+    with_side = target.forward(torch.tensor(PROMPT), Draft.chain([1, 2], side=side_rows()), features=True)
+    target.commit([])
+    assert with_side.features.shape == plain.features.shape == (len(PROMPT) + 2, target.hidden_size)
+    torch.testing.assert_close(with_side.features, plain.features, rtol=0, atol=1e-12)
+    torch.testing.assert_close(with_side.logits, plain.logits, rtol=0, atol=1e-12)
