@@ -53,12 +53,12 @@ def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty:
 
 
 def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int,
-             logits: torch.Tensor | None = None) -> VerifyOutcome:
+             logits: torch.Tensor | None = None, side_logits: torch.Tensor | None = None) -> VerifyOutcome:
     rows = None
     if features is not None:
         index = torch.cat([torch.arange(pending), pending + torch.tensor(accepted, dtype=torch.long)])
         rows = features.index_select(0, index.to(features.device))
-    return VerifyOutcome(committed, accepted, len(draft), rows, start, logits)
+    return VerifyOutcome(committed, accepted, len(draft), rows, start, logits, side_logits)
 
 
 def generate(
@@ -116,10 +116,11 @@ def generate(
             if finished:
                 break
             if drafter is not None:
-                if len(pending) == 1:  # not the prefill: a pass the policy plans
+                if len(pending) == 1 and draft.side is None:  # not the prefill nor side rows: a pass the policy plans
                     policy.timed(len(draft), c2 - c1)
                 _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, drafted_before)
-                drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start, out.logits))
+                drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start, out.logits,
+                                         out.side_logits))
             pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0
     finally:
         if own is not None:

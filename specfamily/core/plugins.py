@@ -38,6 +38,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "specfamily.drafters.merge",
     "specfamily.drafters.recycling",
     "specfamily.drafters.rest",
+    "specfamily.drafters.lookahead",
 )
 
 

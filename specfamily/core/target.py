@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specfamily import zoo
+from specfamily.core.side_rows import SideRows, side_key, side_layout
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
@@ -38,6 +39,7 @@ class TargetOutput:
     logits: torch.Tensor  # (n + 1, V): row 0 at the root (last pending token), row i + 1 after draft node i
     # (m + n, H): last hidden state after the final norm, every fed position; (m + n, k * H) for k feature layers
     features: torch.Tensor | None = None
+    side_logits: torch.Tensor | None = None  # (s, V) at the draft's side rows (never verified); None without them
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class _Pass:
     start: int  # cached length before the pass
     m: int
     parents: tuple[int, ...]
+    side: int = 0  # side rows fed after the draft (dropped by commit)
 
 
 class Target:
@@ -140,11 +143,14 @@ class Target:
         m, start = pending.numel(), self.cached_length
         parents: tuple[int, ...] = tuple(draft.parents.tolist()) if draft is not None else ()  # host tensor
         n = len(parents)
+        side = draft.side if draft is not None else None
         if n:
             _check_draft_tokens(draft.tokens, self.vocab_size)
         ids = pending.to(self._device)
         if n:
             ids = torch.cat((ids, draft.tokens.to(self._device, non_blocking=True)))  # (m + n,)
+        if side is not None:
+            return self._side_pass(ids, m, start, parents, side, features)
         if n or start:
             layout = self._layout(m, parents)
             # one fed token sees every cached position and itself: no mask, as transformers decodes
@@ -161,6 +167,24 @@ class Target:
         self._last = _Pass(start, m, parents)
         feats = hidden[0] if features else None  # (m + n, H) after the final norm, or (m + n, k * H)
         return TargetOutput(logits[0, -(n + 1) :], feats)
+
+    def _side_pass(self, ids: torch.Tensor, m: int, start: int, parents: tuple[int, ...], side: SideRows,
+                   features: bool | tuple[int, ...]) -> TargetOutput:
+        """``forward`` for a draft with side rows (``specfamily.core.side_rows``): fed after the tree, masked off it,
+        their logits returned apart and their cache entries dropped by ``commit``."""
+        _check_draft_tokens(side.tokens, self.vocab_size)
+        n, s = len(parents), len(side)
+        ids = torch.cat((ids, side.tokens.to(self._device, non_blocking=True)))  # (m + n + s,)
+        layout = self._layout(m, parents, side)
+        try:
+            logits, hidden = self._model_call(ids[None], (layout.offsets + start)[None], layout.mask(start), n + 1 + s,
+                                              features)
+        except BaseException:
+            _truncate(self.cache, start)
+            raise
+        self._last = _Pass(start, m, parents, s)
+        feats = hidden[0, : m + n] if features else None
+        return TargetOutput(logits[0, -(n + 1 + s) : -s], feats, logits[0, -s:])
 
     def check_feature_layers(self, layers: tuple[int, ...]) -> tuple[int, ...]:
         """Layer ids a drafter may ask features of, as transformers indexes ``hidden_states``: 0 the embeddings,
@@ -206,7 +230,7 @@ class Target:
         if kept < k:  # rewrite only the entries that move: accepted[kept:] to base + kept ...
             src = torch.tensor(accepted[kept:], dtype=torch.long).to(self._device, non_blocking=True) + base
             _gather_tail(self.cache, base + kept, src)
-        if k < len(last.parents):  # otherwise the cache holds exactly the pending tokens and the whole draft
+        if k < len(last.parents) or last.side:  # else the cache holds exactly the pending tokens and the whole draft
             _truncate(self.cache, base + k)
         self.cached_length = base + k
         self._last = None
@@ -220,15 +244,20 @@ class Target:
         _truncate(self.cache, length)
         self.cached_length = length
 
-    def _layout(self, m: int, parents: tuple[int, ...]) -> TreeLayout:
+    def _layout(self, m: int, parents: tuple[int, ...], side: SideRows | None = None) -> TreeLayout:
         """The mask block and position offsets for this shape on this device and dtype, kept for small shapes."""
         key = (m, parents, self._device, self._dtype)  # a model moved or cast between requests gets fresh masks
+        if side is not None:
+            key += side_key(side)
         layout = self._layouts.get(key)
         if layout is not None:
             self._layouts.move_to_end(key)
             return layout
-        layout = tree_layout(m, parents, self._dtype, self._device)
-        if m + len(parents) <= _LAYOUT_CACHE_MAX_TOKENS:
+        if side is None:
+            layout = tree_layout(m, parents, self._dtype, self._device)
+        else:
+            layout = side_layout(m, parents, side, self._dtype, self._device)
+        if m + len(parents) + (0 if side is None else len(side)) <= _LAYOUT_CACHE_MAX_TOKENS:
             self._layouts[key] = layout
             if len(self._layouts) > _LAYOUT_CACHE_SIZE:
                 self._layouts.popitem(last=False)

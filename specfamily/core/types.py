@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specfamily.core.side_rows import SideRows
+
 if TYPE_CHECKING:
     from specfamily.core.metrics import Metrics
     from specfamily.core.trace import Trace
@@ -40,13 +42,16 @@ class Draft:
     """A token tree over the current context; a chain has parents [-1, 0, 1, ...].
 
     ``q`` row i is the distribution token i was actually sampled from (after the target's warping),
-    or ``q is None`` for deterministic proposals, which the verifier treats as one-hot.
+    or ``q is None`` for deterministic proposals, which the verifier treats as one-hot. ``side``: rows fed in the same
+    pass that the verifier never sees and the cache never keeps, whose logits come back to the drafter
+    (``specfamily.core.side_rows``); None for none.
     """
 
     tokens: torch.Tensor  # (n,) long
     parents: torch.Tensor  # (n,) long, -1 for children of the root, parents[i] < i
     q: torch.Tensor | None = None  # (n, V)
     catch_up_seconds: float = 0.0  # of the proposal's time, spent feeding context the drafter had not seen yet
+    side: SideRows | None = None  # rows for the drafter's own reading (never verified, never committed)
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
@@ -58,11 +63,13 @@ class Draft:
             raise ValueError("draft parents must satisfy -1 <= parents[i] < i")
         if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != n):
             raise ValueError(f"draft q must have shape (n={n}, V), got {tuple(self.q.shape)}")
+        if self.side is not None and not isinstance(self.side, SideRows):
+            raise TypeError(f"draft side rows must be a SideRows or None, got {type(self.side).__name__}")
 
     @classmethod
-    def chain(cls, tokens, q: torch.Tensor | None = None) -> Draft:
+    def chain(cls, tokens, q: torch.Tensor | None = None, side: SideRows | None = None) -> Draft:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, torch.arange(tokens.numel()) - 1, q)
+        return cls(tokens, torch.arange(tokens.numel()) - 1, q, side=side)
 
     @classmethod
     def empty(cls) -> Draft:
@@ -102,6 +109,7 @@ class VerifyOutcome:
     ``logits``: (draft_size + 1, V) the target's logits of this pass as it returned them (before processors and
     warping): row 0 at the root, row i + 1 after draft node i, every drafted node, accepted or not. For drafters
     that learn from what the target already computed (Token Recycling); a view that is only valid during ``observe``.
+    ``side_logits``: (s, V) the target's logits at the draft's side rows, in their order (None without side rows).
     """
 
     tokens: list[int]
@@ -110,6 +118,7 @@ class VerifyOutcome:
     features: torch.Tensor | None = None  # (m, H) or (m, k * H)
     feature_start: int = 0
     logits: torch.Tensor | None = None  # (draft_size + 1, V)
+    side_logits: torch.Tensor | None = None  # (s, V)
 
 
 @dataclass

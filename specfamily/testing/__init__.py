@@ -29,6 +29,7 @@ _EXPORTS = {
     "rogue_gallery": "rogues",
     "verifier_gallery": "mutants",
     "warp_gallery": "mutants",
+    "side_rows_gallery": "mutants",
     "OracleDrafter": "drafters",
     "RandomTreeDrafter": "drafters",
     "WrongDrafter": "drafters",

@@ -24,9 +24,10 @@ from importlib import import_module
 import torch
 
 from specfamily.core import sampling as core_sampling
+from specfamily.core import side_rows as core_side_rows
 from specfamily.core import verify as core_verify
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.testing.rogues import HonestChain, HonestTree
+from specfamily.testing.rogues import HonestChain, HonestSideRows, HonestTree
 
 
 @dataclass
@@ -222,4 +223,30 @@ def warp_gallery() -> list[Mutant]:
         Mutant("top_p_before_temperature", "top-p cut before the temperature is applied",
                "specfamily.core.sampling:warp", _top_p_before_temperature, HonestChain, 0.1,
                SamplingConfig(0.5, top_p=0.8), everywhere=True),
+    ]
+
+
+# --- a leaky side-row mask: a replacement for specfamily.core.side_rows.side_visibility ----------------------------
+
+def _side_rows_visible(hits: Hits) -> Callable:
+    """Every verification row (the pending tokens and the draft nodes) sees every side row, as if the side rows were
+    part of the committed context."""
+    honest = core_side_rows.side_visibility
+
+    def side_visibility(m, parents, side):
+        visible = honest(m, parents, side).clone()
+        visible[: visible.shape[0] - len(side), visible.shape[0] - len(side) :] = True
+        hits.count += 1
+        return visible
+    return side_visibility
+
+
+def side_rows_gallery() -> list[Mutant]:
+    """A mask that lets verification rows see a draft's side rows: p is then conditioned on the drafter's guesses, so
+    the text leaves the target's law (and its greedy text). Installed in ``specfamily.core.side_rows``, which
+    ``Target`` reads its side-row layouts through (use a fresh target: layouts are cached per target)."""
+    return [
+        Mutant("side_rows_visible", "verification rows see the draft's side rows",
+               "specfamily.core.side_rows:side_visibility", _side_rows_visible, HonestSideRows, 0.1,
+               SamplingConfig(1.0)),
     ]

@@ -16,6 +16,7 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
+from specfamily.core.side_rows import SideRows
 from specfamily.core.tree_merge import MergedTree, merge_drafts
 from specfamily.core.types import Draft, SamplingConfig, VerifyOutcome
 
@@ -82,6 +83,31 @@ class HonestChain(BaseDrafter):
             tokens.append(int(torch.multinomial(law, 1, generator=ctx.generator)))
             qs.append(self.reported(logits, ctx.sampling, depth, law))
         return Draft.chain(tokens, torch.stack(qs) if qs else None)
+
+
+class HonestSideRows(HonestChain):
+    """:class:`HonestChain` whose drafts also carry side rows (two branches of ``side`` guesses drawn from its own
+    generator, as a lookahead window would): lossless, since no verification row may see them (the control for the
+    side-rows gallery of ``specfamily.testing.mutants``). Checks that their logits come back, one row each."""
+
+    def __init__(self, target, gamma: int | None = 3, side: int = 8, **kw) -> None:
+        super().__init__(target, gamma, **kw)
+        self.side, self.vocab = side, target.vocab_size
+        self.guesses = torch.Generator().manual_seed(1)
+        self.sent = 0
+
+    def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
+        draft = super().propose(ctx, gamma)
+        tokens = torch.randint(0, self.vocab, (2 * self.side,), generator=self.guesses)
+        parents = [-1, *range(self.side - 1), -1, *range(self.side, 2 * self.side - 1)]
+        draft.side = SideRows.branches(tokens, parents)
+        self.sent = len(draft.side)
+        return draft
+
+    def observe(self, outcome: VerifyOutcome) -> None:
+        got = None if outcome.side_logits is None else tuple(outcome.side_logits.shape)
+        if got != (self.sent, self.vocab):
+            raise AssertionError(f"side logits of shape {got} for {self.sent} side rows")
 
 
 class LateMisreport(HonestChain):

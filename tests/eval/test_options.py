@@ -81,6 +81,7 @@ def test_unresolvable_annotations_are_not_checked():
         ("small_model", {"quantize": "8"}, "quantize"),
         ("eagle", {"top_k": "8"}, "top_k"),
         ("self_spec", {"exit_threshold": "high"}, "exit_threshold"),
+        ("lookahead", {"window": "4"}, "window"),
     ],
 )
 def test_every_registered_schema_is_checked(name, options, key):

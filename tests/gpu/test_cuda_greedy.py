@@ -34,6 +34,7 @@ DRAFTERS = {
     "rest": lambda t: sf.create_drafter("rest", t, gamma=4, datastore=_rest_datastore(t.vocab_size)),
     "merge": lambda t: sf.create_drafter("merge", t, parts=["prompt_lookup", "eagle3"], gamma=3,
                                          options={"eagle3": {"weights": "random"}}),
+    "lookahead": lambda t: sf.create_drafter("lookahead", t, gamma=3, guesses=3),
 }
 CASES: dict[tuple[str, torch.dtype], GreedyCase] = {}
 

@@ -45,6 +45,7 @@ DRAFTERS = {
                                          options={"eagle3": {"weights": "random"}}),
     "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3),
     "rest": lambda t: sf.create_drafter("rest", t, gamma=4, datastore=_rest_datastore(t.vocab_size)),
+    "lookahead": lambda t: sf.create_drafter("lookahead", t, gamma=3, guesses=3),
 }
 
 

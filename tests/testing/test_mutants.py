@@ -7,14 +7,15 @@ import torch
 
 from specfamily.core import acceptance, sampling, verify
 from specfamily.core.types import SamplingConfig
-from specfamily.testing import ConformanceError, assert_lossless, mutants
+from specfamily.testing import ConformanceError, assert_greedy_equivalent, assert_lossless, mutants
 from specfamily.testing import rogues as rogue_module
 from specfamily.testing.conformance import PROMPT, exact_distribution
-from specfamily.testing.mutants import Hits, Mutant, verifier_gallery, warp_gallery
+from specfamily.testing.mutants import Hits, Mutant, side_rows_gallery, verifier_gallery, warp_gallery
 from specfamily.testing.tiny import tiny_target
 
 VERIFIERS = verifier_gallery()
 WARPS = warp_gallery()
+SIDE_ROWS = side_rows_gallery()
 
 
 def _controls() -> list[tuple[type, float, SamplingConfig]]:
@@ -99,3 +100,23 @@ def test_a_correct_reimplementation_of_the_verifier_passes_with_the_defaults(hon
     with control.installed() as hits:
         [fit] = assert_lossless(control.factory, configs=[config])
     assert hits.count >= 1000 and not fit.untested_depths and fit.depth.deepest_verified == 3, fit.describe()
+
+
+@pytest.mark.parametrize("mutant", SIDE_ROWS, ids=lambda mutant: mutant.name)
+def test_the_kit_rejects_verification_rows_that_see_side_rows(mutant):
+    """A draft's side rows must stay invisible to its verification rows: a mask that leaks them is caught by the
+    sampled law and by greedy equality alike."""
+    with mutant.installed() as hits, pytest.raises(ConformanceError, match="not lossless under") as info:
+        assert_lossless(mutant.factory, configs=[mutant.sampling])
+    print(f"\n{mutant.name} ({mutant.bug}): {hits.count} hits; {info.value}")
+    assert hits.count > 0  # a pass shape's mask is built once and reused (Target caches layouts)
+    with mutant.installed() as hits, pytest.raises(AssertionError, match="greedy tokens differ"):
+        assert_greedy_equivalent(lambda target: mutant.drafter(target, noise=mutant.noise), families=("llama",))
+    assert hits.count > 0
+
+
+def test_the_side_rows_control_passes_with_the_real_mask():
+    [mutant] = SIDE_ROWS
+    [fit] = assert_lossless(mutant.factory, configs=[mutant.sampling])
+    assert fit.depth.deepest_verified == 3, fit.describe()
+    assert_greedy_equivalent(lambda target: mutant.drafter(target, noise=mutant.noise), families=("llama", "gpt2"))

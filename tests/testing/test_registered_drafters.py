@@ -102,6 +102,8 @@ CASES = [
     Case("rest", "tree", {"gamma": DEPTH}),
     Case("hydra", "tree", {"weights": "random", "gamma": DEPTH, "tree": medusa_tree()}),
     Case("hydra", "chain", {"weights": "random", "gamma": DEPTH, "tree": "chain"}),
+    Case("lookahead", "chain", {"gamma": DEPTH, "guesses": 1}, lambda: lookup_prompts()["chain"]),
+    Case("lookahead", "tree", {"gamma": DEPTH, "guesses": 3}, lambda: lookup_prompts()["tree"]),
 ]
 PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
 PRUNED_CASES = [
@@ -150,6 +152,8 @@ MIN_DEPTH = {
     "merge-tree": (3, 3, 3),
     "rest-tree": (1, 1, 1),  # the datastore's two continuations of the prompt, as prompt lookup's tree (no pilot)
     "recycling-tree": (2, 2, 2),  # the table learns the tiny target's successors over the samples (no pilot run)
+    "lookahead-chain": (1, 1, 1),  # d2 .37 .42 .49 (the 1389-sample runs themselves, not 300-sample pilots)
+    "lookahead-tree": (1, 1, 1),  # d2 .53 .60 .62 (likewise)
     "eagle-tree-pruned": (2, 2, 2),  # d2 .75 .74 .74
     "eagle-chain-pruned": (2, 2, 2),  # d3 .35 .29 .29
     "eagle3-tree-pruned": (2, 2, 2),  # d2 .75 .77 .74
@@ -181,6 +185,7 @@ def test_every_registered_drafter_has_a_case_in_each_of_its_modes():
     assert set(sf.list_drafters()) <= {case.name for case in CASES}
     trees = {case.name for case in CASES if case.mode == "tree"}
     assert {"prompt_lookup", "medusa", "eagle", "suffix", "recycling", "rest"} <= trees
+    assert {"prompt_lookup", "medusa", "eagle", "suffix", "lookahead"} <= trees
 
 
 def test_lookup_prompts_repeat_their_base():
