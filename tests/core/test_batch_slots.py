@@ -100,16 +100,28 @@ def test_medusa_drafts_every_slot_in_one_heads_call(code_target, code_prompts, m
     assert all(len(shape) == 2 for shape in calls)
 
 
-def _options(name):
-    return {"weights": "random"} if name == "eagle3" else {}  # the zoo ships no eagle3 weights for the code target
+def _options(name, prompts, vocab_size, tmp_path):
+    """What each family needs on the code target: random weights where the zoo ships none, a datastore for rest."""
+    if name in ("eagle3", "hydra"):
+        return {"weights": "random"}
+    if name == "merge":
+        return {"options": {"eagle3": {"weights": "random"}}}
+    if name == "rest":
+        from specfamily.drafters.rest.datastore import build_datastore
+
+        sequences = [list(p) for p in prompts] * 2
+        return {"datastore": str(build_datastore(sequences, tmp_path / "rest", vocab_size, progress=False))}
+    return {}
 
 
 @pytest.mark.parametrize("name", sf.list_drafters())
-def test_every_registered_drafter_gives_each_request_its_batch_1_greedy_text(name, code_target, code_prompts):
-    drafter = sf.create_drafter(name, code_target, **_options(name))
+def test_every_registered_drafter_gives_each_request_its_batch_1_greedy_text(name, code_target, code_prompts,
+                                                                              tmp_path):
+    options = _options(name, code_prompts, code_target.vocab_size, tmp_path)
+    drafter = sf.create_drafter(name, code_target, **options)
     reference = [sf.generate(code_target, drafter, p, max_new_tokens=16, seed=i).tokens
                  for i, p in enumerate(code_prompts)]
-    drafter = sf.create_drafter(name, code_target, **_options(name))
+    drafter = sf.create_drafter(name, code_target, **options)
     results = sf.generate_batch(code_target, drafter, code_prompts, max_new_tokens=16, max_batch=3)
     assert [r.tokens for r in results] == reference
     plain = [r.tokens for r in sf.generate_batch(code_target, None, code_prompts, max_new_tokens=16)]
