@@ -125,5 +125,5 @@ def test_the_experiment_composes_to_the_ten_fixed_shape_arms(sampling):
     for (_, _, options), (label, _, shape) in zip(arms, expected, strict=True):
         assert {key: options[key] for key in shape} == shape, label
         assert options["weights"] is None, label  # model.eagle / model.eagle3 null: the zoo's for the target
-    assert (cfg.dataset.name, cfg.dataset.max_new_tokens) == ("spec_bench", 64)
+    assert (cfg.dataset.path, cfg.dataset.max_new_tokens) == ("specfamily:spec_bench", 64)  # named after its path
     assert sampling_label(sampling_config(cfg.sampling)) == {"greedy": "greedy", "t07": "t0.7"}[sampling]

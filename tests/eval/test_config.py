@@ -34,7 +34,7 @@ def test_default_config_is_the_default_comparison(compose_config):
     assert [spec.label for spec in specs] == [PLAIN, *sf.list_drafters()]
     assert specs[0].name is None and specs[0].options == {}
     assert cfg.model.target == "zoo:smollm2"
-    small_model = {"model": None, "gamma": None, "policy": None, "dtype": None, "confidence": 0.0}
+    small_model = {"model": None, "gamma": None, "policy": None, "dtype": None, "confidence": 0.0, "quantize": 0}
     assert _options(specs, "small_model") == small_model  # model None: the zoo's draft for the target, if any
     assert sampling_config(cfg.sampling) == sf.SamplingConfig(0.0, 0, 1.0)
     dataset = DatasetSpec.from_config(cfg.dataset)

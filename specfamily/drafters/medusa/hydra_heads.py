@@ -17,6 +17,7 @@ from torch import nn
 
 from specfamily.drafters.medusa.heads import HeadsShape, ResBlock, SubsetHead, check_vocab
 from specfamily.drafters.shared.draft_vocab import DraftVocab
+from specfamily.drafters.shared.placement import built_like
 
 
 class GroundBlock(nn.Module):
@@ -124,7 +125,8 @@ def build_hydra(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> H
                          f"head {tuple(weight.shape)}")
     if getattr(lm_head, "bias", None) is not None and not shape.share_lm_head:
         raise ValueError("the target's LM head has a bias; use share_lm_head=True for this target")
-    heads = HydraHeads(shape, target.model.get_input_embeddings(), lm_head, vocab)
+    with built_like(weight.device, weight.dtype):  # on the target's device in its dtype, never a host copy first
+        heads = HydraHeads(shape, target.model.get_input_embeddings(), lm_head, vocab)
     rows = weight.detach() if heads.vocab is None else heads.vocab.head_rows(lm_head)
     with torch.no_grad():
         for head in heads.heads:

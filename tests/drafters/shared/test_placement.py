@@ -41,13 +41,17 @@ PUBLISHED = {
     "eagle": lambda: {"weights": "random"},  # EAGLE(-2) for Llama-3-8B: one decoder layer, the whole vocabulary
     "eagle3": lambda: {"weights": "random", "draft_vocab": list(range(32000))},  # EAGLE-3: 32000-token draft vocab
     "small_model": lambda: {"model": meta_llama(LLAMA32_1B)},  # Llama-3.2-1B drafting for Llama-3-8B
+    "hydra": lambda: {"weights": "random", "num_heads": 5, "layers": 1},  # Hydra's heads, Medusa-1's count
+    "lookahead": lambda: {},  # W = 4, N = 4, G = 4: no weights, side rows in the target's own pass
     "recycling": lambda: {},  # the reference's 2.2.2 template, its first nodes
     "rest": lambda: {"datastore": _datastore()},
     "merge": lambda: {"parts": ["suffix", "eagle3"],  # SAM-Decoding's pairing: a suffix index and an EAGLE head
                       "options": {"eagle3": {"weights": "random", "draft_vocab": list(range(32000))}}},
 }
-OWN_WEIGHTS = {"medusa": 5 * 4096 * (4096 + 128256), "eagle": 200_000_000, "eagle3": 200_000_000,
-               "small_model": 1_000_000_000, "merge": 200_000_000}  # at least this many drafter parameters were checked
+OWN_WEIGHTS = {  # at least this many drafter parameters were checked
+    "medusa": 5 * 4096 * (4096 + 128256), "eagle": 200_000_000, "eagle3": 200_000_000, "small_model": 1_000_000_000,
+    "merge": 200_000_000, "hydra": 5 * 4096 * 4096,
+}
 
 
 class HostFloat32(TorchDispatchMode):
