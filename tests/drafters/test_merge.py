@@ -161,7 +161,9 @@ SAMPLED = {"options": {"eagle3": {"weights": "random", "gamma": 3, "top_k": 4, "
                                   "tree_sampling": "sampled"}}}
 
 
-@pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=["t1", "t07-top_p09", "top_k5"])
+@pytest.mark.parametrize("sampling", [pytest.param(s, marks=[] if i == 1 else [pytest.mark.slow])
+                                      for i, s in enumerate(SAMPLING_MATRIX)],
+                         ids=["t1", "t07-top_p09", "top_k5"])  # t0.7/top-p by default, the rest in the slow suite
 def test_lossless_when_every_part_reports_a_sampled_q(sampling):
     """eagle3's sampled tree, then small_model's sampled chain under it: every node small_model adds beside
     eagle3's children reports its q given theirs."""

@@ -83,6 +83,7 @@ def test_quantize_heads_keeps_the_shared_head_out_of_the_state_dict():
     assert not any("lm_head" in k for k in heads.state_dict()) and keys  # the shared head is still not saved
 
 
+@pytest.mark.slow  # the int8 products are the same code as small_model's, whose lossless test runs by default
 def test_hydra_int8_is_lossless_under_sampling():
     def factory(t):
         drafter = HydraDrafter(t, weights="random", tree=TREE, quantize=8)
