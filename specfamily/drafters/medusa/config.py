@@ -24,21 +24,26 @@ class MedusaConfig:
     quantize: int = 0  # 8: the heads (and a shared LM head) with int8 weights (specfamily.drafters.shared.quantize)
 
     def __post_init__(self) -> None:
-        for name in ("num_heads", "layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.gamma is not None and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
-                                       or self.gamma < 1):
-            raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
-        for name in ("share_lm_head", "typical"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        check_heads_options(self)
+        if not isinstance(self.typical, bool):
+            raise TypeError(f"typical must be a bool, got {type(self.typical).__name__}")
         if not (isinstance(self.epsilon, (int, float)) and 0 < self.epsilon <= 1):
             raise ValueError(f"epsilon must be in (0, 1], got {self.epsilon!r}")
         if self.delta is not None and not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta)
                                            and self.delta > 0):
             raise ValueError(f"delta must be a finite number > 0, got {self.delta!r}")
-        check_bits(self.quantize)
-        if isinstance(self.tree, str) and self.tree != "chain":
-            raise ValueError(f"tree must be None, 'chain' or a list of rank paths, got {self.tree!r}")
+
+
+def check_heads_options(cfg) -> None:
+    """The checks Medusa's and Hydra's options share: head count and blocks, gamma, share_lm_head, quantize, tree."""
+    for name in ("num_heads", "layers"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if cfg.gamma is not None and (isinstance(cfg.gamma, bool) or not isinstance(cfg.gamma, int) or cfg.gamma < 1):
+        raise ValueError(f"gamma must be an integer >= 1, got {cfg.gamma!r}")
+    if not isinstance(cfg.share_lm_head, bool):
+        raise TypeError(f"share_lm_head must be a bool, got {type(cfg.share_lm_head).__name__}")
+    check_bits(cfg.quantize)
+    if isinstance(cfg.tree, str) and cfg.tree != "chain":
+        raise ValueError(f"tree must be None, 'chain' or a list of rank paths, got {cfg.tree!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specfamily.drafters.shared.quantize import check_bits
+from specfamily.drafters.medusa.config import check_heads_options
 
 
 @dataclass
@@ -20,15 +20,4 @@ class HydraConfig:
     quantize: int = 0  # 8: the heads (and a shared LM head) with int8 weights (specfamily.drafters.shared.quantize)
 
     def __post_init__(self) -> None:
-        for name in ("num_heads", "layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.gamma is not None and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
-                                       or self.gamma < 1):
-            raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
-        if not isinstance(self.share_lm_head, bool):
-            raise TypeError(f"share_lm_head must be a bool, got {type(self.share_lm_head).__name__}")
-        check_bits(self.quantize)
-        if isinstance(self.tree, str) and self.tree != "chain":
-            raise ValueError(f"tree must be None, 'chain' or a list of rank paths, got {self.tree!r}")
+        check_heads_options(self)
