@@ -21,6 +21,7 @@ from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_id
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
+from specfamily.runtime.compiled_pass import CompiledPass, compile_kind, compiled_pass
 from specfamily.runtime.kv_cache import BufferedLayer
 from specfamily.runtime.lean import LeanLlama
 from specfamily.runtime.lean_support import lean_unsupported
@@ -56,7 +57,7 @@ class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact",
-                 compile: bool = False) -> None:
+                 compile: bool | str = False) -> None:
         """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
@@ -64,6 +65,8 @@ class Target:
         fastest measured here (``specfamily.runtime.matmul``). ``self.matmul`` is the kind in use,
         ``self.matmul_choice`` the choice with auto's timings. ``compile`` (lean forward only): ``torch.compile`` the
         per-layer rope, falling back to eager where compiling fails (``specfamily.runtime.compiled``); off by default.
+        ``compile="pass"``: the decode and verify passes through one compiled graph per shape bucket
+        (``specfamily.runtime.compiled_pass``; CUDA graphs on CUDA), eager where it does not apply or fails.
         """
         check_supported(model)
         self.model = model.eval()
@@ -82,7 +85,9 @@ class Target:
         lean = fast and lean_unsupported(model) is None
         self.matmul_choice: MatmulChoice = choose_matmul(matmul, model if lean else None)  # auto's timings with it
         self.matmul: str = self.matmul_choice.kind  # the model's own forward (no lean one) multiplies exactly
-        self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul), compile) if lean else None
+        rope_only = compile_kind(compile) == "rope"
+        self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul), rope_only) if lean else None
+        self.compiled_pass: CompiledPass | None = compiled_pass(self.lean, compile)  # compile="pass"
         self.reset()
 
     @property
@@ -202,7 +207,8 @@ class Target:
         """(logits (1, >= keep, V), last hidden state after the final norm (1, q, H) or the layers' (1, q, k * H),
         or None): lean or the model."""
         if self.lean is not None and self.lean.ready():
-            return self.lean(ids, positions, mask, self.cache, keep, features)
+            taken = self.compiled_pass and self.compiled_pass(ids, positions, mask, self.cache, keep, features)
+            return taken or self.lean(ids, positions, mask, self.cache, keep, features)
         extra = {"logits_to_keep": keep} if self._keep_logits else {}
         out = self.model(
             input_ids=ids,

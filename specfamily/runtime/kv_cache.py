@@ -65,6 +65,19 @@ class BufferedLayer(DynamicLayer):
             value_buffer[:, :, :length] = self.values
         self._buffers = (key_buffer, value_buffer)
 
+    def reserve(self, needed: int, capacity: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers, grown (the entries held kept) to fit ``needed`` entries, at least ``capacity``:
+        a compiled pass (``specfamily.runtime.compiled_pass``) writes its entries into them in place. Needs the layer
+        to hold entries already (4-D ``keys``)."""
+        if not self._holds(self.keys, needed):
+            self._grow(self.keys, self.values, self.keys.shape[-2], max(needed, capacity))
+        return self._buffers
+
+    def expose(self, length: int) -> None:
+        """``keys``/``values``: the buffers' first ``length`` entries (after a pass wrote into them in place)."""
+        key_buffer, value_buffer = self._buffers
+        self.keys, self.values = key_buffer[:, :, :length], value_buffer[:, :, :length]
+
     def reset(self) -> None:
         self._buffers = None
         super().reset()
