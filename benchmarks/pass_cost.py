@@ -35,6 +35,7 @@ from specfamily.core.types import Draft
 from specfamily.runtime.matmul import linear_for
 
 KINDS = ("plain", "chain", "tree")
+COMPILED = " compiled"  # the suffix of the compiled whole pass's timings
 GROUPS = {  # profiler op name fragment -> section (first match wins)
     "stream_linear": "matmul", "linear": "matmul", "addmm": "matmul", "mm": "matmul",
     "scaled_dot_product": "attention", "_flash_attention": "attention", "bmm": "attention",
@@ -74,6 +75,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also break one kind's passes down by section")
     parser.add_argument("--profile-kind", choices=KINDS, default="tree")
     parser.add_argument("--compile", action="store_true", help="Target(compile=True), where the build has it")
+    parser.add_argument("--compile-pass", action="store_true",
+                        help="also time the same passes through Target(compile='pass') (the compiled whole pass), "
+                             "interleaved with the eager ones, and give its first-compile time and logits' difference")
     parser.add_argument("--grouped", action="store_true",
                         help="also time chain and tree passes unpacked (sdpa's grouped indexing), interleaved")
     parser.add_argument("--gb", type=float, default=0.5, help="size of the bandwidth probe tensor, GB")
@@ -94,6 +98,52 @@ def build(args: argparse.Namespace) -> tuple[Target, str]:
     rotate = target.lean.rotate if target.lean is not None else None
     state = "no lean forward" if rotate is None else "compiled" if rotate.active else f"eager: {rotate.reason}"
     return target, f"; compile: first passes {time.perf_counter() - start:.1f} s wall, {state}"
+
+
+def compiled_target(target: Target, args: argparse.Namespace, shapes: Shapes, lengths: list[int]) -> tuple[Target, str]:
+    """The same model through the compiled whole pass, its first passes of each kind run (compiling one graph per
+    fed-row bucket), and a note: their wall seconds, the graphs, and the largest logit difference from the eager
+    target over one pass of each kind at each length."""
+    compiled = Target(target.model, target.tokenizer, matmul=args.matmul, compile="pass")
+    tokens = torch.arange(1, shapes.nodes + 2)
+    started = time.perf_counter()
+    prefill(compiled, lengths[0])
+    for kind in KINDS:
+        one_pass(compiled, shapes, kind, lengths[0], tokens)
+    first = time.perf_counter() - started
+    state = compiled.compiled_pass
+    if not state.active:
+        raise SystemExit(f"--compile-pass: the compiled pass fell back to eager: {state.reason}")
+    diff = max(logit_difference(target, compiled, shapes, kind, length, tokens) for kind in KINDS for length in lengths)
+    return compiled, (f"compiled whole pass: first passes (compiling {len(state.shapes)} graphs, fed rows "
+                      f"{sorted(rows for rows, _ in state.shapes)}) {first:.1f} s wall; largest |logit difference| "
+                      f"from the eager pass {diff:.3g} (one pass of each kind at each length)")
+
+
+@torch.inference_mode()
+def logit_difference(eager: Target, compiled: Target, shapes: Shapes, kind: str, length: int,
+                     tokens: torch.Tensor) -> float:
+    """max |logits(eager) - logits(compiled)| over one pass of ``kind`` over ``length`` cached tokens."""
+    outputs = []
+    for target in (eager, compiled):
+        prefill(target, length)
+        draft = None if kind == "plain" else Draft.chain(tokens[1 : shapes.nodes + 1]) if kind == "chain" else Draft(
+            tokens[1 : shapes.nodes + 1], torch.tensor(shapes.tree_parents))
+        outputs.append(target.forward(tokens[:1], draft).logits)
+        target.commit([])
+    return float((outputs[0] - outputs[1]).abs().max())
+
+
+def compiled_table(results: dict[int, dict[str, float]], note: str) -> str:
+    """Compiled against eager ms by cache length and kind, timed interleaved in the same run."""
+    lines = ["\n" + note, "| cache L | " + " | ".join(f"{k} eager ms | {k} compiled ms | {k} compiled / eager"
+                                                     for k in KINDS) + " |", "|---:" * (1 + 3 * len(KINDS)) + "|"]
+    for length, by_kind in results.items():
+        cells = [f"{by_kind[k] * 1e3:.2f} | {by_kind[k + COMPILED] * 1e3:.2f} "
+                 f"| {by_kind[k + COMPILED] / by_kind[k]:.3f}"
+                 for k in KINDS]
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def prefill(target: Target, length: int, seed: int = 0) -> None:
@@ -127,7 +177,7 @@ def time_length(targets: dict[str, Target], shapes: Shapes, length: int, repeats
     ``targets``: "" the target, or a suffix naming another (" grouped": the same model, verify passes unpacked)."""
     for target in targets.values():
         prefill(target, length)
-    runs = [(suffix, kind) for suffix in targets for kind in KINDS if not suffix or kind != "plain"]
+    runs = [(suffix, kind) for suffix in targets for kind in KINDS if suffix in ("", COMPILED) or kind != "plain"]
     generator = torch.Generator().manual_seed(length)
     times: dict[str, list[float]] = {kind + suffix: [] for suffix, kind in runs}
     for round_ in range(repeats + 1):
@@ -228,6 +278,9 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
             raise SystemExit("--grouped: this build's lean forward does not pack verify passes")
         targets[" grouped"] = Target(target.model, target.tokenizer, matmul=args.matmul)
         targets[" grouped"].lean.pack_queries = False
+    compiled_note = ""
+    if args.compile_pass:
+        targets[COMPILED], compiled_note = compiled_target(target, args, shapes, lengths)
     results = {length: time_length(targets, shapes, length, args.repeats) for length in lengths}
     alone = {rows: products(target, rows, args.repeats) for rows in (1, args.nodes + 1)}
     out(f"{args.model}, matmul {target.matmul}, {args.threads} thread(s), {args.nodes} draft nodes "
@@ -247,6 +300,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
             chain, tree = by_kind["chain grouped"], by_kind["tree grouped"]
             out(f"| {length} | {chain * 1e3:.2f} | {tree * 1e3:.2f} | {by_kind['chain'] / chain:.3f} "
                 f"| {by_kind['tree'] / tree:.3f} |")
+    if args.compile_pass:
+        out(compiled_table(results, compiled_note))
     if args.profile:
         sections, top = profile(target, shapes, args.profile_kind, lengths[-1])
         out(f"\n{args.profile_kind} pass at L={lengths[-1]}, torch profiler, ms per pass (self CPU time):")

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # fed rows are padded up to one of these; more rows run eagerly
 SPAN_STEP = 256  # CUDA graphs: attended spans rounded up to a multiple of this (static shapes)
 CUDA_CAPACITY = 4096  # CUDA graphs: cache entries allocated once, at fixed addresses
+MAX_GRAPHS = 128  # graphs one CompiledPass may compile (CUDA: one per bucket and span) before dynamo runs it eagerly
 
 
 def bucket(rows: int, buckets: tuple[int, ...] = ROW_BUCKETS) -> int | None:
@@ -186,7 +187,8 @@ class CompiledPass:
             torch._dynamo.maybe_mark_dynamic(padded.mask, 3)
             for buffer in (*keys, *values):
                 torch._dynamo.maybe_mark_dynamic(buffer, 2)
-        hidden = compiled(padded.ids, padded.positions, padded.mask, padded.slots, keys, values)
+        with torch._dynamo.config.patch(recompile_limit=MAX_GRAPHS):  # dynamo's default, 8, is one per bucket
+            hidden = compiled(padded.ids, padded.positions, padded.mask, padded.slots, keys, values)
         for layer in layers:
             layer.expose(start + q)
         self.shapes.add((rows, span if cuda else None))
