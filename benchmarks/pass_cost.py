@@ -13,8 +13,12 @@ neighbour's load shows less than on a wall clock), and prints the median ms, the
 name, and the plain pass over the floor (bytes of the weights one pass reads / the measured read bandwidth, as
 ``benchmarks/bandwidth.py`` measures them). ``--profile`` adds the torch profiler's breakdown of one kind's passes
 at the longest length, grouped (matmul, attention, norm, rope, mask, cache, other ops, Python and dispatch).
+``--compile-pass`` times the same passes through ``Target(compile="pass")`` (the compiled whole pass) interleaved
+with the eager ones, after its first passes (whose wall time, the compile, it prints with the graphs compiled and the
+largest logit difference from the eager pass).
 
     python benchmarks/pass_cost.py --threads 1 [--model zoo:smollm2] [--matmul stream] [--lengths 128,384,768]
+        [--compile-pass]
 """
 
 from __future__ import annotations
