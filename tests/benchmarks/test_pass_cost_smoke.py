@@ -45,3 +45,15 @@ def test_the_tree_kind_commits_a_path_that_moves():
         sys.path.remove(str(BENCHMARKS))
     assert shapes.tree_parents == [-1, -1, 0, 1] and shapes.tree_path == [1, 3] and shapes.chain_path == [0, 1]
     assert all(node != i for i, node in enumerate(shapes.tree_path))
+
+
+def test_compile_pass_times_the_compiled_passes_beside_the_eager_ones(pass_cost, capsys, monkeypatch):
+    """--compile-pass's plumbing, torch.compile replaced by the identity (the graph's function runs eagerly)."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+    results = pass_cost.main(["--model", "zoo:code-target", "--matmul", "skinny", "--lengths", "16,40",
+                              "--repeats", "1", "--gb", "0.001", "--threads", "1", "--compile-pass"])
+    kinds = {*pass_cost.KINDS, *(kind + pass_cost.COMPILED for kind in pass_cost.KINDS)}
+    assert all(set(by_kind) == kinds and min(by_kind.values()) > 0 for by_kind in results.values())
+    printed = capsys.readouterr().out
+    assert "compiled whole pass: first passes (compiling 2 graphs, fed rows [1, 8])" in printed
+    assert "| cache L | plain eager ms | plain compiled ms | plain compiled / eager |" in printed
