@@ -82,6 +82,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile-pass", action="store_true",
                         help="also time the same passes through Target(compile='pass') (the compiled whole pass), "
                              "interleaved with the eager ones, and give its first-compile time and logits' difference")
+    parser.add_argument("--buckets", default=None,
+                        help="--compile-pass: fed-row buckets, comma-separated (default: the path's own, 1,2,4,...,64)")
     parser.add_argument("--grouped", action="store_true",
                         help="also time chain and tree passes unpacked (sdpa's grouped indexing), interleaved")
     parser.add_argument("--gb", type=float, default=0.5, help="size of the bandwidth probe tensor, GB")
@@ -109,6 +111,8 @@ def compiled_target(target: Target, args: argparse.Namespace, shapes: Shapes, le
     fed-row bucket), and a note: their wall seconds, the graphs, and the largest logit difference from the eager
     target over one pass of each kind at each length."""
     compiled = Target(target.model, target.tokenizer, matmul=args.matmul, compile="pass")
+    if args.buckets:
+        compiled.compiled_pass.buckets = tuple(int(x) for x in args.buckets.split(","))
     tokens = torch.arange(1, shapes.nodes + 2)
     started = time.perf_counter()
     prefill(compiled, lengths[0])
