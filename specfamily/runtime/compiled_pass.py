@@ -170,7 +170,10 @@ class CompiledPass:
             return None
         self.calls += 1
         logits = self.lean._linear(hidden[:, q - keep : q], *self.lean._head)
-        return logits, (hidden[:, :q] if features else None)
+        if not features:
+            return logits, None
+        # a CUDA graph's output is its own buffer, overwritten by the next replay: features kept by a drafter are copied
+        return logits, (hidden[:, :q].clone() if self.cuda_graphs else hidden[:, :q])
 
     def _run(self, ids, positions, mask, cache, start: int, q: int, rows: int) -> torch.Tensor:
         cuda = self.cuda_graphs
@@ -183,6 +186,7 @@ class CompiledPass:
         if cuda:
             for buffer in (*keys, *values):
                 torch._dynamo.mark_static_address(buffer)
+            torch.compiler.cudagraph_mark_step_begin()  # each pass is a new step: the last one's outputs are read
         else:
             torch._dynamo.maybe_mark_dynamic(padded.mask, 3)
             for buffer in (*keys, *values):

@@ -228,10 +228,11 @@ def test_cuda_graphs_give_the_eager_text_over_static_spans():
     target, eager = Target(model, compile="pass"), Target(model)
     assert target.compiled_pass.cuda_graphs
     prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
-    drafter = sf.create_drafter("prompt_lookup", target, gamma=4)
-    for d in (None, drafter):
-        assert sf.generate(target, d, prompt, max_new_tokens=40).tokens == sf.generate(
-            eager, None, prompt, max_new_tokens=40).tokens
+    reference = sf.generate(eager, None, prompt, max_new_tokens=40).tokens
+    lookup = sf.create_drafter("prompt_lookup", target, gamma=4)
+    eagle = sf.create_drafter("eagle", target, weights="random", gamma=3)  # keeps the pass's features: copied
+    for drafter in (None, lookup, eagle):
+        assert sf.generate(target, drafter, prompt, max_new_tokens=40).tokens == reference, drafter
     state = target.compiled_pass
     assert state.active and state.calls > 0, state.reason
     assert all(span is not None and span % SPAN_STEP == 0 for _, span in state.shapes)
