@@ -2,8 +2,8 @@
 
 ``stream_kernel()`` compiles the C++ sources (``csrc/*.cpp``) with ``torch.utils.cpp_extension.load`` (the
 machine's C++ compiler and ninja) into the user's cache (``$SPECFAMILY_CACHE``, ``$XDG_CACHE_HOME/specfamily`` or
-``~/.cache/specfamily``, under ``kernels/``, one folder per sources' text, flags, CPU, torch and Python version), one
-process at a time (a file lock), and memoises the result for the process.
+``~/.cache/specfamily``, under ``kernels/``, one folder per sources' text and location, flags, CPU, torch and Python
+version), one process at a time (a file lock), and memoises the result for the process.
 
 The kernel multiplies a packed copy of each weight (panels of 16 output rows, input-major), made on the weight's
 first product and kept on the weight object (attribute ``PACKED_ATTR``): one more copy of every weight it
@@ -119,9 +119,12 @@ def build_kernel(verbose: bool = False) -> ModuleType:
 
 def build_folder(source: Path) -> Path:
     """``<cache>/kernels/stream_linear-<digest>``: the digest of the sources (every ``.cpp`` beside ``source``), the
-    flags, the CPU, torch and Python: any change to one of them builds anew."""
+    folder they lie in, the flags, the CPU, torch and Python: any change to one of them builds anew. The folder is in
+    the key because the build's ninja file names the sources by absolute path: two checkouts sharing one build folder
+    would rebuild it in turn, each waiting on the other's lock."""
     texts = [f"{p.name}\n{p.read_text(encoding='utf-8')}" for p in kernel_sources(source)]
-    key = "\n".join((*texts, " ".join(CFLAGS), cpu_identity(), torch.__version__, sys.version))
+    where = str(source.resolve().parent)
+    key = "\n".join((*texts, where, " ".join(CFLAGS), cpu_identity(), torch.__version__, sys.version))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return _cache_root() / "kernels" / f"stream_linear-{digest}"
 
