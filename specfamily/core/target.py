@@ -327,15 +327,17 @@ def load_target(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     matmul: str = "exact",
+    compile: bool | str = False,
 ) -> Target:
-    """A Target from a built model, a ``zoo:`` name, a local folder or a hub name (``matmul``: see ``Target``)."""
+    """A Target from a built model, a ``zoo:`` name, a local folder or a hub name (``matmul``, ``compile``: see
+    ``Target``)."""
     if isinstance(name_or_model, PreTrainedModel):
         model = name_or_model
         if device is not None:
             model = model.to(device)
         if dtype is not None:
             model = model.to(dtype)
-        return Target(model, tokenizer, matmul=matmul)
+        return Target(model, tokenizer, matmul=matmul, compile=compile)
     if not isinstance(name_or_model, (str, Path)):
         raise TypeError(f"load_target takes a model name, a path or a PreTrainedModel, got {type(name_or_model)}")
     source = _resolve(name_or_model)
@@ -343,7 +345,7 @@ def load_target(
     model = _load_model(source, device, dtype)
     if tokenizer is None:
         tokenizer = _load_tokenizer(source)
-    return Target(model, tokenizer, matmul=matmul)
+    return Target(model, tokenizer, matmul=matmul, compile=compile)
 
 
 def _resolve(name: str | Path) -> str:

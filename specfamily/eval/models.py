@@ -69,8 +69,9 @@ def load_model_target(node: DictConfig, device: torch.device, tokenizer=None) ->
     dtype = parse_dtype(node.get("dtype"))
     device_map = node.get("device_map")
     matmul = str(node.get("matmul") or "exact")
+    compile = node.get("compile") or False  # false | rope | pass: Target's compile option
     if device_map is None:
-        return load_target(name, tokenizer=tokenizer, device=device, dtype=dtype, matmul=matmul)
+        return load_target(name, tokenizer=tokenizer, device=device, dtype=dtype, matmul=matmul, compile=compile)
     from transformers import AutoModelForCausalLM
 
     source = _source(name)
@@ -83,4 +84,5 @@ def load_model_target(node: DictConfig, device: torch.device, tokenizer=None) ->
         if is_local(source):
             raise
         raise unreachable_model(source, err) from None
-    return load_target(model, tokenizer=tokenizer if tokenizer is not None else _tokenizer(source), matmul=matmul)
+    return load_target(model, tokenizer=tokenizer if tokenizer is not None else _tokenizer(source), matmul=matmul,
+                       compile=compile)
