@@ -7,6 +7,7 @@ shows less; also the direct cost of one draft step: the draft's one-token forwar
 
     python benchmarks/quant_drafts.py --threads 1 --prompts 6 --tokens 48 --out docs/variants-quant.json
     python benchmarks/quant_drafts.py --drafter medusa --threads 1      # medusa / hydra heads instead
+    python benchmarks/quant_drafts.py --drafter eagle3 --threads 1      # eagle / eagle3: one layer step + head
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def step_costs(target, drafters: dict, repeats: int) -> dict:
     for arm, drafter in drafters.items():
         runner = getattr(drafter, "runner", None)
         if runner is None:
+            if hasattr(drafter, "_draft_logits"):  # eagle / eagle3: one layer step over one row and its head
+                out[arm] = statistics.median(feature_step(drafter, prompt) for _ in range(repeats))
             continue
 
         def draft_step(runner=runner):
@@ -66,6 +69,24 @@ def step_costs(target, drafters: dict, repeats: int) -> dict:
         out[arm] = statistics.median(draft_step() for _ in range(repeats))
     target.reset()
     return out
+
+
+def feature_step(drafter, prompt: list[int]) -> float:
+    """CPU seconds of one EAGLE draft step at one row: the layer over (feature, token) after a 64-pair cache, then
+    the head (the same calls a chain draft makes per depth)."""
+    from transformers import DynamicCache
+
+    width, dtype = drafter.model.hidden_size, next(drafter.model.parameters()).dtype
+    gen = torch.Generator().manual_seed(0)
+    cache = DynamicCache()
+    n = len(prompt)
+    drafter._step(torch.tensor([prompt]), torch.randn(1, n, width, generator=gen, dtype=dtype),
+                  torch.arange(n)[None], None, cache)
+    feature = torch.randn(1, 1, width, generator=gen, dtype=dtype)
+    started = time.process_time()
+    hidden = drafter._step(torch.tensor([[5]]), feature, torch.tensor([[n]]), None, cache)
+    drafter._draft_logits(hidden[0, -1])
+    return time.process_time() - started
 
 
 def main(argv: list[str] | None = None) -> int:

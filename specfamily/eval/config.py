@@ -40,6 +40,7 @@ class DrafterSpec:
     name: str | None
     options: dict[str, Any] = field(default_factory=dict)
     where: str = field(default="drafter", compare=False)  # the config key its options come from (for errors)
+    optional: bool = field(default=False, compare=False)  # drafter=all's: left out, not failed, without zoo weights
 
     @property
     def plain(self) -> bool:
@@ -102,7 +103,7 @@ def _all_specs(cfg: DictConfig, search_path: Sequence[str]) -> list[DrafterSpec]
     for name in names:
         where = f"drafter/{name}"
         options = {**_node_options(cfg, drafter_node(name, search_path), where), **shared}
-        specs.append(DrafterSpec(name, name, options, where))
+        specs.append(DrafterSpec(name, name, options, where, optional=True))
     return specs
 
 

@@ -26,9 +26,14 @@ from specfamily.zoo.prompts import PROMPT_SETS, prompt_ids, prompt_set_path
 ZOO_NAMES = names()
 
 __all__ = [
-    "KINDS", "PROMPT_SETS", "ZOO_NAMES", "ZOO_PREFIX", "Entry", "available", "catalogue", "default_weights",
-    "entry", "identify", "is_zoo_name", "prompt_ids", "prompt_set_path", "resolve", "zoo_path",
+    "KINDS", "PROMPT_SETS", "ZOO_NAMES", "ZOO_PREFIX", "Entry", "NoWeights", "available", "catalogue",
+    "default_weights", "entry", "identify", "is_zoo_name", "prompt_ids", "prompt_set_path", "resolve", "zoo_path",
 ]
+
+
+class NoWeights(ValueError):
+    """The zoo holds no default weights (or data) of a kind for this target: a drafter that needs them cannot be
+    built with its defaults here (``drafter=all`` leaves such a drafter out, saying why)."""
 
 
 def is_zoo_name(name: object) -> bool:
@@ -128,17 +133,17 @@ def default_weights(kind: str, target) -> str:
     if name is None:
         known = ", ".join(e.qualified for e in CATALOGUE if e.kind == "target")
         label = str(getattr(model, "name_or_path", "") or "TARGET")
-        raise ValueError(
+        raise NoWeights(
             f"there are no {kind} weights for this target in the zoo: it is none of the zoo's targets ({known}); "
             f"pass {info.option} to the {info.drafter} drafter, or {info.verb} them with "
             f"`{info.command.format(target=label)}`"
         )
     made = serving(kind, entry(name).name)
     if made is None:
-        raise ValueError(f"the zoo lists no {kind} weights for {name}; pass {info.option} to the {info.drafter} "
+        raise NoWeights(f"the zoo lists no {kind} weights for {name}; pass {info.option} to the {info.drafter} "
                          f"drafter, or {info.verb} them with `{info.command.format(target=name)}`")
     if not available(made.qualified):
-        raise ValueError(
+        raise NoWeights(
             f"there are no {kind} weights for {name} yet: {made.qualified} is in the zoo's catalogue but not "
             f"{info.done} yet; {info.verb} them with `{made.produce}`, or pass {info.option} to the "
             f"{info.drafter} drafter"

@@ -102,3 +102,46 @@ def test_greedy_equals_transformers(tiny_store):
 def test_lossless(tiny_store, sampling):
     [fit] = assert_lossless(lambda t: RestDrafter(t, gamma=3, datastore=tiny_store), configs=[sampling], min_depth=1)
     assert fit.passed
+
+
+def test_the_default_store_reads_the_zoo_corpus_training_split():
+    from specfamily.drafters.rest.default_store import corpus_texts
+    from specfamily.recipes.corpus import load_corpus
+
+    train = load_corpus().train
+    assert [path for path, _ in corpus_texts()] == [doc.path for doc in train]  # held-out files left out
+
+
+def test_a_zoo_target_builds_its_datastore_on_first_use_atomically(tmp_path, monkeypatch):
+    import specfamily.drafters.rest.datastore as datastore_module
+    import specfamily.drafters.rest.default_store as default_store
+
+    monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))
+    target = sf.load_target("zoo:code-target")
+    folder = tmp_path / "rest" / "code-target"
+    real = default_store.build_datastore
+
+    def interrupted(*args, **kwargs):  # written, but stopped before the move: nothing is left at the folder
+        monkeypatch.setattr(datastore_module, "_replace", lambda *a: 1 / 0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(default_store, "DEFAULT_MAX_TOKENS", 3000)
+    monkeypatch.setattr(default_store.build_default, "__defaults__", (3000, False))
+    monkeypatch.setattr(default_store, "build_datastore", interrupted)
+    with pytest.raises(ZeroDivisionError):
+        RestDrafter(target)
+    assert list(tmp_path.joinpath("rest").iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))
+    monkeypatch.setattr(default_store.build_default, "__defaults__", (3000, False))
+    drafter = sf.create_drafter("rest", target)
+    assert drafter.datastore.path == folder and (folder / "meta.json").is_file()
+    assert 3000 <= len(drafter.datastore.tokens) < 3000 + 2000  # the budget, plus one end marker per file
+    stamp = (folder / "tokens.npy").stat().st_mtime_ns
+    again = sf.create_drafter("rest", target)  # built once: the second drafter opens it
+    assert (folder / "tokens.npy").stat().st_mtime_ns == stamp and len(again.datastore.tokens) > 0
+    prompt = drafter.datastore.tokens[:40].tolist()
+    prompt = prompt[: prompt.index(-1)] if -1 in prompt else prompt
+    plain = sf.generate(target, None, prompt, max_new_tokens=12).tokens
+    result = sf.generate(target, drafter, prompt, max_new_tokens=12)
+    assert result.tokens == plain

@@ -250,3 +250,47 @@ def test_the_warm_up_runs_on_a_drafter_object_of_its_own(monkeypatch):
     runner._warm_up(plan, arm, SimpleNamespace(ids=[1, 2, 3], index=0), writer=None)
     assert len(used) == 2 and all(type(d) is type(timed) and d is not timed for d in used)
     assert arm.drafter is timed and not arm.failed
+
+
+def test_drafter_all_leaves_out_what_has_no_weights_for_this_target(tiny_pair, compose_config, tmp_path, caplog):
+    """The tiny target is no zoo target: hydra and eagle3 have no default weights and rest no datastore for it, so
+    drafter=all leaves them out, saying why, instead of recording failed arms; a drafter named alone still fails."""
+    overrides = tiny_overrides(tiny_pair, "drafter.names=[prompt_lookup,hydra,eagle3,rest]")
+    with caplog.at_level("WARNING", logger="specfamily.eval.runner"):
+        outcome = run_experiment(compose_config(overrides), tmp_path / "all")
+    records = read_records(tmp_path / "all" / "results.jsonl")
+    assert [r for r in records if isinstance(r, FailureRecord)] == [] and outcome.failed_drafters == []
+    assert len(_prompts(records, "prompt_lookup")) == len(_prompts(records, "plain")) == 3
+    left_out = [m for m in caplog.messages if m.startswith("drafter=all leaves ")]
+    assert [m.split()[2] for m in left_out] == ["hydra", "eagle3", "rest"]
+    assert "there are no hydra weights for this target in the zoo" in left_out[0]
+    alone = [o for o in tiny_overrides(tiny_pair) if not o.startswith("drafter.names")] + ["drafter=hydra"]
+    run_experiment(compose_config(alone), tmp_path / "alone")
+    [failure] = [r for r in read_records(tmp_path / "alone" / "results.jsonl") if isinstance(r, FailureRecord)]
+    assert failure.drafter == "hydra" and failure.error.startswith("NoWeights: there are no hydra weights")
+
+
+def test_drafter_all_on_the_code_target_builds_every_arm_or_leaves_it_out_by_name(compose_config, tmp_path,
+                                                                                  monkeypatch):
+    """A fresh clone's ``model=zoo drafter=all``: every arm is built (rest builds its datastore on first use), or
+    the zoo has no default weights for it here (eagle3 and hydra: none trained for the code target; merge: its
+    default eagle3 part) and the run leaves it out; nothing else fails."""
+    import specfamily as sf
+    import specfamily.drafters.rest.default_store as default_store
+    from specfamily.eval.config import drafter_specs
+    from specfamily.zoo import NoWeights
+
+    monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))  # no datastore built yet, as on a fresh clone
+    monkeypatch.setattr(default_store.build_default, "__defaults__", (3000, False))  # a small one, for speed
+    specs = [spec for spec in drafter_specs(compose_config(["model=zoo", "drafter=all"])) if not spec.plain]
+    assert {spec.name for spec in specs} == set(sf.list_drafters()) and all(spec.optional for spec in specs)
+    target = sf.load_target("zoo:code-target")
+    built, left_out = [], []
+    for spec in specs:
+        try:
+            sf.create_drafter(spec.name, target, **spec.options)
+            built.append(spec.name)
+        except NoWeights:
+            left_out.append(spec.name)
+    assert sorted(left_out) == ["eagle3", "hydra", "merge"]
+    assert {"rest", "eagle", "medusa", "small_model", "suffix"} <= set(built)

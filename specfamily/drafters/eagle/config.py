@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specfamily.drafters.shared.quantize import check_bits
+
 MODES = ("tree", "chain")
 TREE_SAMPLING = ("topk", "sampled")  # as specfamily.drafters.shared.feature_drafting.TREE_SAMPLING
 
@@ -35,6 +37,7 @@ class DraftShapeConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{self.NAME} {name} must be an integer >= 1, got {value!r}")
+        check_bits(getattr(self, "quantize", 0))
         tree_sampling = getattr(self, "tree_sampling", None)
         if tree_sampling is not None and tree_sampling not in TREE_SAMPLING:
             raise ValueError(f"{self.NAME} tree_sampling must be one of {TREE_SAMPLING}, got {tree_sampling!r}")
@@ -60,6 +63,7 @@ class EagleConfig(DraftShapeConfig):
     # tree mode at temperature > 0: "topk" (deterministic children, q = None) or "sampled" (drawn without
     # replacement from the warped q, conditional q reported); None: the measured default; greedy is always top-k
     tree_sampling: str | None = None
+    quantize: int = 0  # 8: the draft's own linears and the head it reads with int8 weights (shared/quantize.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -88,6 +92,7 @@ class Eagle3Config(DraftShapeConfig):
     draft_vocab: Any = None  # weights="random": None (the whole vocabulary) or a list of target ids
     seed: int = 0  # initialisation of weights="random"
     tree_sampling: str | None = None  # as EagleConfig's
+    quantize: int = 0  # 8: fc, the layer's projections and the own LM head with int8 weights (shared/quantize.py)
 
     NAME = "eagle3"
 

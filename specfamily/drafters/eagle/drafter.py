@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import DynamicCache
 
 from specfamily.core.drafter import BaseDrafter
@@ -36,6 +37,7 @@ from specfamily.drafters.eagle.model import DraftNetwork, EagleModel
 from specfamily.drafters.eagle.model3 import Eagle3Model
 from specfamily.drafters.eagle.tree_shape import TREE_SHAPES, default_tree_shape
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter
+from specfamily.drafters.shared.quantize import Int8Linears, causal_lm_linears
 from specfamily.runtime.matmul import linear_for
 
 DEFAULT_GAMMA = {"tree": 5, "chain": 4}  # the tree's: the device's tree shape (tree_shape.py) replaces it
@@ -57,9 +59,11 @@ class EagleFamilyDrafter(FeatureDrafter):
 
     def __init__(self, target: Target, model: DraftNetwork, calibration: dict, gamma: int | None,
                  policy: str | None, mode: str | None, top_k: int | None, total_tokens: int | None,
-                 tree_sampling: str | None = None) -> None:
+                 tree_sampling: str | None = None, quantize: int = 0) -> None:
         self.model = model
-        self.linear = linear_for(target.matmul)  # the layer and the head's single rows, multiplied as the target does
+        self.quantize = quantize
+        # the layer and the head's single rows, multiplied as the target does (or by their int8 copies)
+        self.linear = int8_linears(model) if quantize else linear_for(target.matmul)
         self.forward = fast_forward(model, self.linear)
         mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
         calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
@@ -115,10 +119,13 @@ class EagleDrafter(EagleFamilyDrafter):
         seed: int = 0,
         draft_vocab: int | str | list[int] | None = None,
         tree_sampling: str | None = None,
+        quantize: int = 0,
     ) -> None:
-        config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab, tree_sampling)
+        config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab, tree_sampling,
+                             quantize)
         model, calibration = load_eagle_weights(target, config)
-        super().__init__(target, model, calibration, gamma, policy, mode, top_k, total_tokens, tree_sampling)
+        super().__init__(target, model, calibration, gamma, policy, mode, top_k, total_tokens, tree_sampling,
+                         quantize)
 
     def _check_features(self, features: torch.Tensor | None) -> None:
         if features is None:
@@ -142,12 +149,13 @@ class Eagle3Drafter(EagleFamilyDrafter):
         draft_vocab: list[int] | None = None,
         seed: int = 0,
         tree_sampling: str | None = None,
+        quantize: int = 0,
     ) -> None:
         config = Eagle3Config(weights, gamma, policy, mode, top_k, total_tokens, layers, draft_vocab, seed,
-                              tree_sampling)
+                              tree_sampling, quantize)
         model = load_eagle3_weights(target, config)
         self.needs_features: tuple[int, ...] = target.check_feature_layers(model.shape.layers)
-        super().__init__(target, model, {}, gamma, policy, mode, top_k, total_tokens, tree_sampling)
+        super().__init__(target, model, {}, gamma, policy, mode, top_k, total_tokens, tree_sampling, quantize)
 
     def _check_features(self, features: torch.Tensor | None) -> None:
         if features is None:
@@ -159,7 +167,27 @@ class Eagle3Drafter(EagleFamilyDrafter):
                                f"got {features.shape[-1]}")
 
     def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        if self.quantize:
+            return self.linear(features, self.model.fc.weight)  # fc's int8 copy
         return self.model.fuse(features)  # (m, H) of (m, k * H): vLLM's combine_hidden_states
+
+
+def int8_linears(model: DraftNetwork) -> Int8Linears:
+    """``quantize=8``: int8 copies of the network's linear weights (fc, the layer's projections, EAGLE-3's own head)
+    and, for EAGLE-1/2, of the head rows it reads from the target (a copy: the target keeps its float head); the
+    lean layer multiplies by them, so the network must be one it runs."""
+    unsupported = lean_eagle3_unsupported if isinstance(model, Eagle3Model) else lean_eagle_unsupported
+    reason = unsupported(model)
+    if reason is not None:
+        raise ValueError(f"quantize=8 runs the draft through its lean layer, which cannot run this model: {reason}")
+    weights = causal_lm_linears(model)
+    if isinstance(model, EagleModel):
+        head = model.parts.lm_head
+        if model.head_weight is not None:
+            weights.append((model.head_weight, None))
+        elif type(head) is nn.Linear:
+            weights.append((head.weight, head.bias))
+    return Int8Linears(weights)
 
 
 def fast_forward(model: DraftNetwork, linear: Callable = F.linear) -> Callable:

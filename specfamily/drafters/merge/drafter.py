@@ -8,6 +8,7 @@ target's features it asked for (parts asking for layers get their layers out of 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,11 +17,13 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter, Drafter, hooks
 from specfamily.core.plugins import create_drafter
+from specfamily.core.policy import AutoPolicy
 from specfamily.core.schedules import ConstantPolicy
 from specfamily.core.target import Target
 from specfamily.core.tree_merge import MergedTree, merge_drafts
 from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.merge.config import DEFAULT_PARTS, MergeConfig
+from specfamily.drafters.merge.policy import PartPass, PartsPolicy
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,10 @@ def feature_plan(needs: Sequence[bool | tuple[int, ...]], names: Sequence[str]) 
 
 
 class MergeDrafter(BaseDrafter):
-    """Proposes the merge of its parts' drafts; a part's depth is the merged draft's, capped by the gamma the part
-    was given (its ``gamma`` option) or else its own default."""
+    """Proposes the merge of its parts' drafts. Without a merged gamma or policy (``auto``), each part drafts what its
+    own policy says pays (:class:`~specfamily.drafters.merge.policy.PartsPolicy`; 0: it adds nothing that pass);
+    otherwise a part's depth is the merged draft's. Either way capped by the gamma the part was given (its ``gamma``
+    option) or else its own default."""
 
     def __init__(self, target: Target, parts: Sequence[str | Drafter] = DEFAULT_PARTS, options: dict | None = None,
                  gamma: int | None = None, policy: str | None = None, min_tokens: int | None = None) -> None:
@@ -77,9 +82,12 @@ class MergeDrafter(BaseDrafter):
         self.default_gamma = max((cap for cap in self.caps if cap is not None), default=BaseDrafter.default_gamma)
         self.auto_max_gamma = None  # auto never drafts deeper than the deepest part's own depth
         super().__init__(gamma, policy)
+        if isinstance(self.policy, AutoPolicy):  # the parts decide, each with its own policy and costs
+            self.policy = PartsPolicy([part.policy for part in self.parts], self.caps, self.names)
         self.features = feature_plan([part.needs_features for part in self.parts], self.names)
         self.needs_features = self.features.needs
         self.last: MergedTree | None = None  # the latest merge, until its verification is observed
+        self.passes: list[PartPass] = []  # each part's draft and time in it
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
@@ -90,13 +98,20 @@ class MergeDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         """Every part's draft (with ``min_tokens``, a part's only while the drafts before it hold fewer tokens: a
         choice made from those drafts alone, independent of its own draws, so the merge stays exact), merged."""
-        drafts, drafted, enough = [], 0, self.config.min_tokens
-        for part, cap in zip(self.parts, self.caps, strict=True):
-            if enough is not None and drafted >= enough:
-                drafts.append(Draft.empty())  # not asked: it observes a pass it did not draft for
+        planned = self.policy.take() if isinstance(self.policy, PartsPolicy) else None
+        gammas = [gamma if cap is None else min(gamma, cap) for cap in self.caps]
+        if planned is not None:  # each part's own length (decided before anything was drawn this pass)
+            gammas = [min(own, part_gamma) for own, part_gamma in zip(planned, gammas, strict=True)]
+        self.passes, drafted, enough = [], 0, self.config.min_tokens
+        for part, part_gamma in zip(self.parts, gammas, strict=True):
+            if part_gamma <= 0 or (enough is not None and drafted >= enough):
+                self.passes.append(PartPass(Draft.empty()))  # not asked: it observes a pass it did not draft for
                 continue
-            drafts.append(part.propose(ctx, gamma if cap is None else min(gamma, cap)))
-            drafted += len(drafts[-1])
+            started = time.perf_counter()
+            part_draft = part.propose(ctx, part_gamma)
+            self.passes.append(PartPass(part_draft, time.perf_counter() - started))
+            drafted += len(part_draft)
+        drafts = [own.draft for own in self.passes]
         self.last = merge_drafts(drafts, ctx.target.vocab_size)
         draft = self.last.draft
         draft.catch_up_seconds = sum(part_draft.catch_up_seconds for part_draft in drafts)
@@ -105,11 +120,15 @@ class MergeDrafter(BaseDrafter):
     def observe(self, outcome: VerifyOutcome) -> None:
         """Each part observes the verification as if it had drafted alone (what of its tree was accepted)."""
         merged, self.last = self.last, None
+        paths = []
         for k, part in enumerate(self.parts):
             path = [] if merged is None else merged.part_path(k, outcome.accepted_nodes)
             size = 0 if merged is None else len(merged.at[k])
             features = self.features.part_features(k, outcome.features)
             part.observe(VerifyOutcome(outcome.tokens, path, size, features, outcome.feature_start))
+            paths.append(path)
+        if isinstance(self.policy, PartsPolicy) and merged is not None:
+            self.policy.report_parts(self.passes, paths)
 
     def end(self) -> None:
         self.last = None

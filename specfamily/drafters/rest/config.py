@@ -15,8 +15,9 @@ def _check_int(value: object, name: str, minimum: int) -> None:
 class RestConfig:
     """Retrieval from a datastore of text (:func:`~specfamily.drafters.rest.datastore.build_datastore`).
 
-    ``datastore``: the folder of a built datastore; null: the one the recipe builds for a zoo target
-    (``python -m specfamily.recipes.rest_datastore``, in the specfamily cache). The longest suffix of the context of
+    ``datastore``: the folder of a built datastore; null: the zoo target's own (in the specfamily cache), built on
+    first use from the zoo corpus (``specfamily.drafters.rest.default_store``; or ahead of time with
+    ``python -m specfamily.recipes.rest_datastore``). The longest suffix of the context of
     ``min_span``..``max_span`` tokens (reference: 2..16) that occurs in it is looked up; the ``continuation`` tokens
     (reference: 10) after up to ``max_matches`` of its occurrences (reference: 5000, from a GPU; fewer keep a CPU
     pass cheap) are counted, and the ``max_tree_size`` most frequent prefixes (reference: 64) form the token tree.

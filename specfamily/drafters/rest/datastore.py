@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +51,12 @@ def suffix_array(data: np.ndarray, progress: bool = False) -> np.ndarray:
 
 def build_datastore(sequences: Iterable[list[int]], path: str | os.PathLike, vocab_size: int, source: str = "",
                     progress: bool = True) -> Path:
-    """Write a datastore of ``sequences`` (token ids < ``vocab_size``) to the folder ``path``; returns it."""
+    """Write a datastore of ``sequences`` (token ids < ``vocab_size``) to the folder ``path``; returns it.
+
+    Atomic: written into a sibling folder that then replaces ``path``, so an interrupted build leaves nothing half
+    written there (the old datastore, if any, or none); when another process finished the same folder first, its
+    datastore is kept."""
     folder = Path(path)
-    (folder / "meta.json").unlink(missing_ok=True)  # a half-rebuilt folder reads as no datastore
     chunks, count = [], 0
     for seq in tqdm(sequences, desc="datastore", unit="seq", disable=not progress):
         ids = np.asarray(seq, dtype=np.int64)
@@ -61,13 +66,31 @@ def build_datastore(sequences: Iterable[list[int]], path: str | os.PathLike, voc
         count += 1
     data = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
     suffixes = suffix_array(data, progress).astype(np.int32 if len(data) < 2**31 else np.int64)
-    folder.mkdir(parents=True, exist_ok=True)
-    np.save(folder / "tokens.npy", data)
-    np.save(folder / "suffixes.npy", suffixes)
     meta = {"format": FORMAT, "vocab_size": vocab_size, "sequences": count, "tokens": int(len(data) - count),
             "source": source}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")  # written last: its presence = complete
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        np.save(partial / "tokens.npy", data)
+        np.save(partial / "suffixes.npy", suffixes)
+        (partial / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        _replace(partial, folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return folder
+
+
+def _replace(partial: Path, folder: Path) -> None:
+    """Move the complete ``partial`` folder to ``folder``, replacing what was there."""
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        os.replace(folder, old)
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.replace(partial, folder)
+    except OSError:
+        if not (folder / "meta.json").is_file():  # not a datastore another build just finished
+            raise
 
 
 @dataclass

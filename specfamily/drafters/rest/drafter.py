@@ -19,6 +19,7 @@ from specfamily.core.target import Target
 from specfamily.core.types import Draft
 from specfamily.drafters.rest.config import RestConfig
 from specfamily.drafters.rest.datastore import Datastore
+from specfamily.drafters.rest.default_store import build_default
 from specfamily.drafters.rest.retrieve import continuations, frequent_tree
 
 
@@ -28,7 +29,7 @@ def default_datastore(target: Target) -> Path:
 
     name = zoo.identify(target)
     if name is None:
-        raise ValueError("rest needs datastore=PATH for a target outside the zoo (build one with "
+        raise zoo.NoWeights("rest needs datastore=PATH for a target outside the zoo (build one with "
                          "specfamily.drafters.rest.datastore.build_datastore)")
     bare = name.removeprefix(zoo.ZOO_PREFIX)
     return cache_root() / "rest" / bare
@@ -60,6 +61,8 @@ class RestDrafter(BaseDrafter):
             if target is None:
                 raise ValueError("rest needs a target or datastore=PATH")
             datastore = default_datastore(target)
+            if not (datastore / "meta.json").is_file():  # first use for this zoo target: build it, once
+                build_default(datastore, target.tokenizer, target.vocab_size)
         self.datastore = Datastore.open(datastore)
         if target is not None and self.datastore.vocab_size > target.vocab_size:
             raise ValueError(f"datastore {datastore} holds token ids < {self.datastore.vocab_size}; the target's "

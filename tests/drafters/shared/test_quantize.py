@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import specfamily as sf
+from specfamily.drafters.eagle.drafter import Eagle3Drafter, EagleDrafter
 from specfamily.drafters.medusa.drafter import MedusaDrafter
 from specfamily.drafters.medusa.hydra_drafter import HydraDrafter
 from specfamily.drafters.shared.quantize import Int8Linears, check_bits, int8_linear, quantize_heads
@@ -90,3 +91,54 @@ def test_hydra_int8_is_lossless_under_sampling():
         return drafter
 
     assert_lossless(factory, configs=SAMPLING_MATRIX[:1], min_depth=2)
+
+
+def _int8_products(drafter) -> list[int]:
+    """Storage keys of the weights the drafter's int8 products hold."""
+    return sorted(drafter.linear._table)
+
+
+@pytest.mark.parametrize("cls", [EagleDrafter, Eagle3Drafter])
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_eagle_int8_multiplies_every_draft_weight_in_int8_and_stays_exact(cls, mode):
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    head = target.model.get_output_embeddings().weight
+    before = head.clone()
+    drafter = cls(target, weights="random", mode=mode, gamma=3, top_k=3, total_tokens=6, quantize=8)
+    linears = [m.weight.data_ptr() for m in drafter.model.modules() if type(m) is nn.Linear]
+    own_head = [head.data_ptr()] if cls is EagleDrafter else []  # eagle reads the target's head: an int8 copy
+    assert isinstance(drafter.linear, Int8Linears) and _int8_products(drafter) == sorted(linears + own_head)
+    assert drafter.forward.__name__ == "<lambda>"  # the lean layer, which multiplies through drafter.linear
+    plain = sf.generate(target, None, PROMPT, max_new_tokens=24).tokens
+    result = sf.generate(target, drafter, PROMPT, max_new_tokens=24)
+    assert result.tokens == plain and result.metrics.draft_steps > 0
+    assert torch.equal(head, before) and type(target.model.get_output_embeddings()) is nn.Linear
+
+
+def test_eagle_int8_drafts_differ_from_float_drafts():
+    """The int8 products are the ones drafting: the draft logits move off the float ones (by a little)."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    gen, dtype = torch.Generator().manual_seed(0), target.model.dtype
+    hidden = torch.randn(4, target.model.config.hidden_size, generator=gen, dtype=dtype)
+    float_drafter = Eagle3Drafter(target, weights="random", seed=3)
+    int8_drafter = Eagle3Drafter(target, weights="random", seed=3, quantize=8)
+    exact, int8 = float_drafter._draft_logits(hidden), int8_drafter._draft_logits(hidden)
+    assert not torch.equal(exact, int8) and (exact - int8).abs().max() < 0.05 * exact.abs().max()
+    features = torch.randn(2, int8_drafter.model.fc.in_features, generator=gen, dtype=dtype)
+    assert not torch.equal(float_drafter._fuse(features), int8_drafter._fuse(features))
+
+
+def test_eagle_int8_needs_the_lean_layer():
+    target = tiny_target("gpt2", vocab_size=64)
+    with pytest.raises(ValueError, match="quantize=8 runs the draft through its lean layer, which cannot run this "
+                                         "model: family 'gpt2'"):
+        EagleDrafter(target, weights="random", quantize=8)
+    with pytest.raises(ValueError, match="quantize must be 0"):
+        Eagle3Drafter(target, weights="random", quantize=4)
+
+
+@pytest.mark.parametrize("cls", [EagleDrafter, Eagle3Drafter])
+def test_eagle_int8_chain_is_lossless_under_sampling(cls):
+    [fit] = assert_lossless(lambda t: cls(t, weights="random", mode="chain", gamma=2, quantize=8),
+                            configs=SAMPLING_MATRIX[:1], min_depth=2)
+    assert fit.depth.deepest_verified >= 2

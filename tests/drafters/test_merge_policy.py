@@ -1,0 +1,114 @@
+"""merge's per-part draft lengths (specfamily.drafters.merge.policy): each part's own policy decides for its part, and
+hears its own share of each pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.core.policy import AutoPolicy
+from specfamily.core.schedules import ConstantPolicy
+from specfamily.core.types import Draft
+from specfamily.drafters.merge.drafter import MergeDrafter
+from specfamily.drafters.merge.policy import PartPass, PartsPolicy, part_report, shares
+from specfamily.testing import tiny_target
+
+LOOKUP_PROMPT = (1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3)
+
+
+def _chain(n: int, catch_up: float = 0.0) -> Draft:
+    draft = Draft(torch.arange(n), torch.arange(n) - 1)
+    draft.catch_up_seconds = catch_up
+    return draft
+
+
+class Spy(ConstantPolicy):
+    """A constant policy that keeps every update it hears."""
+
+    def __init__(self, gamma: int) -> None:
+        super().__init__(gamma)
+        self.heard: list[tuple] = []
+
+    def update(self, proposed, accepted, c=None, tokens=None, verified=None, overhead=None) -> None:
+        self.heard.append((proposed, accepted, c, tokens, verified, overhead))
+
+
+def test_shares_split_the_draft_time_without_catch_up_and_the_catch_up():
+    passes = [PartPass(_chain(2), 0.001), PartPass(_chain(3, catch_up=0.004), 0.013), PartPass(Draft.empty())]
+    flat = [share for pair in shares(passes) for share in pair]
+    assert flat == pytest.approx([0.1, 0.0, 0.9, 1.0, 0.0, 0.0])
+
+
+def test_a_part_s_report_is_its_own_depth_path_and_share_of_c():
+    own = PartPass(_chain(4), 0.01)
+    report = part_report(own, [0, 1], (0.5, 0.25), pass_c=0.8, pass_overhead=0.4, cost_ratio=1.5)
+    assert (report.proposed, report.accepted, report.tokens, report.verified) == (4, 2, 4, 3)
+    assert report.c == pytest.approx(0.8 * 0.5 / 4 * 1.5) and report.overhead == pytest.approx(0.4 * 0.25 * 1.5)
+    idle = part_report(PartPass(Draft.empty()), [], (0.0, 0.0), 0.8, 0.4, 1.0)
+    assert (idle.proposed, idle.c, idle.overhead, idle.verified) == (0, None, None, 0)
+
+
+def test_each_part_hears_its_own_part_of_the_merged_pass():
+    cheap, dear = Spy(3), Spy(2)
+    policy = PartsPolicy([cheap, dear], [3, 2], ["suffix", "eagle3"])
+    assert policy.next_gamma() == 3 and policy.take() == [3, 2] and policy.take() is None
+    # the merged pass: depth 3, 5 tokens, c 0.2 (draft seconds per depth over the verification's)
+    policy.update(3, 2, c=0.2, tokens=5, verified=3, overhead=None)
+    policy.report_parts([PartPass(_chain(3), 0.0001), PartPass(_chain(2), 0.0099)], [[0, 1], []])
+    (p1, a1, c1, t1, v1, o1), (p2, a2, c2, t2, v2, o2) = cheap.heard[0], dear.heard[0]
+    assert (p1, a1, t1, v1, o1) == (3, 2, 3, 3, None) and (p2, a2, t2, v2, o2) == (2, 0, 2, 1, None)
+    assert c1 == pytest.approx(0.6 * 0.01 / 3) and c2 == pytest.approx(0.6 * 0.99 / 2)  # no curve bound: ratio 1
+    policy.report_parts([PartPass(_chain(3)), PartPass(_chain(2))], [[], []])  # nothing kept: nothing told
+    assert len(cheap.heard) == len(dear.heard) == 1
+
+
+def _auto(gamma: int) -> AutoPolicy:
+    policy = AutoPolicy(gamma, max_gamma=gamma, probe_every=1000, max_probe_every=1000)
+    policy.bind(lambda tokens: 1.0 + 0.02 * tokens)
+    return policy
+
+
+def test_a_part_whose_drafts_do_not_pay_drafts_nothing_while_a_cheap_one_goes_on():
+    """The failure this module fixes: one policy for the merge saw the dear part's cost and cut the free part too."""
+    free, dear = _auto(3), _auto(3)
+    policy = PartsPolicy([free, dear], [3, 3], ["suffix", "eagle3"])
+    for _ in range(12):
+        planned = (policy.next_gamma(), policy.take())[1]
+        depth = max(planned)
+        if not depth:
+            continue
+        passes = [PartPass(_chain(planned[0]), 0.0001), PartPass(_chain(planned[1]), 0.05)]
+        policy.update(depth, 2, c=0.05 / depth / 0.03, tokens=sum(planned), verified=3)
+        policy.report_parts(passes, [[0, 1] if planned[0] else [], []])  # the free part's drafts are accepted
+    policy.next_gamma()
+    free_gamma, dear_gamma = policy.take()
+    assert free_gamma >= 2 and dear_gamma == 0
+    assert "suffix: drafted in 100% of passes" in policy.describe() and "eagle3: drafted in" in policy.describe()
+
+
+def test_merge_at_its_defaults_lets_each_part_decide_and_stays_greedy_identical():
+    target = tiny_target("llama")
+    options = {"eagle3": {"weights": "random", "total_tokens": 8}}
+    drafter = sf.create_drafter("merge", target, parts=["prompt_lookup", "eagle3"], options=options)
+    assert isinstance(drafter, MergeDrafter) and isinstance(drafter.policy, PartsPolicy)
+    assert drafter.policy.policies == [part.policy for part in drafter.parts]
+    seen = []
+    propose = drafter.propose
+
+    def spy(ctx, gamma):
+        draft = propose(ctx, gamma)
+        seen.append([len(own.draft) for own in drafter.passes])
+        return draft
+
+    drafter.propose = spy
+    plain = sf.generate(target, None, list(LOOKUP_PROMPT), max_new_tokens=24).tokens
+    result = sf.generate(target, drafter, list(LOOKUP_PROMPT), max_new_tokens=24)
+    assert result.tokens == plain and seen and any(sizes[0] for sizes in seen)
+    assert "prompt_lookup: " in result.metrics.policy_note and "eagle3: " in result.metrics.policy_note
+
+
+def test_a_merged_gamma_keeps_one_policy_for_the_merge():
+    target = tiny_target("llama")
+    drafter = sf.create_drafter("merge", target, parts=["prompt_lookup"], gamma=3)
+    assert isinstance(drafter.policy, ConstantPolicy)
