@@ -6,6 +6,7 @@ import torch
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
+from specfamily.core.types import Draft
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
 
 
@@ -213,3 +214,39 @@ def test_arrivals_do_not_change_the_text_of_any_request():
                                arrivals=[3.0, 0.0, 1.0, 1.0, 0.5], clock=LoopClock(clock.now, clock.sleep))
     assert [r.tokens for r in spread] == [r.tokens for r in at_once]
     assert len(clock.sleeps) >= 1  # the fake clock only moves when the loop waits: every arrival was waited for
+
+
+class FlawedOracle(OracleDrafter):
+    """The target's greedy continuation with every 4th position's token wrong: passes accept 0 to gamma tokens."""
+
+    def propose(self, ctx, gamma):
+        draft = super().propose(ctx, gamma)
+        position = len(ctx.tokens)
+        wrong = [(t + 1) % 64 if (position + i) % 4 == 3 else t for i, t in enumerate(draft.tokens.tolist())]
+        return Draft.chain(wrong)
+
+
+@pytest.mark.parametrize("max_batch", [2, None])
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_a_batched_request_traces_the_passes_its_batch_1_run_makes(max_batch, kind):
+    """At temperature 0 each request's trace (drafts, accepted paths, bonus tokens, kept counts) is its batch-1 trace;
+    times are the batch pass's, one per pass, non-decreasing."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    tree = RandomTreeDrafter(target, gamma=3, nodes=6)
+    drafter = FlawedOracle(target, gamma=3, horizon=32) if kind == "chain" else tree
+    prompts = _prompts(64, 4, seed=4)
+    alone = [sf.generate(target, drafter, p, max_new_tokens=14, seed=i).trace for i, p in enumerate(prompts)]
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=14, max_batch=max_batch, trace=True)
+    columns = ("draft_tokens", "parents", "accepted", "bonus", "kept")
+    for result, reference in zip(results, alone, strict=True):
+        assert {c: getattr(result.trace, c) for c in columns} == {c: getattr(reference, c) for c in columns}
+        assert len(result.trace) == result.metrics.target_passes > 1
+        assert result.trace.end_seconds == sorted(result.trace.end_seconds)
+        assert result.metrics.time_to_first_token == result.trace.end_seconds[0]
+    if kind == "chain":  # its passes accepted every length, none to all
+        assert sorted({len(a) for r in results for a in r.trace.accepted[1:]}) == [0, 1, 2, 3]
+    else:  # every pass after the prefill verified a whole tree, but a last one the budget left no room to draft in
+        assert {len(tokens) for r in results for tokens in r.trace.draft_tokens[1:]} == {0, 6}
+    untraced = sf.generate_batch(target, drafter, prompts, max_new_tokens=14, max_batch=max_batch, trace=False)
+    assert [r.trace for r in untraced] == [None] * 4
+    assert [r.tokens for r in untraced] == [r.tokens for r in results]
