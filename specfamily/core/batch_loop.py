@@ -18,13 +18,14 @@ are the batch pass's: the proposal time shared among the slots that drafted, the
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
+from specfamily.core.batch_policy import BatchPolicy
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -35,6 +36,7 @@ from specfamily.core.loop import (
     _check_request,
     _depth,
     _outcome,
+    _planning_clock,
     _report,
     _tokens_at,
     _verified,
@@ -42,7 +44,7 @@ from specfamily.core.loop import (
     truncate,
 )
 from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.policy import policy_hooks
+from specfamily.core.policy import AutoPolicy, policy_hooks
 from specfamily.core.target import Target
 from specfamily.core.trace import TraceRecorder
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig
@@ -97,11 +99,13 @@ def generate_batch(
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
     arrived = check_arrivals(arrivals, len(ids))
+    planning = clock.now if clock is not None else _planning_clock(target.device)  # times t(B, n) for the policy
     clock = LoopClock(device_clock(target.device)) if clock is None else clock
     if max_batch == 1 or len(ids) <= 1 or max_new_tokens == 0:
         return _one_by_one(target, drafter, ids, max_new_tokens, sampling, seed, arrived, trace, clock)
     capacity = max(len(p) for p in ids) + max_new_tokens + 64
-    batch = _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity, clock)
+    batch = _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity, clock,
+                   planning or clock.now)
     return batch.run(ids, arrived, trace)
 
 
@@ -125,11 +129,14 @@ class _Batch:
     """The loop's state: the batch target, the live requests (slot = position in ``live``), the results."""
 
     def __init__(self, target: Target, drafter: Drafter | None, sampling: SamplingConfig, seed: int, budget: int,
-                 slots: int, capacity: int, clock: LoopClock) -> None:
+                 slots: int, capacity: int, clock: LoopClock, cost_clock: Callable[[], float]) -> None:
         self.target, self.prototype, self.sampling, self.seed, self.budget = target, drafter, sampling, seed, budget
         self.batch = BatchTarget(target, slots, capacity)
         self.loop_clock, self.clock = clock, clock.now
+        self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
         self.origin, self.trace = 0.0, True
+        by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
+        self.load = BatchPolicy() if by_load else None
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
@@ -179,9 +186,11 @@ class _Batch:
     def _step(self, lo: int) -> None:
         """One pass over live slots ``lo:``: propose, one target forward, then verify and commit each request."""
         group = self.live[lo:]
-        gammas = [self._gamma(r) for r in group]
+        steady = self.load is not None and all(r.prefilled for r in group)  # lo == 0: no newcomer's prefill
+        gammas = self._load_gammas(group) if steady else [self._gamma(r) for r in group]
+        c0 = self.cost_clock()
         drafts, draft_seconds = self._propose(group, gammas)
-        t1 = self.clock()
+        c1, t1 = self.cost_clock(), self.clock()
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
         outs = self.batch.forward(lo, feeds, self.features)
         verdicts = []
@@ -190,7 +199,10 @@ class _Batch:
                                              request.ctx.generator)
             self.batch.commit(slot, accepted)
             verdicts.append((accepted, next_token))
-        t2 = self.clock()
+        t2, c2 = self.clock(), self.cost_clock()
+        if steady and all(d.side is None for d in drafts):
+            fed = 1 + max(len(d) for d in drafts)
+            self.load.timed(len(group), fed, max(_depth(d) for d in drafts), c1 - c0, c2 - c1)
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
@@ -198,7 +210,18 @@ class _Batch:
     def _gamma(self, request: _Request) -> int:
         if request.drafter is None:
             return 0
-        return max(0, min(request.drafter.policy.next_gamma(), self.budget - len(request.new_tokens) - 1))
+        return self._capped(request, request.drafter.policy.next_gamma())
+
+    def _capped(self, request: _Request, gamma: int) -> int:
+        """``gamma``, cut so that no pass drafts past the request's token budget."""
+        return max(0, min(gamma, self.budget - len(request.new_tokens) - 1))
+
+    def _load_gammas(self, group: list[_Request]) -> list[int]:
+        """The batch policy's draft length for this load, from each request's own acceptance estimate."""
+        policies = [r.drafter.policy for r in group]
+        explore = min(min(p.gamma, p.max_gamma) for p in policies)
+        gamma = self.load.gamma([p.acceptance() for p in policies], max(p.width for p in policies), explore)
+        return [self._capped(r, gamma) for r in group]
 
     def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
@@ -256,6 +279,8 @@ class _Batch:
         drafter = request.drafter
         lossy = bool(drafter is not None and drafter.lossy)
         note = policy_hooks(drafter.policy).describe() if drafter is not None else ""
+        if self.load is not None:
+            note = f"{note}; {self.load.describe()}"
         now = self.clock()
         metrics = request.recorder.finish(len(request.new_tokens), now - request.started, lossy=lossy,
                                           policy_note=note)
