@@ -250,3 +250,19 @@ def test_a_batched_request_traces_the_passes_its_batch_1_run_makes(max_batch, ki
     untraced = sf.generate_batch(target, drafter, prompts, max_new_tokens=14, max_batch=max_batch, trace=False)
     assert [r.trace for r in untraced] == [None] * 4
     assert [r.tokens for r in untraced] == [r.tokens for r in results]
+
+
+def test_plain_batched_decoding_under_the_stream_kernel_is_each_requests_generate_text():
+    """The fast path of plain batched decoding (the lean forward multiplying by the batch-invariant stream kernel)
+    gives each request what ``generate`` gives it under the same kind, with ragged prompts and continuous batching."""
+    from specfamily.runtime import kernel
+
+    if not kernel.stream_kernel().available:
+        pytest.skip(f"stream kernel unavailable: {kernel.stream_kernel().reason}")
+    target = sf.load_target(tiny_model("llama", vocab_size=64, spread=1.0, dtype=torch.float32), matmul="stream")
+    assert target.matmul == "stream" and target.lean is not None and target.lean.ready()
+    prompts = _prompts(64, 6, seed=5)
+    alone = [sf.generate(target, None, p, max_new_tokens=10).tokens for p in prompts]
+    for max_batch in (None, 4):
+        results = sf.generate_batch(target, None, prompts, max_new_tokens=10, max_batch=max_batch)
+        assert [r.tokens for r in results] == alone
