@@ -6,7 +6,9 @@ tokens) are decoded greedily, ``--max-new-tokens`` each:
 - ``hf``: transformers' ``generate`` on the left-padded batch (the model's own forward, F.linear);
 - ``plain/<kind>``: ``sf.generate_batch(target, None, prompts)`` with the target's lean forward multiplying by
   ``<kind>`` (``--kinds``: exact = F.linear, bit-identical to transformers; stream = the packed C++ kernel; ...);
-- at B=1 also ``generate/<kind>``: ``sf.generate`` itself (``generate_batch`` of one prompt must cost what it costs).
+- at B=1 also ``generate/<kind>``: ``sf.generate`` itself (``generate_batch`` of one prompt must cost what it costs);
+- ``<drafter>/<kind>`` for each of ``--drafters``: a fresh drafter at its defaults through ``generate_batch``
+  (its creation not timed).
 
 Arms interleaved within each round (the order rotating), ``--rounds`` rounds, CPU time of this process (one thread:
 immune to other processes on the cores). Printed: each arm's median tokens/s, its ratio to ``hf`` per round (median,
@@ -28,18 +30,35 @@ from common import quiet_transformers, set_threads, spec_bench_prompts
 import specfamily as sf
 
 
-def arms(model, tokenizer, kinds: list[str], batch: int, prompts: list[list[int]], n: int) -> dict:
-    """name -> a callable that decodes ``prompts`` and returns each request's new tokens."""
+def timed(run) -> tuple[float, list[list[int]]]:
+    """(CPU seconds of ``run()``, its tokens)."""
+    start = time.process_time()
+    tokens = run()
+    return time.process_time() - start, tokens
+
+
+def arms(model, tokenizer, kinds: list[str], batch: int, prompts: list[list[int]], n: int,
+         drafters: tuple[str, ...] = ()) -> dict:
+    """name -> a callable that decodes ``prompts`` and returns (CPU seconds, each request's new tokens)."""
     eos = sf.load_target(model, tokenizer=tokenizer).eos_token_ids
-    found = {"hf": lambda: hf_batch(model, prompts, n, eos)}
+    found = {"hf": lambda: timed(lambda: hf_batch(model, prompts, n, eos))}
     for kind in kinds:
         target = sf.load_target(model, tokenizer=tokenizer, matmul=kind)
-        found[f"plain/{kind}"] = lambda t=target: [r.tokens for r in sf.generate_batch(t, None, prompts, n,
-                                                                                         trace=False)]
+        found[f"plain/{kind}"] = lambda t=target: timed(lambda: [r.tokens for r in sf.generate_batch(
+            t, None, prompts, n, trace=False)])
         if batch == 1:
-            found[f"generate/{kind}"] = lambda t=target: [sf.generate(t, None, p, n, trace=False).tokens
-                                                          for p in prompts]
+            found[f"generate/{kind}"] = lambda t=target: timed(lambda: [sf.generate(t, None, p, n, trace=False).tokens
+                                                                        for p in prompts])
+        for name in drafters:
+            found[f"{name}/{kind}"] = lambda t=target, name=name: drafted(t, name, prompts, n)
     return found
+
+
+def drafted(target, name: str, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
+    """A fresh drafter at its defaults (made before the clock starts: nothing learnt in an earlier round), through
+    ``generate_batch``."""
+    drafter = sf.create_drafter(name, target)
+    return timed(lambda: [r.tokens for r in sf.generate_batch(target, drafter, prompts, n, trace=False)])
 
 
 def measure(found: dict, rounds: int) -> dict[str, list[tuple[float, list[list[int]]]]]:
@@ -50,9 +69,7 @@ def measure(found: dict, rounds: int) -> dict[str, list[tuple[float, list[list[i
     times: dict[str, list] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            start = time.process_time()
-            tokens = found[name]()
-            times[name].append((time.process_time() - start, tokens))
+            times[name].append(found[name]())
     return times
 
 
@@ -78,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--kinds", default="exact,stream")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--drafters", default="", help="comma-separated drafters at their defaults (default: none)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--max-prompt-tokens", type=int, default=32)
     args = parser.parse_args(argv)
@@ -87,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts, _ = spec_bench_prompts(3, base.tokenizer)
     prompts = [p[-args.max_prompt_tokens :] for p in prompts]
     for batch in (int(b) for b in args.batches.split(",")):
-        found = arms(base.model, base.tokenizer, args.kinds.split(","), batch, prompts[:batch], args.max_new_tokens)
+        drafters = tuple(args.drafters.split(",")) if args.drafters else ()
+        found = arms(base.model, base.tokenizer, args.kinds.split(","), batch, prompts[:batch], args.max_new_tokens,
+                     drafters)
         print("\n".join(report(batch, measure(found, args.rounds))), flush=True)
     return 0
 

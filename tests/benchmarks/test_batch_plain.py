@@ -27,8 +27,8 @@ def plain_module(monkeypatch):
 def test_every_arm_decodes_transformers_texts_and_is_reported(plain_module, batch):
     model = tiny_model("llama", vocab_size=32, spread=1.0)  # float64: padding cannot flip a near-tie
     prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]][:batch]
-    found = plain_module.arms(model, None, ["exact"], batch, prompts, 5)
-    assert list(found) == ["hf", "plain/exact"] + (["generate/exact"] if batch == 1 else [])
+    found = plain_module.arms(model, None, ["exact"], batch, prompts, 5, drafters=("prompt_lookup",))
+    assert list(found) == ["hf", "plain/exact"] + (["generate/exact"] if batch == 1 else []) + ["prompt_lookup/exact"]
     times = plain_module.measure(found, rounds=2)
     assert all(len(rounds) == 2 and rounds[0][1] == times["hf"][0][1] for rounds in times.values())
     lines = plain_module.report(batch, times)
