@@ -25,7 +25,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_policy import BatchPolicy
+from specfamily.core.batch_policy import BatchPolicy, proposing
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -68,6 +68,8 @@ class _Request:
     recorder: MetricsRecorder = field(default_factory=MetricsRecorder)
     new_tokens: list[int] = field(default_factory=list)
     prefilled: bool = False
+    asked: int = 0  # steady passes its drafter was asked for tokens, and of those
+    given: int = 0  # the ones it proposed some in (prompt lookup and suffix often find nothing to propose)
     drafted_before: bool = False
     done: bool = False
 
@@ -200,6 +202,10 @@ class _Batch:
             self.batch.commit(slot, accepted)
             verdicts.append((accepted, next_token))
         t2, c2 = self.clock(), self.cost_clock()
+        if steady:
+            for request, gamma, draft in zip(group, gammas, drafts, strict=True):
+                request.asked += gamma > 0
+                request.given += gamma > 0 and len(draft) > 0
         if steady and all(d.side is None for d in drafts):
             fed = 1 + max(len(d) for d in drafts)
             self.load.timed(len(group), fed, max(_depth(d) for d in drafts), c1 - c0, c2 - c1)
@@ -220,7 +226,9 @@ class _Batch:
         """The batch policy's draft length for this load, from each request's own acceptance estimate."""
         policies = [r.drafter.policy for r in group]
         explore = min(min(p.gamma, p.max_gamma) for p in policies)
-        gamma = self.load.gamma([p.acceptance() for p in policies], max(p.width for p in policies), explore)
+        acceptance = [proposing([*p.acceptance()], (r.given + 1) / (r.asked + 1)) for r, p in zip(group, policies,
+                                                                                                  strict=True)]
+        gamma = self.load.gamma(acceptance, max(p.width for p in policies), explore)
         return [self._capped(r, gamma) for r in group]
 
     def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:

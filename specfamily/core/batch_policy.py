@@ -9,7 +9,8 @@ seconds of one batched draft step per B. :class:`BatchPolicy` picks, for the B r
 
     goodput(gamma) = sum_i E_i(gamma) / (gamma s(B) + t(B, 1 + gamma w)),
 
-E_i from each request's per-depth acceptance as its own cost-aware policy (``auto``) keeps it, w the draft tokens
+E_i from each request's per-depth acceptance as its own cost-aware policy (``auto``) keeps it (times the share of
+passes its drafter proposed anything in, :func:`proposing`), w the draft tokens
 per depth (1 for chains), s(B) a draft step's seconds. Nothing is configured: it makes a plain pass first at each
 B, drafts at the drafters' own length while a drafted pass cannot be predicted yet, re-measures the plain pass
 every ``refresh_every`` drafted passes (the caches grow) and, while drafting does not pay at a load, drafts once
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from specfamily.core.theory import expected_tokens_by_depth
 
-__all__ = ["BatchPolicy", "LoadCosts"]
+__all__ = ["BatchPolicy", "LoadCosts", "fed_tokens", "goodput", "proposing"]
 
 
 @dataclass
@@ -162,6 +163,13 @@ class BatchPolicy:
             drafted = sum(g > 0 for g in gammas) / len(gammas)
             parts.append(f"B={batch}: {len(gammas)} passes, {drafted:.0%} drafted, last gamma {gammas[-1]}")
         return "draft length by load: " + ("; ".join(parts) if parts else "no steady batched pass")
+
+
+def proposing(acceptance: list[float], rate: float) -> list[float]:
+    """Per-depth acceptance of a drafter that proposes anything in only a ``rate`` share of the passes it is asked
+    to (an n-gram drafter without a match proposes nothing): its expected gain is ``rate`` times the gain of a
+    proposal, so depth 1's acceptance is scaled by it."""
+    return [acceptance[0] * rate, *acceptance[1:]] if acceptance else []
 
 
 def fed_tokens(gamma: int, width: float) -> int:

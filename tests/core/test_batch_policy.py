@@ -6,7 +6,7 @@ import torch
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
-from specfamily.core.batch_policy import BatchPolicy, LoadCosts, fed_tokens, goodput
+from specfamily.core.batch_policy import BatchPolicy, LoadCosts, fed_tokens, goodput, proposing
 from specfamily.core.types import Draft
 from specfamily.testing import OracleDrafter, tiny_target
 
@@ -134,3 +134,8 @@ def test_generate_batch_drafts_by_load_from_what_its_passes_cost(monkeypatch, co
     else:
         assert sum(fed > 1 for fed in loaded) >= len(loaded) - 2
     assert "draft length by load: B=1:" in results[0].metrics.policy_note
+
+
+def test_a_drafter_that_often_proposes_nothing_counts_for_that_share():
+    assert proposing([0.8, 0.5], 0.25) == [0.2, 0.5] and proposing([], 0.5) == []
+    assert goodput([proposing([0.8, 0.5], 0.25)], 2, 1.0) == pytest.approx(1 + 0.25 * (0.8 + 0.4))
