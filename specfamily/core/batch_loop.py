@@ -7,17 +7,25 @@ rolls back on its own. A request that is done retires at once and, with ``max_ba
 a newly admitted request is prefilled in a pass of the newcomers only. Every request's law is the one ``generate``
 gives it (the verifier is exact per request); at temperature 0 its text is its batch-1 text, up to near-ties that a
 pass of another shape rounds differently.
+
+With ``arrivals`` request i is admitted no earlier than ``arrivals[i]`` seconds after the call (the loop waits when
+nothing is live); each result's metrics carry ``arrival_s``, ``first_token_s`` and ``finish_s`` (seconds since the
+call) beside the fields ``generate`` fills, which count from the request's admission as ``generate``'s count from
+its start. ``trace=True`` keeps every pass in ``result.trace`` as ``generate`` does (a pass's draft and verify seconds
+are the batch pass's: the proposal time shared among the slots that drafted, the whole verification).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from specfamily.core import acceptance
+from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
+from specfamily.core.batch_policy import BatchPolicy
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -28,6 +36,7 @@ from specfamily.core.loop import (
     _check_request,
     _depth,
     _outcome,
+    _planning_clock,
     _report,
     _tokens_at,
     _verified,
@@ -35,8 +44,9 @@ from specfamily.core.loop import (
     truncate,
 )
 from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.policy import policy_hooks
+from specfamily.core.policy import AutoPolicy, policy_hooks
 from specfamily.core.target import Target
+from specfamily.core.trace import TraceRecorder
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig
 
 __all__ = ["generate_batch"]
@@ -52,7 +62,9 @@ class _Request:
     own: Hooks | None
     accept: object
     pending: torch.Tensor  # (m,): the prompt before the prefill, then the root
-    started: float
+    arrival: float  # seconds after the call
+    started: float  # loop clock at admission
+    tracer: TraceRecorder
     recorder: MetricsRecorder = field(default_factory=MetricsRecorder)
     new_tokens: list[int] = field(default_factory=list)
     prefilled: bool = False
@@ -68,12 +80,16 @@ def generate_batch(
     sampling: SamplingConfig | None = None,
     seed: int = 0,
     max_batch: int | None = None,
+    arrivals: Sequence[float] | None = None,
+    trace: bool = True,
+    clock: LoopClock | None = None,
 ) -> list[GenerationResult]:
     """Generate up to ``max_new_tokens`` after each prompt, at most ``max_batch`` requests at once (default: all):
     one GenerationResult per prompt, in order. Request i draws from its own generator seeded ``seed + i``, so its
     law (and, at temperature 0, its text) is what ``generate(..., seed=seed + i)`` gives it. ``drafter`` is the
     prototype each batch slot copies (``slot_copy``); with ``max_batch=1`` the requests run one after the other
-    through ``generate`` itself, with ``drafter``."""
+    through ``generate`` itself, with ``drafter``. ``arrivals``: request i's arrival, seconds after the call (None:
+    all at once); ``trace``: keep every pass in ``result.trace``; ``clock``: the loop's clock (a fake one in tests)."""
     sampling = SamplingConfig() if sampling is None else sampling
     _check_request(drafter, max_new_tokens, sampling)
     if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence):
@@ -82,30 +98,61 @@ def generate_batch(
     max_batch = max(len(ids), 1) if max_batch is None else max_batch
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    arrived = check_arrivals(arrivals, len(ids))
+    planning = clock.now if clock is not None else _planning_clock(target.device)  # times t(B, n) for the policy
+    clock = LoopClock(device_clock(target.device)) if clock is None else clock
     if max_batch == 1 or len(ids) <= 1 or max_new_tokens == 0:
-        return [generate(target, drafter, p, max_new_tokens, sampling, seed + i) for i, p in enumerate(ids)]
+        return _one_by_one(target, drafter, ids, max_new_tokens, sampling, seed, arrived, trace, clock)
     capacity = max(len(p) for p in ids) + max_new_tokens + 64
-    return _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity).run(ids)
+    batch = _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity, clock,
+                   planning or clock.now)
+    return batch.run(ids, arrived, trace)
+
+
+def _one_by_one(target: Target, drafter: Drafter | None, ids: list[torch.Tensor], max_new_tokens: int,
+                sampling: SamplingConfig, seed: int, arrivals: list[float], trace: bool,
+                clock: LoopClock) -> list[GenerationResult]:
+    """Batch size 1: each request through ``generate`` itself, in the order of arrival, each once it has arrived."""
+    origin, results = clock.now(), {}
+    for i in arrival_order(arrivals):
+        clock.wait_until(origin + arrivals[i])
+        start = clock.now() - origin
+        result = generate(target, drafter, ids[i], max_new_tokens, sampling, seed + i, trace=trace)
+        m = result.metrics
+        first = start + m.calibration_seconds + m.time_to_first_token
+        results[i] = replace(result, metrics=replace(m, arrival_s=arrivals[i], first_token_s=first,
+                                                     finish_s=clock.now() - origin))
+    return [results[i] for i in range(len(ids))]
 
 
 class _Batch:
     """The loop's state: the batch target, the live requests (slot = position in ``live``), the results."""
 
     def __init__(self, target: Target, drafter: Drafter | None, sampling: SamplingConfig, seed: int, budget: int,
-                 slots: int, capacity: int) -> None:
+                 slots: int, capacity: int, clock: LoopClock, cost_clock: Callable[[], float]) -> None:
         self.target, self.prototype, self.sampling, self.seed, self.budget = target, drafter, sampling, seed, budget
         self.batch = BatchTarget(target, slots, capacity)
-        self.clock = device_clock(target.device)
+        self.loop_clock, self.clock = clock, clock.now
+        self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
+        self.origin, self.trace = 0.0, True
+        by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
+        self.load = BatchPolicy() if by_load else None
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
 
-    def run(self, prompts: list[torch.Tensor]) -> list[GenerationResult]:
-        waiting = deque(enumerate(prompts))
+    def run(self, prompts: list[torch.Tensor], arrivals: list[float], trace: bool) -> list[GenerationResult]:
+        self.origin, self.trace = self.clock(), trace
+        waiting = deque(arrival_order(arrivals))
         try:
             while waiting or self.live:
-                while waiting and len(self.live) < self.batch.cache.slots:
-                    self._admit(*waiting.popleft())
+                while waiting and len(self.live) < self.batch.cache.slots and \
+                        arrivals[waiting[0]] <= self.clock() - self.origin:
+                    index = waiting.popleft()
+                    self._admit(index, prompts[index], arrivals[index])
+                if not self.live:  # nothing to decode until the next request arrives
+                    self.loop_clock.wait_until(self.origin + arrivals[waiting[0]])
+                    continue
                 lo = next((i for i, r in enumerate(self.live) if not r.prefilled), 0)
                 self._step(lo)
                 self._retire()
@@ -115,7 +162,7 @@ class _Batch:
                     request.own.end()
         return [self.results[i] for i in range(len(prompts))]
 
-    def _admit(self, index: int, ids: torch.Tensor) -> None:
+    def _admit(self, index: int, ids: torch.Tensor, arrival: float) -> None:
         slot = len(self.live)
         generator = torch.Generator(device=self.target.device).manual_seed(self.seed + index)
         view = SlotTarget(self.target, self.batch.cache, slot)
@@ -125,11 +172,13 @@ class _Batch:
             drafter = slot_copy(self.prototype, self.target)
             own = hooks(drafter)
         self.batch.reset_slot(slot)
-        request = _Request(index, ctx, drafter, own, acceptance.acceptance(own, ctx), ids, 0.0)
+        recorder = MetricsRecorder()
         if drafter is not None:
-            policy = policy_hooks(drafter.policy)
-            request.recorder.calibration_seconds = _bind_costs(policy, self.target, ids, self.clock)
-        request.started = self.clock()
+            recorder.calibration_seconds = _bind_costs(policy_hooks(drafter.policy), self.target, ids, self.clock)
+        started = self.clock()
+        tracer = TraceRecorder.start(self.clock, started, self.target.device, keep_passes=self.trace)
+        request = _Request(index, ctx, drafter, own, acceptance.acceptance(own, ctx), ids, arrival, started, tracer,
+                           recorder)
         if drafter is not None:
             drafter.begin(ctx)
         self.live.append(request)
@@ -137,9 +186,11 @@ class _Batch:
     def _step(self, lo: int) -> None:
         """One pass over live slots ``lo:``: propose, one target forward, then verify and commit each request."""
         group = self.live[lo:]
-        gammas = [self._gamma(r) for r in group]
+        steady = self.load is not None and all(r.prefilled for r in group)  # lo == 0: no newcomer's prefill
+        gammas = self._load_gammas(group) if steady else [self._gamma(r) for r in group]
+        c0 = self.cost_clock()
         drafts, draft_seconds = self._propose(group, gammas)
-        t1 = self.clock()
+        c1, t1 = self.cost_clock(), self.clock()
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
         outs = self.batch.forward(lo, feeds, self.features)
         verdicts = []
@@ -148,15 +199,29 @@ class _Batch:
                                              request.ctx.generator)
             self.batch.commit(slot, accepted)
             verdicts.append((accepted, next_token))
-        verify_seconds = self.clock() - t1
+        t2, c2 = self.clock(), self.cost_clock()
+        if steady and all(d.side is None for d in drafts):
+            fed = 1 + max(len(d) for d in drafts)
+            self.load.timed(len(group), fed, max(_depth(d) for d in drafts), c1 - c0, c2 - c1)
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
-            self._commit(request, draft, out, accepted, token, seconds, verify_seconds)
+            self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
 
     def _gamma(self, request: _Request) -> int:
         if request.drafter is None:
             return 0
-        return max(0, min(request.drafter.policy.next_gamma(), self.budget - len(request.new_tokens) - 1))
+        return self._capped(request, request.drafter.policy.next_gamma())
+
+    def _capped(self, request: _Request, gamma: int) -> int:
+        """``gamma``, cut so that no pass drafts past the request's token budget."""
+        return max(0, min(gamma, self.budget - len(request.new_tokens) - 1))
+
+    def _load_gammas(self, group: list[_Request]) -> list[int]:
+        """The batch policy's draft length for this load, from each request's own acceptance estimate."""
+        policies = [r.drafter.policy for r in group]
+        explore = min(min(p.gamma, p.max_gamma) for p in policies)
+        gamma = self.load.gamma([p.acceptance() for p in policies], max(p.width for p in policies), explore)
+        return [self._capped(r, gamma) for r in group]
 
     def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
@@ -168,7 +233,7 @@ class _Batch:
         return drafts, [share if gamma else 0.0 for gamma in gammas]
 
     def _commit(self, request: _Request, draft: Draft, out, accepted: list[int], next_token: int,
-                draft_seconds: float, verify_seconds: float) -> None:
+                draft_seconds: float, verify_seconds: float, end: float) -> None:
         """Record the pass for ``request``, append its new tokens, tell its drafter."""
         depth = _depth(draft)
         request.recorder.record_pass(depth, len(accepted), draft_seconds, verify_seconds, proposed_tokens=len(draft),
@@ -176,6 +241,8 @@ class _Batch:
                                      verified_depth=draft.verified_depth(accepted) if depth else 0)
         committed = [*_tokens_at(draft, accepted), next_token]
         kept, finished = truncate(committed, self.budget - len(request.new_tokens), self.target.eos_token_ids)
+        request.tracer.record(draft.tokens, draft.parents, accepted, next_token, len(kept), draft_seconds,
+                              verify_seconds, end)
         request.new_tokens += kept
         request.ctx.tokens += kept
         m, start = request.pending.numel(), request.ctx.target.cached_length - len(accepted) - request.pending.numel()
@@ -212,6 +279,12 @@ class _Batch:
         drafter = request.drafter
         lossy = bool(drafter is not None and drafter.lossy)
         note = policy_hooks(drafter.policy).describe() if drafter is not None else ""
-        metrics = request.recorder.finish(len(request.new_tokens), self.clock() - request.started, lossy=lossy,
+        if self.load is not None:
+            note = f"{note}; {self.load.describe()}"
+        now = self.clock()
+        metrics = request.recorder.finish(len(request.new_tokens), now - request.started, lossy=lossy,
                                           policy_note=note)
-        self.results[request.index] = GenerationResult(request.new_tokens, metrics, lossy)
+        metrics, passes = request.tracer.finish(metrics)
+        metrics = replace(metrics, arrival_s=request.arrival, finish_s=now - self.origin,
+                          first_token_s=request.started - self.origin + metrics.time_to_first_token)
+        self.results[request.index] = GenerationResult(request.new_tokens, metrics, lossy, passes)

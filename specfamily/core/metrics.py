@@ -51,6 +51,9 @@ class Metrics:
     token_latency_p99: float = NAN
     peak_memory_bytes: int | None = None  # this request's peak: max allocated on CUDA, RSS on the CPU ...
     peak_memory_kind: str = ""  # ... which one (specfamily.core.memory)
+    arrival_s: float = NAN  # generate_batch only, seconds since its call: when the request arrived,
+    first_token_s: float = NAN  # when its first new token was committed,
+    finish_s: float = NAN  # and when it finished (its latency, queueing included: finish_s - arrival_s)
 
     def as_dict(self) -> dict[str, Any]:
         """Flat and JSON-friendly: nan becomes None."""

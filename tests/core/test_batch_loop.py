@@ -5,6 +5,8 @@ import torch
 
 import specfamily as sf
 from specfamily.core import batch_loop
+from specfamily.core.arrivals import LoopClock
+from specfamily.core.types import Draft
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
 
 
@@ -115,3 +117,136 @@ def test_bad_input_is_refused_with_its_reason(kwargs, error, message):
     call = {"prompts": [[1, 2], [3]], **kwargs}
     with pytest.raises(error, match=message):
         sf.generate_batch(target, None, call.pop("prompts"), **call)
+
+
+class FakeClock:
+    """A clock that moves only when the loop sleeps or a target pass advances it (``per_pass`` seconds)."""
+
+    def __init__(self) -> None:
+        self.t, self.sleeps = 100.0, []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+def _timed_passes(monkeypatch, clock: FakeClock, per_pass: float) -> list[tuple[float, int, list[int]]]:
+    """Make every batched target pass take ``per_pass`` seconds on ``clock``; record (start, lo, fed per slot)."""
+    passes = []
+    forward = batch_loop.BatchTarget.forward
+
+    def timed(self, lo, feeds, features=False):
+        passes.append((clock.t - 100.0, lo, [feed.pending.numel() for feed in feeds]))
+        clock.t += per_pass
+        return forward(self, lo, feeds, features)
+
+    monkeypatch.setattr(batch_loop.BatchTarget, "forward", timed)
+    return passes
+
+
+def test_requests_are_admitted_when_they_arrive_and_the_loop_waits_for_them(monkeypatch):
+    """Arrivals 0, 5, 1 (not sorted), passes of 0.5 s, 4 tokens each: request 0 runs alone until 1.0, request 2 joins
+    (prefilled alone, then in the same passes), both finish, the loop sleeps until 5.0 for request 1."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    clock = FakeClock()
+    passes = _timed_passes(monkeypatch, clock, 0.5)
+    prompts = _prompts(64, 3)
+    results = sf.generate_batch(target, None, prompts, max_new_tokens=4, arrivals=[0.0, 5.0, 1.0],
+                                clock=LoopClock(clock.now, clock.sleep))
+    assert [r.tokens for r in results] == [_hf_greedy(target, p, 4) for p in prompts]
+    assert passes == [(0.0, 0, [2]), (0.5, 0, [1]), (1.0, 1, [8]), (1.5, 0, [1, 1]), (2.0, 0, [1, 1]),
+                      (2.5, 0, [1]), (5.0, 0, [5]), (5.5, 0, [1]), (6.0, 0, [1]), (6.5, 0, [1])]
+    assert clock.sleeps == [pytest.approx(2.0)]  # from 3.0, when request 2 finished, to request 1's arrival
+    timing = [(r.metrics.arrival_s, r.metrics.first_token_s, r.metrics.finish_s) for r in results]
+    assert timing == [(0.0, 0.5, 2.5), (5.0, 5.5, 7.0), (1.0, 1.5, 3.0)]
+    assert results[2].metrics.time_to_first_token == 0.5  # from its admission, as generate counts from its start
+    assert results[2].metrics.total_seconds == 2.0
+
+
+def test_a_full_batch_queues_arrived_requests_and_their_latency_counts_the_wait(monkeypatch):
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    clock = FakeClock()
+    _timed_passes(monkeypatch, clock, 1.0)
+    results = sf.generate_batch(target, None, _prompts(64, 3), max_new_tokens=2, max_batch=2,
+                                arrivals=[0.0, 0.0, 0.5], clock=LoopClock(clock.now, clock.sleep))
+    timing = [(r.metrics.arrival_s, r.metrics.first_token_s, r.metrics.finish_s) for r in results]
+    assert timing == [(0.0, 1.0, 2.0), (0.0, 1.0, 2.0), (0.5, 3.0, 4.0)]  # request 2 waited for a free slot
+    assert clock.sleeps == []
+
+
+def test_one_by_one_waits_for_each_arrival_and_is_generate():
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    clock = FakeClock()
+    prompts = _prompts(64, 2)
+    results = sf.generate_batch(target, None, prompts, max_new_tokens=3, max_batch=1, arrivals=[2.0, 0.5],
+                                clock=LoopClock(clock.now, clock.sleep))
+    assert [r.tokens for r in results] == [sf.generate(target, None, p, max_new_tokens=3).tokens for p in prompts]
+    assert clock.sleeps == [0.5, 1.5]  # request 1 first, at 0.5; request 0 at 2.0
+    assert [r.metrics.arrival_s for r in results] == [2.0, 0.5]
+    assert [r.metrics.finish_s for r in results] == [2.0, 0.5]  # the fake clock does not move inside generate
+
+
+@pytest.mark.parametrize(("arrivals", "error", "message"), [
+    ([0.0], ValueError, "arrivals has 1 entries for 2 prompts"),
+    ([0.0, -1.0], ValueError, r"arrivals\[1\] must be a finite number of seconds >= 0, got -1.0"),
+    ([float("nan"), 0.0], ValueError, r"arrivals\[0\] must be a finite number of seconds >= 0, got nan"),
+    ([0.0, float("inf")], ValueError, r"arrivals\[1\] must be a finite number of seconds >= 0, got inf"),
+    ([0.0, "1"], TypeError, r"arrivals\[1\] must be a number of seconds, got str"),
+    ([True, 0.0], TypeError, r"arrivals\[0\] must be a number of seconds, got bool"),
+    ("01", TypeError, "arrivals must be a sequence of seconds, got str"),
+])
+def test_bad_arrivals_are_refused_with_their_reason(arrivals, error, message):
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    with pytest.raises(error, match=message):
+        sf.generate_batch(target, None, [[1, 2], [3]], arrivals=arrivals)
+
+
+def test_arrivals_do_not_change_the_text_of_any_request():
+    target = tiny_target("gpt2", vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafter = RandomTreeDrafter(target, gamma=3, nodes=6)
+    prompts = _prompts(64, 5, seed=3)
+    clock = FakeClock()
+    at_once = sf.generate_batch(target, drafter, prompts, max_new_tokens=12, max_batch=3)
+    spread = sf.generate_batch(target, drafter, prompts, max_new_tokens=12, max_batch=3,
+                               arrivals=[3.0, 0.0, 1.0, 1.0, 0.5], clock=LoopClock(clock.now, clock.sleep))
+    assert [r.tokens for r in spread] == [r.tokens for r in at_once]
+    assert len(clock.sleeps) >= 1  # the fake clock only moves when the loop waits: every arrival was waited for
+
+
+class FlawedOracle(OracleDrafter):
+    """The target's greedy continuation with every 4th position's token wrong: passes accept 0 to gamma tokens."""
+
+    def propose(self, ctx, gamma):
+        draft = super().propose(ctx, gamma)
+        position = len(ctx.tokens)
+        wrong = [(t + 1) % 64 if (position + i) % 4 == 3 else t for i, t in enumerate(draft.tokens.tolist())]
+        return Draft.chain(wrong)
+
+
+@pytest.mark.parametrize("max_batch", [2, None])
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_a_batched_request_traces_the_passes_its_batch_1_run_makes(max_batch, kind):
+    """At temperature 0 each request's trace (drafts, accepted paths, bonus tokens, kept counts) is its batch-1 trace;
+    times are the batch pass's, one per pass, non-decreasing."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    tree = RandomTreeDrafter(target, gamma=3, nodes=6)
+    drafter = FlawedOracle(target, gamma=3, horizon=32) if kind == "chain" else tree
+    prompts = _prompts(64, 4, seed=4)
+    alone = [sf.generate(target, drafter, p, max_new_tokens=14, seed=i).trace for i, p in enumerate(prompts)]
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=14, max_batch=max_batch, trace=True)
+    columns = ("draft_tokens", "parents", "accepted", "bonus", "kept")
+    for result, reference in zip(results, alone, strict=True):
+        assert {c: getattr(result.trace, c) for c in columns} == {c: getattr(reference, c) for c in columns}
+        assert len(result.trace) == result.metrics.target_passes > 1
+        assert result.trace.end_seconds == sorted(result.trace.end_seconds)
+        assert result.metrics.time_to_first_token == result.trace.end_seconds[0]
+    if kind == "chain":  # its passes accepted every length, none to all
+        assert sorted({len(a) for r in results for a in r.trace.accepted[1:]}) == [0, 1, 2, 3]
+    else:  # every pass after the prefill verified a whole tree, but a last one the budget left no room to draft in
+        assert {len(tokens) for r in results for tokens in r.trace.draft_tokens[1:]} == {0, 6}
+    untraced = sf.generate_batch(target, drafter, prompts, max_new_tokens=14, max_batch=max_batch, trace=False)
+    assert [r.trace for r in untraced] == [None] * 4
+    assert [r.tokens for r in untraced] == [r.tokens for r in results]

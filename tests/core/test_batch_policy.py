@@ -1,0 +1,136 @@
+"""Draft length by load: t(B, n) learned from timed passes; drafting where it pays for the batch, not where not."""
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.core import batch_loop
+from specfamily.core.arrivals import LoopClock
+from specfamily.core.batch_policy import BatchPolicy, LoadCosts, fed_tokens, goodput
+from specfamily.core.types import Draft
+from specfamily.testing import OracleDrafter, tiny_target
+
+
+def test_load_costs_are_medians_where_measured_and_a_curve_over_tokens_fed_elsewhere():
+    costs = LoadCosts(window=3)
+    assert costs.seconds(1, 1) is None and costs.draft_step(4) == 0.0
+    for seconds in (1.0, 9.0, 2.0, 3.0):  # window 3: the 1.0 is forgotten
+        costs.observe(1, 1, seconds)
+    assert costs.seconds(1, 1) == 3.0
+    assert costs.seconds(1, 5) is None  # one point: nothing to predict with
+    costs.observe(1, 5, 7.0)
+    assert costs.curve() == ((1, 3.0), (5, 7.0))
+    assert costs.seconds(1, 3) == pytest.approx(5.0)  # between the points
+    assert costs.seconds(2, 5) == pytest.approx(12.0)  # 10 tokens: extended with the last slope, 1 s per token
+    costs.observe(2, 1, 8.0)  # B=2 measures 2 tokens at 8.0 where the curve said 3.0 ... now a point of it
+    assert costs.curve() == ((1, 3.0), (2, 8.0), (5, 7.0))
+    assert costs.seconds(2, 1) == 8.0
+    costs.observe(3, 0 + 1, -1.0)  # not a time: ignored
+    assert not costs.known(3, 1)
+    costs.observe_draft(2, 4, 2.0)
+    assert costs.draft_step(2) == 0.5 and costs.draft_step(4) == 1.0  # a looping drafter: scaled by the batch
+
+
+def test_goodput_and_fed_tokens():
+    assert goodput([[1.0, 1.0], [0.5, 0.5]], 2, 2.0) == pytest.approx((3 + 1.75) / 2)
+    assert goodput([[0.0]], 0, 0.5) == 2.0
+    assert fed_tokens(3, 1.0) == 4 and fed_tokens(2, 2.5) == 6 and fed_tokens(0, 3.0) == 1
+
+
+def _drive(policy: BatchPolicy, batch: int, cost, passes: int, alpha: float = 0.9, depths: int = 6) -> list[int]:
+    """Ask ``policy`` for ``passes`` passes at ``batch`` requests, timing each with cost(B, n); the gammas."""
+    gammas = []
+    for _ in range(passes):
+        gamma = policy.gamma([[alpha] * depths] * batch, 1.0, explore=4)
+        fed = fed_tokens(gamma, 1.0)
+        policy.timed(batch, fed, gamma, 0.01 * gamma * batch, cost(batch, fed))
+        gammas.append(gamma)
+    return gammas
+
+
+def steep(batch: int, fed: int) -> float:
+    """A pass costs 1 plus a term quadratic in the tokens fed: a few tokens are free, dozens are not."""
+    return 1.0 + 0.02 * (batch * fed) ** 2
+
+
+def flat(batch: int, fed: int) -> float:
+    return 1.0
+
+
+def test_with_a_steep_cost_it_drafts_alone_and_stops_drafting_under_load():
+    policy = BatchPolicy()
+    alone = _drive(policy, 1, steep, 60)
+    loaded = _drive(policy, 16, steep, 60)
+    assert alone[:2] == [0, 4]  # a plain pass first, then the drafters' own length (nothing predicts it yet)
+    assert sum(g > 0 for g in alone[2:]) >= 50 and max(alone) >= 3
+    assert loaded[0] == 0 and sum(g == 0 for g in loaded) >= 54  # at most a few probes
+    assert "B=1: 60 passes" in policy.describe() and "B=16: 60 passes" in policy.describe()
+
+
+def test_with_a_flat_cost_it_keeps_drafting_at_every_load():
+    policy = BatchPolicy()
+    for batch in (1, 8, 32):
+        gammas = _drive(policy, batch, flat, 40)
+        assert sum(g > 0 for g in gammas) >= 37  # the plain first pass and the refreshes aside
+        assert max(gammas) >= 5  # cheap passes: deep drafts pay (at B=32 the looping draft's cost stops it at 5)
+
+
+def test_without_acceptance_depths_it_never_drafts():
+    policy = BatchPolicy()
+    policy.timed(2, 1, 0, 0.0, 1.0)
+    assert policy.gamma([[], []], 1.0, explore=4) == 0
+
+
+class FlawedOracle(OracleDrafter):
+    """The target's greedy continuation with every 4th position's token wrong: at most 3 tokens accepted a pass."""
+
+    def propose(self, ctx, gamma):
+        draft = super().propose(ctx, gamma)
+        position = len(ctx.tokens)
+        wrong = [(t + 1) % 64 if (position + i) % 4 == 3 else t for i, t in enumerate(draft.tokens.tolist())]
+        return Draft.chain(wrong)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.mark.parametrize("cost", [steep, flat])
+def test_generate_batch_drafts_by_load_from_what_its_passes_cost(monkeypatch, cost):
+    """A fake clock makes each target pass cost cost(B, n). Request 0 runs alone, then 7 arrive together: with the
+    steep cost it drafts alone and decodes plainly at B=7 (but for probes); with the flat one it drafts at both. The
+    greedy texts are transformers' either way."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    clock, seen = FakeClock(), []
+    forward = batch_loop.BatchTarget.forward
+
+    def priced(self, lo, feeds, features=False):
+        fed = max(feed.pending.numel() + len(feed.draft) for feed in feeds)
+        seen.append((len(feeds), fed, all(feed.pending.numel() == 1 for feed in feeds)))
+        clock.t += cost(len(feeds), fed)
+        return forward(self, lo, feeds, features)
+
+    monkeypatch.setattr(batch_loop.BatchTarget, "forward", priced)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 64, (3 + i,), generator=gen).tolist() for i in range(8)]
+    drafter = FlawedOracle(target, gamma=4, policy="auto", horizon=96)
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=60, arrivals=[0.0] + [1000.0] * 7,
+                                clock=LoopClock(clock.now, clock.sleep))
+    greedy = [sf.generate(target, None, p, max_new_tokens=60).tokens for p in prompts]
+    assert [r.tokens for r in results] == greedy
+    alone = [fed for batch, fed, steady in seen if batch == 1 and steady]
+    loaded = [fed for batch, fed, steady in seen if batch == 7 and steady]
+    assert len(alone) >= 8 and len(loaded) >= 8
+    assert sum(fed > 1 for fed in alone) >= len(alone) - 2  # drafted alone (a plain first pass, a refresh)
+    if cost is steep:
+        assert sum(fed == 1 for fed in loaded) >= len(loaded) - 3  # plain under load, but for the exploring passes
+    else:
+        assert sum(fed > 1 for fed in loaded) >= len(loaded) - 2
+    assert "draft length by load: B=1:" in results[0].metrics.policy_note
