@@ -7,7 +7,8 @@ after the other, each on the whole prompt set (a batched call is the unit that i
 
 ``results.jsonl`` keeps one :class:`PromptRecord` per request; its ``batch`` field holds the call's size, wall and
 CPU seconds, and the request's arrival, first-token and finish times (seconds from the call's start), latency, time
-to first token and tokens/s. ``wall_seconds`` is the request's latency (finish - arrival). Request i of a call draws
+to first token and tokens/s, as the batched loop measured them. ``wall_seconds`` is the request's latency (finish -
+arrival); ``trace`` and ``pieces`` are kept as the batch-1 path keeps them. Request i of a call draws
 from a generator seeded ``seed + i`` (its position in the call; the record's ``seed``), so sampled text is not
 the batch-1 run's; greedy text is. A rerun in the same folder redoes a call that did not finish whole.
 """
@@ -23,6 +24,7 @@ from typing import Any
 from specfamily.eval.batching import RequestTiming, poisson_arrivals
 from specfamily.eval.config import sampling_label
 from specfamily.eval.datasets import Prompt, turn_prompt_ids
+from specfamily.eval.pieces import token_pieces
 from specfamily.eval.results import PromptRecord, ResultWriter, read_run
 from specfamily.eval.start import RunPlan
 from specfamily.io.chat import answer_text, turn_id
@@ -50,26 +52,19 @@ class Call:
     arrivals: list[float] | None
 
 
-def request_timing(result: Any, arrival: float) -> RequestTiming:
-    """A request's times in its call. The loop's per-request times when it reports them (``arrival_s``,
-    ``first_token_s``, ``finish_s`` on the metrics); else from its metrics: the first token at
-    ``time_to_first_token`` and the finish at ``total_seconds`` after its admission, taken as its arrival (exact
-    when every request is admitted at the start; the time a request waited for a slot is then left out)."""
-    metrics = result.metrics.as_dict()
-    if metrics.get("finish_s") is not None:
-        first = metrics.get("first_token_s")
-        return RequestTiming(metrics.get("arrival_s") or 0.0, NAN if first is None else first, metrics["finish_s"])
-    first = metrics.get("time_to_first_token")
-    return RequestTiming(arrival, arrival + (NAN if first is None else first), arrival + metrics["total_seconds"])
+def request_timing(result: Any) -> RequestTiming:
+    """A request's times in its call, as the batched loop reports them (``arrival_s``, ``first_token_s``,
+    ``finish_s`` on its metrics: seconds since the call; the latency includes the time it waited for a slot)."""
+    m = result.metrics
+    return RequestTiming(m.arrival_s, m.first_token_s, m.finish_s)
 
 
 def _generate_batch(plan: RunPlan, drafter: Any, ids: list[list[int]], max_new_tokens: int,
-                    arrivals: list[float] | None) -> list:
+                    arrivals: list[float] | None, trace: bool = False) -> list:
     import specfamily as sf
 
-    extra = {} if arrivals is None else {"arrivals": arrivals}
     return sf.generate_batch(plan.target, drafter, ids, max_new_tokens, plan.sampling, seed=plan.seed,
-                             max_batch=plan.batching.batch_size, **extra)
+                             max_batch=plan.batching.batch_size, arrivals=arrivals, trace=trace)
 
 
 def _warm_up(plan: RunPlan, arm: Any, prompts: list[Prompt], writer: ResultWriter, steps: ArmSteps) -> None:
@@ -89,7 +84,7 @@ def _warm_up(plan: RunPlan, arm: Any, prompts: list[Prompt], writer: ResultWrite
 
 def _record(plan: RunPlan, arm: Any, call: Call, i: int, result: Any, wall: float, cpu: float) -> PromptRecord:
     prompt, ids, tokenizer = call.prompts[i], call.ids[i], plan.target.tokenizer
-    timing = request_timing(result, 0.0 if call.arrivals is None else call.arrivals[i])
+    timing = request_timing(result)
     new_tokens = len(result.tokens)
     batch = {"size": plan.batching.batch_size, "arrival_rate": plan.batching.arrival_rate, "requests":
              len(call.prompts), "call_wall_seconds": wall, "call_cpu_seconds": cpu, "arrival_s": timing.arrival,
@@ -102,6 +97,8 @@ def _record(plan: RunPlan, arm: Any, call: Call, i: int, result: Any, wall: floa
         metrics=result.metrics.as_dict(), rank=plan.info.rank, category=prompt.category, turn=call.turn,
         prompt=None if tokenizer is None else tokenizer.decode(list(ids)),
         text=None if tokenizer is None else tokenizer.decode(list(result.tokens)), batch=batch,
+        trace=None if result.trace is None else result.trace.as_dict(),
+        pieces=None if tokenizer is None or result.trace is None else token_pieces(tokenizer, result.tokens),
     )
 
 
@@ -112,7 +109,7 @@ def _finite(value: float) -> float | None:
 def run_call(plan: RunPlan, arm: Any, call: Call) -> list[PromptRecord]:
     """One timed batched call: a record per request, in the call's order."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    results = _generate_batch(plan, arm.drafter, call.ids, plan.dataset.max_new_tokens, call.arrivals)
+    results = _generate_batch(plan, arm.drafter, call.ids, plan.dataset.max_new_tokens, call.arrivals, plan.trace)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     return [_record(plan, arm, call, i, result, wall, cpu) for i, result in enumerate(results)]
 

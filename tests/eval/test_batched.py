@@ -9,6 +9,7 @@ import json
 import pytest
 from eval_helpers import chat_overrides, tiny_overrides
 
+from specfamily.eval.batching import poisson_arrivals
 from specfamily.eval.results import PromptRecord, RunInfo, read_records
 from specfamily.eval.runner import run_experiment
 
@@ -54,6 +55,7 @@ def test_a_batched_run_records_every_request_with_its_timing(tiny_pair, compose_
             b = r.batch
             assert (b["size"], b["requests"], b["arrival_rate"], b["arrival_s"]) == (2, 3, None, 0.0)
             assert r.wall_seconds == b["latency_s"] == b["finish_s"] and 0 < b["latency_s"] <= call[0]
+            assert 0 < b["ttft_s"] == b["first_token_s"] < b["finish_s"]
             assert b["tokens_per_second"] == pytest.approx(10 / b["latency_s"])
     assert [r.metrics["acceptance_rate"] for r in records[1::2]] == [1.0] * 3  # the drafter drafted, all accepted
     assert all(r.metrics["mean_accepted_length"] > 2 for r in records[1::2])
@@ -63,6 +65,20 @@ def test_a_batched_run_records_every_request_with_its_timing(tiny_pair, compose_
     assert plain.goodput == pytest.approx(30 / records[0].batch["call_wall_seconds"]) and plain.batch_size == 2
     assert f"| plain | 2 | all at once | 3 | {plain.goodput:.1f} | 1.00 |" in text
     assert RunInfo.load(tmp_path).config["batch_size"] == 2 and outcome.records
+
+
+def test_poisson_arrivals_reach_the_loop_and_every_arm_sees_the_same(tiny_pair, compose_config, tmp_path):
+    run_experiment(compose_config(_self_draft(tiny_pair, "batch_size=2", "arrival_rate=40", "seed=5")), tmp_path)
+    records = _prompts(tmp_path)
+    arrivals = poisson_arrivals(3, 40.0, 5 + 1)  # seeded by seed + turn
+    assert arrivals[0] == 0.0 and arrivals[2] > arrivals[1] > 0
+    for arm in ("plain", "small_model"):
+        mine = [r.batch for r in records if r.drafter == arm]
+        assert [b["arrival_s"] for b in mine] == arrivals and all(b["arrival_rate"] == 40.0 for b in mine)
+        for b in mine:
+            assert b["arrival_s"] < b["first_token_s"] < b["finish_s"] and b["latency_s"] == pytest.approx(
+                b["finish_s"] - b["arrival_s"]) and b["ttft_s"] == pytest.approx(b["first_token_s"] - b["arrival_s"])
+    assert "| plain | 2 | 40 | 3 |" in (tmp_path / "report.md").read_text()
 
 
 def outcome_rows(folder):
