@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 from eval_helpers import chat_overrides, tiny_overrides
 
 from specfamily.eval.batching import poisson_arrivals
@@ -115,3 +116,24 @@ def test_a_batched_run_resumes_and_refuses_another_batch_size(tiny_pair, compose
     assert (tmp_path / "results.jsonl").read_text() == before
     with pytest.raises(ValueError, match="holds a run with a different batch_size config"):
         run_experiment(compose_config([*overrides, "batch_size=2"]), tmp_path)
+
+
+def test_batch_size_on_the_zoo_target(compose_config, tmp_path):
+    """The shipped zoo target and its prompts, batch_size=2 over 3 requests (admission while others decode)."""
+    cfg = compose_config(["model=zoo", "dataset=complete", "dataset.num_examples=3", "dataset.max_new_tokens=6",
+                          "dataset.max_prompt_tokens=24", "drafter.names=[prompt_lookup]", "model.matmul=exact",
+                          "threads=1", "progress=false", "plots=false", "warmup=0", "verify_cost.sizes=[0,1]",
+                          "verify_cost.repeats=1", "noise.cost_rounds=1", "noise.repeats=0", "batch_size=2"])
+    threads = torch.get_num_threads()
+    try:
+        run_experiment(cfg, tmp_path)
+    finally:
+        torch.set_num_threads(threads)  # the run set one thread for this whole process
+    records = _prompts(tmp_path)
+    assert [(r.drafter, r.batch["size"], r.batch["requests"]) for r in records] == [
+        (arm, 2, 3) for _ in range(3) for arm in ("plain", "prompt_lookup")]
+    plain = [r for r in records if r.drafter == "plain"]
+    assert [r.tokens for r in plain] == [r.tokens for r in records if r.drafter == "prompt_lookup"]
+    assert max(r.batch["arrival_s"] for r in plain) == 0.0 and all(len(r.tokens) <= 6 for r in plain)
+    # the third request waited for a slot: it finished after the first two started, its latency counts the wait
+    assert max(r.batch["first_token_s"] for r in plain) > min(r.batch["finish_s"] for r in plain)
