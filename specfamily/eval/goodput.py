@@ -110,5 +110,7 @@ GOODPUT_NOTES = """\
 goodput = the arm's new tokens / the wall seconds of its batched calls (every request of a call decoded with at
 most `batch` at once); speedup = goodput / plain decoding's goodput in the same run. latency = a request's finish
 - its arrival, ttft = its first token - its arrival (seconds; "-" where the loop did not report it), request tok/s =
-its new tokens / its latency: medians (p50) and 90th percentile over the arm's requests.
+its new tokens / its latency: medians (p50) and 90th percentile over the arm's requests. In a batched run the
+comparison table's speedup is over the requests' latencies (each request's wall seconds is its latency), this one
+over the run's throughput.
 """
