@@ -93,7 +93,8 @@ def test_the_batch_1_path_writes_its_records_as_before(batch_1_run):
     fields = {f.name for f in dataclasses.fields(PromptRecord)} - {"batch"}
     assert lines and all(set(line) == fields for line in lines)  # no "batch" key: the lines of before
     assert "## Load" not in (batch_1_run / "report.md").read_text()
-    assert "batch_size" not in json.dumps(RunInfo.load(batch_1_run).config.get("model"))
+    config = RunInfo.load(batch_1_run).config
+    assert (config["batch_size"], config["arrival_rate"], config["batched"]) == (1, None, False)
 
 
 def test_batched_chat_turns_follow_each_arms_own_answers(chat_pair, compose_config, tmp_path):
