@@ -192,8 +192,13 @@ def sampling_label(sampling: SamplingConfig) -> str:
 
 
 def resume_fingerprint(resolved: dict[str, Any]) -> dict[str, Any]:
-    """The part of a resolved config that must not change when a run is resumed in the same folder."""
-    return {key: resolved.get(key) for key in RESUME_KEYS}
+    """The part of a resolved config that must not change when a run is resumed in the same folder (the load
+    settings only when they differ from batch 1, so runs from before them resume)."""
+    fingerprint = {key: resolved.get(key) for key in RESUME_KEYS}
+    if resolved.get("batch_size", 1) not in (None, 1) or resolved.get("arrival_rate") is not None or resolved.get(
+            "batched"):
+        fingerprint.update({key: resolved.get(key) for key in ("batch_size", "arrival_rate", "batched")})
+    return fingerprint
 
 
 def _checked(where: str, check, *args):
@@ -212,6 +217,7 @@ def _checked(where: str, check, *args):
 
 def check_config(cfg: DictConfig, search_path: Sequence[str] | None = None) -> list[DrafterSpec]:
     """Everything a run reads from ``cfg``, checked before any model loads; a problem is a :class:`ConfigError`."""
+    from specfamily.eval.batching import BatchSettings
     from specfamily.eval.datasets import DatasetSpec
 
     try:  # missing mandatory values (???) and interpolations that do not resolve
@@ -227,4 +233,8 @@ def check_config(cfg: DictConfig, search_path: Sequence[str] | None = None) -> l
         _checked(spec.where, validate_spec, spec)
     _checked("sampling", sampling_config, cfg.sampling)
     _checked("dataset", DatasetSpec.from_config, cfg.dataset)
+    try:
+        BatchSettings.from_config(cfg)
+    except ValueError as err:  # its message names the key
+        raise ConfigError(str(err)) from None
     return specs

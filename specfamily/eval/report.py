@@ -24,6 +24,9 @@ from pathlib import Path
 
 from specfamily.core.costs import verify_cost_at
 from specfamily.eval.breakdown import BREAKDOWN, GroupRow, breakdown_csv, breakdown_markdown, breakdown_rows
+from specfamily.eval.concurrency import CLOCKS, concurrency_markdown, concurrency_series, plot_speedup_by_batch
+from specfamily.eval.concurrency import PLOT as LOAD_PLOT
+from specfamily.eval.goodput import GoodputRow, goodput_markdown, goodput_rows
 from specfamily.eval.latency import LatencyRow, latency_markdown, latency_rows
 from specfamily.eval.noise import describe, noise_checks
 from specfamily.eval.plots import plot_all
@@ -56,6 +59,7 @@ class Report:
     groups: list[GroupRow] = field(default_factory=list)  # the breakdown by category / turn (may be empty)
     noise: dict[str, list[NoiseCheck]] = field(default_factory=dict)  # run name -> its noise checks
     latency: list[LatencyRow] = field(default_factory=list)  # time to first token, per-token latency, peak memory
+    goodput: list[GoodputRow] = field(default_factory=list)  # each arm's goodput and request latency under load
 
 
 def find_runs(folder: Path) -> list[Path]:
@@ -82,6 +86,7 @@ class Collected:
     groups: list[GroupRow] = field(default_factory=list)
     noise: dict[str, list[NoiseCheck]] = field(default_factory=dict)  # run name -> its noise checks
     latency: list[LatencyRow] = field(default_factory=list)
+    goodput: list[GoodputRow] = field(default_factory=list)
 
 
 def collect(folder: Path) -> Collected:
@@ -97,6 +102,7 @@ def collect(folder: Path) -> Collected:
         found.groups += breakdown_rows(records, info, name)
         found.noise[name] = noise_checks(records, read_repeats(run), info)
         found.latency += latency_rows(records, name)
+        found.goodput += goodput_rows(records, name)
     return found
 
 
@@ -241,7 +247,7 @@ def policy_notes(rows: list[SummaryRow]) -> str:
 def render(
     rows: list[SummaryRow], infos: list[RunInfo], failures: list[FailureRecord], plots: list[Path],
     groups: list[GroupRow] | None = None, noise: dict[str, list[NoiseCheck]] | None = None,
-    latency: list[LatencyRow] | None = None,
+    latency: list[LatencyRow] | None = None, goodput: list[GoodputRow] | None = None,
 ) -> str:
     """The text of ``report.md``."""
     parts = ["# specfamily comparison\n", "\n".join(_header(infos)) + "\n"]
@@ -253,6 +259,10 @@ def render(
         parts.append(notes)
     if latency and latency_markdown(latency):
         parts.append(latency_markdown(latency))
+    load = [s for clock in CLOCKS for s in concurrency_series(goodput or [], clock)]
+    for section in (goodput_markdown(goodput or []), concurrency_markdown(load)):
+        if section:
+            parts.append(section)
     if groups:
         parts += [breakdown_markdown(groups), GROUP_NOTES]
     if noise:
@@ -271,14 +281,18 @@ def write_report(folder: Path | str, plots: bool = True) -> Report:
     folder = Path(folder)
     found = collect(folder)
     written = plot_all(found.rows, _verify_cost_fn(found.infos), folder) if plots else []
+    load = concurrency_series(found.goodput, "cpu") or concurrency_series(found.goodput, "wall")  # CPU: steadier
+    if plots and load:
+        written.append(plot_speedup_by_batch(load, folder / LOAD_PLOT))
     write_atomic(folder / SUMMARY, summary_csv(found.rows))
     write_atomic(folder / REPORT, render(found.rows, found.infos, found.failures, written, found.groups, found.noise,
-                                         found.latency))
+                                         found.latency, found.goodput))
     files = [folder / SUMMARY, folder / REPORT, *written]
     if found.groups:
         write_atomic(folder / BREAKDOWN, breakdown_csv(found.groups))
         files.append(folder / BREAKDOWN)
-    return Report(markdown_table(found.rows), found.rows, files, found.groups, found.noise, found.latency)
+    return Report(markdown_table(found.rows), found.rows, files, found.groups, found.noise, found.latency,
+                  found.goodput)
 
 
 def write_html(folder: Path | str, report: Report) -> Path:

@@ -46,6 +46,7 @@ class PromptRecord:
     text: str | None = None  # the new tokens decoded (special tokens kept); None without a tokenizer
     trace: dict[str, Any] | None = None  # every pass (specfamily.core.trace.Trace.as_dict); None with trace: false
     pieces: list[str] | None = None  # each new token's share of ``text`` (eval.pieces); None without a tokenizer
+    batch: dict[str, Any] | None = None  # a batched run's request (eval.batched); None (and not written): batch 1
 
     @property
     def key(self) -> tuple[str, str]:
@@ -82,6 +83,14 @@ class RepeatRecord:
 
 Record = PromptRecord | FailureRecord
 _KINDS = {"prompt": PromptRecord, "failure": FailureRecord, "repeat": RepeatRecord}
+
+
+def record_json(record: Record | RepeatRecord) -> str:
+    """One JSON line; a batch-1 record leaves out ``batch`` (its lines are what they were before batched runs)."""
+    data = asdict(record)
+    if data.get("batch", 0) is None:
+        del data["batch"]
+    return json.dumps(data)
 
 
 def read_records(path: Path) -> list[Record | RepeatRecord]:
@@ -140,7 +149,7 @@ class ResultWriter:
                     if not data.endswith(b"\n"):
                         handle.truncate(data.rfind(b"\n") + 1)
             self._handle = self.path.open("a", encoding="utf-8")
-        self._handle.write(json.dumps(asdict(record)) + "\n")
+        self._handle.write(record_json(record) + "\n")
         self._handle.flush()
         os.fsync(self._handle.fileno())
 
@@ -175,7 +184,7 @@ def consolidate(folder: Path, order: list[str]) -> list[Record]:
         return (-1 if r.index is None else r.index, getattr(r, "turn", 0), rank.get(r.drafter, len(rank)))
 
     records.sort(key=sort_key)
-    write_atomic(folder / RESULTS, "".join(json.dumps(asdict(r)) + "\n" for r in records))
+    write_atomic(folder / RESULTS, "".join(record_json(r) + "\n" for r in records))
     for path in folder.glob(RANK_GLOB):
         path.unlink()
     return records

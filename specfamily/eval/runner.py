@@ -23,7 +23,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specfamily.core.types import SamplingConfig
-from specfamily.eval.config import DrafterSpec, check_config, sampling_config, sampling_label
+from specfamily.eval.batched import ArmSteps, run_batched_arms
+from specfamily.eval.batching import BatchSettings
+from specfamily.eval.config import ConfigError, DrafterSpec, check_config, sampling_config, sampling_label
 from specfamily.eval.datasets import DatasetSpec, Prompt, load_prompt_set, turn_prompt_ids
 from specfamily.eval.models import load_model_target, load_model_tokenizer, pick_device
 from specfamily.eval.noise import NoiseSettings, record_noise
@@ -243,6 +245,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
     """Run the comparison ``cfg`` describes into ``out_dir`` (rank 0's folder under torchrun)."""
     specs = check_config(cfg)  # the whole config, before anything loads (as the command line does)
     NoiseSettings.from_config(cfg.get("noise"))
+    if BatchSettings.from_config(cfg).batched and distributed.env_world()[1] > 1:
+        raise ConfigError("batch_size/arrival_rate: a batched run is one process (the batch is the load); run it "
+                          "without torchrun")
     dataset = DatasetSpec.from_config(cfg.dataset)
     sampling: SamplingConfig = sampling_config(cfg.sampling)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -265,7 +270,11 @@ def run_experiment(cfg: DictConfig, out_dir: Path | str) -> RunOutcome:
         plan = start_run(cfg, resolved, specs, dataset, sampling, target, prompts, out_dir, info, source)
         writer = ResultWriter(rank_results_path(out_dir, info.rank, info.world_size))
         try:
-            run_arms(plan, [Arm(spec) for spec in specs], distributed.shard(prompts, info), writer)
+            arms = [Arm(spec) for spec in specs]
+            if plan.batching.batched:
+                run_batched_arms(plan, arms, prompts, writer, ArmSteps(_build, _failure, _drop))
+            else:
+                run_arms(plan, arms, distributed.shard(prompts, info), writer)
         finally:
             writer.close()
         distributed.barrier(info)

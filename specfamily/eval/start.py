@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from specfamily.core.costs import CURVE_CONTEXT, measure_pass_seconds, process_clock, timing_context
 from specfamily.core.target import Target
 from specfamily.core.types import SamplingConfig
+from specfamily.eval.batching import BatchSettings
 from specfamily.eval.config import DrafterSpec, resume_fingerprint, sampling_label
 from specfamily.eval.dataset_source import DatasetSource
 from specfamily.eval.datasets import DatasetSpec, Prompt
@@ -51,6 +52,7 @@ class RunPlan:
     plots: bool = True
     trace: bool = True  # keep every pass's trace in the records
     noise: NoiseSettings = NoiseSettings()
+    batching: BatchSettings = BatchSettings()  # batch 1 (sf.generate per prompt) or the batched arm
 
 
 def _resume_error(folder: Path, resolved: dict[str, Any]) -> str | None:
@@ -189,4 +191,5 @@ def start_run(
         plots=bool(cfg.get("plots", True)),
         trace=bool(cfg.get("trace", True)),
         noise=NoiseSettings.from_config(cfg.get("noise")),
+        batching=BatchSettings.from_config(cfg),
     )

@@ -65,6 +65,27 @@ def test_torchrun_two_ranks_equal_one_process(tiny_pair, compose_config, tmp_pat
     assert (sharded / "report.md").is_file()
 
 
+@pytest.mark.slow  # three zoo runs in subprocesses: about 30 s of CPU
+def test_the_batch_sweep_experiment_on_the_zoo_target(tmp_path):
+    """``experiment=batch_sweep`` from the command line (its batch sizes overridden to two): one job per batch size,
+    each through the batched arm, and the sweep report's speedup-by-batch-size table and plot."""
+    sweep = tmp_path / "sweep"
+    done = _run([sys.executable, "-m", "specfamily.cli", "experiment=batch_sweep", "batch_size=1,2", "model=zoo",
+                 "dataset=complete", "dataset.num_examples=2", "dataset.max_new_tokens=4",
+                 "dataset.max_prompt_tokens=16", "drafter.names=[prompt_lookup]", "model.matmul=exact", "threads=1",
+                 "progress=false", "warmup=0",
+                 "verify_cost.sizes=[0,1]", "verify_cost.repeats=1", "noise.cost_rounds=1", "noise.repeats=0",
+                 f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    for job, batch in (("0", 1), ("1", 2)):
+        records = read_records(sweep / job / "results.jsonl")
+        assert [(r.drafter, r.batch["size"], r.batch["requests"]) for r in records] == [
+            ("plain", batch, 2), ("prompt_lookup", batch, 2)] * 2
+        assert RunInfo.load(sweep / job).config["run_label"] == f"batch_size={batch}"
+    report = (sweep / "report.md").read_text()
+    assert "## Speedup by load" in report and "| drafter | B=1 | B=2 | crossover |" in report
+    assert (sweep / "speedup_by_batch.png").is_file() and "sweep report:" in done.stdout
+
+
 def test_a_sweep_jobs_own_overrides():
     sweep = ["drafter=small_model,prompt_lookup", "drafter.gamma=2,4", "model=zoo", "progress=false"]
     job = ["drafter=prompt_lookup", "drafter.gamma=4", "model=zoo", "progress=False"]  # as Hydra writes a job's
@@ -78,6 +99,8 @@ def test_a_sweep_jobs_own_overrides():
         (["drafter=small_model", "drafter.confidence=abc"], "drafter.confidence must be a number, got 'abc'"),
         (["drafter=small_model", "drafter.policy=fastest"], "drafter.policy must be one of"),
         (["dataset=jsonl", "dataset.field=text"], "dataset 'jsonl': path 'json' reads the files named by data_files"),
+        (["drafter=prompt_lookup", "batch_size=0"], "batch_size: must be an integer >= 1 (requests decoded at once), "
+                                                     "got 0"),
     ],
 )
 def test_a_config_error_exits_before_any_model_loads_with_one_line(tmp_path, overrides, message):
