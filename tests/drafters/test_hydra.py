@@ -9,13 +9,15 @@ import specfamily as sf
 from specfamily.core.policy import make_policy
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.medusa.calibrate import target_features
+from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint
 from specfamily.drafters.medusa.drafter import MedusaDrafter
-from specfamily.drafters.medusa.hydra_checkpoint import read_hydra
+from specfamily.drafters.medusa.hydra_checkpoint import read_hydra, save_hydra
 from specfamily.drafters.medusa.hydra_drafter import HydraDrafter, tree_levels
-from specfamily.drafters.medusa.hydra_heads import hydra_loss, hydra_rank_table, rank_accuracies
+from specfamily.drafters.medusa.hydra_heads import HydraHeads, HydraShape, hydra_loss, hydra_rank_table, rank_accuracies
 from specfamily.drafters.medusa.hydra_train import train
 from specfamily.drafters.medusa.train_config import TrainConfig
 from specfamily.drafters.medusa.tree import build_tree
+from specfamily.io.identity import target_identity
 from specfamily.recipes.distill import DistillConfig, write_batch
 from specfamily.testing import SAMPLING_MATRIX, assert_lossless, tiny_target
 from specfamily.train.distilled import is_heldout, load_distilled
@@ -126,6 +128,38 @@ def test_bad_options_are_refused(target):
     with pytest.raises(ValueError, match="tree must be None, 'chain' or a list of rank paths"):
         HydraDrafter(target, weights="random", tree="wide")
     assert make_policy("constant", 2) is not None and "hydra" in sf.list_drafters()
+
+
+def test_slim_heads_have_one_grounding_matrix_each_and_a_shared_prefix_projection():
+    """Head k's first block is one H x (H + (k + 1) r) matrix over the feature and the projected prefix; the
+    recipe's shape for zoo:smollm2 (H 576, K 4, 2 blocks, r 256, shared head) is under 10 MB at fp16."""
+    h, r, v = 576, 256, 49152
+    with torch.device("meta"):
+        shape = HydraShape(4, h, v, layers=2, share_lm_head=True, prefix_rank=r)
+        heads = HydraHeads(shape, torch.nn.Embedding(v, h), torch.nn.Linear(h, v, bias=False))
+    assert tuple(heads.prefix.weight.shape) == (r, h)
+    assert [tuple(head.blocks[0].linear.weight.shape) for head in heads.heads] == [(h, h + (k + 1) * r)
+                                                                                   for k in range(4)]
+    count = sum(p.numel() for p in heads.parameters())
+    assert count == sum((h + (k + 1) * r) * h + h for k in range(4)) + 4 * (h * h + h) + r * h
+    assert 2 * count < 10_000_000  # fp16 bytes; the draft vocabulary's ids add 16384 x 8
+
+
+def test_prefix_rank_is_a_shape_option_and_an_old_layout_checkpoint_is_refused(target, tmp_path):
+    drafter = HydraDrafter(target, weights="random", prefix_rank=8)
+    assert drafter.heads.shape.prefix_rank == 8 and tuple(drafter.heads.prefix.weight.shape) == (8, 32)
+    meta = MedusaCheckpoint(drafter.heads.shape, target_identity(target.model), [[0], [0, 0]])
+    save_hydra(tmp_path / "heads", drafter.heads, meta)
+    loaded = HydraDrafter(target, weights=str(tmp_path / "heads"))
+    assert loaded.heads.shape.prefix_rank == 8 and list(loaded.tree.paths) == [(0,), (0, 0)]
+    with pytest.raises(ValueError, match="prefix_rank=16 conflicts with the checkpoint's prefix_rank=8"):
+        HydraDrafter(target, weights=str(tmp_path / "heads"), prefix_rank=16)
+    with pytest.raises(ValueError, match="prefix_rank must be an integer >= 1, got 0"):
+        HydraDrafter(target, weights="random", prefix_rank=0)
+    config = tmp_path / "heads" / "config.json"
+    config.write_text(config.read_text().replace('"version": 2', '"version": 1'))
+    with pytest.raises(ValueError, match="has checkpoint version 1; this code reads 2"):
+        HydraDrafter(target, weights=str(tmp_path / "heads"))
 
 
 def _turns(heldout: bool, count: int) -> list[str]:

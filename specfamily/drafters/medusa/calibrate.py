@@ -61,11 +61,16 @@ def head_accuracies(heads: MedusaHeads, features: torch.Tensor, ids: torch.Tenso
     return total_hits.double() / total.clamp_min(1)[:, None]
 
 
+def _medusa_logits(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, start: int, end: int) -> list[torch.Tensor]:
+    return [head(x[:, start:end], heads.lm_head) for head in heads.heads]
+
+
 @torch.no_grad()
 def rank_table(heads: MedusaHeads, features: torch.Tensor, ids: torch.Tensor, ranks: int, start: int = 0,
-               batch: int = 8) -> torch.Tensor:
+               batch: int = 8, logits_of=_medusa_logits) -> torch.Tensor:
     """(N, K): at every position t >= start where all K heads have a label, the rank of the token at t + 2 + k
-    in head k's top-``ranks`` (``ranks`` when it is not in it). features (B, T, H), ids (B, T)."""
+    in head k's top-``ranks`` (``ranks`` when it is not in it). features (B, T, H), ids (B, T).
+    ``logits_of(heads, x, y, start, end)``: each head's logits at positions start .. end - 1 of a batch."""
     k_heads, t = heads.shape.num_heads, ids.shape[1]
     end = t - 1 - k_heads  # positions t < end have labels for every head
     if end <= start:
@@ -75,8 +80,8 @@ def rank_table(heads: MedusaHeads, features: torch.Tensor, ids: torch.Tensor, ra
     for first in range(0, ids.shape[0], batch):
         x, y = features[first : first + batch].to(device), ids[first : first + batch].to(device)
         per_head = []
-        for k, head in enumerate(heads.heads):
-            top = heads.token_ids(head(x[:, start:end], heads.lm_head).topk(ranks, dim=-1).indices)  # (b, L, ranks)
+        for k, logits in enumerate(logits_of(heads, x, y, start, end)):
+            top = heads.token_ids(logits.topk(ranks, dim=-1).indices)  # (b, L, ranks)
             hit = top == y[:, start + 2 + k : end + 2 + k, None]  # (b, L, ranks)
             per_head.append(torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), ranks))  # (b, L)
         rows.append(torch.stack(per_head, dim=-1).reshape(-1, k_heads).cpu())

@@ -11,6 +11,9 @@ target ids (``MedusaHeads.token_ids``).
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import ClassVar
+
 import torch
 
 from specfamily import zoo
@@ -18,9 +21,9 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.types import Draft, SamplingConfig, VerifyOutcome
 from specfamily.core.typical import typical_accept
-from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint
+from specfamily.drafters.medusa.checkpoint import MEDUSA, HeadsFormat, MedusaCheckpoint, load_checkpoint
 from specfamily.drafters.medusa.config import MedusaConfig
-from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
+from specfamily.drafters.medusa.heads import HeadSet, HeadsShape, MedusaHeads, shape_for
 from specfamily.drafters.medusa.tree import MedusaTree, build_tree, chain_paths, greedy_paths, nominal_accuracies
 from specfamily.drafters.shared.quantize import quantize_heads
 from specfamily.runtime.matmul import linear_for
@@ -46,60 +49,80 @@ def resolve_tree(tree, num_heads: int, vocab_size: int, meta: MedusaCheckpoint |
     return built
 
 
-class MedusaDrafter(BaseDrafter):
-    """Proposes a token tree from K Medusa heads over the target's last feature; q = None (deterministic)."""
+class HeadsDrafter(BaseDrafter):
+    """What Medusa's and Hydra's drafters share: heads from the options (the zoo's, a checkpoint or random), the tree
+    they draft, the feature that produced the root. Subclasses name their family, checkpoint format and options."""
 
     needs_features = True
     default_gamma = 4
     auto_max_gamma = None  # cost-aware depths stay within the calibrated tree
+    family: ClassVar[str]
+    kind: ClassVar[HeadsFormat]
+    config_class: ClassVar[type]
 
-    def __init__(self, target, weights=None, gamma: int | None = None, policy: str | None = None, tree=None,
-                 num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, typical: bool = False,
-                 epsilon: float = 0.09, delta: float | None = None, quantize: int = 0) -> None:
-        cfg = MedusaConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, typical, epsilon, delta,
-                           quantize)
-        weights = zoo.default_weights("medusa", target) if cfg.weights is None else cfg.weights
+    def _load(self, target, cfg) -> None:
+        """Heads as ``cfg`` asks: the zoo's for this target by default, fresh ones for weights='random', else a
+        checkpoint's, whose shape wins (a shape option that conflicts with it is refused)."""
+        weights = zoo.default_weights(self.family, target) if cfg.weights is None else cfg.weights
         if isinstance(weights, str) and weights == "random":
-            heads, checkpoint = build_heads(target, shape_for(target, num_heads, layers, share_lm_head)).eval(), None
+            heads, checkpoint = self.kind.build(target, self.random_shape(target, cfg), None).eval(), None
         else:
-            heads, checkpoint = load_checkpoint(weights, target)
-            for name in ("num_heads", "layers", "share_lm_head"):
+            heads, checkpoint = load_checkpoint(weights, target, self.kind)
+            for name in [f.name for f in fields(heads.shape) if f.name in {g.name for g in fields(cfg)}]:
                 value, saved = getattr(cfg, name), getattr(heads.shape, name)
-                if value != getattr(MedusaConfig, name) and value != saved:
+                if value != getattr(type(cfg), name) and value != saved:
                     raise ValueError(f"{name}={value!r} conflicts with the checkpoint's {name}={saved!r} "
                                      "(shape options apply to weights='random')")
         self._setup(target, heads, checkpoint, cfg)
 
+    @staticmethod
+    def random_shape(target, cfg) -> HeadsShape:
+        return shape_for(target, cfg.num_heads, cfg.layers, cfg.share_lm_head)
+
     @classmethod
-    def from_heads(cls, target, heads: MedusaHeads, tree=None, **options) -> MedusaDrafter:
+    def from_heads(cls, target, heads: HeadSet, tree=None, **options) -> HeadsDrafter:
         """A drafter over heads already in memory (training, calibration); ``options`` as for the constructor."""
-        cfg = MedusaConfig(weights="random", tree=tree, **options)
         drafter = cls.__new__(cls)
-        drafter._setup(target, heads, None, cfg)
+        drafter._setup(target, heads, None, cls.config_class(weights="random", tree=tree, **options))
         return drafter
 
-    def _setup(self, target, heads: MedusaHeads, checkpoint: MedusaCheckpoint | None, cfg: MedusaConfig) -> None:
+    def _setup(self, target, heads: HeadSet, checkpoint: MedusaCheckpoint | None, cfg) -> None:
         if cfg.quantize:
             heads = quantize_heads(heads)
         self.heads, self.checkpoint = heads, checkpoint
         k = heads.shape.num_heads
         if cfg.gamma is not None and cfg.gamma > k:
-            raise ValueError(f"gamma (tree depth) {cfg.gamma} exceeds the number of Medusa heads ({k})")
+            raise ValueError(f"gamma (tree depth) {cfg.gamma} exceeds the number of {self.kind.name} heads ({k})")
         self.tree = resolve_tree(cfg.tree, k, heads.shape.output_size, checkpoint, cfg.gamma)
         self.default_gamma = self.tree.depth
         super().__init__(cfg.gamma, cfg.policy)
-        self.lossy = cfg.typical  # typical acceptance does not preserve the target distribution
-        self.epsilon, self.delta = cfg.epsilon, cfg.delta
-        self._gather = self.tree.gather.to(target.device)  # (n,)
         self._feature: torch.Tensor | None = None  # (H,) feature that produced the current root
-        self._token_ids = heads.token_ids if heads.shape.draft_vocab else None  # draft index -> target id
-        # the shared head multiplied as the target multiplies (only passed when that is not F.linear: heads
-        # written for the drafter before it took a ``linear`` keep working)
-        self._head_options = {} if target.matmul == "exact" else {"linear": linear_for(target.matmul)}
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
         self._feature = None
+
+
+class MedusaDrafter(HeadsDrafter):
+    """Proposes a token tree from K Medusa heads over the target's last feature; q = None (deterministic)."""
+
+    family, kind, config_class = "medusa", MEDUSA, MedusaConfig
+
+    def __init__(self, target, weights=None, gamma: int | None = None, policy: str | None = None, tree=None,
+                 num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, typical: bool = False,
+                 epsilon: float = 0.09, delta: float | None = None, quantize: int = 0) -> None:
+        self._load(target, MedusaConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, typical,
+                                        epsilon, delta, quantize))
+
+    def _setup(self, target, heads: MedusaHeads, checkpoint: MedusaCheckpoint | None, cfg: MedusaConfig) -> None:
+        super()._setup(target, heads, checkpoint, cfg)
+        self.lossy = cfg.typical  # typical acceptance does not preserve the target distribution
+        self.epsilon, self.delta = cfg.epsilon, cfg.delta
+        self._gather = self.tree.gather.to(target.device)  # (n,)
+        self._token_ids = heads.token_ids if heads.shape.draft_vocab else None  # draft index -> target id
+        # the shared head multiplied as the target multiplies (only passed when that is not F.linear: heads
+        # written for the drafter before it took a ``linear`` keep working)
+        self._head_options = {} if target.matmul == "exact" else {"linear": linear_for(target.matmul)}
 
     @torch.inference_mode()
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:

@@ -84,23 +84,25 @@ class SubsetHead(nn.Module):
         return nn.functional.linear(x, self.weight)
 
 
-class MedusaHeads(nn.Module):
-    """K separate heads. ``forward(features (..., H)) -> logits (K, ..., V)``, or (K, ..., N) over a draft vocabulary.
+class HeadSet(nn.Module):
+    """What Medusa's and Hydra's heads share: the shape, K head modules, the draft vocabulary (its ids are the
+    ``draft_ids`` buffer) and the shared projection.
 
     With ``share_lm_head`` the target's LM head module is used for every head; it is held outside the module
     tree (so it is neither trained nor saved with the heads). With ``share_lm_head`` and a draft vocabulary the
     shared projection is a frozen copy of the target head's rows for the draft ids (``SubsetHead``, not saved).
-    ``vocab`` (a DraftVocab) is required when ``shape.draft_vocab > 0``; its ids are the ``draft_ids`` buffer.
+    ``vocab`` (a DraftVocab) is required when ``shape.draft_vocab > 0``.
     """
 
-    def __init__(self, shape: HeadsShape, lm_head: nn.Module | None = None, vocab: DraftVocab | None = None) -> None:
+    def __init__(self, shape: HeadsShape, heads: list[nn.Module], lm_head: nn.Module | None = None,
+                 vocab: DraftVocab | None = None) -> None:
         super().__init__()
         if shape.share_lm_head and lm_head is None:
             raise ValueError("share_lm_head=True needs the target's LM head")
         check_vocab(shape, vocab)
         self.shape = shape
         self.vocab = vocab if shape.draft_vocab else None
-        self.heads = nn.ModuleList(MedusaHead(shape) for _ in range(shape.num_heads))
+        self.heads = nn.ModuleList(heads)
         if self.vocab is not None:
             self.register_buffer("draft_ids", self.vocab.ids.clone())  # (N,) int64, saved with the heads
             if shape.share_lm_head:
@@ -126,6 +128,27 @@ class MedusaHeads(nn.Module):
         index = torch.searchsorted(ids, tokens.contiguous()).clamp_max(ids.numel() - 1)
         return torch.where(ids[index] == tokens, index, torch.full_like(index, missing))
 
+    def project(self, hidden: torch.Tensor, head: nn.Module | None = None, linear=None) -> torch.Tensor:
+        """Logits of ``hidden`` by ``head``'s own projection, else by the shared one (``linear``, when drafting:
+        ``specfamily.runtime.matmul``'s product in place of the module's own call)."""
+        if head is not None and head.proj is not None:
+            return head.proj(hidden)
+        if linear is not None and type(self.lm_head) in (nn.Linear, SubsetHead):
+            return linear(hidden, self.lm_head.weight, getattr(self.lm_head, "bias", None))
+        return self.lm_head(hidden)
+
+
+class MedusaHeads(HeadSet):
+    """K separate heads. ``forward(features (..., H)) -> logits (K, ..., V)``, or (K, ..., N) over a draft vocabulary
+    (the projections: :class:`HeadSet`)."""
+
+    def __init__(self, shape: HeadsShape, lm_head: nn.Module | None = None, vocab: DraftVocab | None = None) -> None:
+        super().__init__(shape, [MedusaHead(shape) for _ in range(shape.num_heads)], lm_head, vocab)
+
+    @classmethod
+    def for_target(cls, target, shape: HeadsShape, vocab: DraftVocab | None) -> MedusaHeads:
+        return cls(shape, target.model.get_output_embeddings(), vocab)
+
     def forward(self, features: torch.Tensor, num_heads: int | None = None, *, linear=None) -> torch.Tensor:
         """Logits of the first ``num_heads`` heads (all by default): (k, ..., V); (k, ..., N) over draft ids.
 
@@ -134,10 +157,7 @@ class MedusaHeads(nn.Module):
         """
         heads = self.heads if num_heads is None else list(self.heads)[:num_heads]  # slicing a ModuleList builds one
         if self.lm_head is not None:
-            hidden = torch.stack([head.blocks(features) for head in heads])
-            if linear is not None and type(self.lm_head) in (nn.Linear, SubsetHead):
-                return linear(hidden, self.lm_head.weight, getattr(self.lm_head, "bias", None))
-            return self.lm_head(hidden)  # (k, ..., V or N)
+            return self.project(torch.stack([head.blocks(features) for head in heads]), linear=linear)  # (k, ..., V)
         return torch.stack([head(features) for head in heads])
 
 
@@ -154,9 +174,10 @@ def check_vocab(shape: HeadsShape, vocab: DraftVocab | None) -> None:
                          f"of shape draft_vocab={shape.draft_vocab}, vocab_size={shape.vocab_size}")
 
 
-def build_heads(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> MedusaHeads:
-    """Fresh heads for ``target``: identity residual blocks, projections copied from the target's LM head (its
-    rows for ``vocab``'s ids when the shape has a draft vocabulary)."""
+def build_heads(target, shape: HeadsShape, vocab: DraftVocab | None = None, heads_class: type = MedusaHeads):
+    """Fresh heads for ``target`` (``heads_class``: MedusaHeads, or another :class:`HeadSet` with ``for_target``),
+    blocks that start as the identity, projections copied from the target's LM head (its rows for ``vocab``'s ids
+    when the shape has a draft vocabulary)."""
     lm_head = target.model.get_output_embeddings()
     weight = lm_head.weight
     if tuple(weight.shape) != (shape.vocab_size, shape.hidden_size):
@@ -166,8 +187,8 @@ def build_heads(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> M
         )
     if getattr(lm_head, "bias", None) is not None and not shape.share_lm_head:
         raise ValueError("the target's LM head has a bias; use share_lm_head=True for this target")
-    with built_like(weight.device, weight.dtype):
-        heads = MedusaHeads(shape, lm_head, vocab)
+    with built_like(weight.device, weight.dtype):  # on the target's device in its dtype, never a host copy first
+        heads = heads_class.for_target(target, shape, vocab)
     rows = weight.detach() if heads.vocab is None else heads.vocab.head_rows(lm_head)
     with torch.no_grad():
         for head in heads.heads:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specfamily.drafters.medusa.config import check_heads_options
+from specfamily.drafters.medusa.hydra_heads import PREFIX_RANK
 
 
 @dataclass
@@ -18,6 +19,9 @@ class HydraConfig:
     layers: int = 1  # blocks per head (the grounding block included), for weights="random"
     share_lm_head: bool = False  # project with the target's LM head instead of per-head copies, for "random"
     quantize: int = 0  # 8: the heads (and a shared LM head) with int8 weights (specfamily.drafters.shared.quantize)
+    prefix_rank: int = PREFIX_RANK  # r: width of the shared projection of each prefix token, for weights="random"
 
     def __post_init__(self) -> None:
         check_heads_options(self)
+        if isinstance(self.prefix_rank, bool) or not isinstance(self.prefix_rank, int) or self.prefix_rank < 1:
+            raise ValueError(f"prefix_rank must be an integer >= 1, got {self.prefix_rank!r}")

@@ -14,18 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from specfamily import zoo
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import process_clock
-from specfamily.core.drafter import BaseDrafter
 from specfamily.core.types import Draft, VerifyOutcome
-from specfamily.drafters.medusa.drafter import resolve_tree
-from specfamily.drafters.medusa.heads import shape_for
-from specfamily.drafters.medusa.hydra_checkpoint import load_hydra
+from specfamily.drafters.medusa.drafter import HeadsDrafter
+from specfamily.drafters.medusa.hydra_checkpoint import HYDRA
 from specfamily.drafters.medusa.hydra_config import HydraConfig
-from specfamily.drafters.medusa.hydra_heads import HydraHeads, build_hydra
+from specfamily.drafters.medusa.hydra_heads import PREFIX_RANK, HydraHeads, HydraShape, hydra_shape_for
 from specfamily.drafters.medusa.tree import MedusaTree
-from specfamily.drafters.shared.quantize import quantize_heads
 from specfamily.runtime.matmul import linear_for
 
 
@@ -61,56 +57,33 @@ def tree_levels(tree: MedusaTree) -> list[Level]:
     return levels
 
 
-class HydraDrafter(BaseDrafter):
+class HydraDrafter(HeadsDrafter):
     """Proposes a token tree from K Hydra heads; q = None (deterministic). Options as Medusa's (no typical rule)."""
 
-    needs_features = True
-    default_gamma = 4
-    auto_max_gamma = None
+    family, kind, config_class = "hydra", HYDRA, HydraConfig
 
     def __init__(self, target, weights=None, gamma: int | None = None, policy: str | None = None, tree=None,
-                 num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, quantize: int = 0) -> None:
-        cfg = HydraConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, quantize)
-        weights = zoo.default_weights("hydra", target) if cfg.weights is None else cfg.weights
-        if isinstance(weights, str) and weights == "random":
-            heads, meta = build_hydra(target, shape_for(target, num_heads, layers, share_lm_head)).eval(), None
-        else:
-            heads, meta = load_hydra(weights, target)
-            for name in ("num_heads", "layers", "share_lm_head"):
-                value, saved = getattr(cfg, name), getattr(heads.shape, name)
-                if value != getattr(HydraConfig, name) and value != saved:
-                    raise ValueError(f"{name}={value!r} conflicts with the checkpoint's {name}={saved!r} "
-                                     "(shape options apply to weights='random')")
-        self._setup(target, heads, meta, cfg)
+                 num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, quantize: int = 0,
+                 prefix_rank: int = PREFIX_RANK) -> None:
+        self._load(target, HydraConfig(weights, gamma, policy, tree, num_heads, layers, share_lm_head, quantize,
+                                       prefix_rank))
 
-    @classmethod
-    def from_heads(cls, target, heads: HydraHeads, tree=None, **options) -> HydraDrafter:
-        """A drafter over heads already in memory (training, calibration)."""
-        drafter = cls.__new__(cls)
-        drafter._setup(target, heads, None, HydraConfig(weights="random", tree=tree, **options))
-        return drafter
+    @staticmethod
+    def random_shape(target, cfg: HydraConfig) -> HydraShape:
+        return hydra_shape_for(target, cfg.num_heads, cfg.layers, cfg.share_lm_head, prefix_rank=cfg.prefix_rank)
 
     def _setup(self, target, heads: HydraHeads, meta, cfg: HydraConfig) -> None:
-        if cfg.quantize:
-            heads = quantize_heads(heads)
-        self.heads, self.checkpoint = heads, meta
-        k = heads.shape.num_heads
-        if cfg.gamma is not None and cfg.gamma > k:
-            raise ValueError(f"gamma (tree depth) {cfg.gamma} exceeds the number of Hydra heads ({k})")
-        self.tree = resolve_tree(cfg.tree, k, heads.shape.output_size, meta, cfg.gamma)
-        self.default_gamma = self.tree.depth
-        super().__init__(cfg.gamma, cfg.policy)
+        super()._setup(target, heads, meta, cfg)
         device = target.device
         self.levels = [Level(lv.ancestors.to(device), lv.rows.to(device), lv.ranks.to(device), lv.nodes, lv.top_k)
                        for lv in tree_levels(self.tree)]
         self.parents = self.tree.parents.to(device)
-        self._feature: torch.Tensor | None = None  # (H,) feature that produced the root
         self._root: int | None = None
         self._linear = None if target.matmul == "exact" else linear_for(target.matmul)
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
-        self._feature, self._root = None, None
+        self._root = None
 
     @torch.inference_mode()
     def draft_tokens(self, feature: torch.Tensor, root: int, depth: int) -> torch.Tensor:

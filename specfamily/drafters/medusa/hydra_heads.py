@@ -1,144 +1,139 @@
 """Hydra heads (Ankner et al. 2024, the base MLP variant): Medusa heads made sequentially dependent.
 
-Head k reads the target's final-norm feature at position t concatenated with the input embeddings of the k + 1 tokens
-after it, x_{t+1} .. x_{t+1+k}, and predicts x_{t+2+k}. At decode time t is the position before the root (R - 1),
-x_{t+1} is the root and x_{t+2} .. are the tokens drafted above the node being expanded: each head conditions on
-what was drafted before it. Shapes, draft vocabulary and the shared LM head are Medusa's (:class:`HeadsShape`);
-the embedding table is the target's (frozen, held outside the module tree like a shared LM head).
+Head k reads the target's final-norm feature f at position t and the input embeddings of the k + 1 tokens after it,
+x_{t+1} .. x_{t+1+k}, and predicts x_{t+2+k}. At decode time t is the position before the root (R - 1), x_{t+1} is
+the root and x_{t+2} .. are the tokens drafted above the node being expanded: each head conditions on what was
+drafted before it. Shapes, draft vocabulary and the shared LM head are Medusa's (:class:`HydraShape` adds r); the
+embedding table is the target's (frozen, held outside the module tree like a shared LM head).
 
-Head k: a grounding block ``R x + SiLU(W x + b)`` over the ((k + 2) H) input, R initialised to pick the feature
-(so an untrained Hydra head is an untrained Medusa head), then ``layers - 1`` residual blocks, then the projection.
+Slim conditioning: every prefix embedding e_j goes through one shared projection z_j = P e_j (H -> r, P starts as the
+first r coordinates), and head k's grounding block is ``f + SiLU(W [f; z_1; ..; z_{k+1}] + b)`` (one matrix of
+H x (H + (k + 1) r), W and b zero: an untrained Hydra head is an untrained Medusa head), then ``layers - 1`` residual
+blocks, then the projection. Against the full layout (``R x + SiLU(W x + b)`` over (k + 2) H inputs: two matrices per
+head) this keeps what each head sees and drops its size from sum_k 2 (k + 2) H^2 to sum_k (H + (k + 1) r) H + H r.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import torch
 from torch import nn
 
-from specfamily.drafters.medusa.heads import HeadsShape, ResBlock, SubsetHead, check_vocab
+from specfamily.drafters.medusa.calibrate import rank_table
+from specfamily.drafters.medusa.heads import HeadSet, HeadsShape, ResBlock, build_heads
 from specfamily.drafters.shared.draft_vocab import DraftVocab
-from specfamily.drafters.shared.placement import built_like
+
+PREFIX_RANK = 256  # r, the default width of a prefix token's projection
+
+
+@dataclass(frozen=True)
+class HydraShape(HeadsShape):
+    """Medusa's shape and the width r of the shared projection of the prefix tokens' embeddings."""
+
+    prefix_rank: int = PREFIX_RANK
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        value = self.prefix_rank
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"prefix_rank must be an integer >= 1, got {value!r}")
 
 
 class GroundBlock(nn.Module):
-    """``R x + SiLU(W x + b)`` from (k + 2) H inputs to H: R starts as [I, 0, ...], W and b as zero."""
+    """``f + SiLU(W [f; z] + b)``: the feature (..., H) and k + 1 projected prefix tokens z (..., (k + 1) r) to H;
+    W and b start at zero (the identity on f)."""
 
-    def __init__(self, hidden_size: int, inputs: int) -> None:
+    def __init__(self, hidden_size: int, prefix_width: int) -> None:
         super().__init__()
-        self.linear = nn.Linear(hidden_size * inputs, hidden_size)
-        self.res = nn.Linear(hidden_size * inputs, hidden_size, bias=False)
-        with torch.no_grad():
-            self.linear.weight.zero_()
-            self.linear.bias.zero_()
-            self.res.weight.zero_()
-            self.res.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+        self.linear = nn.Linear(hidden_size + prefix_width, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.res(x) + nn.functional.silu(self.linear(x))
+    def forward(self, f: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return f + nn.functional.silu(self.linear(torch.cat([f, z], dim=-1)))
 
 
 class HydraHead(nn.Module):
-    """Head k: the grounding block over k + 2 inputs, ``layers - 1`` residual blocks, its projection (or None)."""
+    """Head k: the grounding block over f and k + 1 prefix tokens, ``layers - 1`` residual blocks, its projection
+    (None when the LM head is shared)."""
 
-    def __init__(self, shape: HeadsShape, k: int) -> None:
+    def __init__(self, shape: HydraShape, k: int) -> None:
         super().__init__()
-        blocks = [GroundBlock(shape.hidden_size, k + 2)]
-        blocks += [ResBlock(shape.hidden_size) for _ in range(shape.layers - 1)]
-        self.blocks = nn.Sequential(*blocks)
+        blocks = [GroundBlock(shape.hidden_size, (k + 1) * shape.prefix_rank)]
+        self.blocks = nn.ModuleList(blocks + [ResBlock(shape.hidden_size) for _ in range(shape.layers - 1)])
         self.proj = None if shape.share_lm_head else nn.Linear(shape.hidden_size, shape.output_size, bias=False)
 
+    def hidden(self, f: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        h = self.blocks[0](f, z)
+        for block in list(self.blocks)[1:]:
+            h = block(h)
+        return h
 
-class HydraHeads(nn.Module):
+
+class HydraHeads(HeadSet):
     """K sequentially dependent heads over a frozen target's feature and input embeddings.
 
-    ``head_logits(k, x)``: logits (..., V or N) of head k for inputs x (..., (k + 2) H) already concatenated.
-    ``forward(features (B, T, H), ids (B, T))``: teacher-forced logits, a list over k of (B, T - 2 - k, V or N).
+    ``head_logits(k, x)``: logits (..., V or N) of head k for inputs x (..., (k + 2) H): f and the k + 1 prefix
+    embeddings, concatenated. ``forward(features (B, T, H), ids (B, T))``: teacher-forced logits, a list over k of
+    (B, T - 2 - k, V or N).
     """
 
-    def __init__(self, shape: HeadsShape, embed: nn.Module, lm_head: nn.Module | None = None,
+    def __init__(self, shape: HydraShape, embed: nn.Module, lm_head: nn.Module | None = None,
                  vocab: DraftVocab | None = None) -> None:
-        super().__init__()
-        if shape.share_lm_head and lm_head is None:
-            raise ValueError("share_lm_head=True needs the target's LM head")
-        check_vocab(shape, vocab)
-        self.shape = shape
-        self.vocab = vocab if shape.draft_vocab else None
-        self.heads = nn.ModuleList(HydraHead(shape, k) for k in range(shape.num_heads))
-        if self.vocab is not None:
-            self.register_buffer("draft_ids", self.vocab.ids.clone())  # (N,) int64, saved with the heads
-            if shape.share_lm_head:
-                lm_head = SubsetHead(self.vocab.head_rows(lm_head))
-                self.subset_head = lm_head  # moves with the heads; its buffer is not saved
-        self._lm_head = (lm_head,) if shape.share_lm_head else ()  # tuples keep the target's modules out of
-        self._embed = (embed,)  # parameters() and the state dict
+        super().__init__(shape, [HydraHead(shape, k) for k in range(shape.num_heads)], lm_head, vocab)
+        self.prefix = nn.Linear(shape.hidden_size, shape.prefix_rank, bias=False)  # P, shared by heads and positions
+        with torch.no_grad():
+            self.prefix.weight.copy_(torch.eye(shape.prefix_rank, shape.hidden_size))
+        self._embed = (embed,)  # a tuple keeps the target's table out of parameters() and the state dict
 
-    @property
-    def lm_head(self) -> nn.Module | None:
-        return self._lm_head[0] if self._lm_head else None
+    @classmethod
+    def for_target(cls, target, shape: HydraShape, vocab: DraftVocab | None) -> HydraHeads:
+        return cls(shape, target.model.get_input_embeddings(), target.model.get_output_embeddings(), vocab)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """(..., H) the target's input embeddings of target token ids (no gradient: the table is frozen)."""
         with torch.no_grad():
             return self._embed[0](tokens)
 
-    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
-        """Target token ids of indices into the heads' logits (identity over the full vocabulary)."""
-        return index if self.vocab is None else self.draft_ids[index.to(self.draft_ids.device)].to(index.device)
-
-    def draft_index(self, tokens: torch.Tensor, missing: int = -100) -> torch.Tensor:
-        """Indices into the heads' logits of target ``tokens``; ``missing`` outside the draft vocabulary."""
-        if self.vocab is None:
-            return tokens
-        ids = self.draft_ids.to(tokens.device)
-        index = torch.searchsorted(ids, tokens.contiguous()).clamp_max(ids.numel() - 1)
-        return torch.where(ids[index] == tokens, index, torch.full_like(index, missing))
-
     def head_logits(self, k: int, x: torch.Tensor, linear=None) -> torch.Tensor:
         """Logits of head k for concatenated inputs x (..., (k + 2) H); ``linear`` multiplies a shared head."""
-        head = self.heads[k]
-        hidden = head.blocks(x)
-        if head.proj is not None:
-            return head.proj(hidden)
-        if linear is not None and type(self.lm_head) in (nn.Linear, SubsetHead):
-            return linear(hidden, self.lm_head.weight, getattr(self.lm_head, "bias", None))
-        return self.lm_head(hidden)
+        size = self.shape.hidden_size
+        z = self.prefix(x[..., size:].unflatten(-1, (k + 1, size))).flatten(-2)  # (..., (k + 1) r)
+        return self.project(self.heads[k].hidden(x[..., :size], z), self.heads[k], linear)
 
     def forward(self, features: torch.Tensor, ids: torch.Tensor, num_heads: int | None = None) -> list[torch.Tensor]:
         """Teacher-forced logits: entry k is (B, T - 2 - k, V or N), head k at t given x_{t+1} .. x_{t+1+k}."""
         t = ids.shape[1]
-        emb = self.embed(ids).to(features.dtype)  # (B, T, H)
+        z = self.prefix(self.embed(ids).to(features.dtype))  # (B, T, r), each token projected once
         out = []
         for k in range(self.shape.num_heads if num_heads is None else num_heads):
             length = t - 2 - k
-            parts = [features[:, :length]] + [emb[:, 1 + j : 1 + j + length] for j in range(k + 1)]
-            out.append(self.head_logits(k, torch.cat(parts, dim=-1)))
+            prefix = torch.cat([z[:, 1 + j : 1 + j + length] for j in range(k + 1)], dim=-1)
+            out.append(self.project(self.heads[k].hidden(features[:, :length], prefix), self.heads[k]))
         return out
 
 
 def build_hydra(target, shape: HeadsShape, vocab: DraftVocab | None = None) -> HydraHeads:
-    """Fresh Hydra heads for ``target``: grounding blocks that pick the feature, projections copied from the target's
-    LM head (its rows for ``vocab``'s ids over a draft vocabulary)."""
-    lm_head = target.model.get_output_embeddings()
-    weight = lm_head.weight
-    if tuple(weight.shape) != (shape.vocab_size, shape.hidden_size):
-        raise ValueError(f"heads of shape (V={shape.vocab_size}, H={shape.hidden_size}) do not fit the target's LM "
-                         f"head {tuple(weight.shape)}")
-    if getattr(lm_head, "bias", None) is not None and not shape.share_lm_head:
-        raise ValueError("the target's LM head has a bias; use share_lm_head=True for this target")
-    with built_like(weight.device, weight.dtype):  # on the target's device in its dtype, never a host copy first
-        heads = HydraHeads(shape, target.model.get_input_embeddings(), lm_head, vocab)
-    rows = weight.detach() if heads.vocab is None else heads.vocab.head_rows(lm_head)
-    with torch.no_grad():
-        for head in heads.heads:
-            if head.proj is not None:
-                head.proj.weight.copy_(rows.to(head.proj.weight.dtype))
-    return heads.to(device=weight.device, dtype=weight.dtype)
+    """Fresh Hydra heads for ``target`` (a Medusa shape gets the default r): grounding blocks that pass the feature
+    through, projections copied from the target's LM head (its rows for ``vocab``'s ids over a draft vocabulary)."""
+    if not isinstance(shape, HydraShape):
+        shape = HydraShape(**asdict(shape))
+    return build_heads(target, shape, vocab, HydraHeads)
+
+
+def hydra_shape_for(target, num_heads: int = 4, layers: int = 1, share_lm_head: bool = False, draft_vocab: int = 0,
+                    prefix_rank: int = PREFIX_RANK) -> HydraShape:
+    """The Hydra heads shape that fits ``target``."""
+    return HydraShape(num_heads, target.hidden_size, target.vocab_size, layers, share_lm_head, draft_vocab,
+                      prefix_rank)
 
 
 def hydra_from_medusa(target, medusa: nn.Module) -> HydraHeads:
     """Hydra heads that propose exactly what the Medusa heads ``medusa`` (a MedusaHeads) propose: the grounding block
-    is the Medusa head's first residual block reading the feature only (embedding columns zero), the other blocks and
-    the projections copied; shape and draft vocabulary are the Medusa heads'. A warm start for training."""
+    is the Medusa head's first residual block reading the feature only (prefix columns zero), the other blocks and
+    the projections copied; shape and draft vocabulary are the Medusa heads' (r the default). A warm start for
+    training."""
     heads = build_hydra(target, medusa.shape, medusa.vocab)
     size = medusa.shape.hidden_size
     with torch.no_grad():
@@ -167,27 +162,16 @@ def hydra_loss(heads: HydraHeads, features: torch.Tensor, ids: torch.Tensor,
     return total, per_head
 
 
-@torch.no_grad()
 def hydra_rank_table(heads: HydraHeads, features: torch.Tensor, ids: torch.Tensor, ranks: int, start: int = 0,
                      batch: int = 8) -> torch.Tensor:
     """(N, K): at every position t >= start where every head has a label, the rank of x_{t+2+k} in head k's top
-    ``ranks`` given the right tokens before it (``ranks`` when missed). Teacher forcing is exact here: a tree node
-    is only reached when the tokens above it were the right ones."""
-    k_heads, t = heads.shape.num_heads, ids.shape[1]
-    end = t - 1 - k_heads
-    if end <= start:
-        raise ValueError(f"windows of {t} tokens are too short for {k_heads} heads from position {start}")
-    device = next(heads.parameters()).device
-    rows = []
-    for first in range(0, ids.shape[0], batch):
-        x, y = features[first : first + batch].to(device), ids[first : first + batch].to(device)
-        per_head = []
-        for k, logits in enumerate(heads(x, y)):
-            top = heads.token_ids(logits[:, start:end].topk(ranks, dim=-1).indices)  # (b, L, ranks)
-            hit = top == y[:, start + 2 + k : end + 2 + k, None]
-            per_head.append(torch.where(hit.any(dim=-1), hit.int().argmax(dim=-1), ranks))
-        rows.append(torch.stack(per_head, dim=-1).reshape(-1, k_heads).cpu())
-    return torch.cat(rows)
+    ``ranks`` given the right tokens before it (``ranks`` when missed): Medusa's ``rank_table`` on the teacher-forced
+    logits. Teacher forcing is exact here: a tree node is only reached when the tokens above it were the right ones."""
+    return rank_table(heads, features, ids, ranks, start, batch, _teacher_forced)
+
+
+def _teacher_forced(heads: HydraHeads, x: torch.Tensor, y: torch.Tensor, start: int, end: int) -> list[torch.Tensor]:
+    return [logits[:, start:end] for logits in heads(x, y)]
 
 
 def rank_accuracies(table: torch.Tensor, ranks: int) -> torch.Tensor:

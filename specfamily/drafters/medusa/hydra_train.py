@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from specfamily.drafters.medusa.calibrate import Calibration, calibrate
-from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint
-from specfamily.drafters.medusa.data import vocab_report
-from specfamily.drafters.medusa.heads import shape_for
-from specfamily.drafters.medusa.hydra_checkpoint import save_hydra
+from specfamily.drafters.medusa.checkpoint import load_checkpoint
+from specfamily.drafters.medusa.hydra_checkpoint import HYDRA
 from specfamily.drafters.medusa.hydra_drafter import HydraDrafter, measure_hydra_cost
 from specfamily.drafters.medusa.hydra_heads import (
     HydraHeads,
@@ -30,19 +26,17 @@ from specfamily.drafters.medusa.hydra_heads import (
     hydra_from_medusa,
     hydra_loss,
     hydra_rank_table,
+    hydra_shape_for,
     rank_accuracies,
 )
-from specfamily.drafters.medusa.objective import argmax_labels
-from specfamily.drafters.medusa.train import HeadsContext, MedusaTraining, TrainState, open_context
+from specfamily.drafters.medusa.train import HeadsContext, MedusaTraining, TrainState
 from specfamily.drafters.medusa.train_config import TrainConfig
 from specfamily.drafters.shared.draft_vocab import target_draft_vocab
 from specfamily.drafters.shared.greedy_tau import greedy_tau
-from specfamily.io.identity import target_identity
 from specfamily.train import loop
 from specfamily.train.config import add_flags, from_args
-from specfamily.train.ddp import Objective, Ranks
-from specfamily.train.loop import Evaluation, LoopSettings, Trainee
-from specfamily.train.precision import Precision, device_arg, dtype_arg
+from specfamily.train.loop import Evaluation, Trainee
+from specfamily.train.precision import device_arg, dtype_arg
 
 
 def evaluate_hydra(context: HeadsContext, heads: HydraHeads) -> tuple[Calibration, float]:
@@ -58,30 +52,24 @@ def evaluate_hydra(context: HeadsContext, heads: HydraHeads) -> tuple[Calibratio
 
 
 class HydraTraining(MedusaTraining):
-    """Medusa's training family with Hydra heads; exported in the Hydra checkpoint format."""
+    """Medusa's training family with Hydra heads, their cost, loss and evaluation; exported in Hydra's format."""
 
-    def __init__(self, cfg: TrainConfig, target=None) -> None:
-        super().__init__(cfg, target)
-        self.settings = LoopSettings.of(cfg, "hydra heads", Path(cfg.out) / "state.pt", decay_after_warmup=True)
+    kind, label = HYDRA, "hydra heads"
+    loss = staticmethod(hydra_loss)
 
-    def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
+    def initial_heads(self, context: HeadsContext) -> HydraHeads:
+        """A warm start from Medusa heads (``init``: proposes what they propose until it learns otherwise), else
+        fresh Hydra heads of the configured shape."""
         cfg = self.cfg
-        self.context = context = open_context(cfg, self.target)
-        if cfg.init:  # a warm start from Medusa heads: proposes what they propose until it learns otherwise
-            heads = hydra_from_medusa(context.target, load_checkpoint(cfg.init, context.target)[0])
-            vocab = heads.vocab
-        else:
-            vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
-            heads = build_hydra(context.target, shape_for(context.target, cfg.num_heads, cfg.layers,
-                                                          cfg.share_lm_head, cfg.draft_vocab), vocab)
-        # c of the nominal tree (the one untrained heads draft): the tree is chosen against this fixed cost
-        context.c = measure_hydra_cost(HydraDrafter.from_heads(context.target, heads.eval()),
-                                       context.seconds_per_pass)
-        heads.train()
-        optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        state = TrainState(draft_vocab=vocab_report(vocab, context.data))
-        objective = Objective(heads, lambda h, ids, f: _step_loss(context, h, ids, f))
-        return Trainee(heads, optimizer, objective, state, precision.scaler())
+        if cfg.init:
+            return hydra_from_medusa(context.target, load_checkpoint(cfg.init, context.target)[0])
+        vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
+        shape = hydra_shape_for(context.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
+        return build_hydra(context.target, shape, vocab)
+
+    def measure_cost(self, context: HeadsContext, heads: HydraHeads) -> None:
+        """c of the nominal tree (the one untrained heads draft): the tree is chosen against this fixed cost."""
+        context.c = measure_hydra_cost(HydraDrafter.from_heads(context.target, heads.eval()), context.seconds_per_pass)
 
     def evaluate(self, trainee: Trainee[TrainState]) -> Evaluation:
         state = trainee.state
@@ -93,25 +81,6 @@ class HydraTraining(MedusaTraining):
         summary = (f"tau {tau:.3f}; teacher-forced top1 {[round(a, 3) for a in cal.top1]}; tree {len(cal.tree)} "
                    f"nodes, expected accepted {cal.expected_accepted:.3f}")
         return Evaluation(summary, tau, cal)
-
-    def export(self, trainee: Trainee[TrainState], evaluation: Evaluation) -> None:
-        cfg, cal, state, heads = self.cfg, evaluation.detail, trainee.state, trainee.model
-        training = {"step": state.step, "data": self.context.data.source, "config": asdict(cfg),
-                    "draft_vocab": state.draft_vocab}
-        meta = MedusaCheckpoint(heads.shape, target_identity(self.context.target.model), cal.tree,
-                                {**cal.as_dict(), "tau": evaluation.score}, training)
-        save_hydra(cfg.export or Path(cfg.out) / "heads", heads, meta, dtype=getattr(torch, cfg.save_dtype))
-
-
-def _step_loss(context: HeadsContext, heads: HydraHeads, ids: torch.Tensor,
-               features: torch.Tensor | None) -> tuple[torch.Tensor, list[float]]:
-    from specfamily.drafters.medusa.calibrate import target_features
-
-    ids = ids.to(context.target.device)
-    features = target_features(context.target.model, ids) if features is None else features.to(ids.device)
-    if context.cfg.labels == "argmax":
-        ids = argmax_labels(context.target.model.get_output_embeddings(), features, ids)
-    return hydra_loss(heads, features, ids, context.cfg.decay)
 
 
 def train(cfg: TrainConfig, target=None) -> TrainState:

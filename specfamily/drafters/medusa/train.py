@@ -35,7 +35,7 @@ from specfamily.drafters.medusa.calibrate import (
     rank_table,
     target_features,
 )
-from specfamily.drafters.medusa.checkpoint import MedusaCheckpoint, load_checkpoint, resolve, save_checkpoint
+from specfamily.drafters.medusa.checkpoint import MEDUSA, MedusaCheckpoint, load_checkpoint, resolve, save_checkpoint
 from specfamily.drafters.medusa.data import MedusaData, load_data, vocab_report
 from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
 from specfamily.drafters.medusa.objective import argmax_labels, medusa_loss
@@ -119,38 +119,49 @@ def train(cfg: TrainConfig, target=None) -> TrainState:
 
 class MedusaTraining(Resumable):
     """Medusa heads as a :class:`specfamily.train.loop.Family`: selected by the tau they reach, exported as
-    safetensors + JSON, resumable from ``out/state.pt`` (the heads under ``heads``; the draft vocabulary's report is
-    measured anew)."""
+    safetensors + JSON (``kind``'s format), resumable from ``out/state.pt`` (the heads under ``heads``; the draft
+    vocabulary's report is measured anew). Hydra's trainer overrides the heads, their cost, loss and evaluation."""
 
     model_key, kept_state, hint = "heads", ("draft_vocab",), "use a new out"
     fixed_options = ("target", "num_heads", "layers", "share_lm_head", "seq_len", "data", "distilled", "draft_vocab")
+    kind, label = MEDUSA, "medusa heads"
+    loss = staticmethod(medusa_loss)  # (heads, features, ids, decay) -> (loss, per-head losses)
 
     def __init__(self, cfg: TrainConfig, target=None) -> None:
         self.cfg, self.target = cfg, target
         # the cosine runs over the steps after warm-up; evaluations count against the minutes
-        self.settings = LoopSettings.of(cfg, "medusa heads", Path(cfg.out) / "state.pt", decay_after_warmup=True)
+        self.settings = LoopSettings.of(cfg, self.label, Path(cfg.out) / "state.pt", decay_after_warmup=True)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.per_head: list[float] = []  # the last step's loss of each head
 
     def build(self, ranks: Ranks, precision: Precision) -> Trainee[TrainState]:
         cfg = self.cfg
         self.context = context = open_context(cfg, self.target)
-        if cfg.init:  # a warm start: the checkpoint's heads, shape and draft vocabulary
-            heads = load_checkpoint(cfg.init, context.target)[0]
-            vocab = heads.vocab
-        else:
-            vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
-            shape = shape_for(context.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
-            heads = build_heads(context.target, shape, vocab)
-        context.measure_heads(heads)
+        heads = self.initial_heads(context)
+        vocab = heads.vocab
+        self.measure_cost(context, heads)
         heads.train()
         optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         state = TrainState(draft_vocab=vocab_report(vocab, context.data))
         if vocab is not None and ranks.is_main:
             tqdm.write(f"draft vocabulary: {vocab.size} tokens, coverage {state.draft_vocab['coverage_train']:.3f} "
                        f"of the training tokens, {state.draft_vocab['coverage_heldout']:.3f} held out")
-        objective = Objective(heads, lambda h, ids, f: _step_loss(context, h, ids, f))
+        objective = Objective(heads, lambda h, ids, f: _step_loss(context, h, ids, f, self.loss))
         return Trainee(heads, optimizer, objective, state, precision.scaler())
+
+    def initial_heads(self, context: HeadsContext) -> MedusaHeads:
+        """The heads training starts from: ``init``'s (a warm start: their shape and draft vocabulary), else fresh
+        heads of the configured shape over the draft vocabulary counted on the training data."""
+        cfg = self.cfg
+        if cfg.init:
+            return load_checkpoint(cfg.init, context.target)[0]
+        vocab = target_draft_vocab(cfg.draft_vocab, context.target, context.data.counted)
+        shape = shape_for(context.target, cfg.num_heads, cfg.layers, cfg.share_lm_head, cfg.draft_vocab)
+        return build_heads(context.target, shape, vocab)
+
+    def measure_cost(self, context: HeadsContext, heads: MedusaHeads) -> None:
+        """c, the heads' proposal cost relative to t(1), which the tree is chosen against."""
+        context.measure_heads(heads)
 
     def check_resume(self, trainee: Trainee[TrainState], saved: dict, path: Path) -> None:
         ids = trainee.model.draft_ids if trainee.model.vocab is not None else None
@@ -180,22 +191,22 @@ class MedusaTraining(Resumable):
                     "draft_vocab": state.draft_vocab}
         meta = MedusaCheckpoint(heads.shape, target_identity(self.context.target.model), cal.tree,
                                 {**cal.as_dict(), "tau": evaluation.score}, training)
-        save_checkpoint(cfg.export or Path(cfg.out) / "heads", heads, meta, dtype=getattr(torch, cfg.save_dtype))
+        save_checkpoint(cfg.export or Path(cfg.out) / "heads", heads, meta, getattr(torch, cfg.save_dtype), self.kind)
 
     def finish(self, trainee: Trainee[TrainState]) -> None:
         """Nothing more: the best heads were exported as they came."""
 
 
-def _step_loss(context: HeadsContext, heads: MedusaHeads, ids: torch.Tensor,
-               features: torch.Tensor | None) -> tuple[torch.Tensor, list[float]]:
+def _step_loss(context: HeadsContext, heads: MedusaHeads, ids: torch.Tensor, features: torch.Tensor | None,
+               loss=medusa_loss) -> tuple[torch.Tensor, list[float]]:
     """The training loss on one batch of windows (B, T): the target's features (computed unless stored), then the
-    heads' loss."""
+    heads' ``loss``."""
     cfg, device = context.cfg, context.target.device
     ids = ids.to(device)
     features = target_features(context.target.model, ids) if features is None else features.to(device)
     if cfg.labels == "argmax":
         ids = argmax_labels(context.target.model.get_output_embeddings(), features, ids)
-    return medusa_loss(heads, features, ids, cfg.decay)
+    return loss(heads, features, ids, cfg.decay)
 
 
 def _rounded(values: list[float]) -> list[float]:
