@@ -22,9 +22,9 @@ from specfamily.core.sampling import warp
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
 
-__all__ = ["propose_small_batch"]
+__all__ = ["CATCH_UP_TOKENS", "propose_small_batch"]
 
-CATCH_UP_TOKENS = 2  # as the batch-1 drafter: more unseen tokens than a drafted pass leaves is a backlog
+CATCH_UP_TOKENS = 2  # more unseen tokens than a drafted pass leaves (the last draft token and the bonus): a backlog
 
 
 @dataclass

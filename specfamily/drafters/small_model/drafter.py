@@ -11,11 +11,9 @@ from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, VerifyOutcome
-from specfamily.drafters.small_model.batched import propose_small_batch
 from specfamily.drafters.shared.quantize import Int8Linears, causal_lm_linears, check_bits
+from specfamily.drafters.small_model.batched import CATCH_UP_TOKENS, propose_small_batch
 from specfamily.runtime.lean import LeanLlama
-
-CATCH_UP_TOKENS = 2  # more unseen tokens than a drafted pass leaves (the last draft token and the bonus): a backlog
 
 
 def _vocab_size(model) -> int:
