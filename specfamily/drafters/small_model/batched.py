@@ -69,6 +69,8 @@ def propose_small_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[
     catch_up = (clock() - begin) / len(drafters) if any(backlog) else 0.0
     for step in range(slots[0].gamma):
         active = [not s.done and step < s.gamma for s in slots]
+        if not any(active):  # every draft ended early (a low-confidence token)
+            break
         rows = _pass(batch, [s.feed if a else None for s, a in zip(slots, active, strict=True)])
         for s, row in zip(slots, rows, strict=True):
             if row is not None:
