@@ -13,7 +13,6 @@ entries are not kept (``observe`` drops them at batch 1 too).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -21,25 +20,13 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.sampling import warp
-from specfamily.core.tree_mask import additive
 from specfamily.core.types import Draft
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter, TopkRows, TreeFeeder, crop, drawn_q
+from specfamily.drafters.shared.ragged import RowFeed, ragged_call
 from specfamily.runtime.batch_cache import BatchCache, SlotLayer
 
-__all__ = ["RowFeed", "propose_feature_batch", "ragged_call"]
-
-
-@dataclass(frozen=True)
-class RowFeed:
-    """What one slot feeds in a layer call: k rows at positions, seeing its first ``base`` cached entries and, past
-    them, what ``visible`` (k, length - base + k) allows (the slot's later cached entries, then the fed rows)."""
-
-    ids: torch.Tensor  # (k,) long
-    inputs: torch.Tensor  # (k, H)
-    positions: torch.Tensor  # (k,) long
-    base: int
-    visible: torch.Tensor  # (k, length - base + k) bool
+__all__ = ["propose_feature_batch"]
 
 
 def propose_feature_batch(drafters: list[FeatureDrafter], ctxs: list[DecodeContext], gammas: list[int],
@@ -67,34 +54,10 @@ def propose_feature_batch(drafters: list[FeatureDrafter], ctxs: list[DecodeConte
     return drafts
 
 
-def ragged_call(step, cache: BatchCache, feeds: list[RowFeed | None]) -> torch.Tensor:
-    """One call of the layer ``step`` over slots 0 .. the last with a feed (padded on the right to the widest);
-    each fed slot's length grows by its rows. Returns the outputs (B, width, H); rows past a slot's k are padding."""
-    hi = max(b for b, feed in enumerate(feeds) if feed is not None) + 1
-    fed = [feed for feed in feeds[:hi] if feed is not None]
-    width, device, dtype = max(f.ids.numel() for f in fed), fed[0].inputs.device, fed[0].inputs.dtype
-    plan = cache.plan_pass(0, hi, width, device)
-    ids = torch.zeros(hi, width, dtype=torch.long, device=device)
-    inputs = torch.zeros(hi, width, fed[0].inputs.shape[-1], dtype=dtype, device=device)
-    positions = torch.zeros(hi, width, dtype=torch.long, device=device)
-    mask = torch.full((hi, 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
-    for b, feed in enumerate(feeds[:hi]):
-        length, k = cache.lengths[b], 0 if feed is None else feed.ids.numel()
-        if feed is not None:
-            ids[b, :k], inputs[b, :k], positions[b, :k] = feed.ids, feed.inputs, feed.positions
-            mask[b, 0, :k, : feed.base] = 0
-            mask[b, 0, :k, feed.base : length + k] = additive(feed.visible, dtype)
-        pad = torch.arange(k, width, device=device)
-        positions[b, k:] = length
-        mask[b, 0, pad, length + pad] = 0  # a padding row sees itself
-    try:
-        out = step(ids, inputs, positions, mask, cache.cache)  # (hi, width, H)
-    finally:
-        cache.end_pass()
-    for b, feed in enumerate(feeds[:hi]):
-        if feed is not None:
-            cache.lengths[b] += feed.ids.numel()
-    return out
+def _call(lead: FeatureDrafter, cache: BatchCache, feeds: list[RowFeed | None]) -> torch.Tensor:
+    """One call of the drafter's layer over the fed slots (the mask in its inputs' dtype)."""
+    dtype = next(feed for feed in feeds if feed is not None).inputs.dtype
+    return ragged_call(lead._step, cache, feeds, dtype)
 
 
 def _pack(drafters: list[FeatureDrafter], room: int) -> BatchCache:
@@ -133,7 +96,7 @@ def _catch_up(lead: FeatureDrafter, cache: BatchCache, drafters: list[FeatureDra
         ids = torch.tensor(ctx.tokens[start + 1 : start + m + 1], dtype=torch.long, device=device)
         causal = torch.ones(m, m, dtype=torch.bool, device=device).tril()
         feeds.append(RowFeed(ids, inputs, torch.arange(start, start + m, device=device), start, causal))
-    out = ragged_call(lead._step, cache, feeds)
+    out = _call(lead, cache, feeds)
     layer = cache.layers[0]
     for b, drafter in enumerate(drafters):
         state, end = drafter.state, cache.lengths[b]
@@ -168,7 +131,7 @@ def _chains(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.T
                 visible = torch.ones(1, i + 1, dtype=torch.bool, device=token.device)
                 feeds[b] = RowFeed(token, hidden[b][None], position, real, visible)
         if any(feed is not None for feed in feeds):
-            out = ragged_call(lead._step, cache, feeds)
+            out = _call(lead, cache, feeds)
             for b, feed in enumerate(feeds):
                 if feed is not None:
                     hidden[b] = out[b, 0]
@@ -196,7 +159,7 @@ def _trees(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.Te
                 ids, inputs, position, visible = feeders[b].prepare(*request)
                 positions = torch.full((ids.numel(),), position, dtype=torch.long, device=ids.device)
                 feeds[b] = RowFeed(ids, inputs, positions, feeders[b].state.real, visible)
-        out = ragged_call(lead._step, cache, feeds)
+        out = _call(lead, cache, feeds)
         fed = [b for b, feed in enumerate(feeds) if feed is not None]
         outputs = [out[b, : feeds[b].ids.numel()] for b in fed]
         logits = lead._draft_logits(torch.cat(outputs)).split([o.shape[0] for o in outputs])  # (k_b, N) each
