@@ -73,3 +73,16 @@ def test_one_pass_per_draft_step_on_the_batch_cache_without_copying_a_slot(code_
     reference = [sf.generate(code_target, sf.create_drafter("self_spec", code_target, skip=SKIP, gamma=3), p,
                              max_new_tokens=16).tokens for p in prompts[:4]]
     assert [r.tokens for r in results] == reference
+
+
+def test_a_gpt2_target_drafts_in_batches_what_it_drafts_alone(monkeypatch):
+    import torch
+
+    from specfamily.testing import tiny_target
+
+    target = tiny_target("gpt2", vocab_size=64, spread=1.0, dtype=torch.float32)
+    log = twin_check(monkeypatch, SelfSpecDrafter, target, atol=2e-6)
+    drafter = sf.create_drafter("self_spec", target, skip=["mlp:1"], gamma=3)
+    prompts = [[1, 2, 3, 1, 2, 3], [5, 6], [7, 8, 9, 10], [11, 3, 4]]
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=15, max_batch=3, sampling=SamplingConfig(1.0))
+    assert log.sampled == log.drafts >= 3 * 4 and log.widest == 3

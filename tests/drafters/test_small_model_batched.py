@@ -95,3 +95,17 @@ def test_each_request_keeps_its_batch_1_greedy_text(code_target, prompts):
     results = sf.generate_batch(code_target, drafter, prompts, max_new_tokens=24, max_batch=4)
     assert [r.tokens for r in results] == reference
     assert all(r.metrics.draft_steps > 0 for r in results)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_tiny_models_of_both_families_draft_in_batches_what_they_draft_alone(family, monkeypatch):
+    """GPT-2 drafts through the model's own forward (no lean forward), Llama through the lean one."""
+    from specfamily.testing import draft_model_for, tiny_target
+
+    target = tiny_target(family, vocab_size=64, spread=1.0, dtype=torch.float32)
+    log = twin_check(monkeypatch, SmallModelDrafter, target, atol=2e-6)
+    drafter = sf.create_drafter("small_model", target, model=draft_model_for(target), gamma=3)
+    prompts = [[1, 2, 3, 1, 2, 3], [5, 6], [7, 8, 9, 10], [11, 3, 4]]
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=15, max_batch=3, sampling=SETTINGS[1])
+    assert log.sampled >= 3 * 4 and log.widest == 3
+    assert (drafter.runner.lean is None) == (family == "gpt2")

@@ -91,3 +91,18 @@ def test_each_request_keeps_its_batch_1_greedy_text(name, options, code_target, 
     results = sf.generate_batch(code_target, sf.create_drafter(name, code_target, **options), prompts,
                                 max_new_tokens=20, max_batch=4)
     assert [r.tokens for r in results] == reference
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_a_gpt2_eagle_drafts_in_batches_what_it_drafts_alone(mode, monkeypatch):
+    """GPT-2's eagle layer runs the module path (absolute positions, the block's own attention)."""
+    from specfamily.testing import tiny_target
+
+    target = tiny_target("gpt2", vocab_size=64, spread=1.0, dtype=torch.float32)
+    log = twin_check(monkeypatch, EagleDrafter, target, atol=2e-6)
+    options = {"tree_sampling": "sampled"} if mode == "tree" else {}
+    drafter = sf.create_drafter("eagle", target, weights="random", mode=mode, gamma=3, **options)
+    prompts = [[1, 2, 3, 1, 2, 3], [5, 6], [7, 8, 9, 10], [11, 3, 4]]
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=15, max_batch=3, sampling=T1)
+    assert log.sampled == log.drafts >= 3 * 4 and log.widest == 3
+    assert drafter.model.parts.positions is not None  # GPT-2's position table: the module path
