@@ -48,6 +48,12 @@ class SlotTarget:
         """A batch-1 DynamicCache over this slot's committed entries (appends go to new tensors, not the slots)."""
         return self._cache.slot_view(self.slot)
 
+    @property
+    def batch_cache(self) -> BatchCache:
+        """The whole batch's cache, for a drafter that runs the target's layers over many slots in one call; it may
+        write past a slot's committed length but must leave ``lengths`` as it found them."""
+        return self._cache
+
     def __getattr__(self, name: str):
         return getattr(self._target, name)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specfamily.core.batch_loop import generate_batch
+from specfamily.core.batch_slots import propose_batch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.types import Draft, SamplingConfig, VerifyOutcome
@@ -52,9 +53,22 @@ class PerPromptGamma(BaseDrafter):
         prompt = tuple(ctx.prompt_ids.tolist())
         gamma = min(gamma, self.gammas[prompt])
         draft = self.inner.propose(ctx, gamma) if gamma > 0 else Draft.empty()
+        self._record(prompt, draft)
+        return draft
+
+    def propose_batch(self, drafters: list, ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
+        """The inner drafters propose through their own family's batched call (its batched draft forwards, when it
+        has them), each slot at its prompt's length."""
+        prompts = [tuple(ctx.prompt_ids.tolist()) for ctx in ctxs]
+        gammas = [min(g, self.gammas[p]) for g, p in zip(gammas, prompts, strict=True)]
+        drafts = propose_batch(self.inner, [d.inner for d in drafters], ctxs, gammas)
+        for prompt, draft in zip(prompts, drafts, strict=True):
+            self._record(prompt, draft)
+        return drafts
+
+    def _record(self, prompt: tuple[int, ...], draft: Draft) -> None:
         depth = 0 if len(draft) == 0 else int(draft.depths().max())
         self.deepest[prompt] = max(self.deepest.get(prompt, 0), depth)
-        return draft
 
     def observe(self, outcome: VerifyOutcome) -> None:
         self.inner.observe(outcome)

@@ -1,6 +1,8 @@
 """The batched conformance kit: honest drafters pass inside batches, a drafter that leaks across requests is rejected,
 and the registered drafters keep each request's law under batching."""
 
+import importlib
+
 import pytest
 
 import specfamily as sf
@@ -53,9 +55,30 @@ REGISTERED = [
 ]
 
 
+# families whose batched proposal runs one draft forward per step for the whole batch: (drafter module, function)
+BATCHED_FORWARDS = {
+    "small_model": ("specfamily.drafters.small_model.drafter", "propose_small_batch"),
+    "eagle": ("specfamily.drafters.eagle.drafter", "propose_feature_batch"),
+    "eagle3": ("specfamily.drafters.eagle.drafter", "propose_feature_batch"),
+    "self_spec": ("specfamily.drafters.self_spec.drafter", "propose_self_batch"),
+}
+
+
 @pytest.mark.parametrize(("name", "options", "deep"), REGISTERED)
-def test_registered_drafters_keep_each_requests_law_under_batching(name, options, deep):
+def test_registered_drafters_keep_each_requests_law_under_batching(name, options, deep, monkeypatch):
     """Drafters that report a sampled q are held to each prompt's draft length; copiers and random trees draft what
-    their matches and heads allow (their q is None: nothing to misreport at depth)."""
+    their matches and heads allow (their q is None: nothing to misreport at depth). The families with batched draft
+    forwards are tested through them: several slots in one call."""
+    widths = []
+    if name in BATCHED_FORWARDS:
+        module, function = BATCHED_FORWARDS[name]
+        batched = getattr(importlib.import_module(module), function)
+
+        def counted(drafters, ctxs, gammas, *args):
+            widths.append(sum(g > 0 for g in gammas))
+            return batched(drafters, ctxs, gammas, *args)
+
+        monkeypatch.setattr(f"{module}.{function}", counted)
     fit = assert_lossless_batched(_registered(name, **options), samples=SAMPLES, require_depth=deep)
     assert fit.passed
+    assert name not in BATCHED_FORWARDS or max(widths) > 1

@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
+from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
-from specfamily.core.types import VerifyOutcome
+from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.eagle.checkpoint import load_eagle3_weights, load_eagle_weights
 from specfamily.drafters.eagle.config import Eagle3Config, EagleConfig
 from specfamily.drafters.eagle.lean import (
@@ -36,6 +37,7 @@ from specfamily.drafters.eagle.lean import (
 from specfamily.drafters.eagle.model import DraftNetwork, EagleModel
 from specfamily.drafters.eagle.model3 import Eagle3Model
 from specfamily.drafters.eagle.tree_shape import TREE_SHAPES, default_tree_shape
+from specfamily.drafters.shared.batched_features import propose_feature_batch
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter
 from specfamily.drafters.shared.quantize import Int8Linears, causal_lm_linears
 from specfamily.runtime.matmul import linear_for
@@ -87,6 +89,14 @@ class EagleFamilyDrafter(FeatureDrafter):
     def _check_features(self, features: torch.Tensor | None) -> None:
         """Refuse an outcome without the features this variant reads."""
         raise NotImplementedError
+
+    @torch.inference_mode()
+    def propose_batch(self, drafters: list, ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
+        """Batched decoding: one draft-layer call per draft step for every slot (``shared/batched_features.py``);
+        slots of another drafter or model fall back to their own ``propose``."""
+        if not all(type(d) is type(self) and d.model is self.model and d.mode == self.mode for d in drafters):
+            return super().propose_batch(drafters, ctxs, gammas)
+        return propose_feature_batch(drafters, ctxs, gammas)
 
     def _step(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor,
               mask: torch.Tensor | None, cache: DynamicCache) -> torch.Tensor:

@@ -21,6 +21,7 @@ from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, VerifyOutcome
+from specfamily.drafters.self_spec.batched import propose_self_batch
 from specfamily.drafters.self_spec.config import (
     SelfSpecConfig,
     check_record_fits,
@@ -159,6 +160,16 @@ class SelfSpecDrafter(BaseDrafter):
                 step_positions = positions[:, m + step : m + step + 1]
         self._drafted, self._cut = len(tokens), cut
         return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
+
+    @torch.inference_mode()
+    def propose_batch(self, drafters: list, ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
+        """Batched decoding: one skip-layer pass per draft step for every slot, on the batch's cache without copying
+        it (``batched.py``); other drafters, skip sets or contexts fall back to each slot's ``propose``."""
+        if all(type(d) is type(self) and d.skipped == self.skipped for d in drafters):
+            drafts = propose_self_batch(drafters, ctxs, gammas)
+            if drafts is not None:
+                return drafts
+        return super().propose_batch(drafters, ctxs, gammas)
 
     def _draw(self, logits: torch.Tensor, ctx: DecodeContext):
         """(token (1,), q (V,) or None, top-1 probability or None without adaptive exit)."""

@@ -20,7 +20,7 @@ the kept set over earlier siblings as well as ancestors anyway, and ``is_draw_pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +58,10 @@ class DraftTree:
     ranks: torch.Tensor  # (t,) long, position in the parent's draw order
     rows: torch.Tensor  # (t,) long, index into ``expanded`` of the row each node was drawn from
     expanded: list[torch.Tensor]  # the rows grow_tree expanded: the root's (1, V), then each step's (k, V)
+
+
+# grow_tree_steps: yields (nodes, tokens, parents) of one step, is sent their rows (k, V), returns the tree.
+TreeSteps = Generator[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor, DraftTree]
 
 
 def expand(
@@ -179,6 +183,20 @@ def grow_tree(root_row: torch.Tensor, step: StepFn, gamma: int, top_k: int, tota
     only nodes already among the best ``total_tokens - 1`` can have kept children; the others are not expanded (same
     result, less drafter work, and growth stops early when no node qualifies).
     """
+    steps = grow_tree_steps(root_row, gamma, top_k, total_tokens, expand_fn)
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(step(*request))
+    except StopIteration as grown:
+        return grown.value
+
+
+def grow_tree_steps(root_row: torch.Tensor, gamma: int, top_k: int, total_tokens: int,
+                    expand_fn: ExpandFn | None = None) -> TreeSteps:
+    """:func:`grow_tree` as a generator: yields each step's (nodes, tokens, parents), is sent the rows (k, V) the
+    step would return, returns the tree; so a batch of requests grows its trees in lockstep, one drafter call per
+    depth for all of them."""
     if gamma < 1 or top_k < 1 or total_tokens < 1:
         raise ValueError(f"gamma, top_k and total_tokens must be >= 1, got {gamma}, {top_k}, {total_tokens}")
     expand_fn = expand_fn or (lambda nodes, scores, rows: expand(nodes, scores, rows, top_k))
@@ -193,7 +211,7 @@ def grow_tree(root_row: torch.Tensor, step: StepFn, gamma: int, top_k: int, tota
         if chosen.numel() == 0:
             break
         all_tokens, all_parents = torch.cat(parts[0]), torch.cat(parts[1])
-        rows = step(chosen, all_tokens[chosen], all_parents[chosen])  # (k, V)
+        rows = yield chosen, all_tokens[chosen], all_parents[chosen]  # (k, V)
         expanded.append(rows)
         tokens, parents, scores, ranks = expand_fn(chosen, all_scores[chosen], rows)
         position = torch.full((all_tokens.numel(),), -1, dtype=torch.long, device=chosen.device)

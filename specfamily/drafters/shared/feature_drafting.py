@@ -216,10 +216,24 @@ class TreeFeeder:
         self.ancestors = torch.zeros(top_k * deeper, top_k * deeper, dtype=torch.bool, device=device)  # fed slots
         self.fed = 0
         self.depth = 0
+        self._fed_nodes = torch.zeros(0, dtype=torch.long, device=device)  # the nodes prepare() fed last
 
     def step(self, nodes: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """Feed nodes (k,) of one depth; return their children's rows (k, N)."""
-        k, fed, real, device = nodes.numel(), self.fed, self.state.real, nodes.device
+        ids, inputs, position, visible = self.prepare(nodes, tokens, parents)
+        k, real = nodes.numel(), self.state.real
+        mask = torch.zeros(1, 1, k, real + visible.shape[1], dtype=inputs.dtype, device=inputs.device)
+        mask[0, 0, :, real:] = additive(visible, inputs.dtype)
+        positions = torch.full((1, k), position, dtype=torch.long, device=inputs.device)
+        out = self.forward(ids[None], inputs[None], positions, mask, self.state.cache)[0]  # (k, H)
+        self.record(out)
+        return self.rows(self.logits(out))
+
+    def prepare(self, nodes: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+        """What feeding nodes (k,) of one depth reads: their ids (k,) (draft-vocabulary indices as the target's),
+        inputs (k, H), position, and which fed slots each sees (k, fed + k) past the committed pairs."""
+        k, fed, device = nodes.numel(), self.fed, nodes.device
         self.depth += 1
         has_parent = parents >= 0
         parent_slots = torch.where(has_parent, self.slot_of[parents.clamp(min=0)], 0)  # (k,)
@@ -228,12 +242,13 @@ class TreeFeeder:
         rows = self.ancestors[parent_slots] & has_parent[:, None]  # (k, F)
         rows[torch.arange(k, device=device), new] = True
         self.ancestors[new] = rows
-        mask = torch.zeros(1, 1, k, real + fed + k, dtype=inputs.dtype, device=device)
-        mask[0, 0, :, real:] = additive(rows[:, : fed + k], inputs.dtype)
-        positions = torch.full((1, k), real + self.depth - 1, dtype=torch.long, device=device)
-        ids = self.model.token_ids(tokens)[None]  # the tree grows over draft-vocabulary indices
-        out = self.forward(ids, inputs[None], positions, mask, self.state.cache)[0]  # (k, H)
+        self._fed_nodes = nodes
+        return self.model.token_ids(tokens), inputs, self.state.real + self.depth - 1, rows[:, : fed + k]
+
+    def record(self, out: torch.Tensor) -> None:
+        """Keep the outputs (k, H) of the nodes :meth:`prepare` fed."""
+        nodes, fed = self._fed_nodes, self.fed
+        new = torch.arange(fed, fed + nodes.numel(), device=nodes.device)
         self.hidden[new] = out
         self.slot_of[nodes] = new
-        self.fed = fed + k
-        return self.rows(self.logits(out))
+        self.fed = fed + nodes.numel()

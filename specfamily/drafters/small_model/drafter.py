@@ -12,9 +12,8 @@ from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.shared.quantize import Int8Linears, causal_lm_linears, check_bits
+from specfamily.drafters.small_model.batched import CATCH_UP_TOKENS, propose_small_batch
 from specfamily.runtime.lean import LeanLlama
-
-CATCH_UP_TOKENS = 2  # more unseen tokens than a drafted pass leaves (the last draft token and the bonus): a backlog
 
 
 def _vocab_size(model) -> int:
@@ -87,6 +86,15 @@ class SmallModelDrafter(BaseDrafter):
         draft = Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
         draft.catch_up_seconds = catch_up
         return draft
+
+    @torch.inference_mode()
+    def propose_batch(self, drafters: list, ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
+        """Batched decoding: one draft-model forward per draft step for every slot (``batched.py``); slots of
+        another drafter or draft model fall back to their own ``propose``."""
+        if not all(isinstance(d, SmallModelDrafter) and d.draft is self.draft and d.quantize == self.quantize
+                   and d.confidence == self.confidence for d in drafters):
+            return super().propose_batch(drafters, ctxs, gammas)
+        return propose_small_batch(drafters, ctxs, gammas, self.confidence)
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Keep the cache up to the last accepted draft token it holds; drop the rest (nothing after a pass

@@ -1,0 +1,185 @@
+"""Feature drafting (the EAGLE family) in batches: one draft-layer call per draft step for every drafting slot.
+
+Each slot's drafter keeps its batch-1 state (:class:`~specfamily.drafters.shared.feature_drafting.FeatureState`), so
+``observe`` is unchanged. A batched proposal packs the slots' committed pairs into one ragged
+:class:`~specfamily.runtime.batch_cache.BatchCache` (one layer, per-slot lengths) and then, for all slots at once:
+the catch-up over each slot's queued features (ragged, causal within a slot), then per depth one layer call over every
+slot's fed rows (a chain's token, or the tree nodes its EAGLE-2 growth chose, ragged) and one head call over all of
+their outputs. Trees grow in lockstep through :func:`~specfamily.drafters.shared.dynamic_tree.grow_tree_steps`, each
+with its slot's own expansion rule and generator, so each slot's draft is the one its batch-1 ``propose`` gives, up to
+the float rounding of a call of another shape. The catch-up entries go back to each slot's cache; the draft's own
+entries are not kept (``observe`` drops them at batch 1 too).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from specfamily.core.context import DecodeContext
+from specfamily.core.costs import device_clock
+from specfamily.core.sampling import warp
+from specfamily.core.types import Draft
+from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
+from specfamily.drafters.shared.feature_drafting import FeatureDrafter, TopkRows, TreeFeeder, crop, drawn_q
+from specfamily.drafters.shared.ragged import RowFeed, ragged_call
+from specfamily.runtime.batch_cache import BatchCache, SlotLayer
+
+__all__ = ["propose_feature_batch"]
+
+
+def propose_feature_batch(drafters: list[FeatureDrafter], ctxs: list[DecodeContext], gammas: list[int],
+                          ) -> list[Draft]:
+    """Each slot's draft (empty for gamma 0 or before its first features): the drafters' own chains or trees, one
+    layer call per step for all slots. ``drafters`` share one model (slot copies of one drafter)."""
+    drafts = [Draft.empty() for _ in drafters]
+    live = [i for i, g in enumerate(gammas) if g > 0 and drafters[i].state.pending_rows > 0]
+    if not live:
+        return drafts
+    lead = drafters[live[0]]
+    clock = device_clock(ctxs[live[0]].target.device)
+    start = clock()
+    cache = _pack([drafters[i] for i in live], max(gammas[i] for i in live) * max(lead.top_k, 1) + 1)
+    roots = _catch_up(lead, cache, [drafters[i] for i in live], [ctxs[i] for i in live])  # (B, H)
+    catch_up_seconds = (clock() - start) / len(drafters)
+    slots = [(i, drafters[i], ctxs[i], gammas[i]) for i in live]
+    if lead.mode == "chain":
+        made = _chains(lead, cache, slots, roots)
+    else:
+        made = _trees(lead, cache, slots, roots)
+    for i, draft in zip(live, made, strict=True):
+        draft.catch_up_seconds = catch_up_seconds
+        drafts[i] = draft
+    return drafts
+
+
+def _call(lead: FeatureDrafter, cache: BatchCache, feeds: list[RowFeed | None]) -> torch.Tensor:
+    """One call of the drafter's layer over the fed slots (the mask in its inputs' dtype)."""
+    dtype = next(feed for feed in feeds if feed is not None).inputs.dtype
+    return ragged_call(lead._step, cache, feeds, dtype)
+
+
+def _pack(drafters: list[FeatureDrafter], room: int) -> BatchCache:
+    """A one-layer batch cache holding each slot's committed pairs (slot b = drafters[b]), with room to draft."""
+    for drafter in drafters:
+        crop(drafter.state.cache, drafter.state.real)
+    cache = BatchCache(None, len(drafters))
+    cache.cache.layers = [SlotLayer(cache)]
+    cache.capacity = max(d.state.real + d.state.pending_rows for d in drafters) + room
+    layer = cache.layers[0]
+    held = [d.state.cache.layers[0] for d in drafters if d.state.real]
+    if held:
+        keys, values = held[0].keys, held[0].values  # (1, heads, L, D)
+        layer.key_buffer = keys.new_zeros(len(drafters), keys.shape[1], cache.capacity, keys.shape[-1])
+        layer.value_buffer = values.new_zeros(len(drafters), values.shape[1], cache.capacity, values.shape[-1])
+    for b, drafter in enumerate(drafters):
+        real = cache.lengths[b] = drafter.state.real
+        if real:
+            own = drafter.state.cache.layers[0]
+            layer.key_buffer[b, :, :real], layer.value_buffer[b, :, :real] = own.keys[0], own.values[0]
+    return cache
+
+
+def _catch_up(lead: FeatureDrafter, cache: BatchCache, drafters: list[FeatureDrafter],
+              ctxs: list[DecodeContext]) -> torch.Tensor:
+    """Feed every slot's queued (feature, next token) pairs in one call (causal within a slot); append them to each
+    slot's own cache; return each slot's root output (B, H)."""
+    blocks = [torch.cat(d.state.pending) if len(d.state.pending) > 1 else d.state.pending[0] for d in drafters]
+    fused = lead._fuse(torch.cat(blocks)).split([b.shape[0] for b in blocks])  # (m_b, H) each
+    feeds = []
+    for drafter, ctx, inputs in zip(drafters, ctxs, fused, strict=True):
+        start, m = drafter.state.real, drafter.state.pending_rows
+        if len(ctx.tokens) < start + m + 1:
+            raise RuntimeError(f"the context has {len(ctx.tokens)} tokens; features cover {start + m} positions")
+        device = inputs.device
+        ids = torch.tensor(ctx.tokens[start + 1 : start + m + 1], dtype=torch.long, device=device)
+        causal = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+        feeds.append(RowFeed(ids, inputs, torch.arange(start, start + m, device=device), start, causal))
+    out = _call(lead, cache, feeds)
+    layer = cache.layers[0]
+    for b, drafter in enumerate(drafters):
+        state, end = drafter.state, cache.lengths[b]
+        state.cache.update(layer.key_buffer[b : b + 1, :, state.real : end],
+                           layer.value_buffer[b : b + 1, :, state.real : end], 0)
+        state.real, state.pending, state.pending_rows = end, [], 0
+    return torch.stack([out[b, feed.ids.numel() - 1] for b, feed in enumerate(feeds)])
+
+
+def _chains(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.Tensor) -> list[Draft]:
+    """Each slot's chain of its gamma tokens, as FeatureDrafter._chain draws it; one layer call per depth."""
+    model = lead.model
+    hidden = list(roots)
+    tokens: list[list[torch.Tensor]] = [[] for _ in slots]
+    qs: list[list[torch.Tensor]] = [[] for _ in slots]
+    for i in range(max(gamma for *_, gamma in slots)):
+        active = [b for b, (*_, gamma) in enumerate(slots) if i < gamma]
+        logits = lead._draft_logits(torch.stack([hidden[b] for b in active]))  # (A, N)
+        feeds: list[RowFeed | None] = [None] * len(slots)
+        for b, row in zip(active, logits, strict=True):
+            _, drafter, ctx, gamma = slots[b]
+            if ctx.sampling.greedy:
+                token = model.token_ids(row.argmax().view(1))
+            else:
+                q = warp(row, ctx.sampling)
+                token = model.token_ids(torch.multinomial(q, 1, generator=ctx.generator))
+                qs[b].append(lead._full_q(q))
+            tokens[b].append(token)
+            if i + 1 < gamma:
+                real = drafter.state.real
+                position = torch.full((1,), real + i, dtype=torch.long, device=token.device)
+                visible = torch.ones(1, i + 1, dtype=torch.bool, device=token.device)
+                feeds[b] = RowFeed(token, hidden[b][None], position, real, visible)
+        if any(feed is not None for feed in feeds):
+            out = _call(lead, cache, feeds)
+            for b, feed in enumerate(feeds):
+                if feed is not None:
+                    hidden[b] = out[b, 0]
+    return [Draft.chain(torch.cat(t).cpu(), torch.stack(q).cpu() if q else None) for t, q in zip(tokens, qs,
+                                                                                               strict=True)]
+
+
+def _trees(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.Tensor) -> list[Draft]:
+    """Each slot's EAGLE-2 tree (top-k, or sampled as its drafter's ``tree_sampling`` says), grown in lockstep."""
+    root_logits = lead._draft_logits(roots)  # (B, N)
+    growing, feeders, sampled, trees = {}, [], [], [None] * len(slots)
+    for b, (_, drafter, ctx, gamma) in enumerate(slots):
+        draws = drafter.tree_sampling == "sampled" and not ctx.sampling.greedy
+        rows = partial(warp, sampling=ctx.sampling) if draws else TopkRows(ctx.sampling.temperature or 1.0)
+        expand = partial(expand_sampled, top_k=drafter.top_k, generator=ctx.generator) if draws else None
+        feeders.append(TreeFeeder(lead.model, lead._step, drafter.state, roots[b], drafter.top_k, gamma,
+                                  lead._draft_logits, rows))
+        sampled.append(draws)
+        growing[b] = grow_tree_steps(rows(root_logits[b]), gamma, drafter.top_k, drafter.total_tokens, expand)
+    requests = {b: _advance(steps, None, trees, b) for b, steps in growing.items()}
+    while any(r is not None for r in requests.values()):
+        feeds: list[RowFeed | None] = [None] * len(slots)
+        for b, request in requests.items():
+            if request is not None:
+                ids, inputs, position, visible = feeders[b].prepare(*request)
+                positions = torch.full((ids.numel(),), position, dtype=torch.long, device=ids.device)
+                feeds[b] = RowFeed(ids, inputs, positions, feeders[b].state.real, visible)
+        out = _call(lead, cache, feeds)
+        fed = [b for b, feed in enumerate(feeds) if feed is not None]
+        outputs = [out[b, : feeds[b].ids.numel()] for b in fed]
+        logits = lead._draft_logits(torch.cat(outputs)).split([o.shape[0] for o in outputs])  # (k_b, N) each
+        for b, output, rows in zip(fed, outputs, logits, strict=True):
+            feeders[b].record(output)
+            requests[b] = _advance(growing[b], feeders[b].rows(rows), trees, b)
+    return [_tree_draft(lead, tree, draws) for tree, draws in zip(trees, sampled, strict=True)]
+
+
+def _advance(steps, rows: torch.Tensor | None, trees: list, b: int):
+    """The next step a tree asks for (None when it is grown, its tree then in ``trees[b]``)."""
+    try:
+        return next(steps) if rows is None else steps.send(rows)
+    except StopIteration as grown:
+        trees[b] = grown.value
+        return None
+
+
+def _tree_draft(lead: FeatureDrafter, tree: DraftTree, sampled: bool) -> Draft:
+    tokens, parents = lead.model.token_ids(tree.tokens).cpu(), tree.parents.cpu()
+    if not sampled:
+        return Draft(tokens, parents, None)
+    return Draft(tokens, parents, lead._full_q(drawn_q(tree).float()).cpu())

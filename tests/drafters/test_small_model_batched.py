@@ -1,0 +1,111 @@
+"""small_model in batches (drafters/small_model/batched.py): every slot's draft is the one it drafts alone, the batch
+drafts in one draft-model forward per draft step, and each request keeps its batch-1 greedy text."""
+
+import pytest
+import torch
+from batched_twins import twin_check
+
+import specfamily as sf
+from specfamily.core.batch_target import BatchTarget
+from specfamily.core.target import Target
+from specfamily.core.types import SamplingConfig
+from specfamily.drafters.small_model.drafter import SmallModelDrafter
+
+SETTINGS = [SamplingConfig(), SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9, top_k=5)]
+
+
+@pytest.fixture(scope="module")
+def code_target():
+    return sf.load_target("zoo:code-target")
+
+
+@pytest.fixture(scope="module")
+def prompts(code_target):
+    texts = ["def add(a, b):\n    return", "import os\nimport sys\n\ndef main", "class Foo:\n    def __init__(self",
+             "for i in range(10):", "x = [i * i for i in"]
+    return [code_target.tokenizer(t)["input_ids"] for t in texts]
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["greedy", "t1", "t0.7-topp-topk"])
+def test_each_slot_drafts_what_it_drafts_alone(code_target, prompts, sampling, monkeypatch):
+    """Every pass of a batch with admissions and ragged acceptance: tokens equal, q to 2e-6 in float32 (the rounding
+    of a pass of another shape: about 10 ulps of a probability near 1), the same draws."""
+    log = twin_check(monkeypatch, SmallModelDrafter, code_target, atol=2e-6)
+    drafter = sf.create_drafter("small_model", code_target, gamma=4)
+    sf.generate_batch(code_target, drafter, prompts, max_new_tokens=20, sampling=sampling, max_batch=3)
+    assert log.calls >= 5 and log.widest == 3
+    assert log.sampled == (0 if sampling.greedy else log.drafts) and log.drafts >= 3 * 5
+
+
+def test_in_float64_q_is_the_batch_1_q_to_1e_12(prompts, monkeypatch):
+    """The float32 differences are rounding: in float64 the batched q equals the batch-1 q to 1e-12."""
+    target = sf.load_target("zoo:code-target", dtype=torch.float64)
+    log = twin_check(monkeypatch, SmallModelDrafter, target, atol=1e-12)
+    drafter = sf.create_drafter("small_model", target, gamma=4)
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=12, sampling=SETTINGS[2], max_batch=3)
+    assert log.sampled >= 10 and log.widest == 3
+
+
+def test_a_draft_that_stops_early_on_low_confidence_is_still_the_one_it_drafts_alone(code_target, prompts,
+                                                                                     monkeypatch):
+    log = twin_check(monkeypatch, SmallModelDrafter, code_target, atol=2e-6)
+    drafter = sf.create_drafter("small_model", code_target, gamma=5, confidence=0.6)
+    results = sf.generate_batch(code_target, drafter, prompts, max_new_tokens=20,
+                                sampling=SamplingConfig(temperature=1.0), max_batch=4)
+    assert log.drafts > 0 and log.widest == 4
+    assert min(r.metrics.draft_steps / max(r.metrics.target_passes - 1, 1) for r in results) < 5  # some stopped
+
+
+def test_the_batch_drafts_in_one_draft_model_forward_per_step(code_target, prompts, monkeypatch):
+    drafter = sf.create_drafter("small_model", code_target, gamma=3)
+    draft_model = drafter.draft
+    widths, alone, expected = [], [], []
+    batch_forward, target_forward, propose_batch = BatchTarget.forward, Target.forward, SmallModelDrafter.propose_batch
+
+    def spy_batch(self, lo, feeds, *args, **kwargs):
+        if self.target.model is draft_model:
+            widths.append(len(feeds))
+        return batch_forward(self, lo, feeds, *args, **kwargs)
+
+    def spy_target(self, *args, **kwargs):
+        if self.model is draft_model:
+            alone.append(1)
+        return target_forward(self, *args, **kwargs)
+
+    def spy_propose(self, drafters, ctxs, gammas):
+        backlog = any(g and len(c.tokens) - d.runner.cached_length > 2
+                      for d, c, g in zip(drafters, ctxs, gammas, strict=True))
+        expected.append((max(gammas) + backlog, sum(g > 0 for g in gammas)))
+        return propose_batch(self, drafters, ctxs, gammas)
+
+    monkeypatch.setattr(BatchTarget, "forward", spy_batch)
+    monkeypatch.setattr(Target, "forward", spy_target)
+    monkeypatch.setattr(SmallModelDrafter, "propose_batch", spy_propose)
+    sf.generate_batch(code_target, drafter, prompts[:4], max_new_tokens=16, max_batch=4)
+    assert not alone  # no slot ran the draft model on its own
+    assert len(widths) == sum(steps for steps, _ in expected)  # one forward per draft step (+ one catch-up)
+    assert max(widths) == 4 == max(slots for _, slots in expected)  # ... for every drafting slot at once
+    assert len(widths) < sum(steps * slots for steps, slots in expected)  # what one forward per slot would take
+
+
+def test_each_request_keeps_its_batch_1_greedy_text(code_target, prompts):
+    reference = [sf.generate(code_target, sf.create_drafter("small_model", code_target), p, max_new_tokens=24).tokens
+                 for p in prompts]
+    drafter = sf.create_drafter("small_model", code_target)
+    results = sf.generate_batch(code_target, drafter, prompts, max_new_tokens=24, max_batch=4)
+    assert [r.tokens for r in results] == reference
+    assert all(r.metrics.draft_steps > 0 for r in results)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_tiny_models_of_both_families_draft_in_batches_what_they_draft_alone(family, monkeypatch):
+    """GPT-2 drafts through the model's own forward (no lean forward), Llama through the lean one."""
+    from specfamily.testing import draft_model_for, tiny_target
+
+    target = tiny_target(family, vocab_size=64, spread=1.0, dtype=torch.float32)
+    log = twin_check(monkeypatch, SmallModelDrafter, target, atol=2e-6)
+    drafter = sf.create_drafter("small_model", target, model=draft_model_for(target), gamma=3)
+    prompts = [[1, 2, 3, 1, 2, 3], [5, 6], [7, 8, 9, 10], [11, 3, 4]]
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=15, max_batch=3, sampling=SETTINGS[1])
+    assert log.sampled >= 3 * 4 and log.widest == 3
+    assert (drafter.runner.lean is None) == (family == "gpt2")
