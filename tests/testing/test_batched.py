@@ -2,8 +2,10 @@
 and the registered drafters keep each request's law under batching."""
 
 import importlib
+import tempfile
 
 import pytest
+import torch
 
 import specfamily as sf
 from specfamily.core.types import SamplingConfig
@@ -39,8 +41,21 @@ def _registered(name, **options):
     def factory(target):
         if name == "small_model":
             options["model"] = draft_model_for(target)
+        if name == "rest":
+            options["datastore"] = _rest_datastore(target.vocab_size)
         return sf.create_drafter(name, target, gamma=3, **options)
     return factory
+
+
+def _rest_datastore(vocab_size: int) -> str:
+    """A datastore holding each of the kit's prompts followed by two different continuations (seeded), so REST
+    retrieves a tree after every prompt."""
+    from specfamily.drafters.rest.datastore import build_datastore
+
+    draws = torch.Generator().manual_seed(5)
+    runs = [[*prompt, *torch.randint(0, vocab_size, (4,), generator=draws).tolist()]
+            for prompt in PROMPTS for _ in "ab"]
+    return str(build_datastore(runs, tempfile.mkdtemp(prefix="rest-batched-"), vocab_size, progress=False))
 
 
 REGISTERED = [
@@ -52,6 +67,13 @@ REGISTERED = [
     pytest.param("medusa", {"weights": "random"}, False, marks=pytest.mark.slow, id="medusa-tree"),
     pytest.param("prompt_lookup", {}, False, marks=pytest.mark.slow, id="prompt_lookup"),
     pytest.param("suffix", {}, False, marks=pytest.mark.slow, id="suffix"),
+    pytest.param("hydra", {"weights": "random"}, False, marks=pytest.mark.slow, id="hydra-tree"),
+    pytest.param("lookahead", {}, False, marks=pytest.mark.slow, id="lookahead"),
+    pytest.param("recycling", {}, False, marks=pytest.mark.slow, id="recycling"),
+    pytest.param("rest", {}, False, marks=pytest.mark.slow, id="rest"),
+    pytest.param("merge", {"parts": ["eagle3", "self_spec"], "options": {
+        "eagle3": {"weights": "random", "top_k": 4, "total_tokens": 30, "tree_sampling": "sampled"},
+        "self_spec": {"skip": ["mlp:1"]}}}, False, marks=pytest.mark.slow, id="merge-sampled"),
 ]
 
 
@@ -81,4 +103,5 @@ def test_registered_drafters_keep_each_requests_law_under_batching(name, options
         monkeypatch.setattr(f"{module}.{function}", counted)
     fit = assert_lossless_batched(_registered(name, **options), samples=SAMPLES, require_depth=deep)
     assert fit.passed
+    assert max(fit.depths.values()) >= 1, fit.depths  # drafted inside the batches, not plain passes only
     assert name not in BATCHED_FORWARDS or max(widths) > 1
