@@ -194,6 +194,14 @@ CATALOGUE: tuple[Entry, ...] = (
           "--export specfamily/zoo/weights/smollm2-medusa",
           "Medusa-1 heads on zoo:smollm2 (self-distilled, 16384-token draft vocabulary)",
           location=("zoo", "weights", "smollm2-medusa")),
+    Entry("smollm2-hydra", "hydra", _SMOL, "smollm2", "shipped", _SMOL_CARD,
+          "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
+          "python -m specfamily.drafters.medusa.hydra_train --target zoo:smollm2 --distilled work/smollm2-distill "
+          "--draft-vocab 16384 --share-lm-head --layers 2 --out work/smollm2-hydra --export "
+          "specfamily/zoo/weights/smollm2-hydra --steps 1108 --minutes 35 --batch 8 --seq-len 128 --eval-every 200 "
+          "--threads 1 --max-nodes 32",
+          "Hydra heads on zoo:smollm2 (self-distilled on Medusa's data, slim prefix projection, 16384-token draft "
+          "vocabulary)", location=("zoo", "weights", "smollm2-hydra")),
     Entry("smollm2-eagle", "eagle", _SMOL, "smollm2", "shipped", _SMOL_CARD,
           "specfamily-zoo distill --out work/smollm2-distill  (ZOO.md: two workers, resumable), then "
           "python -m specfamily.drafters.eagle.train --target zoo:smollm2 --distilled work/smollm2-distill "

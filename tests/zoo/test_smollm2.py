@@ -35,6 +35,8 @@ DRAFTERS = {
     "eagle3 chain gamma=3": {"mode": "chain", "gamma": 3},
     "medusa": {},
     "medusa chain gamma=3": {"tree": "chain", "gamma": 3},
+    "hydra": {},
+    "hydra chain gamma=3": {"tree": "chain", "gamma": 3},
     "small_model": {},
     "small_model gamma=2": {"gamma": 2},
     "suffix": {},

@@ -30,7 +30,7 @@ def test_every_entry_serves_a_target_of_its_family_and_every_target_has_each_kin
         assert item.kind in KINDS and targets[item.serves].family == item.family
         assert (item.identity is not None) == (item.kind == "target")
     kinds = {name: sorted(e.kind for e in CATALOGUE if e.serves == name and e.kind != "target") for name in targets}
-    assert kinds["smollm2"] == sorted(set(KIND_INFO) - {"hydra"})  # no Hydra heads shipped (too large)
+    assert kinds["smollm2"] == sorted(KIND_INFO)
     assert kinds["code-target"] == sorted(set(KIND_INFO) - {"eagle3", "hydra"})  # none trained for the code target
     eagle3 = zoo.entry("zoo:smollm2-eagle3")
     assert (eagle3.kind, eagle3.family, eagle3.serves, eagle3.source, eagle3.location) == (
@@ -114,9 +114,7 @@ def test_smollm2_drafters_listed_but_not_trained_say_how_to_train_them(monkeypat
     monkeypatch.setattr(zoo.paths, "package_dir", lambda *parts: tmp_path.joinpath("zoo", *parts))  # nothing shipped
     monkeypatch.setattr(zoo, "identify", lambda target: "zoo:smollm2")  # as if given the fetched target
     target = tiny_target("llama", vocab_size=16)
-    with pytest.raises(ValueError, match="the zoo lists no hydra weights for zoo:smollm2; pass weights=DIR"):
-        zoo.default_weights("hydra", target)  # not in the catalogue: too large to ship (docs/variants-hydra-quant.md)
-    for kind in sorted(set(KIND_INFO) - {"hydra"}):
+    for kind in sorted(KIND_INFO):
         made = next(e for e in CATALOGUE if e.serves == "smollm2" and e.kind == kind)
         with pytest.raises(ValueError, match=f"there are no {kind} weights for zoo:smollm2 yet: "
                                              f"{made.qualified} is in the zoo's catalogue but not") as caught:

@@ -9,7 +9,7 @@ import specfamily.zoo as zoo
 
 def test_zoo_names():
     assert zoo.ZOO_NAMES == ("code-target", "code-draft", "code-medusa", "code-eagle", "code-skip", "smollm2",
-                             "smollm2-draft", "smollm2-medusa", "smollm2-eagle", "smollm2-eagle3",
+                             "smollm2-draft", "smollm2-medusa", "smollm2-hydra", "smollm2-eagle", "smollm2-eagle3",
                              "smollm2-skip")
     assert zoo.is_zoo_name("zoo:code-target") and not zoo.is_zoo_name("code-target")
 
