@@ -13,18 +13,6 @@ from specfamily.runtime.batch_cache import BatchCache
 SKIP = ["layer:1", "mlp:2"]
 
 
-@pytest.fixture(scope="module")
-def code_target():
-    return sf.load_target("zoo:code-target")
-
-
-@pytest.fixture(scope="module")
-def prompts(code_target):
-    texts = ["def add(a, b):\n    return", "import os\nimport sys\n\ndef main", "class Foo:\n    def __init__(self",
-             "for i in range(10):", "x = [i * i for i in"]
-    return [code_target.tokenizer(t)["input_ids"] for t in texts]
-
-
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.7, top_k=5, top_p=0.9)],
                          ids=["greedy", "t0.7-topk-topp"])
 def test_each_slot_drafts_what_it_drafts_alone(sampling, code_target, prompts, monkeypatch):

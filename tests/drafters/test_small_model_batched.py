@@ -14,18 +14,6 @@ from specfamily.drafters.small_model.drafter import SmallModelDrafter
 SETTINGS = [SamplingConfig(), SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9, top_k=5)]
 
 
-@pytest.fixture(scope="module")
-def code_target():
-    return sf.load_target("zoo:code-target")
-
-
-@pytest.fixture(scope="module")
-def prompts(code_target):
-    texts = ["def add(a, b):\n    return", "import os\nimport sys\n\ndef main", "class Foo:\n    def __init__(self",
-             "for i in range(10):", "x = [i * i for i in"]
-    return [code_target.tokenizer(t)["input_ids"] for t in texts]
-
-
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["greedy", "t1", "t0.7-topp-topk"])
 def test_each_slot_drafts_what_it_drafts_alone(code_target, prompts, sampling, monkeypatch):
     """Every pass of a batch with admissions and ragged acceptance: tokens equal, q to 2e-6 in float32 (the rounding

@@ -24,18 +24,6 @@ CASES = [  # (name, options, sampling, a q is reported)
 ]
 
 
-@pytest.fixture(scope="module")
-def code_target():
-    return sf.load_target("zoo:code-target")
-
-
-@pytest.fixture(scope="module")
-def prompts(code_target):
-    texts = ["def add(a, b):\n    return", "import os\nimport sys\n\ndef main", "class Foo:\n    def __init__(self",
-             "for i in range(10):", "x = [i * i for i in"]
-    return [code_target.tokenizer(t)["input_ids"] for t in texts]
-
-
 @pytest.mark.parametrize(("name", "options", "sampling", "sampled"), CASES)
 def test_each_slot_drafts_what_it_drafts_alone(name, options, sampling, sampled, code_target, prompts, monkeypatch):
     """Every pass of a batch with admissions and ragged acceptance: tokens and parents equal, q to 2e-6 in float32
