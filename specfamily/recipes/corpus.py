@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-EXCLUDED_DIRS = ("site-packages", "dist-packages")
+from specfamily.zoo.corpus_files import EXCLUDED_DIRS, corpus_files, default_root, is_heldout  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -45,25 +44,14 @@ class Corpus:
         }
 
 
-def is_heldout(relative_path: str, heldout_percent: float = 2.0) -> bool:
-    """Stable by-file split: a hash of the relative path, independent of the Python build."""
-    bucket = int(hashlib.sha1(relative_path.encode()).hexdigest()[:8], 16) % 10000
-    return bucket < heldout_percent * 100
-
-
 def load_corpus(root: Path | None = None, suffix: str = ".py", heldout_percent: float = 2.0) -> Corpus:
     """Read every ``suffix`` file under ``root`` (default: the stdlib) in a deterministic order."""
-    root = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
+    root = Path(root) if root is not None else default_root()
     if not root.is_dir():
         raise ValueError(f"corpus root {root} is not a directory")
     corpus = Corpus(root=str(root))
-    files = [p for p in root.rglob(f"*{suffix}")
-             if p.is_file() and not any(part in EXCLUDED_DIRS for part in p.relative_to(root).parts)]
-    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        relative = path.relative_to(root).as_posix()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
+    for relative, text in corpus_files(root, suffix):
+        if text is None:
             corpus.skipped.append(relative)
             continue
         if not text.strip():

@@ -1,46 +1,30 @@
 """The datastore a zoo target's ``rest`` uses when given none: built on first use, once, from the zoo corpus.
 
 The text is the zoo corpus's training split (the running interpreter's standard-library ``.py`` files, the held-out
-2% by path hash left out: ``specfamily.recipes.corpus``, which this mirrors without importing a higher layer; a test
-holds the two equal), tokenized with the target's tokenizer up to ``DEFAULT_MAX_TOKENS``: what
-``python -m specfamily.recipes.rest_datastore`` builds, in the same place, so either one serves the other.
+2% by path hash left out: ``specfamily.zoo.corpus_files``, which the corpus recipe reads through too), tokenized
+with the target's tokenizer up to ``DEFAULT_MAX_TOKENS``: what ``python -m specfamily.recipes.rest_datastore``
+builds, in the same place, so either one serves the other.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
 from specfamily.drafters.rest.datastore import build_datastore
+from specfamily.zoo.corpus_files import corpus_files, default_root, is_heldout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 2_000_000
-HELDOUT_PERCENT = 2.0  # as recipes.corpus.load_corpus
-EXCLUDED_DIRS = ("site-packages", "dist-packages")
 SOURCE = "zoo corpus (stdlib .py, train split)"
-
-
-def _heldout(relative_path: str) -> bool:
-    bucket = int(hashlib.sha1(relative_path.encode()).hexdigest()[:8], 16) % 10000
-    return bucket < HELDOUT_PERCENT * 100
 
 
 def corpus_texts(root: Path | None = None) -> Iterator[tuple[str, str]]:
     """(relative path, text) of the zoo corpus's training files, in the corpus's order (sorted paths)."""
-    root = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py")
-             if p.is_file() and not any(part in EXCLUDED_DIRS for part in p.relative_to(root).parts)]
-    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        relative = path.relative_to(root).as_posix()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        if text.strip() and not _heldout(relative):
+    for relative, text in corpus_files(Path(root) if root is not None else default_root()):
+        if text is not None and text.strip() and not is_heldout(relative):
             yield relative, text
 
 
