@@ -25,7 +25,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_policy import BatchPolicy, proposing
+from specfamily.core.batch_policy import BatchPolicy, LoadCosts, proposing
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -145,7 +145,7 @@ class _Batch:
         self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
         self.origin, self.trace = 0.0, True
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
-        self.load = BatchPolicy() if by_load else None
+        self.load = BatchPolicy(costs=LoadCosts.of(target)) if by_load else None  # t(B, n) kept across calls
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features

@@ -42,6 +42,14 @@ class LoadCosts:
     steps: dict[int, deque] = field(default_factory=dict, repr=False)
     _curve: tuple[tuple[int, float], ...] | None = field(default=None, repr=False)
 
+    @classmethod
+    def of(cls, target) -> LoadCosts:
+        """Costs whose t(B, n) are the target's ``batch_pass_costs``: what earlier batched runs on this target measured
+        (a target's passes cost what they cost whichever drafter feeds them), so a run does not relearn them, as the
+        single-request policy measures its verify-cost curve once per target. Draft steps are the run's own."""
+        passes = getattr(target, "batch_pass_costs", None)
+        return cls() if passes is None else cls(passes=passes)
+
     def observe(self, batch: int, fed: int, seconds: float) -> None:
         """A pass over ``batch`` requests of ``fed`` tokens each (the padded width) took ``seconds``."""
         if math.isfinite(seconds) and seconds > 0:

@@ -167,3 +167,15 @@ def test_generate_batch_drafts_by_load_from_what_its_passes_cost(monkeypatch, co
 def test_a_drafter_that_often_proposes_nothing_counts_for_that_share():
     assert proposing([0.8, 0.5], 0.25) == [0.2, 0.5] and proposing([], 0.5) == []
     assert goodput([proposing([0.8, 0.5], 0.25)], 2, 1.0) == pytest.approx(1 + 0.25 * (0.8 + 0.4))
+
+
+def test_pass_costs_are_kept_on_the_target_across_runs():
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    assert target.batch_pass_costs == {} and not LoadCosts.of(target).known(3, 1)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 64, (4 + i,), generator=gen).tolist() for i in range(3)]
+    drafter = FlawedOracle(target, gamma=3, policy="auto", horizon=32)
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=12)
+    assert LoadCosts.of(target).known(3, 1)  # the next run (another drafter) starts from what this one measured
+    assert all(isinstance(b, int) and isinstance(n, int) for b, n in target.batch_pass_costs)
+    assert not LoadCosts.of(object()).passes  # a target without the attribute: the run's own costs
