@@ -1,11 +1,14 @@
 """Batched decoding by load: tokens/s of every drafter against plain batched decoding and transformers' generate.
 
-For each batch size B (``--batch-sizes``), the first B prompts (Spec-Bench first turns through the chat template,
-cut to their last ``--max-prompt-tokens``) are decoded greedily, ``--max-new-tokens`` each, in one process at a fixed
-thread count:
+For each batch size B (``--batch-sizes``), the first R B prompts (Spec-Bench first turns through the chat template,
+cut to their last ``--max-prompt-tokens``; R = ``--requests-per-slot``) are decoded greedily, ``--max-new-tokens``
+each, at most B at once (``max_batch=B``: a request that finishes makes room for a waiting one, so with R > 1 the
+batch stays full until the queue runs dry, as a server at concurrency B; with R = 1 every request starts together and
+the batch runs as many passes as its slowest request needs), in one process at a fixed thread count and matmul kind
+(``--matmul``):
 
-- ``hf``: transformers' ``generate`` on the same batch, left-padded with an attention mask (its tokens up to each
-  row's EOS are counted);
+- ``hf``: transformers' ``generate`` on the same prompts in batches of B, left-padded with an attention mask (its
+  tokens up to each row's EOS are counted);
 - ``plain``: ``sf.generate_batch`` without a drafter (one pass per step over every live request);
 - each drafter at its defaults (``sf.create_drafter(name, target)``), through ``sf.generate_batch``;
 
@@ -14,10 +17,11 @@ new tokens; every drafter's tokens are compared with plain batched decoding's, r
 each method's tokens/s and its ratio to plain batched decoding at the same B, and each drafter's crossover (the
 smallest B at which it is slower than plain). Beside it, the method's own picture measured here: the time of one
 batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the batched cache's bytes per
-request. ``--plot`` writes speedup against B per drafter with the crossovers marked. Numbers are as quiet as the
-machine: the CPU clock (``--clock cpu``, one thread) is steadier where other processes share the cores.
+request at the capacity these runs preallocate. ``--plot`` writes speedup against B per drafter with the crossovers
+marked. Numbers are as quiet as the machine: the CPU clock (``--clock cpu``, one thread) is steadier where other
+processes share the cores.
 
-    python benchmarks/batch_sweep.py --threads 1 --batch-sizes 1,2,4,8,16,32 --plot docs/batching.png
+    python benchmarks/batch_sweep.py --threads 1 --matmul stream --batch-sizes 1,2,4,8,16,32 --plot docs/batching.png
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from common import make_clock, quiet_transformers, set_threads, spec_bench_prompts
 
 import specfamily as sf
+from specfamily.core.batch_loop import cache_capacity
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.types import Draft
 
@@ -59,9 +64,12 @@ class Sweep:
     threads: int
     clock: str
     max_new_tokens: int
+    matmul: str = "exact"
+    requests_per_slot: int = 1
     rows: list[Row] = field(default_factory=list)
     pass_ratio: dict[int, float] = field(default_factory=dict)  # B -> t(B, 5) / t(B, 1)
-    cache_bytes_per_request: int = 0
+    cache_bytes_per_request: int = 0  # at the capacity generate_batch preallocates for these prompts
+    cache_capacity: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
 
     def tps(self, method: str, batch: int) -> float | None:
@@ -119,16 +127,18 @@ def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> fl
 def run_round(target, names: list[str], prompts: list[list[int]], args, clock, times: dict) -> None:
     """One round at one batch size: hf, plain, each drafter (a fresh one: suffix's cache must not have seen these
     prompts' outputs in an earlier round), interleaved; times appended to ``times``."""
+    batch = len(prompts) // args.requests_per_slot
     start = clock()
-    hf_rows = hf_batch(target.model, prompts, args.max_new_tokens, target.eos_token_ids)
+    hf_rows = [row for i in range(0, len(prompts), batch)
+               for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids)]
     times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0))
     start = clock()
-    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, args.max_new_tokens)]
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, args.max_new_tokens, max_batch=batch)]
     times.setdefault("plain", []).append((clock() - start, sum(map(len, plain)), 0))
     for name in names:
         drafter = sf.create_drafter(name, target)  # loading is not timed
         start = clock()
-        out = [r.tokens for r in sf.generate_batch(target, drafter, prompts, args.max_new_tokens)]
+        out = [r.tokens for r in sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch)]
         seconds = clock() - start
         mismatched = sum(a != b for a, b in zip(out, plain, strict=True))
         times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched))
@@ -138,13 +148,13 @@ def sweep(args) -> Sweep:
     set_threads(args.threads)
     quiet_transformers()
     clock = make_clock(args.clock)
-    target = sf.load_target(args.target)
+    target = sf.load_target(args.target, matmul=args.matmul)
     prompts, _ = spec_bench_prompts(3, target.tokenizer)
     prompts = [p[-args.max_prompt_tokens:] for p in prompts]
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    if max(batches) > len(prompts):
-        raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)}")
-    result = Sweep(args.threads, args.clock, args.max_new_tokens)
+    if max(batches) * args.requests_per_slot > len(prompts):
+        raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")
+    result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.requests_per_slot)
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:
@@ -153,7 +163,7 @@ def sweep(args) -> Sweep:
             result.skipped[name] = str(err).split(";")[0]
             names.remove(name)
     for batch in batches:
-        chosen = prompts[:batch]
+        chosen = prompts[:batch * args.requests_per_slot]
         times: dict[str, list] = {}
         if batch == batches[0]:
             run_round(target, names, chosen, args, clock, {})  # warm-up: the cost-aware policy's calibration
@@ -164,10 +174,11 @@ def sweep(args) -> Sweep:
                                    max(r[2] for r in rounds)))
         result.pass_ratio[batch] = pass_ratio(target, chosen[0], batch, args.repeats * 3, clock)
         print(table(result, batches), flush=True)
-    engine = BatchTarget(target, 1)
+    engine = BatchTarget(target, 1, cache_capacity([len(p) for p in prompts], args.max_new_tokens))
     engine.forward(0, [SlotFeed(torch.tensor(prompts[0]), Draft.empty())])
     engine.commit(0, [])
     result.cache_bytes_per_request = engine.cache.bytes_per_slot()
+    result.cache_capacity = engine.cache.capacity
     return result
 
 
@@ -220,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="zoo:smollm2")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--matmul", default="exact", help="the target's matmul kind: exact, skinny, stream, auto")
+    parser.add_argument("--requests-per-slot", type=int, default=1,
+                        help="R: R*B requests at max_batch=B (R > 1: a queue keeps the batch full)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--drafters", default="", help="comma-separated (default: every registered drafter)")
@@ -232,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     result = sweep(args)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     print(table(result, batches))
-    print(f"batched cache per request: {result.cache_bytes_per_request / 2**20:.1f} MiB; skipped: {result.skipped}")
+    print(f"batched cache per request: {result.cache_bytes_per_request / 2**20:.1f} MiB at {result.cache_capacity} "
+          f"entries ({result.cache_bytes_per_request // max(result.cache_capacity, 1) / 2**10:.1f} KiB per token); "
+          f"matmul {args.matmul}; {args.requests_per_slot} request(s) per slot; skipped: {result.skipped}")
     if args.plot:
         plot(result, batches, args.plot)
     if args.json:

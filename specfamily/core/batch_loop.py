@@ -25,7 +25,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_policy import BatchPolicy, proposing
+from specfamily.core.batch_policy import BatchPolicy, LoadCosts, proposing
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -49,7 +49,9 @@ from specfamily.core.target import Target
 from specfamily.core.trace import TraceRecorder
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig
 
-__all__ = ["generate_batch"]
+__all__ = ["cache_capacity", "generate_batch"]
+
+_HEADROOM = 64  # cache entries past the longest prompt plus the budget: a pass's draft rows
 
 
 @dataclass
@@ -105,10 +107,15 @@ def generate_batch(
     clock = LoopClock(device_clock(target.device)) if clock is None else clock
     if max_batch == 1 or len(ids) <= 1 or max_new_tokens == 0:
         return _one_by_one(target, drafter, ids, max_new_tokens, sampling, seed, arrived, trace, clock)
-    capacity = max(len(p) for p in ids) + max_new_tokens + 64
+    capacity = cache_capacity([len(p) for p in ids], max_new_tokens)
     batch = _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity, clock,
                    planning or clock.now)
     return batch.run(ids, arrived, trace)
+
+
+def cache_capacity(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
+    """Entries per slot the batched cache is preallocated with for these prompts (it grows if a pass needs more)."""
+    return max(prompt_lengths) + max_new_tokens + _HEADROOM
 
 
 def _one_by_one(target: Target, drafter: Drafter | None, ids: list[torch.Tensor], max_new_tokens: int,
@@ -138,7 +145,7 @@ class _Batch:
         self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
         self.origin, self.trace = 0.0, True
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
-        self.load = BatchPolicy() if by_load else None
+        self.load = BatchPolicy(costs=LoadCosts.of(target)) if by_load else None  # t(B, n) kept across calls
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
@@ -189,7 +196,7 @@ class _Batch:
         """One pass over live slots ``lo:``: propose, one target forward, then verify and commit each request."""
         group = self.live[lo:]
         steady = self.load is not None and all(r.prefilled for r in group)  # lo == 0: no newcomer's prefill
-        gammas = self._load_gammas(group) if steady else [self._gamma(r) for r in group]
+        gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         drafts, draft_seconds = self._propose(group, gammas)
         c1, t1 = self.cost_clock(), self.clock()
@@ -218,6 +225,14 @@ class _Batch:
             return 0
         return self._capped(request, request.drafter.policy.next_gamma())
 
+    def _prefill_gammas(self, group: list[_Request]) -> list[int]:
+        """Draft lengths on a pass that prefills newcomers: each slot's own policy's, but none under draft length by
+        load: nothing measured prices drafting beside a prefill, and under load the draft rows added to every
+        newcomer's prompt rows cost more than the token or so each request gains (docs/batching.md)."""
+        if self.load is not None:
+            return [0] * len(group)
+        return [self._gamma(r) for r in group]
+
     def _capped(self, request: _Request, gamma: int) -> int:
         """``gamma``, cut so that no pass drafts past the request's token budget."""
         return max(0, min(gamma, self.budget - len(request.new_tokens) - 1))
@@ -225,10 +240,9 @@ class _Batch:
     def _load_gammas(self, group: list[_Request]) -> list[int]:
         """The batch policy's draft length for this load, from each request's own acceptance estimate."""
         policies = [r.drafter.policy for r in group]
-        explore = min(min(p.gamma, p.max_gamma) for p in policies)
         acceptance = [proposing([*p.acceptance()], (r.given + 1) / (r.asked + 1)) for r, p in zip(group, policies,
                                                                                                   strict=True)]
-        gamma = self.load.gamma(acceptance, max(p.width for p in policies), explore)
+        gamma = self.load.gamma(acceptance, max(p.width for p in policies))
         return [self._capped(r, gamma) for r in group]
 
     def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
@@ -281,14 +295,24 @@ class _Batch:
                 self.live[slot].ctx.target.slot = slot
             self.live.pop()
 
+    def _note(self, request: _Request) -> str:
+        """What planned this request's drafts: the batch's load policy (the slot's own policy only lent it its
+        acceptance estimate) or, without one, the slot's own policy."""
+        if request.drafter is None:
+            return ""
+        if self.load is None:
+            return policy_hooks(request.drafter.policy).describe()
+        alpha = ", ".join(f"{a:.2f}" for a in request.drafter.policy.acceptance()[:4])
+        return (f"{self.load.describe()} (the batch's load policy planned every pass; this request's drafter "
+                f"proposed in {request.given} of the {request.asked} passes it was asked to, acceptance at depths 1-4 "
+                f"[{alpha}])")
+
     def _finish(self, request: _Request) -> None:
         if request.own is not None:
             request.own.end()
         drafter = request.drafter
         lossy = bool(drafter is not None and drafter.lossy)
-        note = policy_hooks(drafter.policy).describe() if drafter is not None else ""
-        if self.load is not None:
-            note = f"{note}; {self.load.describe()}"
+        note = self._note(request)
         now = self.clock()
         metrics = request.recorder.finish(len(request.new_tokens), now - request.started, lossy=lossy,
                                           policy_note=note)

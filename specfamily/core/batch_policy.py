@@ -12,9 +12,11 @@ seconds of one batched draft step per B. :class:`BatchPolicy` picks, for the B r
 E_i from each request's per-depth acceptance as its own cost-aware policy (``auto``) keeps it (times the share of
 passes its drafter proposed anything in, :func:`proposing`), w the draft tokens
 per depth (1 for chains), s(B) a draft step's seconds. Nothing is configured: it makes a plain pass first at each
-B, drafts at the drafters' own length while a drafted pass cannot be predicted yet, re-measures the plain pass
-every ``refresh_every`` drafted passes (the caches grow) and, while drafting does not pay at a load, drafts once
-every ``probe_every`` passes to keep the estimates current. Draft length never changes a greedy text.
+B, drafts one level (``explore``: the cheapest drafted pass to learn the cost of drafting from) while a drafted pass
+cannot be predicted yet, re-measures the plain pass every ``refresh_every`` drafted passes (the caches grow) and,
+while drafting does not pay at a load, drafts once every ``probe_every`` passes to keep the estimates current, twice
+as rarely after each probe that did not make drafting pay (up to ``probe_every * 2**max_backoff``). Draft length
+never changes a greedy text.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ class LoadCosts:
     passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)
     steps: dict[int, deque] = field(default_factory=dict, repr=False)
     _curve: tuple[tuple[int, float], ...] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, target) -> LoadCosts:
+        """Costs whose t(B, n) are the target's ``batch_pass_costs``: what earlier batched runs on this target measured
+        (a target's passes cost what they cost whichever drafter feeds them), so a run does not relearn them, as the
+        single-request policy measures its verify-cost curve once per target. Draft steps are the run's own."""
+        passes = getattr(target, "batch_pass_costs", None)
+        return cls() if passes is None else cls(passes=passes)
 
     def observe(self, batch: int, fed: int, seconds: float) -> None:
         """A pass over ``batch`` requests of ``fed`` tokens each (the padded width) took ``seconds``."""
@@ -112,22 +122,25 @@ class BatchPolicy:
     """The draft length of each steady batched pass (every live request past its prefill), by batch size."""
 
     min_gain: float = 1.02  # drafting must beat a plain pass's goodput by this factor (a noise margin)
+    explore: int = 1  # the draft length of the first drafted pass at a load (nothing predicts its cost yet)
     probe_every: int = 16
+    max_backoff: int = 3  # probes at a load that keeps losing: every probe_every * 2**k passes, k <= max_backoff
     refresh_every: int = 32
     costs: LoadCosts = field(default_factory=LoadCosts)
     idle: dict[int, int] = field(default_factory=dict)  # B -> plain passes in a row since drafting last paid
+    losing: dict[int, int] = field(default_factory=dict)  # B -> probes in a row after which drafting did not pay
     unrefreshed: dict[int, int] = field(default_factory=dict)  # B -> drafted passes since its last plain one
     choices: dict[int, list[int]] = field(default_factory=dict)  # B -> gamma of every pass planned at B
 
-    def gamma(self, acceptance: Sequence[Sequence[float]], width: float, explore: int) -> int:
+    def gamma(self, acceptance: Sequence[Sequence[float]], width: float) -> int:
         """Gamma for a pass of ``len(acceptance)`` requests: ``acceptance[i]`` is request i's per-depth acceptance
-        (as many depths as it may draft), ``width`` draft tokens per depth, ``explore`` the drafters' own length."""
+        (as many depths as it may draft), ``width`` draft tokens per depth."""
         batch = len(acceptance)
-        gamma = self._plan(batch, acceptance, width, explore)
+        gamma = self._plan(batch, acceptance, width)
         self.choices.setdefault(batch, []).append(gamma)
         return gamma
 
-    def _plan(self, batch: int, acceptance: Sequence[Sequence[float]], width: float, explore: int) -> int:
+    def _plan(self, batch: int, acceptance: Sequence[Sequence[float]], width: float) -> int:
         depths = min(len(a) for a in acceptance)
         if depths == 0 or not self.costs.known(batch, 1) or self.unrefreshed.get(batch, 0) >= self.refresh_every:
             return 0
@@ -136,17 +149,18 @@ class BatchPolicy:
         for g in range(1, depths + 1):
             seconds = self.costs.seconds(batch, fed_tokens(g, width))
             if seconds is None:
-                return min(explore, depths)  # a drafted pass cannot be predicted yet: measure one
+                return min(self.explore, depths)  # a drafted pass cannot be predicted yet: measure one
             rate = goodput(acceptance, g, g * self.costs.draft_step(batch) + seconds)
             if rate > best_goodput:
                 best, best_goodput = g, rate
         if best and best_goodput > self.min_gain * plain:
-            self.idle[batch] = 0
+            self.idle[batch] = self.losing[batch] = 0
             return best
         self.idle[batch] = self.idle.get(batch, 0) + 1
-        if self.idle[batch] < self.probe_every:
+        losing = self.losing.get(batch, 0)
+        if self.idle[batch] < self.probe_every * 2 ** min(losing, self.max_backoff):
             return 0
-        self.idle[batch] = 0
+        self.idle[batch], self.losing[batch] = 0, losing + 1
         return best or 1  # a probe: the estimates at this load stay current
 
     def timed(self, batch: int, fed: int, steps: int, draft_seconds: float, seconds: float) -> None:

@@ -3,8 +3,8 @@
 A drafter written for one request keeps per-request state on itself (an n-gram index, a draft model's KV cache, the
 last target feature). Batched decoding therefore gives each slot its own copy of the drafter (:func:`slot_copy`):
 a deep copy that shares, instead of copying, every ``torch.nn.Module`` with its parameters and buffers (read-only
-weights), the verifying target, and the attributes the drafter names in ``batch_shared`` (e.g. a cache meant to
-learn across requests). :func:`propose_batch` asks every slot for its draft through the prototype's
+weights), every tokenizer, the verifying target, and the attributes the drafter names in ``batch_shared`` (e.g. a
+cache meant to learn across requests). :func:`propose_batch` asks every slot for its draft through the prototype's
 ``propose_batch(drafters, ctxs, gammas)``: BaseDrafter's default loops over each slot's ``propose``, so a third-party
 batch-1 drafter works unchanged; a family with a model of its own batches its draft forwards (Medusa).
 
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import Drafter
@@ -70,11 +71,15 @@ def slot_copy(drafter: Drafter, target) -> Drafter:
 
 
 def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> None:
-    """Put into ``memo`` every nn.Module reachable from ``obj`` (with its submodules, parameters and buffers) and
-    the attributes each reachable object names in ``batch_shared``."""
+    """Put into ``memo`` every nn.Module reachable from ``obj`` (with its submodules, parameters and buffers), every
+    tokenizer (read-only; copying a draft model's costs more than a batched pass) and the attributes each reachable
+    object names in ``batch_shared``."""
     if depth < 0 or id(obj) in seen:
         return
     seen.add(id(obj))
+    if isinstance(obj, PreTrainedTokenizerBase):
+        memo[id(obj)] = obj
+        return
     if isinstance(obj, nn.Module):
         for module in obj.modules():
             memo[id(module)] = module

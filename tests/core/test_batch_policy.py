@@ -1,5 +1,7 @@
 """Draft length by load: t(B, n) learned from timed passes; drafting where it pays for the batch, not where not."""
 
+import re
+
 import pytest
 import torch
 
@@ -41,7 +43,7 @@ def _drive(policy: BatchPolicy, batch: int, cost, passes: int, alpha: float = 0.
     """Ask ``policy`` for ``passes`` passes at ``batch`` requests, timing each with cost(B, n); the gammas."""
     gammas = []
     for _ in range(passes):
-        gamma = policy.gamma([[alpha] * depths] * batch, 1.0, explore=4)
+        gamma = policy.gamma([[alpha] * depths] * batch, 1.0)
         fed = fed_tokens(gamma, 1.0)
         policy.timed(batch, fed, gamma, 0.01 * gamma * batch, cost(batch, fed))
         gammas.append(gamma)
@@ -61,7 +63,7 @@ def test_with_a_steep_cost_it_drafts_alone_and_stops_drafting_under_load():
     policy = BatchPolicy()
     alone = _drive(policy, 1, steep, 60)
     loaded = _drive(policy, 16, steep, 60)
-    assert alone[:2] == [0, 4]  # a plain pass first, then the drafters' own length (nothing predicts it yet)
+    assert alone[:2] == [0, 1]  # a plain pass first, then one level (nothing predicts a drafted pass yet)
     assert sum(g > 0 for g in alone[2:]) >= 50 and max(alone) >= 3
     assert loaded[0] == 0 and sum(g == 0 for g in loaded) >= 54  # at most a few probes
     assert "B=1: 60 passes" in policy.describe() and "B=16: 60 passes" in policy.describe()
@@ -75,10 +77,31 @@ def test_with_a_flat_cost_it_keeps_drafting_at_every_load():
         assert max(gammas) >= 5  # cheap passes: deep drafts pay (at B=32 the looping draft's cost stops it at 5)
 
 
+def test_probes_at_a_load_that_keeps_losing_get_rarer():
+    policy = BatchPolicy(probe_every=4, max_backoff=2)
+    gammas = _drive(policy, 16, steep, 80)
+    probes = [i for i, g in enumerate(gammas) if g > 0]
+    assert probes[:2] == [1, 5]  # the exploring pass; the first probe on the 4th pass that did not draft
+    gaps = [b - a for a, b in zip(probes[1:], probes[2:], strict=False)]
+    assert gaps == [8, 16, 16, 16, 16]  # then every 8th, then every 16th pass = 4 * 2**max_backoff
+    assert policy.losing[16] == len(probes) - 1
+
+
+def test_a_probe_that_pays_resets_the_backoff():
+    policy = BatchPolicy(probe_every=4)
+    _drive(policy, 16, steep, 40)
+    assert policy.losing[16] >= 2
+    policy.costs = LoadCosts()  # the load's cost as measured anew: flat, so drafting pays again
+    policy.timed(16, 1, 0, 0.0, 1.0)
+    policy.timed(16, 2, 1, 0.0, 1.0)
+    assert policy.gamma([[0.9] * 6] * 16, 1.0) > 0
+    assert policy.losing[16] == 0 and policy.idle[16] == 0
+
+
 def test_without_acceptance_depths_it_never_drafts():
     policy = BatchPolicy()
     policy.timed(2, 1, 0, 0.0, 1.0)
-    assert policy.gamma([[], []], 1.0, explore=4) == 0
+    assert policy.gamma([[], []], 1.0) == 0
 
 
 class FlawedOracle(OracleDrafter):
@@ -108,12 +131,13 @@ def test_generate_batch_drafts_by_load_from_what_its_passes_cost(monkeypatch, co
     steep cost it drafts alone and decodes plainly at B=7 (but for probes); with the flat one it drafts at both. The
     greedy texts are transformers' either way."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
-    clock, seen = FakeClock(), []
+    clock, seen, prefills = FakeClock(), [], []
     forward = batch_loop.BatchTarget.forward
 
     def priced(self, lo, feeds, features=False):
         fed = max(feed.pending.numel() + len(feed.draft) for feed in feeds)
         seen.append((len(feeds), fed, all(feed.pending.numel() == 1 for feed in feeds)))
+        prefills.append(max(len(feed.draft) for feed in feeds) if seen[-1][2] is False else None)
         clock.t += cost(len(feeds), fed)
         return forward(self, lo, feeds, features)
 
@@ -133,9 +157,25 @@ def test_generate_batch_drafts_by_load_from_what_its_passes_cost(monkeypatch, co
         assert sum(fed == 1 for fed in loaded) >= len(loaded) - 3  # plain under load, but for the exploring passes
     else:
         assert sum(fed > 1 for fed in loaded) >= len(loaded) - 2
-    assert "draft length by load: B=1:" in results[0].metrics.policy_note
+    note = results[0].metrics.policy_note
+    assert note.startswith("draft length by load: B=1:")  # what planned the drafts, not the slot's own policy
+    assert "the batch's load policy planned every pass" in note and "drafted in" not in note
+    assert re.search(r"proposed in \d+ of the \d+ passes it was asked to, acceptance at depths 1-4 \[0\.\d\d", note)
+    assert [d for d in prefills if d is not None] == [0, 0]  # the two prefill passes drafted nothing
 
 
 def test_a_drafter_that_often_proposes_nothing_counts_for_that_share():
     assert proposing([0.8, 0.5], 0.25) == [0.2, 0.5] and proposing([], 0.5) == []
     assert goodput([proposing([0.8, 0.5], 0.25)], 2, 1.0) == pytest.approx(1 + 0.25 * (0.8 + 0.4))
+
+
+def test_pass_costs_are_kept_on_the_target_across_runs():
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    assert target.batch_pass_costs == {} and not LoadCosts.of(target).known(3, 1)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 64, (4 + i,), generator=gen).tolist() for i in range(3)]
+    drafter = FlawedOracle(target, gamma=3, policy="auto", horizon=32)
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=12)
+    assert LoadCosts.of(target).known(3, 1)  # the next run (another drafter) starts from what this one measured
+    assert all(isinstance(b, int) and isinstance(n, int) for b, n in target.batch_pass_costs)
+    assert not LoadCosts.of(object()).passes  # a target without the attribute: the run's own costs

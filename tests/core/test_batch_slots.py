@@ -32,6 +32,7 @@ def test_slot_copies_share_weights_and_named_state_and_own_the_rest(code_target)
     assert next(copy.draft.parameters()) is next(small.draft.parameters())
     assert copy.runner is not small.runner and copy.runner.cache is not small.runner.cache  # its own KV cache
     assert copy.policy is not small.policy
+    assert small.runner.tokenizer is not None and copy.runner.tokenizer is small.runner.tokenizer  # read-only: shared
     suffix = sf.create_drafter("suffix", code_target)
     other = slot_copy(suffix, code_target)
     assert other.global_cache is suffix.global_cache  # batch_shared: learns across every slot's requests
