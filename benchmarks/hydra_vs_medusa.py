@@ -60,6 +60,8 @@ def measure(sf, target, drafter, prompts, categories, reference, tokens: int) ->
 
 def ratio_lines(rows: list[dict]) -> list[str]:
     """Each arm's tau over the first arm's, per tree and prompt set."""
+    if not rows:
+        return []
     first = rows[0]["arm"]
     base = {(r["tree"], r["prompts"]): r["tau"] for r in rows if r["arm"] == first}
     return [f"{r['arm']}/{first} {r['tree']} {r['prompts']}: {r['tau'] / base[(r['tree'], r['prompts'])]:.3f}x "
