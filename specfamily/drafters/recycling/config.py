@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TEMPLATES = ("2.2.2",)  # as template.TEMPLATES (kept import-free here)
+SCORED = "scored"  # no static template: the most likely nodes by the recycled probabilities (scored.grow_scored)
+SCORED_DEPTH = 6  # its depth cap without a gamma (the reference template's depth)
+SCORED_SIZE = 80  # its node cap without a max_tree_size (the reference template's size)
 
 
 def _check_int(value: object, name: str, minimum: int) -> None:
@@ -30,6 +33,7 @@ class RecyclingConfig:
     template: str = "2.2.2"
     max_tree_size: int | None = 8
     keep: bool = True
+    threshold: float = 0.0
 
     def __post_init__(self) -> None:
         if self.gamma is not None:
@@ -37,8 +41,11 @@ class RecyclingConfig:
         if self.policy is not None and not isinstance(self.policy, str):
             raise ValueError(f"policy must be a string, got {self.policy!r}")
         _check_int(self.top_k, "top_k", 1)
-        if self.template not in TEMPLATES:
-            raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, got {self.template!r}")
+        if self.template not in (*TEMPLATES, SCORED):
+            raise ValueError(f"template must be one of {', '.join((*TEMPLATES, SCORED))}, got {self.template!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) \
+                or not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"threshold must be a number in [0, 1), got {self.threshold!r}")
         if self.max_tree_size is not None:
             _check_int(self.max_tree_size, "max_tree_size", 1)
         if not isinstance(self.keep, bool):
