@@ -20,7 +20,8 @@ def test_registered_with_its_config_and_defaults():
     target = tiny_target("llama", vocab_size=16)
     drafter = sf.create_drafter("recycling", target)
     assert isinstance(drafter, RecyclingDrafter) and drafter.policy.__class__.__name__ == "AutoPolicy"
-    assert len(drafter.template) == 8 and drafter.default_gamma == drafter.template.depth == 3
+    assert drafter.template is None and drafter.default_gamma == 6  # scored: best first, at most the reference's depth
+    assert (drafter.config.template, drafter.config.max_tree_size, drafter.config.threshold) == ("scored", 8, 0.35)
 
 
 def test_the_reference_template_has_80_nodes_six_deep_and_every_prefix_is_a_tree():
@@ -70,14 +71,14 @@ def test_table_update_keeps_each_fed_tokens_top_k_the_last_write_winning():
 def test_observe_learns_from_every_drafted_row_and_a_second_request_is_drafted_deeper():
     target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float64)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    drafter = RecyclingDrafter(target, gamma=3, max_tree_size=12)
+    drafter = RecyclingDrafter(target, gamma=3, max_tree_size=12, template="2.2.2")
     plain = sf.generate(target, None, prompt, max_new_tokens=40).tokens
     first = sf.generate(target, drafter, prompt, max_new_tokens=40)
     second = sf.generate(target, drafter, prompt, max_new_tokens=40)
     assert first.tokens == plain and second.tokens == plain
     assert second.metrics.mean_accepted_length > first.metrics.mean_accepted_length
     assert second.metrics.mean_accepted_length > 2.5  # the table now holds this text's successors
-    fresh = RecyclingDrafter(target, gamma=3, max_tree_size=12, keep=False)
+    fresh = RecyclingDrafter(target, gamma=3, max_tree_size=12, keep=False, template="2.2.2")
     sf.generate(target, fresh, prompt, max_new_tokens=40)
     again = sf.generate(target, fresh, prompt, max_new_tokens=40)
     assert again.metrics.mean_accepted_length == first.metrics.mean_accepted_length  # keep=False: starts empty
@@ -112,13 +113,15 @@ def test_bad_options_are_refused(options, message):
 
 
 def test_greedy_equals_transformers_with_trees_proposed():
-    reports = assert_greedy_equivalent(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12))
+    reports = assert_greedy_equivalent(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12,
+                                                                  template="2.2.2"))
     assert all(report.drafted_passes > 0 for report in reports)
 
 
 @pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=["t1", "t07-top_p09", "top_k5"])
 def test_lossless_at_depth_two(sampling):
-    [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12), configs=[sampling],
+    [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12, template="2.2.2"),
+                            configs=[sampling],
                             min_depth=2)
     assert fit.passed
 
@@ -162,12 +165,13 @@ def test_scored_drafter_is_greedy_identical_and_drafts_from_the_recycled_probabi
 
 
 def test_scored_greedy_equals_transformers_with_trees_proposed():
-    reports = assert_greedy_equivalent(lambda t: RecyclingDrafter(t, gamma=3, template="scored", max_tree_size=12))
+    reports = assert_greedy_equivalent(lambda t: RecyclingDrafter(t, gamma=3, template="scored", max_tree_size=12,
+                                                                  threshold=0.0))
     assert all(report.drafted_passes > 0 for report in reports)
 
 
 @pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=["t1", "t07-top_p09", "top_k5"])
 def test_scored_lossless_at_depth_two(sampling):
-    [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, template="scored", max_tree_size=12),
+    [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, template="scored", max_tree_size=12, threshold=0.0),
                             configs=[sampling], min_depth=2)
     assert fit.passed

@@ -33,10 +33,10 @@ class RecyclingDrafter(BaseDrafter):
         gamma: int | None = None,
         policy: str | None = None,
         top_k: int = 8,
-        template: str = "2.2.2",
+        template: str = "scored",
         max_tree_size: int | None = 8,
         keep: bool = True,
-        threshold: float = 0.0,
+        threshold: float = 0.35,
     ) -> None:
         self.config = RecyclingConfig(gamma, policy, top_k, template, max_tree_size, keep, threshold)
         self.template = None if template == SCORED else make_template(template, max_tree_size, top_k)
