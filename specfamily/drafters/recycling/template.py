@@ -1,10 +1,8 @@
 """Static draft-tree templates and the pure growth of a token tree from an adjacency table.
 
-A template is a tree of *ranks*: a node of rank r proposes its parent token's r-th most likely successor. A template
-given by its widths (the reference's ``2.2.2``) has its nodes ordered by depth + summed rank (stable); a searched
-template is a list of rank paths already ordered by how often each node was accepted (a child never more often than
-its parent). Either way every prefix of the order is itself a tree, and :func:`make_template` cuts it to
-``max_tree_size`` nodes by dropping the least likely.
+A template is a tree of *ranks*: a node of rank r proposes its parent token's r-th most likely successor. Its nodes
+are ordered by depth + summed rank (stable), so every prefix of the order is itself a tree (a parent's key is
+smaller than its child's) and :func:`make_template` cuts it to ``max_tree_size`` nodes by dropping the least likely.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ _WIDTHS_222: dict[tuple[int, ...], int] = {
     (0, 0, 0, 0): 3, (0, 0, 0, 1): 1, (0, 0, 0, 2): 1, (0, 0, 1, 0): 1, (0, 1, 0, 0): 1, (1, 0, 0, 0): 1,
     (0, 0, 0, 0, 0): 2, (0, 0, 0, 1, 0): 1,
 }
-TEMPLATES: dict[str, dict[tuple[int, ...], int] | tuple[tuple[int, ...], ...]] = {"2.2.2": _WIDTHS_222}
+TEMPLATES: dict[str, dict[tuple[int, ...], int]] = {"2.2.2": _WIDTHS_222}
 
 
 @dataclass(frozen=True)
@@ -45,10 +43,8 @@ class Template:
         return max(self.depths, default=0)
 
 
-def rank_paths(widths: dict[tuple[int, ...], int] | tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
-    """Every node's rank path, breadth first (shallower first, then by path); a searched template's in its order."""
-    if not isinstance(widths, dict):
-        return list(widths)
+def rank_paths(widths: dict[tuple[int, ...], int]) -> list[tuple[int, ...]]:
+    """Every node's rank path, breadth first (shallower first, then by path)."""
     paths, frontier = [], [()]
     while frontier:
         level = [(*path, r) for path in frontier for r in range(widths.get(path, 0))]
@@ -61,10 +57,7 @@ def make_template(name: str, max_tree_size: int | None = None, top_k: int | None
     """The named template's first ``max_tree_size`` nodes by (depth + summed rank); refuses ranks >= ``top_k``."""
     if name not in TEMPLATES:
         raise ValueError(f"unknown template {name!r}; known: {', '.join(TEMPLATES)}")
-    shape = TEMPLATES[name]
-    paths = rank_paths(shape)
-    if isinstance(shape, dict):
-        paths.sort(key=lambda path: len(path) + sum(path))
+    paths = sorted(rank_paths(TEMPLATES[name]), key=lambda path: len(path) + sum(path))
     if max_tree_size is not None:
         paths = paths[:max_tree_size]
     widest = max(path[-1] for path in paths) + 1
