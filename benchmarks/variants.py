@@ -1,5 +1,5 @@
-"""Training-free variants beside each other: recycling, prompt lookup, suffix (and rest, given a datastore) against
-plain decoding, greedy, Spec-Bench first turns by category, one run, prompts interleaved across arms.
+"""Training-free variants beside each other: recycling, lookahead, rest, prompt lookup and suffix against plain
+decoding, greedy, Spec-Bench first turns by category, one run, prompts interleaved across arms.
 
 Every arm runs at its defaults (the cost-aware policy) and serves every prompt in turn with one drafter object (so
 recycling's table and suffix's global cache grow across prompts, as in a server); its tokens are checked against
@@ -7,8 +7,10 @@ plain decoding's. Time is ``time.process_time`` around each generation on one th
 on the other core slows it much less than wall time). Printed: tau and speedup (plain CPU time / the arm's) per
 category and overall, as Markdown::
 
-    python benchmarks/variants.py --threads 1 --per-category 1 --max-new-tokens 64
+    python benchmarks/variants.py --threads 2 --per-category 1 --max-new-tokens 64 --out variants.json
     python benchmarks/variants.py --arms recycling,rest --rest-datastore ~/.cache/specfamily/rest/smollm2
+
+An arm may carry options as JSON after a colon: ``--arms 'recycling,recycling:{"template": "2.2.2"}'``.
 """
 
 from __future__ import annotations
@@ -43,10 +45,22 @@ class Totals:
 
 def make_arms(target, names: Sequence[str], rest_datastore: str | None) -> dict[str, object]:
     arms: dict[str, object] = {PLAIN: None}
-    for name in names:
+    for arm in names:
+        name, _, given = arm.partition(":")
         options = {"datastore": rest_datastore} if name == "rest" and rest_datastore else {}
-        arms[name] = sf.create_drafter(name, target, **options)
+        arms[arm] = sf.create_drafter(name, target, **options, **(json.loads(given) if given else {}))
     return arms
+
+
+def split_arms(text: str) -> list[str]:
+    """``name[:{json}]`` arms separated by commas outside the JSON."""
+    arms, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            arms.append(text[start:i])
+            start = i + 1
+    return [*arms, text[start:]] if text[start:] else arms
 
 
 def run(target, arms: dict[str, object], items, max_new_tokens: int,
@@ -106,7 +120,7 @@ def markdown(totals: dict[str, dict[str, Totals]]) -> str:
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="zoo:smollm2")
-    parser.add_argument("--arms", default="recycling,prompt_lookup,suffix")
+    parser.add_argument("--arms", default="recycling,lookahead,rest,prompt_lookup,suffix")
     parser.add_argument("--rest-datastore", default=None)
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -117,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     target = sf.load_target(args.target, matmul=args.matmul)
     items = spec_bench_items(target.tokenizer, args.per_category)
-    arms = make_arms(target, args.arms.split(","), args.rest_datastore)
+    arms = make_arms(target, split_arms(args.arms), args.rest_datastore)
     warm_up(target, arms)
     totals = run(target, arms, items, args.max_new_tokens, args.out)
     print(markdown(totals))

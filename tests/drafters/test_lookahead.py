@@ -81,8 +81,9 @@ def test_every_pass_carries_the_window_and_its_guesses_stay_off_the_verified_row
     assert len(drafts) in (passes, passes - 1)  # every pass but a last one left a single token (gamma 0)
 
 
-@pytest.mark.parametrize("options", [{"guesses": 1}, {"guesses": 4}, {"guesses": 4, "prompt_pool": False}],
-                         ids=["chain", "tree", "jacobi-pool-only"])
+@pytest.mark.parametrize("options", [{"guesses": 1, "window": 4, "ngram": 4}, {"guesses": 4, "window": 4, "ngram": 4},
+                                     {"guesses": 4, "window": 4, "ngram": 4, "prompt_pool": False}, {}],
+                         ids=["chain", "tree", "jacobi-pool-only", "defaults"])
 def test_greedy_equals_plain_decoding(options):
     [llama, gpt2] = assert_greedy_equivalent(lambda target: sf.create_drafter("lookahead", target, **options))
     assert llama.drafted_passes > 0 and gpt2.drafted_passes > 0
@@ -92,7 +93,28 @@ def test_the_jacobi_pool_alone_gets_tokens_accepted():
     """Without prompt n-grams every candidate comes from the window's side rows: accepted tokens prove the side
     logits feed the pool."""
     target = tiny_target(vocab_size=16)
-    drafter = sf.create_drafter("lookahead", target, prompt_pool=False)
+    drafter = sf.create_drafter("lookahead", target, prompt_pool=False, window=4, ngram=4, guesses=4)
     result = sf.generate(target, drafter, [1, 2, 3, 4, 5], max_new_tokens=48)
     assert result.tokens == sf.generate(target, None, [1, 2, 3, 4, 5], max_new_tokens=48).tokens
     assert result.metrics.target_passes < 48
+
+
+def test_cpu_defaults_feed_two_side_rows_and_a_chain_of_at_most_two():
+    target = tiny_target(vocab_size=16)
+    drafter = sf.create_drafter("lookahead", target)
+    assert (drafter.config.window, drafter.config.ngram, drafter.config.guesses) == (1, 3, 1)
+    shapes = []
+    propose = drafter.propose
+
+    def spy(ctx, gamma):
+        draft = propose(ctx, gamma)
+        shapes.append((len(draft.tokens), len(draft.side.tokens), draft.parents.tolist()))
+        return draft
+
+    drafter.propose = spy
+    result = sf.generate(target, drafter, [1, 2, 3, 1, 2, 3, 1], max_new_tokens=24)
+    assert result.tokens == sf.generate(target, None, [1, 2, 3, 1, 2, 3, 1], max_new_tokens=24).tokens
+    assert shapes and all(side <= 2 and size <= 2 and parents == list(range(-1, size - 1))
+                          for size, side, parents in shapes)
+    assert shapes[0][1] == 1 and all(side == 2 for _, side, _ in shapes[1:])  # one level while warming up, then 2
+    assert any(size == 2 for size, _, _ in shapes)  # a chain of N - 1 = 2 was proposed

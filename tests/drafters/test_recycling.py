@@ -9,6 +9,7 @@ from specfamily.core.plugins import get_registry
 from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.recycling.config import RecyclingConfig
 from specfamily.drafters.recycling.drafter import RecyclingDrafter
+from specfamily.drafters.recycling.scored import grow_scored
 from specfamily.drafters.recycling.table import AdjacencyTable
 from specfamily.drafters.recycling.template import TEMPLATES, grow, make_template, rank_paths
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
@@ -19,7 +20,8 @@ def test_registered_with_its_config_and_defaults():
     target = tiny_target("llama", vocab_size=16)
     drafter = sf.create_drafter("recycling", target)
     assert isinstance(drafter, RecyclingDrafter) and drafter.policy.__class__.__name__ == "AutoPolicy"
-    assert len(drafter.template) == 8 and drafter.default_gamma == drafter.template.depth == 3
+    assert drafter.template is None and drafter.default_gamma == 6  # scored: best first, at most the reference's depth
+    assert (drafter.config.template, drafter.config.max_tree_size, drafter.config.threshold) == ("scored", 8, 0.35)
 
 
 def test_the_reference_template_has_80_nodes_six_deep_and_every_prefix_is_a_tree():
@@ -69,14 +71,14 @@ def test_table_update_keeps_each_fed_tokens_top_k_the_last_write_winning():
 def test_observe_learns_from_every_drafted_row_and_a_second_request_is_drafted_deeper():
     target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float64)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    drafter = RecyclingDrafter(target, gamma=3, max_tree_size=12)
+    drafter = RecyclingDrafter(target, gamma=3, max_tree_size=12, template="2.2.2")
     plain = sf.generate(target, None, prompt, max_new_tokens=40).tokens
     first = sf.generate(target, drafter, prompt, max_new_tokens=40)
     second = sf.generate(target, drafter, prompt, max_new_tokens=40)
     assert first.tokens == plain and second.tokens == plain
     assert second.metrics.mean_accepted_length > first.metrics.mean_accepted_length
     assert second.metrics.mean_accepted_length > 2.5  # the table now holds this text's successors
-    fresh = RecyclingDrafter(target, gamma=3, max_tree_size=12, keep=False)
+    fresh = RecyclingDrafter(target, gamma=3, max_tree_size=12, keep=False, template="2.2.2")
     sf.generate(target, fresh, prompt, max_new_tokens=40)
     again = sf.generate(target, fresh, prompt, max_new_tokens=40)
     assert again.metrics.mean_accepted_length == first.metrics.mean_accepted_length  # keep=False: starts empty
@@ -98,7 +100,8 @@ def test_observe_without_a_proposal_updates_the_root_row_only():
     ("options", "message"),
     [
         ({"top_k": 0}, "top_k must be an integer >= 1, got 0"),
-        ({"template": "9.9"}, "template must be one of 2.2.2, got '9.9'"),
+        ({"template": "9.9"}, "template must be one of 2.2.2, scored, got '9.9'"),
+        ({"threshold": 1.0}, r"threshold must be a number in \[0, 1\), got 1.0"),
         ({"max_tree_size": 0}, "max_tree_size must be an integer >= 1, got 0"),
         ({"keep": "yes"}, "keep must be true or false, got 'yes'"),
         ({"gamma": 0}, "gamma must be an integer >= 1, got 0"),
@@ -110,12 +113,65 @@ def test_bad_options_are_refused(options, message):
 
 
 def test_greedy_equals_transformers_with_trees_proposed():
-    reports = assert_greedy_equivalent(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12))
+    reports = assert_greedy_equivalent(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12,
+                                                                  template="2.2.2"))
     assert all(report.drafted_passes > 0 for report in reports)
 
 
 @pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=["t1", "t07-top_p09", "top_k5"])
 def test_lossless_at_depth_two(sampling):
-    [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12), configs=[sampling],
+    [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, max_tree_size=12, template="2.2.2"),
+                            configs=[sampling],
                             min_depth=2)
+    assert fit.passed
+
+
+def test_table_keeps_the_probabilities_of_its_successors():
+    table = AdjacencyTable.empty(4, 2)
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3, 0.0]]))
+    table.update([2], logits)
+    assert table.successors[2].tolist() == [1, 2]
+    np.testing.assert_allclose(table.scores[2], [0.6, 0.3], rtol=1e-6)
+    assert table.scores[0].tolist() == [0.0, 0.0]
+
+
+def test_grow_scored_keeps_the_most_likely_paths_above_the_threshold_parents_first():
+    successors = np.array([[1, 2], [2, 0], [0, 1], [1, 2]])
+    scores = np.array([[0.7, 0.2], [0.9, 0.1], [0.5, 0.4], [0.9, 0.1]], dtype=np.float32)
+    known = np.array([True, True, True, False])
+    # from 0: 1 (.7), 1->2 (.63), 1->2->0 (.315), 2 (.2), 1->2->1 (.252), 1->0 (.07), ...
+    tokens, parents = grow_scored(0, successors, scores, known, size=4, gamma=3, threshold=0.0)
+    assert tokens == [1, 2, 0, 1] and parents == [-1, 0, 1, 1]
+    tokens, parents = grow_scored(0, successors, scores, known, size=8, gamma=3, threshold=0.25)
+    assert tokens == [1, 2, 0, 1] and parents == [-1, 0, 1, 1]  # .2 and below left out
+    assert grow_scored(0, successors, scores, known, size=8, gamma=1, threshold=0.0) == ([1, 2], [-1, -1])
+    assert grow_scored(0, successors, scores, known, size=8, gamma=3, threshold=0.8) == ([], [])  # unsure: nothing
+    assert grow_scored(3, successors, scores, known, size=8, gamma=3, threshold=0.0) == ([], [])  # unknown root
+    assert grow_scored(0, successors, scores, known, size=8, gamma=3, threshold=0.0, stop={1, 2}) == ([1, 2], [-1, -1])
+
+
+def test_scored_drafter_is_greedy_identical_and_drafts_from_the_recycled_probabilities():
+    target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float64)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    drafter = RecyclingDrafter(target, gamma=3, template="scored", max_tree_size=12, threshold=0.01)
+    assert drafter.template is None and drafter.default_gamma == 6  # the depth cap without a gamma
+    plain = sf.generate(target, None, prompt, max_new_tokens=40).tokens
+    first = sf.generate(target, drafter, prompt, max_new_tokens=40)
+    second = sf.generate(target, drafter, prompt, max_new_tokens=40)
+    assert first.tokens == plain and second.tokens == plain
+    assert second.metrics.mean_accepted_length > first.metrics.mean_accepted_length > 1.0
+    never = RecyclingDrafter(target, gamma=3, template="scored", threshold=0.999)
+    assert sf.generate(target, never, prompt, max_new_tokens=20).metrics.mean_accepted_length == 1.0
+
+
+def test_scored_greedy_equals_transformers_with_trees_proposed():
+    reports = assert_greedy_equivalent(lambda t: RecyclingDrafter(t, gamma=3, template="scored", max_tree_size=12,
+                                                                  threshold=0.0))
+    assert all(report.drafted_passes > 0 for report in reports)
+
+
+@pytest.mark.parametrize("sampling", SAMPLING_MATRIX, ids=["t1", "t07-top_p09", "top_k5"])
+def test_scored_lossless_at_depth_two(sampling):
+    [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, template="scored", max_tree_size=12, threshold=0.0),
+                            configs=[sampling], min_depth=2)
     assert fit.passed

@@ -30,11 +30,11 @@ DRAFTERS = {
     "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
     "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
     "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
-    "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3),
+    "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3, template="2.2.2"),
     "rest": lambda t: sf.create_drafter("rest", t, gamma=4, datastore=_rest_datastore(t.vocab_size)),
     "merge": lambda t: sf.create_drafter("merge", t, parts=["prompt_lookup", "eagle3"], gamma=3,
                                          options={"eagle3": {"weights": "random"}}),
-    "lookahead": lambda t: sf.create_drafter("lookahead", t, gamma=3, guesses=3),
+    "lookahead": lambda t: sf.create_drafter("lookahead", t, gamma=3, guesses=3, window=4, ngram=4),
 }
 CASES: dict[tuple[str, torch.dtype], GreedyCase] = {}
 

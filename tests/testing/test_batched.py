@@ -69,7 +69,7 @@ REGISTERED = [
     pytest.param("suffix", {}, False, marks=pytest.mark.slow, id="suffix"),
     pytest.param("hydra", {"weights": "random"}, False, marks=pytest.mark.slow, id="hydra-tree"),
     pytest.param("lookahead", {}, False, marks=pytest.mark.slow, id="lookahead"),
-    pytest.param("recycling", {}, False, marks=pytest.mark.slow, id="recycling"),
+    pytest.param("recycling", {"template": "2.2.2"}, False, marks=pytest.mark.slow, id="recycling"),
     pytest.param("rest", {}, False, marks=pytest.mark.slow, id="rest"),
     pytest.param("merge", {"parts": ["eagle3", "self_spec"], "options": {
         "eagle3": {"weights": "random", "top_k": 4, "total_tokens": 30, "tree_sampling": "sampled"},

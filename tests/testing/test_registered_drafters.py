@@ -98,12 +98,14 @@ CASES = [
     Case("merge", "tree", {"gamma": DEPTH, "parts": ["eagle3", "self_spec"], "options": {
         "eagle3": {"weights": "random", "gamma": DEPTH, "top_k": 4, "total_tokens": 30, "tree_sampling": "sampled"},
         "self_spec": {"skip": ["mlp:1"], "gamma": DEPTH}}}),  # every node sampled: q given the earlier siblings
-    Case("recycling", "tree", {"gamma": DEPTH, "max_tree_size": 12}),
+    Case("recycling", "tree", {"gamma": DEPTH, "max_tree_size": 12, "template": "2.2.2"}),
     Case("rest", "tree", {"gamma": DEPTH}),
     Case("hydra", "tree", {"weights": "random", "gamma": DEPTH, "tree": medusa_tree()}),
     Case("hydra", "chain", {"weights": "random", "gamma": DEPTH, "tree": "chain"}),
-    Case("lookahead", "chain", {"gamma": DEPTH, "guesses": 1}, lambda: lookup_prompts()["chain"]),
-    Case("lookahead", "tree", {"gamma": DEPTH, "guesses": 3}, lambda: lookup_prompts()["tree"]),
+    Case("lookahead", "chain", {"gamma": DEPTH, "guesses": 1, "window": 4, "ngram": 4},
+         lambda: lookup_prompts()["chain"]),
+    Case("lookahead", "tree", {"gamma": DEPTH, "guesses": 3, "window": 4, "ngram": 4},
+         lambda: lookup_prompts()["tree"]),
 ]
 PRUNED = (0, 2, 3, 5, 6)  # a reduced draft vocabulary: q is zero on 1, 4 and 7, which only the target proposes
 PRUNED_CASES = [

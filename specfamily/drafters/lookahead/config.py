@@ -20,14 +20,16 @@ class LookaheadConfig:
     N - 1, a constant policy: the lookahead branch only runs in passes that draft, so a policy that drafts nothing
     also stops the Jacobi iteration). ``prompt_pool``: also put the n-grams of the prompt and the committed text in
     the pool (the reference's pool-from-prompt option). ``seed``: the window's initial guesses (tokens of the prompt).
-    A pass feeds W * (N - 1) side rows and up to G * (N - 1) draft nodes.
+    A pass feeds W * (N - 1) side rows and up to G * (N - 1) draft nodes. The defaults (W 1, N 3, G 1: at most 2
+    side rows and a chain of 2) are chosen for a CPU, where every fed row costs (docs/lookahead.md); the reference's
+    (W 7, N 5, G 7: up to 56 rows a pass) pay where a pass of that many rows costs about one row's.
     """
 
     gamma: int | None = None  # candidate length / tree depth (default ngram - 1)
     policy: str | None = None  # None: constant; auto | heuristic | optimal
-    window: int = 4
-    ngram: int = 4
-    guesses: int = 4
+    window: int = 1
+    ngram: int = 3
+    guesses: int = 1
     prompt_pool: bool = True
     seed: int = 0
 

@@ -29,9 +29,9 @@ class LookaheadDrafter(BaseDrafter):
         target: Target | None = None,
         gamma: int | None = None,
         policy: str | None = None,
-        window: int = 4,
-        ngram: int = 4,
-        guesses: int = 4,
+        window: int = 1,
+        ngram: int = 3,
+        guesses: int = 1,
         prompt_pool: bool = True,
         seed: int = 0,
     ) -> None:

@@ -3,7 +3,8 @@
 Every pass already computes logits after the root and after each drafted node, accepted or not; ``observe`` keeps
 each fed token's top-k successors in an :class:`AdjacencyTable` (one table for the drafter's life, as the
 reference's one matrix per run, unless ``keep=False``). ``propose`` grows a static template tree from the
-context's last token through that table (:func:`grow`). No model of its own, deterministic (q = None): lossless
+context's last token through that table (:func:`grow`), or, with ``template="scored"``, the most likely nodes by
+the recycled probabilities (:func:`grow_scored`). No model of its own, deterministic (q = None): lossless
 under sampling, the target's own greedy text at temperature 0.
 """
 
@@ -15,7 +16,8 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, VerifyOutcome
-from specfamily.drafters.recycling.config import RecyclingConfig
+from specfamily.drafters.recycling.config import SCORED, SCORED_DEPTH, SCORED_SIZE, RecyclingConfig
+from specfamily.drafters.recycling.scored import grow_scored
 from specfamily.drafters.recycling.table import AdjacencyTable
 from specfamily.drafters.recycling.template import grow, make_template
 
@@ -31,13 +33,14 @@ class RecyclingDrafter(BaseDrafter):
         gamma: int | None = None,
         policy: str | None = None,
         top_k: int = 8,
-        template: str = "2.2.2",
+        template: str = "scored",
         max_tree_size: int | None = 8,
         keep: bool = True,
+        threshold: float = 0.35,
     ) -> None:
-        self.config = RecyclingConfig(gamma, policy, top_k, template, max_tree_size, keep)
-        self.template = make_template(template, max_tree_size, top_k)
-        self.default_gamma = self.template.depth
+        self.config = RecyclingConfig(gamma, policy, top_k, template, max_tree_size, keep, threshold)
+        self.template = None if template == SCORED else make_template(template, max_tree_size, top_k)
+        self.default_gamma = SCORED_DEPTH if self.template is None else self.template.depth
         super().__init__(gamma, policy)
         self.stop: frozenset[int] = frozenset(target.eos_token_ids) if target is not None else frozenset()
         self.table: AdjacencyTable | None = None
@@ -57,8 +60,12 @@ class RecyclingDrafter(BaseDrafter):
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         root = self._last = ctx.tokens[-1]
-        table = self.table
-        tokens, parents = grow(root, table.successors, table.known, self.template, gamma, self.stop)
+        table, config = self.table, self.config
+        if self.template is None:
+            tokens, parents = grow_scored(root, table.successors, table.scores, table.known,
+                                          config.max_tree_size or SCORED_SIZE, gamma, config.threshold, self.stop)
+        else:
+            tokens, parents = grow(root, table.successors, table.known, self.template, gamma, self.stop)
         self._fed = [root, *tokens]
         if not tokens:
             return Draft.empty()

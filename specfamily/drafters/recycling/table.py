@@ -11,10 +11,16 @@ import torch
 @dataclass
 class AdjacencyTable:
     """successors (V, k): row x holds the top-k of the logits the target produced at a position holding token x
-    (most likely first); known (V,): whether row x was ever written (unwritten rows propose nothing)."""
+    (most likely first); scores (V, k): their probabilities there (softmax of those logits); known (V,): whether row
+    x was ever written (unwritten rows propose nothing)."""
 
     successors: np.ndarray  # (V, k) int64
     known: np.ndarray  # (V,) bool
+    scores: np.ndarray | None = None  # (V, k) float32
+
+    def __post_init__(self) -> None:
+        if self.scores is None:
+            self.scores = np.zeros(self.successors.shape, dtype=np.float32)
 
     @classmethod
     def empty(cls, vocab_size: int, k: int) -> AdjacencyTable:
@@ -30,7 +36,8 @@ class AdjacencyTable:
         if logits.shape[0] != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
         k = min(self.k, logits.shape[-1])
-        top = torch.topk(logits, k, dim=-1).indices.cpu().numpy()  # (n, k)
+        top = torch.topk(torch.softmax(logits.float(), dim=-1), k, dim=-1)
         rows = np.asarray(tokens, dtype=np.int64)
-        self.successors[rows, :k] = top
+        self.successors[rows, :k] = top.indices.cpu().numpy()
+        self.scores[rows, :k] = top.values.cpu().numpy()
         self.known[rows] = True

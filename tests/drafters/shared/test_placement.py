@@ -42,8 +42,8 @@ PUBLISHED = {
     "eagle3": lambda: {"weights": "random", "draft_vocab": list(range(32000))},  # EAGLE-3: 32000-token draft vocab
     "small_model": lambda: {"model": meta_llama(LLAMA32_1B)},  # Llama-3.2-1B drafting for Llama-3-8B
     "hydra": lambda: {"weights": "random", "num_heads": 5, "layers": 1},  # Hydra's heads, Medusa-1's count
-    "lookahead": lambda: {},  # W = 4, N = 4, G = 4: no weights, side rows in the target's own pass
-    "recycling": lambda: {},  # the reference's 2.2.2 template, its first nodes
+    "lookahead": lambda: {"window": 4, "ngram": 4, "guesses": 4},  # no weights, side rows in the target's own pass
+    "recycling": lambda: {"template": "2.2.2"},  # the reference's 2.2.2 template, its first nodes
     "rest": lambda: {"datastore": _datastore()},
     "merge": lambda: {"parts": ["suffix", "eagle3"],  # SAM-Decoding's pairing: a suffix index and an EAGLE head
                       "options": {"eagle3": {"weights": "random", "draft_vocab": list(range(32000))}}},
