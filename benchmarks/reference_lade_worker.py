@@ -58,6 +58,7 @@ def main(path: str) -> None:
         plain_forwards, count[0] = count[0], 0
         tokens = generate(model, prompt, job["max_new_tokens"], eos, use_lade=True)
         rows.append({"tokens": tokens, "forwards": count[0], "plain": plain, "plain_forwards": plain_forwards})
+        print(f"lade: prompt {len(rows)}/{len(job['prompts'])}", file=sys.stderr, flush=True)
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__, "rows": rows}))
 
 

@@ -32,7 +32,6 @@ import specfamily as sf
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "reference_lade_worker.py"
 VENV = Path("/work/sidevenv/lade")
-TOLERANCE = 0.10  # relative, on overall tau: see docs/reference-packages.md
 
 
 def old_transformers_copy(source: Path, folder: Path) -> Path:
@@ -61,24 +60,27 @@ def reference_run(venv: Path, model: Path, prompts: list[list[int]], args, eos: 
         json.dump(job, f)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": ""}
     try:
-        done = subprocess.run([str(venv / "bin" / "python"), str(WORKER), f.name], capture_output=True, text=True,
+        done = subprocess.run([str(venv / "bin" / "python"), str(WORKER), f.name], stdout=subprocess.PIPE, text=True,
                               env=env, check=False)
     finally:
         os.unlink(f.name)
     if done.returncode != 0:
-        raise RuntimeError(f"lade worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"lade worker failed ({done.returncode}): its stderr is above")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def our_run(target, prompts: list[list[int]], args, gamma: int) -> list[dict]:
-    """Our lookahead at draft length ``gamma`` (every option explicit), and plain decoding, on ``prompts``."""
+def our_run(target, prompts: list[list[int]], args, gamma: int, plains: list[list[int]]) -> list[dict]:
+    """Our lookahead at draft length ``gamma`` (every option explicit) on ``prompts``; ``plains``: plain decoding's
+    tokens (filled on the first call)."""
     drafter = sf.create_drafter("lookahead", target, gamma=gamma, policy=None, window=args.window,
                                 ngram=args.ngram, guesses=args.guesses, prompt_pool=False, seed=0)
     rows = []
-    for prompt in prompts:
-        plain = sf.generate(target, None, prompt, max_new_tokens=args.max_new_tokens)
+    for i, prompt in enumerate(prompts):
+        if len(plains) <= i:
+            plains.append(sf.generate(target, None, prompt, max_new_tokens=args.max_new_tokens).tokens)
         result = sf.generate(target, drafter, prompt, max_new_tokens=args.max_new_tokens)
-        rows.append({"tokens": result.tokens, "passes": result.metrics.target_passes, "plain": plain.tokens})
+        rows.append({"tokens": result.tokens, "passes": result.metrics.target_passes, "plain": plains[i]})
+        print(f"ours gamma={gamma}: prompt {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -128,7 +130,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=None, help="keep only the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--window", type=int, default=4, help="W (lade's WINDOW_SIZE)")
-    parser.add_argument("--ngram", type=int, default=4, help="N (lade's LEVEL)")
+    parser.add_argument("--ngram", type=int, default=4, help="N (lade's LEVEL), >= 3")
     parser.add_argument("--guesses", type=int, default=4, help="G (lade's GUESS_SET_SIZE)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="write the report here")
@@ -140,7 +142,7 @@ def parse(argv=None) -> argparse.Namespace:
 def fixture(args, prompts, categories, reference: dict, report: dict) -> dict:
     return {"package": "lade==0.0.2", "transformers": reference["transformers"], "torch": reference["torch"],
             "target": args.target, "window": args.window, "ngram": args.ngram, "guesses": args.guesses,
-            "max_new_tokens": args.max_new_tokens, "prompt_pool": False, "seed": 0, "tolerance": TOLERANCE,
+            "max_new_tokens": args.max_new_tokens, "prompt_pool": False, "seed": 0,
             "prompts": prompts, "categories": categories,
             "lade": [{"tokens": r["tokens"], "forwards": r["forwards"]} for r in reference["rows"]],
             "overall": report["overall"], "command": "python benchmarks/" + " ".join(
@@ -160,7 +162,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as folder:
         model = old_transformers_copy(source, Path(folder) / "model")
         reference = reference_run(args.venv, model, prompts, args, eos=min(target.eos_token_ids))
-    ours = {gamma: our_run(target, prompts, args, gamma) for gamma in (args.ngram - 1, args.ngram - 2) if gamma >= 1}
+    plains: list[list[int]] = []
+    ours = {gamma: our_run(target, prompts, args, gamma, plains) for gamma in (args.ngram - 1, args.ngram - 2)}
     report = compare(prompts, categories, reference, ours, args.ngram)
     report["reference_versions"] = {"transformers": reference["transformers"], "torch": reference["torch"]}
     print(markdown(report, args.ngram))

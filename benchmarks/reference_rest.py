@@ -89,12 +89,12 @@ def reference_run(args, venv: Path, prompts: list[list[int]], ours: list[dict], 
         json.dump(job, f)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     try:
-        done = subprocess.run([str(venv / "bin" / "python"), str(WORKER), f.name], capture_output=True,
+        done = subprocess.run([str(venv / "bin" / "python"), str(WORKER), f.name], stdout=subprocess.PIPE,
                               text=True, env=env, check=False)
     finally:
         os.unlink(f.name)
     if done.returncode != 0:
-        raise RuntimeError(f"draftretriever worker in {venv} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"draftretriever worker in {venv} failed ({done.returncode}): its stderr is above")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
