@@ -102,10 +102,11 @@ class AutoPolicy:
     probe was verified and did not pay, and after a stretch of drafted passes that lost (its accepted tokens plus one a
     pass fewer than its cost in plain passes: each pass's verification as timed, else as costed, plus its own draft
     steps and catch-up): a probe that makes the estimates look good for a few losing passes counts as a losing probe.
-    It goes back to ``probe_every`` while a stretch pays. A probe when no length predicts a gain is the deepest draft,
-    up to ``gamma``, whose verification costs at most ``probe_cost`` plain passes (at least depth 1): a full tree as a
-    probe costs more than the gain it could find. Estimates carry over to the next request, down-weighted to
-    ``memory`` of their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
+    It goes back to ``probe_every`` while a stretch pays. A tree's probe when no length predicts a gain is the deepest
+    draft, up to ``gamma``, whose verification costs at most ``probe_cost`` plain passes (at least depth 1): a full
+    tree as a probe costs more than the gain it could find; a chain still probes at ``gamma``. Estimates carry over
+    to the next request, down-weighted to ``memory`` of their counts. ``max_gamma`` caps the draft length (tree
+    drafters cap it at their calibrated depth).
 
     Costs are the run's own: it plans and converts with the bound curve times what ``timed`` passes measured of it
     (:class:`~specfamily.core.costs.MeasuredCost`), and once passes are timed it makes a plain pass whenever
@@ -228,10 +229,11 @@ class AutoPolicy:
         return self._choice
 
     def _probe_depth(self) -> int:
-        """The probe when no length predicts a gain: the deepest up to ``gamma`` whose verification costs at most
-        ``probe_cost`` plain passes, at least 1."""
+        """The probe when no length predicts a gain: for a tree (more than one token a depth) the deepest up to
+        ``gamma`` whose verification costs at most ``probe_cost`` plain passes, at least 1; for a chain ``gamma``
+        (a chain's deep probes are what found prompt lookup's deep acceptance: docs/policy-costs.md)."""
         depth = min(self.gamma, self.max_gamma)
-        while depth > 1 and self._cost(depth) > self.probe_cost:
+        while depth > 1 and self.width > 1.0 and self._cost(depth) > self.probe_cost:
             depth -= 1
         return depth
 

@@ -340,7 +340,7 @@ def test_auto_probes_often_again_after_a_stretch_that_paid():
 
 
 @pytest.mark.parametrize(("probe_cost", "depth"), [(1.5, 2), (2.0, 5), (10.0, 6)])
-def test_auto_probes_with_the_deepest_draft_its_probe_cost_allows(probe_cost, depth):
+def test_auto_probes_a_tree_with_the_deepest_draft_its_probe_cost_allows(probe_cost, depth):
     """No length predicts a gain: the probe is the deepest draft up to gamma = 6 whose verification costs at most
     probe_cost plain passes (fake tree: 4 tokens a depth, 1 + 0.05 a token), never below depth 1."""
     policy = AutoPolicy(6, probe_every=2, probe_cost=probe_cost, verify_cost=lambda g: 1.0 + 0.05 * g)
@@ -352,10 +352,13 @@ def test_auto_probes_with_the_deepest_draft_its_probe_cost_allows(probe_cost, de
     assert policy._cost(depth) <= probe_cost and (depth == 6 or policy._cost(depth + 1) > probe_cost)
 
 
-def test_auto_probe_cost_never_cuts_below_depth_one_and_is_checked():
-    policy = AutoPolicy(3, probe_every=1, probe_cost=1.0, verify_cost=lambda g: 2.0 + g)
-    policy.update(3, 0, 1.0, tokens=3)
-    assert policy.next_gamma() == 1
+def test_auto_probe_cost_caps_trees_only_never_below_depth_one_and_is_checked():
+    chain = AutoPolicy(3, probe_every=1, probe_cost=1.0, verify_cost=lambda g: 2.0 + g)
+    chain.update(3, 0, 1.0, tokens=3)
+    assert chain.next_gamma() == 3  # a chain probes at its start gamma, whatever it costs
+    tree = AutoPolicy(3, probe_every=1, probe_cost=1.0, verify_cost=lambda g: 2.0 + g)
+    tree.update(3, 0, 1.0, tokens=9)
+    assert tree.width > 1 and tree.next_gamma() == 1
     for bad in (0.5, float("nan")):
         with pytest.raises(ValueError, match="probe_cost must be a finite number >= 1"):
             AutoPolicy(3, probe_cost=bad)
