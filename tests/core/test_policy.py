@@ -362,3 +362,15 @@ def test_auto_probe_cost_caps_trees_only_never_below_depth_one_and_is_checked():
     for bad in (0.5, float("nan")):
         with pytest.raises(ValueError, match="probe_cost must be a finite number >= 1"):
             AutoPolicy(3, probe_cost=bad)
+
+
+def test_a_stretch_is_charged_each_pass_as_timed_else_as_costed():
+    """The stretch ledger charges a drafted pass its timed verification over the plain pass (when that pass was
+    timed), plus its own draft steps and catch-up; untimed, the costed verification."""
+    policy = AutoPolicy(2, verify_cost=1.0)
+    policy.timed(0, 0.010)
+    policy.timed(2, 0.030)  # this drafted pass: 3 plain passes
+    assert policy._spent(2, 2, 1.0, 0.5, 0.25) == pytest.approx(3.0 * (1 + 2 * 0.5) + 3.0 * 0.25)
+    assert policy._spent(2, 2, 1.2, 0.5, None) == pytest.approx(1.2 * 2)  # the timed pass is used once; no overhead
+    policy.timed(4, 0.030)
+    assert policy._spent(2, 2, 1.2, 0.0, 0.0) == pytest.approx(1.2)  # a time for another size is not this pass's
