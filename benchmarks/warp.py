@@ -1,17 +1,18 @@
 """The sampled verification of one pass, before against now, at SmolLM2's vocabulary (V = 49152).
 
-before: ``verify_draft`` as it was before the final draw by inversion: the rows the walk reads warped lazily (top-p
-over a bounded ``torch.topk`` head), q checked by the exact checks over every entry, the final token by
-``torch.multinomial`` over all V.
-now: ``verify_draft`` as the loop calls it: the same walk, q's quick check, the final token by inversion of one
-uniform.
+before: ``verify_draft`` as it was before the kept head was written into a zero row: the same lazy rows and walk,
+but top-p builds a vocabulary-wide bool mask from the head and multiplies the row by it (the same tensor, bit for
+bit), and the walk's residuals are not updated in place.
+now: ``verify_draft`` as the loop calls it: the rows the walk reads warped lazily (top-p over a bounded ``torch.topk``
+head, its kept values scattered into a zero row), q's quick check, the final token by inversion of one uniform.
 device walk (CPU): every row warped at once, then the device walk (``verify_tree(device_walk=True)``: trees in one
 branch-free sweep, chains in one vectorised block, one host synchronisation) on CPU tensors: what an accelerator
 runs, timed here on the CPU to show whether it would pay there.
 old: the warp before the bounded head (a full descending sort of every row) on all n + 1 rows, then the walk with
-multinomial: the first baseline. Each pass has its own generator (seeded by its index): before and now must take the
-same paths (their tries read the same uniforms), which is checked. Times are CPU seconds of this process
-(``time.process_time``; one thread), the median of ``--repeats`` interleaved repeats. Also the warp alone.
+multinomial: the first baseline. Each pass has its own generator (seeded by its index): old, before and now must take
+the same paths (their tries read the same uniforms), and before and now the same next tokens: both are checked.
+Times are CPU seconds of this process (``time.process_time``; one thread), the median of ``--repeats`` interleaved
+repeats. Also the warp alone (before and now checked equal, bit for bit).
 
 Logits are random (``--scale`` times a standard normal) or, with ``--model zoo:smollm2``, the target's own rows
 over its sampled answers to Spec-Bench questions (n + 1 consecutive rows a pass); the kept nucleus sizes are
@@ -35,10 +36,11 @@ from collections.abc import Callable
 import torch
 
 from specfamily.core import host
+from specfamily.core import verify as verify_module
 from specfamily.core.acceptance import verify_draft
-from specfamily.core.sampling import top_k_filter, warp
+from specfamily.core.sampling import TOP_P_START, top_k_filter, top_p_keep, warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import Rows, _children, _row_checks, _walk, check_q, sum_tolerance, verify_tree
+from specfamily.core.verify import _children, _walk, check_q, verify_tree, verify_tree_rows
 
 TREES = {  # n -> parents: root with two branches, and for 12 a wider, deeper tree
     4: [-1, -1, 0, 1],
@@ -77,19 +79,46 @@ def old_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, gen
     return _walk(_children(draft.parents.tolist()), draft.tokens.tolist(), q64, p.double(), draws)
 
 
-def before_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
-    """verify_draft before this work: lazy rows, q checked by the exact checks alone (no quick pass), the final
-    token by multinomial."""
-    def p_row(i: int) -> torch.Tensor:
-        return warp(logits[i : i + 1], sampling)[0].double()
+def mask_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The warp before the kept head was scattered into a zero row: a vocabulary-wide mask, then a product."""
+    scaled = logits.float() / sampling.temperature
+    probs = torch.softmax(top_k_filter(scaled, sampling.top_k), dim=-1)
+    if sampling.top_p >= 1.0:
+        return probs
+    start = sampling.top_k + 1 if sampling.top_k > 0 else TOP_P_START
+    kept = probs * top_p_keep(probs.reshape(-1, probs.shape[-1]), sampling.top_p, start).view(probs.shape)
+    return kept / kept.sum(dim=-1, keepdim=True)
 
-    q, q64 = draft.q, None
-    if q is not None:
-        if bool(_row_checks(q, sum_tolerance(q.dtype))[3].any()):
-            check_q(q)
-        q64 = Rows(lambda i: q[i].double())
-    return _walk(_children(draft.parents.tolist()), draft.tokens.tolist(), q64, Rows(p_row),
-                 MultinomialDraws(generator))
+
+def _walk_out_of_place(residual: torch.Tensor, token: int, q_row, draws, node: int = 0):
+    """``verify._try_child`` before the in-place residual."""
+    if q_row is None:
+        return verify_module._try_child(residual, token, q_row, draws, node)
+    q_x = q_row[token].item()
+    if q_x <= 0:
+        raise verify_module._zero_q_error(token, node)
+    if draws.uniform() < min(1.0, residual[token].item() / q_x):
+        return True, residual
+    return False, torch.clamp(residual - q_row, min=0.0)
+
+
+def before_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
+    """verify_draft before this work: the same lazy rows, warped with the mask and product, out-of-place residuals."""
+    def p_row(i: int) -> torch.Tensor:
+        return mask_warp(logits[i : i + 1], sampling)[0]
+
+    try_child, normalise = verify_module._try_child, verify_module._normalise
+    verify_module._try_child = _walk_out_of_place
+    verify_module._normalise = _normalise_out_of_place
+    try:
+        return verify_tree_rows(draft.tokens, draft.parents, draft.q, p_row, tuple(logits.shape), generator)
+    finally:
+        verify_module._try_child, verify_module._normalise = try_child, normalise
+
+
+def _normalise_out_of_place(rejected: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    total = rejected.sum()
+    return verify_module._all_zero_fallback(current) if total <= 0 else rejected / total
 
 
 def device_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
@@ -123,19 +152,19 @@ def prompt_ids(target, turn: str) -> list[int]:
 
 
 def decode_ms(name: str, path: str, count: int, tokens: int, sampling: SamplingConfig, repeats: int) -> None:
-    """Plain decoding's CPU ms per new token: greedy, sampled with the final draw by multinomial (before), sampled
-    now; interleaved, ``repeats`` rounds over the first ``count`` questions, ``tokens`` new tokens each."""
+    """Plain decoding's CPU ms per new token: greedy, sampled with the mask-and-product warp (before), sampled now
+    (the same texts); interleaved, ``repeats`` rounds over the first ``count`` questions, ``tokens`` new tokens each."""
     import specfamily as sf
+    from specfamily.core import acceptance
 
     target = sf.load_target(name)
     prompts = [prompt_ids(target, turn) for turn in questions(path, count)]
-    now_sample = host.HostDraws.sample
-    settings = {"greedy": (SamplingConfig(), now_sample), "sampled, before": (sampling, MultinomialDraws.sample),
-                "sampled, now": (sampling, now_sample)}
+    settings = {"greedy": (SamplingConfig(), warp), "sampled, before": (sampling, mask_warp),
+                "sampled, now": (sampling, warp)}
     seconds, made = dict.fromkeys(settings, 0.0), dict.fromkeys(settings, 0)
     for _ in range(repeats):
-        for label, (config, draw) in settings.items():
-            host.HostDraws.sample = draw
+        for label, (config, row_warp) in settings.items():
+            acceptance.warp = row_warp
             try:
                 for seed, ids in enumerate(prompts):
                     start = time.process_time()
@@ -143,7 +172,7 @@ def decode_ms(name: str, path: str, count: int, tokens: int, sampling: SamplingC
                     seconds[label] += time.process_time() - start
                     made[label] += len(out.tokens)
             finally:
-                host.HostDraws.sample = now_sample
+                acceptance.warp = warp
     greedy = seconds["greedy"] / made["greedy"]
     print(f"\n| plain decoding ({name}, {count} prompts x {tokens} tokens, {repeats} rounds) | ms / token | "
           "/ greedy |\n| --- | --- | --- |")
@@ -232,11 +261,16 @@ def main(argv: list[str] | None = None) -> None:
     quartiles = [nucleus[int(f * (len(nucleus) - 1))] for f in (0, 0.25, 0.5, 0.75, 0.9, 1)]
     print(f"# {sampling}, V = {args.vocab}, {source}, tilt {args.tilt}, {args.threads} thread(s); kept tokens per "
           f"row (min, 25%, median, 75%, 90%, max): {quartiles}")
-    print("\n| warp alone | rows | old ms | new ms | old / new |\n| --- | --- | --- | --- | --- |")
+    print("\n| warp alone | rows | old ms | before ms | now ms | before / now |\n| --- | --- | --- | --- | --- | --- |")
     for rows in (1, 13):
-        old = warp_ms(old_warp, logits[:rows], sampling, 10 * args.repeats)
-        new = warp_ms(warp, logits[:rows], sampling, 10 * args.repeats)
-        print(f"| per call | {rows} | {old:.3f} | {new:.3f} | {old / new:.1f}x |")
+        times = {name: [] for name in ("old", "before", "now")}
+        for _ in range(args.repeats):  # interleaved
+            for name, fn in (("old", old_warp), ("before", mask_warp), ("now", warp)):
+                times[name].append(warp_ms(fn, logits[:rows], sampling, 10))
+        old, before, new = (statistics.median(times[name]) for name in ("old", "before", "now"))
+        if not torch.equal(mask_warp(logits[:rows], sampling), warp(logits[:rows], sampling)):
+            raise SystemExit("the warp changed its values")
+        print(f"| per call | {rows} | {old:.3f} | {before:.3f} | {new:.3f} | {before / new:.2f}x |")
 
     verifiers = {"old": old_verify, "before": before_verify, "now": verify_draft, "device": device_verify}
     print("\n| pass | n | accepted (mean) | old ms | before ms | now ms | device walk (CPU) ms | before / now |")
@@ -245,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         cases = make_drafts(n, shape, args.passes, pool, args.vocab, args.scale, args.tilt, sampling)
         ms, out = per_pass_ms(verifiers, cases, sampling, args.repeats)
         paths = {name: [path for path, _ in outputs] for name, outputs in out.items()}
-        if not paths["old"] == paths["before"] == paths["now"]:
+        if not paths["old"] == paths["before"] == paths["now"] or out["before"] != out["now"]:
             raise SystemExit(f"paths differ at n = {n} ({shape})")
         accepted = statistics.mean(len(path) for path in paths["now"])
         print(f"| {shape} | {n} | {accepted:.2f} | {ms['old']:.2f} | {ms['before']:.2f} | {ms['now']:.2f} | "

@@ -98,9 +98,15 @@ class AutoPolicy:
     predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes (at the best
     length, or at ``gamma`` when none predicts a gain: a one-token probe never learns how deep drafts are accepted),
     first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the
-    passes of the whole run (a drafter object serves many requests): ``reset`` keeps it, and an interval doubles only
-    after a probe was verified and did not pay. Estimates carry over to the next request, down-weighted to ``memory`` of
-    their counts. ``max_gamma`` caps the draft length (tree drafters cap it at their calibrated depth).
+    passes of the whole run (a drafter object serves many requests): ``reset`` keeps it. An interval doubles after a
+    probe was verified and did not pay, and after a stretch of drafted passes that lost (its accepted tokens plus one a
+    pass fewer than its cost in plain passes: each pass's verification as timed, else as costed, plus its own draft
+    steps and catch-up): a probe that makes the estimates look good for a few losing passes counts as a losing probe.
+    It goes back to ``probe_every`` while a stretch pays. A tree's probe when no length predicts a gain is the deepest
+    draft, up to ``gamma``, whose verification costs at most ``probe_cost`` plain passes (at least depth 1): a full
+    tree as a probe costs more than the gain it could find; a chain still probes at ``gamma``. Estimates carry over
+    to the next request, down-weighted to ``memory`` of their counts. ``max_gamma`` caps the draft length (tree
+    drafters cap it at their calibrated depth).
 
     Costs are the run's own: it plans and converts with the bound curve times what ``timed`` passes measured of it
     (:class:`~specfamily.core.costs.MeasuredCost`), and once passes are timed it makes a plain pass whenever
@@ -118,6 +124,7 @@ class AutoPolicy:
     memory: float = 0.5
     c_smoothing: float = 0.3
     refresh_every: int = 32
+    probe_cost: float = 1.5
     tried: list[float] = field(init=False, repr=False)
     accepted: list[float] = field(init=False, repr=False)
     c_estimate: float | None = field(init=False, default=None)
@@ -129,6 +136,10 @@ class AutoPolicy:
     drafted: int = field(init=False, default=0)  # the ones given a draft length > 0
     costs: MeasuredCost = field(init=False, repr=False)  # what the run's passes measured
     _probing: bool = field(init=False, default=False, repr=False)
+    _stretch: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # tokens,
+    # cost, the interval when it began
+    _cold: bool = field(init=False, default=False, repr=False)  # the running stretch began before c was known
+    _timed: tuple[int, float] | None = field(init=False, default=None, repr=False)  # the latest drafted pass's time
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
     def __post_init__(self) -> None:
@@ -142,6 +153,8 @@ class AutoPolicy:
         for name in ("prior_alpha", "memory", "c_smoothing"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if not (math.isfinite(self.probe_cost) and self.probe_cost >= 1.0):
+            raise ValueError(f"probe_cost must be a finite number >= 1, got {self.probe_cost!r}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
             raise ValueError(f"prior_weight must be a finite number > 0, got {self.prior_weight!r}")
         self.tried, self.accepted = [0.0] * self.max_gamma, [0.0] * self.max_gamma
@@ -174,6 +187,7 @@ class AutoPolicy:
     def timed(self, tokens: int, seconds: float) -> None:
         """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``: corrects its costs."""
         tokens = check_int(tokens, "tokens", 0)
+        self._timed = (tokens, seconds) if tokens else None
         if self.costs.observe(tokens, seconds, self._prior(tokens)):
             self._choice = None
 
@@ -195,7 +209,7 @@ class AutoPolicy:
             return 0
         gamma, probe, _ = self._choose()
         if gamma:
-            self.idle, self.interval, self._probing = 0, self.probe_every, False
+            self.idle, self._probing = 0, False
             return gamma
         if self.idle + 1 < self.interval:
             self.idle += 1
@@ -211,8 +225,17 @@ class AutoPolicy:
             gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup,
                                                self.overhead)
             best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, self.overhead)
-            self._choice = (gamma, gamma or best[0] or min(self.gamma, self.max_gamma), speedup if gamma else best[1])
+            self._choice = (gamma, gamma or best[0] or self._probe_depth(), speedup if gamma else best[1])
         return self._choice
+
+    def _probe_depth(self) -> int:
+        """The probe when no length predicts a gain: for a tree (more than one token a depth) the deepest up to
+        ``gamma`` whose verification costs at most ``probe_cost`` plain passes, at least 1; for a chain ``gamma``
+        (a chain's deep probes are what found prompt lookup's deep acceptance: docs/policy-costs.md)."""
+        depth = min(self.gamma, self.max_gamma)
+        while depth > 1 and self.width > 1.0 and self._cost(depth) > self.probe_cost:
+            depth -= 1
+        return depth
 
     def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
                verified: int | None = None, overhead: float | None = None) -> None:
@@ -230,14 +253,49 @@ class AutoPolicy:
             self.accepted[depth] += int(depth < accepted)
         self.width += self.c_smoothing * (tokens / proposed - self.width)
         pass_cost = self._cost_of(tokens)  # this pass's verification, in one-token passes
+        cold = self.c_estimate is None  # a pass of the start gamma, drafted before any decision
         if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
             self.c_estimate = c * pass_cost if self._probing else self._smooth(self.c_estimate, c * pass_cost)
         if overhead is not None and math.isfinite(overhead) and overhead >= 0:
             self.overhead = self._smooth(self.overhead, overhead * pass_cost)
-        if self._probing:
-            self._probing, self.idle = False, 0
-            if not self._choose()[0]:
-                self.interval = min(2 * self.interval, self.max_probe_every)
+        self._account(accepted + 1, self._spent(proposed, tokens, pass_cost, c, overhead), cold)
+
+    def _spent(self, proposed: int, tokens: int, pass_cost: float, c: float | None, overhead: float | None) -> float:
+        """What the drafted pass just verified cost, in plain passes: its verification as timed (``timed``, over the
+        plain pass) or else as costed, plus its own draft steps and catch-up (its ``c`` and ``overhead`` ratios, or
+        the estimates when it brought none)."""
+        timed, self._timed = self._timed, None
+        plain = self.costs.plain_seconds
+        verify = timed[1] / plain if timed is not None and timed[0] == tokens and plain else pass_cost
+        steps = c if c is not None and math.isfinite(c) and c >= 0 else (self.c_estimate or 0.0) / pass_cost
+        extra = overhead if overhead is not None and math.isfinite(overhead) and overhead >= 0 else None
+        return verify * (1 + proposed * steps) + (self.overhead if extra is None else verify * extra)
+
+    def _account(self, tokens: float, cost: float, cold: bool = False) -> None:
+        """One drafted pass gave ``tokens`` for ``cost`` plain passes: add it to the running stretch of drafted
+        passes; when the stretch ends (the policy now drafts nothing) double the probe interval it began at if it
+        lost, or if it was a lone probe; while it pays, probe every ``probe_every`` passes again. A stretch that began
+        before c was measured (``cold``: the start gamma, drafted by no decision) leaves the interval as it is."""
+        if not self._stretch[1]:
+            self._stretch[2] = self.interval  # the interval the stretch began at
+        self._stretch[0] += tokens
+        self._stretch[1] += cost
+        pays = self._stretch[0] >= self._stretch[1]
+        probing, self._probing = self._probing, False
+        if probing:
+            self.idle = 0
+        if self.c_estimate is None:
+            return  # it drafts its start gamma until c is measured: no decision to judge yet
+        self._cold = self._cold or cold
+        if self._choose()[0]:
+            if pays:
+                self.interval = self.probe_every
+            return
+        if probing or not (pays or self._cold):
+            self.interval = min(2 * int(self._stretch[2]), self.max_probe_every)
+        elif not self._cold:
+            self.interval = self.probe_every
+        self._stretch, self._cold = [0.0, 0.0, 0.0], False
 
     def _smooth(self, previous: float | None, value: float) -> float:
         return value if previous is None else previous + self.c_smoothing * (value - previous)
@@ -252,7 +310,8 @@ class AutoPolicy:
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}; {self.costs.describe((gamma or probe) * self.width, self._prior)}")
+                f"overhead {self.overhead:.2f}; probes every {self.interval} idle passes; "
+                f"{self.costs.describe((gamma or probe) * self.width, self._prior)}")
 
 
 POLICIES: dict[str, type] = {

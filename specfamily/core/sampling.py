@@ -32,12 +32,13 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 def top_p_filter(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> torch.Tensor:
     """Keep the most probable tokens until their mass reaches top_p (the crossing token kept), renormalised.
 
-    ``start``: how many tokens per row to read first (the warp passes top_k + 1); more are read when needed."""
+    ``start``: how many tokens per row to read first (the warp passes top_k + 1); more are read when needed. The
+    kept values are written into a zero row from the head (no vocabulary-wide mask or product), so the result is
+    ``probs * top_p_keep(probs) / its sum`` bit for bit."""
     if top_p >= 1.0:
         return probs
-    keep = top_p_keep(probs.reshape(-1, probs.shape[-1]), top_p, start).view(probs.shape)
-    kept = probs * keep
-    return kept / kept.sum(dim=-1, keepdim=True)
+    kept = top_p_rows(probs.reshape(-1, probs.shape[-1]), top_p, start, values=True).view(probs.shape)
+    return kept.div_(kept.sum(dim=-1, keepdim=True))
 
 
 def top_p_keep(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> torch.Tensor:
@@ -47,30 +48,37 @@ def top_p_keep(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> t
     mass summed as a full sorted cumsum sums it (a CPU cumsum is sequential, so the head's prefix sums are the full
     ones bit for bit). Each row reads its k most probable tokens; a settled row (:func:`settled`) is done, the others
     read WIDEN times more, up to all V. On an accelerator the whole row is sorted at once (no host sync)."""
+    return top_p_rows(probs, top_p, start, values=False)
+
+
+def top_p_rows(probs: torch.Tensor, top_p: float, start: int, values: bool) -> torch.Tensor:
+    """(B, V) -> (B, V): what top-p keeps of each row, as bools (``values`` False) or as the kept probabilities
+    with 0 elsewhere (``values`` True; exactly ``probs * top_p_keep(probs)``), per :func:`top_p_keep`'s rule."""
     vocab = probs.shape[-1]
     k = vocab if probs.device.type != "cpu" else min(max(start, 1), vocab)
-    keep, done = head_keep(probs, k, top_p)
+    kept, done = head_keep(probs, k, top_p, values)
     if k == vocab or bool(done.all()):
-        return keep  # every row settled by its first head: the common case
-    pending = (~done).nonzero().view(-1)  # the rows not settled yet; keep's other rows are final
+        return kept  # every row settled by its first head: the common case
+    pending = (~done).nonzero().view(-1)  # the rows not settled yet; kept's other rows are final
     while pending.numel():
         k = min(WIDEN * k, vocab)
-        head, done = head_keep(probs[pending], k, top_p)
-        keep[pending] = head
+        head, done = head_keep(probs[pending], k, top_p, values)
+        kept[pending] = head
         pending = pending[~done]
-    return keep
+    return kept
 
 
-def head_keep(probs: torch.Tensor, k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-p over the k most probable tokens of each row (b, V): (b, V) bool kept, (b,) bool settled (all of
-    them when k = V)."""
-    values, indices = descending(probs, k)  # (b, k)
-    cumulative = values.cumsum(dim=-1)
-    keep_sorted = (cumulative - values) < top_p  # the mass before each token
-    head = keep_sorted.new_zeros(probs.shape).scatter_(-1, indices, keep_sorted)
+def head_keep(probs: torch.Tensor, k: int, top_p: float, values: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-p over the k most probable tokens of each row (b, V): (b, V) kept (bools, or with ``values`` the kept
+    probabilities and 0 elsewhere), (b,) bool settled (all of them when k = V)."""
+    head, indices = descending(probs, k)  # (b, k)
+    cumulative = head.cumsum(dim=-1)
+    keep_sorted = (cumulative - head) < top_p  # the mass before each token
+    written = head.masked_fill(~keep_sorted, 0.0) if values else keep_sorted
+    kept = written.new_zeros(probs.shape).scatter_(-1, indices, written)
     if k == probs.shape[-1]:
-        return head, keep_sorted.new_ones(probs.shape[0])
-    return head, settled(values, cumulative, keep_sorted, top_p)
+        return kept, keep_sorted.new_ones(probs.shape[0])
+    return kept, settled(head, cumulative, keep_sorted, top_p)
 
 
 def descending(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,7 +108,7 @@ def _normalise(rejected: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
     total = rejected.sum()
     if total <= 0:
         return _all_zero_fallback(current)
-    return rejected / total
+    return rejected.div_(total)  # rejected is the rejection's own new row: divided in place
 
 
 def _all_zero_fallback(current: torch.Tensor) -> torch.Tensor:
@@ -132,7 +132,7 @@ def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, d
         raise _zero_q_error(token, node)
     if draws.uniform() < min(1.0, residual[token].item() / q_x):
         return True, residual
-    return False, torch.clamp(residual - q_row, min=0.0)
+    return False, (residual - q_row).clamp_(min=0.0)
 
 
 def _walk(children: dict[int, list[int]], tokens: list[int], q64: Rows | None, p64: Rows,
