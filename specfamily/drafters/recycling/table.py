@@ -16,15 +16,12 @@ class AdjacencyTable:
 
     successors: np.ndarray  # (V, k) int64
     known: np.ndarray  # (V,) bool
-    scores: np.ndarray | None = None  # (V, k) float32
-
-    def __post_init__(self) -> None:
-        if self.scores is None:
-            self.scores = np.zeros(self.successors.shape, dtype=np.float32)
+    scores: np.ndarray  # (V, k) float32
 
     @classmethod
     def empty(cls, vocab_size: int, k: int) -> AdjacencyTable:
-        return cls(np.zeros((vocab_size, k), dtype=np.int64), np.zeros(vocab_size, dtype=bool))
+        return cls(np.zeros((vocab_size, k), dtype=np.int64), np.zeros(vocab_size, dtype=bool),
+                   np.zeros((vocab_size, k), dtype=np.float32))
 
     @property
     def k(self) -> int:
@@ -36,8 +33,9 @@ class AdjacencyTable:
         if logits.shape[0] != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
         k = min(self.k, logits.shape[-1])
-        top = torch.topk(torch.softmax(logits.float(), dim=-1), k, dim=-1)
+        top = torch.topk(logits, k, dim=-1)  # the softmax's top-k, without writing a (n, V) softmax every pass
+        probs = torch.exp(top.values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
         rows = np.asarray(tokens, dtype=np.int64)
         self.successors[rows, :k] = top.indices.cpu().numpy()
-        self.scores[rows, :k] = top.values.cpu().numpy()
+        self.scores[rows, :k] = probs.cpu().numpy()
         self.known[rows] = True
