@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from flawed_oracle import FlawedOracle
 
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
-from specfamily.core.types import Draft
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
 
 
@@ -214,16 +214,6 @@ def test_arrivals_do_not_change_the_text_of_any_request():
                                arrivals=[3.0, 0.0, 1.0, 1.0, 0.5], clock=LoopClock(clock.now, clock.sleep))
     assert [r.tokens for r in spread] == [r.tokens for r in at_once]
     assert len(clock.sleeps) >= 1  # the fake clock only moves when the loop waits: every arrival was waited for
-
-
-class FlawedOracle(OracleDrafter):
-    """The target's greedy continuation with every 4th position's token wrong: passes accept 0 to gamma tokens."""
-
-    def propose(self, ctx, gamma):
-        draft = super().propose(ctx, gamma)
-        position = len(ctx.tokens)
-        wrong = [(t + 1) % 64 if (position + i) % 4 == 3 else t for i, t in enumerate(draft.tokens.tolist())]
-        return Draft.chain(wrong)
 
 
 @pytest.mark.parametrize("max_batch", [2, None])

@@ -4,13 +4,13 @@ import re
 
 import pytest
 import torch
+from flawed_oracle import FlawedOracle
 
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
 from specfamily.core.batch_policy import BatchPolicy, LoadCosts, fed_tokens, goodput, proposing
-from specfamily.core.types import Draft
-from specfamily.testing import OracleDrafter, tiny_target
+from specfamily.testing import tiny_target
 
 
 def test_load_costs_are_medians_where_measured_and_a_curve_over_tokens_fed_elsewhere():
@@ -102,16 +102,6 @@ def test_without_acceptance_depths_it_never_drafts():
     policy = BatchPolicy()
     policy.timed(2, 1, 0, 0.0, 1.0)
     assert policy.gamma([[], []], 1.0) == 0
-
-
-class FlawedOracle(OracleDrafter):
-    """The target's greedy continuation with every 4th position's token wrong: at most 3 tokens accepted a pass."""
-
-    def propose(self, ctx, gamma):
-        draft = super().propose(ctx, gamma)
-        position = len(ctx.tokens)
-        wrong = [(t + 1) % 64 if (position + i) % 4 == 3 else t for i, t in enumerate(draft.tokens.tolist())]
-        return Draft.chain(wrong)
 
 
 class FakeClock:
