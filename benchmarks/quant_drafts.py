@@ -8,6 +8,8 @@ shows less; also the direct cost of one draft step: the draft's one-token forwar
     python benchmarks/quant_drafts.py --threads 1 --prompts 6 --tokens 48 --out docs/variants-quant.json
     python benchmarks/quant_drafts.py --drafter medusa --threads 1      # medusa / hydra heads instead
     python benchmarks/quant_drafts.py --drafter eagle3 --threads 1      # eagle / eagle3: one layer step + head
+    python benchmarks/quant_drafts.py --drafter eagle --arms plain,float-g,int8-g,int8fh-g   # int8fh: eagle's int8
+                                                                        # layer with the float head rows
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import common
 import torch
 
 ARMS = ("plain", "float", "int8", "float-g", "int8-g")
+KNOWN_ARMS = ARMS + ("int8fh", "int8fh-g")  # int8fh: eagle with quantize=8 and quantize_head=false
 
 
 def make_drafter(sf, target, name: str, arm: str, gamma: int):
     if arm == "plain":
         return None
     options = {"quantize": 8 if arm.startswith("int8") else 0}
+    if arm.startswith("int8fh"):
+        options["quantize_head"] = False
     if arm.endswith("-g"):
         options["gamma"] = gamma
     return sf.create_drafter(name, target, **options)
@@ -98,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(KNOWN_ARMS)}")
     args = parser.parse_args(argv)
+    arms = tuple(args.arms.split(","))
+    if "plain" not in arms or not set(arms) <= set(KNOWN_ARMS):
+        parser.error(f"--arms must include plain and name only {', '.join(KNOWN_ARMS)}, got {args.arms!r}")
     import specfamily as sf
 
     common.set_threads(args.threads)
@@ -107,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts, categories = common.spec_bench_prompts(1, target.tokenizer)
     step = max(1, len(prompts) // args.prompts)
     prompts, categories = prompts[::step][: args.prompts], categories[::step][: args.prompts]
-    drafters = {arm: make_drafter(sf, target, args.drafter, arm, args.gamma) for arm in ARMS}
+    drafters = {arm: make_drafter(sf, target, args.drafter, arm, args.gamma) for arm in arms}
     steps = step_costs(target, drafters, args.repeats)
     print(json.dumps({"step_seconds": steps}), flush=True)
-    totals = {arm: {"tokens": 0, "passes": 0, "seconds": 0.0, "accepted": 0, "drafted": 0, "c": []} for arm in ARMS}
+    totals = {arm: {"tokens": 0, "passes": 0, "seconds": 0.0, "accepted": 0, "drafted": 0, "c": []} for arm in arms}
     texts = {}
     for i, prompt in enumerate(prompts):
-        order = ARMS[i % len(ARMS):] + ARMS[: i % len(ARMS)]
+        order = arms[i % len(arms):] + arms[: i % len(arms)]
         for arm in order:
             started = time.process_time()
             result = sf.generate(target, drafters[arm], prompt, max_new_tokens=args.tokens)
@@ -141,9 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             "acceptance": row["accepted"] / row["drafted"] if row["drafted"] else None,  # accepted / proposed
             "c_run_median": statistics.median(row["c"]) if row["c"] else None,
             "speedup": (row["tokens"] / row["seconds"]) / plain_rate, "cpu_seconds": row["seconds"]}
-    for arm in ("float", "int8"):
-        if arm in steps:
-            report["arms"][arm]["c_step"] = steps[arm] / steps["target"]
+    for arm in steps.keys() & report["arms"].keys():
+        report["arms"][arm]["c_step"] = steps[arm] / steps["target"]
     print(json.dumps(report, indent=1))
     if args.out:
         with open(args.out, "w") as f:

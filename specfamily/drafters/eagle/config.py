@@ -64,9 +64,14 @@ class EagleConfig(DraftShapeConfig):
     # replacement from the warped q, conditional q reported); None: the measured default; greedy is always top-k
     tree_sampling: str | None = None
     quantize: int = 0  # 8: the draft's own linears and the head it reads with int8 weights (shared/quantize.py)
+    quantize_head: bool = True  # with quantize=8: False keeps the head rows it reads from the target in float
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.quantize_head, bool):
+            raise ValueError(f"eagle quantize_head must be true or false, got {self.quantize_head!r}")
+        if not self.quantize_head and not self.quantize:
+            raise ValueError("eagle quantize_head=false applies to quantize=8 (the float draft's head is float)")
         vocab = self.draft_vocab
         if isinstance(vocab, Sequence) and not isinstance(vocab, str):
             vocab = self.draft_vocab = [int(token) for token in vocab]  # a list or tuple, or a Hydra ListConfig

@@ -61,11 +61,11 @@ class EagleFamilyDrafter(FeatureDrafter):
 
     def __init__(self, target: Target, model: DraftNetwork, calibration: dict, gamma: int | None,
                  policy: str | None, mode: str | None, top_k: int | None, total_tokens: int | None,
-                 tree_sampling: str | None = None, quantize: int = 0) -> None:
+                 tree_sampling: str | None = None, quantize: int = 0, quantize_head: bool = True) -> None:
         self.model = model
         self.quantize = quantize
         # the layer and the head's single rows, multiplied as the target does (or by their int8 copies)
-        self.linear = int8_linears(model) if quantize else linear_for(target.matmul)
+        self.linear = int8_linears(model, quantize_head) if quantize else linear_for(target.matmul)
         self.forward = fast_forward(model, self.linear)
         mode = mode or calibration.get("mode", "tree")  # the calibrated shape's mode is the default
         calibrated = calibration.get("mode", "tree") == mode  # ... and its gamma that mode's default
@@ -130,12 +130,13 @@ class EagleDrafter(EagleFamilyDrafter):
         draft_vocab: int | str | list[int] | None = None,
         tree_sampling: str | None = None,
         quantize: int = 0,
+        quantize_head: bool = True,
     ) -> None:
         config = EagleConfig(weights, gamma, policy, mode, top_k, total_tokens, seed, draft_vocab, tree_sampling,
-                             quantize)
+                             quantize, quantize_head)
         model, calibration = load_eagle_weights(target, config)
         super().__init__(target, model, calibration, gamma, policy, mode, top_k, total_tokens, tree_sampling,
-                         quantize)
+                         quantize, quantize_head)
 
     def _check_features(self, features: torch.Tensor | None) -> None:
         if features is None:
@@ -182,21 +183,22 @@ class Eagle3Drafter(EagleFamilyDrafter):
         return self.model.fuse(features)  # (m, H) of (m, k * H): vLLM's combine_hidden_states
 
 
-def int8_linears(model: DraftNetwork) -> Int8Linears:
+def int8_linears(model: DraftNetwork, head: bool = True) -> Int8Linears:
     """``quantize=8``: int8 copies of the network's linear weights (fc, the layer's projections, EAGLE-3's own head)
-    and, for EAGLE-1/2, of the head rows it reads from the target (a copy: the target keeps its float head); the
-    lean layer multiplies by them, so the network must be one it runs."""
+    and, for EAGLE-1/2 with ``head``, of the head rows it reads from the target (a copy: the target keeps its float
+    head; without ``head`` those rows stay float); the lean layer multiplies by them, so the network must be one it
+    runs."""
     unsupported = lean_eagle3_unsupported if isinstance(model, Eagle3Model) else lean_eagle_unsupported
     reason = unsupported(model)
     if reason is not None:
         raise ValueError(f"quantize=8 runs the draft through its lean layer, which cannot run this model: {reason}")
     weights = causal_lm_linears(model)
-    if isinstance(model, EagleModel):
-        head = model.parts.lm_head
+    if isinstance(model, EagleModel) and head:
+        lm_head = model.parts.lm_head
         if model.head_weight is not None:
             weights.append((model.head_weight, None))
-        elif type(head) is nn.Linear:
-            weights.append((head.weight, head.bias))
+        elif type(lm_head) is nn.Linear:
+            weights.append((lm_head.weight, lm_head.bias))
     return Int8Linears(weights)
 
 

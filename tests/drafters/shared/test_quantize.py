@@ -115,6 +115,31 @@ def test_eagle_int8_multiplies_every_draft_weight_in_int8_and_stays_exact(cls, m
     assert torch.equal(head, before) and type(target.model.get_output_embeddings()) is nn.Linear
 
 
+def test_eagle_int8_with_a_float_head_leaves_the_head_rows_float_and_stays_exact():
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    head = target.model.get_output_embeddings().weight
+    drafter = EagleDrafter(target, weights="random", mode="tree", gamma=3, top_k=3, total_tokens=6, quantize=8,
+                           quantize_head=False)
+    linears = [m.weight.data_ptr() for m in drafter.model.modules() if type(m) is nn.Linear]
+    assert _int8_products(drafter) == sorted(linears) and head.data_ptr() not in _int8_products(drafter)
+    hidden = torch.randn(3, target.model.config.hidden_size, generator=torch.Generator().manual_seed(0),
+                         dtype=target.model.dtype)
+    float_head = EagleDrafter(target, weights="random", quantize=0)
+    assert torch.allclose(drafter._draft_logits(hidden), float_head._draft_logits(hidden), atol=1e-5)  # float rows
+    plain = sf.generate(target, None, PROMPT, max_new_tokens=24).tokens
+    result = sf.generate(target, drafter, PROMPT, max_new_tokens=24)
+    assert result.tokens == plain and result.metrics.draft_steps > 0
+
+
+def test_eagle_quantize_head_false_needs_quantize_8():
+    target = tiny_target("llama", vocab_size=64)
+    with pytest.raises(ValueError, match=r"eagle quantize_head=false applies to quantize=8 \(the float draft's head "
+                                         r"is float\)"):
+        EagleDrafter(target, weights="random", quantize_head=False)
+    with pytest.raises(ValueError, match="eagle quantize_head must be true or false, got 'no'"):
+        EagleDrafter(target, weights="random", quantize=8, quantize_head="no")
+
+
 def test_eagle_int8_drafts_differ_from_float_drafts():
     """The int8 products are the ones drafting: the draft logits move off the float ones (by a little)."""
     target = tiny_target("llama", vocab_size=64, spread=1.0)
