@@ -34,7 +34,7 @@ import torch
 
 from specfamily.core.types import Draft
 
-__all__ = ["LengthPolicy", "Prospect", "RowCosts", "plan_lengths", "proposing", "truncated"]
+__all__ = ["LengthPolicy", "Prospect", "RowCosts", "Tally", "plan_lengths", "proposing", "truncated"]
 
 
 @dataclass
@@ -127,6 +127,33 @@ def _at(xs: list[int], ys: list[float], x: float) -> float:
         return max(y1 + (y1 - y0) * (x - x1) / (x1 - x0), y1)
     x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass
+class Tally:
+    """Drafted levels verified and accepted, per depth: a request's own, or the batch's pooled over its requests."""
+
+    tried: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def add(self, tried: int, accepted: int) -> None:
+        """A pass that verified ``tried`` levels and accepted ``accepted`` of them (from the root down)."""
+        if tried > len(self.tried):
+            grow = tried - len(self.tried)
+            self.tried += [0.0] * grow
+            self.accepted += [0.0] * grow
+        for depth in range(tried):
+            self.tried[depth] += 1
+        for depth in range(min(accepted, tried)):
+            self.accepted[depth] += 1
+
+    def alpha(self, prior: Sequence[float], weight: float) -> list[float]:
+        """Conditional acceptance at depths 1 .. len(prior): the counts, with ``prior`` worth ``weight`` passes."""
+        out = []
+        for d, a in enumerate(prior):
+            tried, accepted = (self.tried[d], self.accepted[d]) if d < len(self.tried) else (0.0, 0.0)
+            out.append((accepted + a * weight) / (tried + weight))
+        return out
 
 
 @dataclass(frozen=True)

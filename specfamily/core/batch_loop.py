@@ -26,7 +26,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, proposing, truncated
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, proposing, truncated
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -54,6 +54,7 @@ __all__ = ["cache_capacity", "generate_batch"]
 
 _HEADROOM = 64  # cache entries past the longest prompt plus the budget: a pass's draft rows
 _LOOKAHEAD_SHARE = 0.05  # proposing at full length first costs at most this share of a plain pass (see _learn)
+_POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to the batch's pool, the pool to a request
 
 
 @dataclass
@@ -76,6 +77,7 @@ class _Request:
     given: int = 0  # the ones it proposed some in (prompt lookup and suffix often find nothing to propose)
     drafted_before: bool = False
     done: bool = False
+    tally: Tally = field(default_factory=Tally)  # its drafted levels verified and accepted, per depth
 
 
 def generate_batch(
@@ -150,6 +152,7 @@ class _Batch:
         self.load = LengthPolicy(costs=RowCosts.of(target)) if by_load else None  # t(B, N) kept across calls
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
+        self.pooled = Tally()  # every request's drafted levels verified and accepted, per depth
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
@@ -230,7 +233,7 @@ class _Batch:
             self._learn(group, drafts, self.cost_clock() - c0)
             if any(d.q is not None or d.side is not None for d in drafts):
                 return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
-            prospects = [Prospect.seen(r.drafter.policy.acceptance(), d) for r, d in zip(group, drafts, strict=True)]
+            prospects = [Prospect.seen(self._alpha(r), d) for r, d in zip(group, drafts, strict=True)]
             return [truncated(d, g) for d, g in zip(drafts, self.load.lengths(prospects, proposed=True), strict=True)]
         if self.lookahead is None and any(len(d) for d in drafts):
             self._learn(group, drafts, self.cost_clock() - c0)
@@ -272,10 +275,16 @@ class _Batch:
             return self.load.lengths([Prospect((), ())] * len(group))
         prospects = []
         for r in group:
-            policy = r.drafter.policy
-            alpha = proposing([*policy.acceptance()], (r.given + 1) / (r.asked + 1))
-            prospects.append(Prospect.planned(alpha, policy.width, self._capped(r, len(alpha))))
+            alpha = proposing(self._alpha(r), (r.given + 1) / (r.asked + 1))
+            prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
         return self.load.lengths(prospects)
+
+    def _alpha(self, request: _Request) -> list[float]:
+        """The request's per-depth acceptance: its own counts, over the batch's pooled counts (worth ``_OWN_WEIGHT``
+        passes), over the drafter's prior (the prototype's policy, which never drafts; worth ``_POOL_WEIGHT``), so a
+        new request starts from what the run's requests accepted rather than from the prior."""
+        pooled = self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
+        return request.tally.alpha(pooled, _OWN_WEIGHT)
 
     def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
@@ -290,9 +299,12 @@ class _Batch:
                 draft_seconds: float, verify_seconds: float, end: float) -> None:
         """Record the pass for ``request``, append its new tokens, tell its drafter."""
         depth = _depth(draft)
+        verified = draft.verified_depth(accepted) if depth else 0
         request.recorder.record_pass(depth, len(accepted), draft_seconds, verify_seconds, proposed_tokens=len(draft),
-                                     catch_up_seconds=draft.catch_up_seconds,
-                                     verified_depth=draft.verified_depth(accepted) if depth else 0)
+                                     catch_up_seconds=draft.catch_up_seconds, verified_depth=verified)
+        if verified:
+            request.tally.add(verified, len(accepted))
+            self.pooled.add(verified, len(accepted))
         committed = [*_tokens_at(draft, accepted), next_token]
         kept, finished = truncate(committed, self.budget - len(request.new_tokens), self.target.eos_token_ids)
         request.tracer.record(draft.tokens, draft.parents, accepted, next_token, len(kept), draft_seconds,
@@ -334,7 +346,7 @@ class _Batch:
             return ""
         if self.load is None:
             return policy_hooks(request.drafter.policy).describe()
-        alpha = ", ".join(f"{a:.2f}" for a in request.drafter.policy.acceptance()[:4])
+        alpha = ", ".join(f"{a:.2f}" for a in self._alpha(request)[:4])
         return (f"{self.load.describe()} (the batch's length policy planned every pass; this request's drafter "
                 f"proposed in {request.given} of the {request.asked} passes it was asked to, acceptance at depths 1-4 "
                 f"[{alpha}])")

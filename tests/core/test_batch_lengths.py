@@ -10,7 +10,7 @@ from flawed_oracle import FlawedOracle
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, plan_lengths, proposing, truncated
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, plan_lengths, proposing, truncated
 from specfamily.core.types import Draft
 from specfamily.testing import tiny_target
 
@@ -48,6 +48,15 @@ def test_prospects_and_truncated_drafts():
     assert truncated(tree, 3) is tree and len(truncated(tree, 0)) == 0
     assert truncated(Draft.chain([1, 2, 3]), 1).tokens.tolist() == [1]
     assert proposing([0.8, 0.5], 0.25) == [0.2, 0.5] and proposing([], 0.5) == []
+
+
+def test_a_tally_counts_levels_tried_and_accepted_over_a_prior():
+    tally = Tally()
+    tally.add(3, 1)  # three levels verified, the first accepted
+    tally.add(1, 1)
+    assert tally.tried == [2, 1, 1] and tally.accepted == [2, 0, 0]
+    assert tally.alpha([0.5, 0.5, 0.5, 0.5], 2.0) == pytest.approx([3 / 4, 1 / 3, 1 / 3, 0.5])  # depth 4: the prior
+    assert Tally().alpha([0.7], 4.0) == pytest.approx([0.7])
 
 
 def test_the_plan_is_the_best_prefix_in_the_order_of_gain():
