@@ -1,12 +1,12 @@
 """What a drafter costs on the batched passes it does not draft: plain batched decoding against the same run with the
-drafter attached and the load policy's gamma forced to 0, and the drafter at its defaults; the idle arm's extra CPU
-time split by where it goes.
+drafter attached and every draft length the batch's length policy plans forced to 0, and the drafter at its defaults;
+the idle arm's extra CPU time split by where it goes.
 
 For each drafter, the first ``--batch`` Spec-Bench first turns (chat template, last ``--max-prompt-tokens``) are
 decoded greedily through ``sf.generate_batch`` in three arms, interleaved ``--repeats`` times in one process:
 
 - ``plain``: no drafter;
-- ``idle``: the drafter attached, every steady pass planned at gamma 0 (``BatchPolicy.gamma`` patched to 0): only
+- ``idle``: the drafter attached, every steady pass planned at length 0 (``LengthPolicy.lengths`` patched to 0s): only
   the prefill passes may draft (each slot's own policy plans those, as in the default arm);
 - ``default``: the drafter at its defaults (draft length by load).
 
@@ -30,7 +30,7 @@ from common import make_clock, quiet_transformers, set_threads, spec_bench_promp
 
 import specfamily as sf
 from specfamily.core import batch_loop
-from specfamily.core.batch_policy import BatchPolicy
+from specfamily.core.batch_lengths import LengthPolicy
 
 PARTS = ("observe", "propose", "policy", "admit")
 
@@ -57,11 +57,15 @@ def timer(spent: dict, part: str, clock):
     return wrap
 
 
+def _zeros(own):
+    return lambda self, prospects, proposed=False: [0] * len(prospects)
+
+
 def run(target, name: str | None, prompts, args, clock, idle: bool) -> tuple[float, list, dict]:
     """(CPU seconds, tokens per request, seconds per part) of one batched run."""
     drafter = None if name is None else sf.create_drafter(name, target)  # loading is not timed
     spent: dict[str, float] = defaultdict(float)
-    with (patched(BatchPolicy, "gamma", (lambda own: lambda self, *a: 0) if idle else (lambda own: own)),
+    with (patched(LengthPolicy, "lengths", _zeros if idle else (lambda own: own)),
           patched(batch_loop, "propose_batch", timer(spent, "propose", clock)),
           patched(batch_loop, "_report", timer(spent, "policy", clock)),
           patched(batch_loop._Batch, "_admit", timer(spent, "admit", clock))):

@@ -40,6 +40,7 @@ import specfamily as sf
 from specfamily.core.batch_loop import cache_capacity
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.types import Draft
+from specfamily.eval.batching import poisson_arrivals
 
 PASS_TOKENS = 5  # the method's picture: verify 5 tokens per request against writing 1
 
@@ -53,6 +54,7 @@ class Row:
     seconds: float  # median over rounds
     tokens: int  # new tokens over the batch
     mismatched: int = 0  # requests whose tokens differ from plain batched decoding's (drafters)
+    latency: float = float("nan")  # median over rounds of the median request's latency, wall seconds (not hf)
 
     @property
     def tokens_per_second(self) -> float:
@@ -66,6 +68,7 @@ class Sweep:
     max_new_tokens: int
     matmul: str = "exact"
     requests_per_slot: int = 1
+    arrival_rate: float | None = None  # requests per second (None: all at once)
     rows: list[Row] = field(default_factory=list)
     pass_ratio: dict[int, float] = field(default_factory=dict)  # B -> t(B, 5) / t(B, 1)
     cache_bytes_per_request: int = 0  # at the capacity generate_batch preallocates for these prompts
@@ -126,22 +129,27 @@ def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> fl
 
 def run_round(target, names: list[str], prompts: list[list[int]], args, clock, times: dict) -> None:
     """One round at one batch size: hf, plain, each drafter (a fresh one: suffix's cache must not have seen these
-    prompts' outputs in an earlier round), interleaved; times appended to ``times``."""
+    prompts' outputs in an earlier round), interleaved; times appended to ``times``. With ``--arrival-rate`` the
+    requests arrive as a seeded Poisson process (the same for every method) and hf, which cannot take arrivals, is
+    left out, as it is with ``--no-hf``."""
     batch = len(prompts) // args.requests_per_slot
-    start = clock()
-    hf_rows = [row for i in range(0, len(prompts), batch)
-               for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids)]
-    times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0))
-    start = clock()
-    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, args.max_new_tokens, max_batch=batch)]
-    times.setdefault("plain", []).append((clock() - start, sum(map(len, plain)), 0))
-    for name in names:
-        drafter = sf.create_drafter(name, target)  # loading is not timed
+    arrivals = poisson_arrivals(len(prompts), args.arrival_rate, seed=0)
+    if arrivals is None and not args.no_hf:
         start = clock()
-        out = [r.tokens for r in sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch)]
+        hf_rows = [row for i in range(0, len(prompts), batch)
+                   for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids)]
+        times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0, float("nan")))
+    plain = None
+    for name in ["plain", *names]:
+        drafter = None if name == "plain" else sf.create_drafter(name, target)  # loading is not timed
+        start = clock()
+        results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch, arrivals=arrivals)
         seconds = clock() - start
+        out = [r.tokens for r in results]
+        plain = out if plain is None else plain
         mismatched = sum(a != b for a, b in zip(out, plain, strict=True))
-        times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched))
+        latency = statistics.median(r.metrics.finish_s - r.metrics.arrival_s for r in results)
+        times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched, latency))
 
 
 def sweep(args) -> Sweep:
@@ -154,7 +162,8 @@ def sweep(args) -> Sweep:
     batches = [int(b) for b in args.batch_sizes.split(",")]
     if max(batches) * args.requests_per_slot > len(prompts):
         raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")
-    result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.requests_per_slot)
+    result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.requests_per_slot,
+                   args.arrival_rate)
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:
@@ -171,7 +180,7 @@ def sweep(args) -> Sweep:
             run_round(target, names, chosen, args, clock, times)
         for method, rounds in times.items():
             result.rows.append(Row(method, batch, statistics.median(r[0] for r in rounds), rounds[-1][1],
-                                   max(r[2] for r in rounds)))
+                                   max(r[2] for r in rounds), statistics.median(r[3] for r in rounds)))
         result.pass_ratio[batch] = pass_ratio(target, chosen[0], batch, args.repeats * 3, clock)
         print(table(result, batches), flush=True)
     engine = BatchTarget(target, 1, cache_capacity([len(p) for p in prompts], args.max_new_tokens))
@@ -183,7 +192,8 @@ def sweep(args) -> Sweep:
 
 
 def table(result: Sweep, batches: list[int]) -> str:
-    methods = ["plain", "hf"] + [m for m in dict.fromkeys(r.method for r in result.rows) if m not in ("plain", "hf")]
+    methods = [m for m in ("plain", "hf") if any(r.method == m for r in result.rows)]
+    methods += [m for m in dict.fromkeys(r.method for r in result.rows) if m not in ("plain", "hf")]
     done = [b for b in batches if result.tps("plain", b) is not None]
     lines = ["| method | " + " | ".join(f"B={b}" for b in done) + " | crossover |",
              "| --- |" + " --- |" * (len(done) + 1)]
@@ -193,6 +203,8 @@ def table(result: Sweep, batches: list[int]) -> str:
             tps, ratio = result.tps(method, b), result.speedup(method, b)
             row = next((r for r in result.rows if r.method == method and r.batch == b), None)
             mark = f" ({row.mismatched} differ)" if row is not None and row.mismatched else ""
+            if row is not None and result.arrival_rate is not None:
+                mark += f", latency {row.latency:.2f} s"
             cells.append("-" if tps is None else f"{tps:.1f} tok/s ({ratio:.2f}x){mark}")
         cross = "" if method == "plain" else str(result.crossover(method, done) or f"none up to {done[-1]}")
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {cross} |")
@@ -240,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--max-prompt-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--arrival-rate", type=float, default=None,
+                        help="requests per second, seeded Poisson arrivals (default: all at once); leaves hf out")
+    parser.add_argument("--no-hf", action="store_true", help="leave transformers' generate out")
     parser.add_argument("--plot", default="")
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ are the batch pass's: the proposal time shared among the slots that drafted, the
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_policy import BatchPolicy, LoadCosts, proposing
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, proposing, truncated
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -52,6 +53,8 @@ from specfamily.core.types import Draft, GenerationResult, SamplingConfig
 __all__ = ["cache_capacity", "generate_batch"]
 
 _HEADROOM = 64  # cache entries past the longest prompt plus the budget: a pass's draft rows
+_LOOKAHEAD_SHARE = 0.05  # proposing at full length first costs at most this share of a plain pass (see _learn)
+_POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to the batch's pool, the pool to a request
 
 
 @dataclass
@@ -74,6 +77,7 @@ class _Request:
     given: int = 0  # the ones it proposed some in (prompt lookup and suffix often find nothing to propose)
     drafted_before: bool = False
     done: bool = False
+    tally: Tally = field(default_factory=Tally)  # its drafted levels verified and accepted, per depth
 
 
 def generate_batch(
@@ -145,7 +149,10 @@ class _Batch:
         self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
         self.origin, self.trace = 0.0, True
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
-        self.load = BatchPolicy(costs=LoadCosts.of(target)) if by_load else None  # t(B, n) kept across calls
+        self.load = LengthPolicy(costs=RowCosts.of(target)) if by_load else None  # t(B, N) kept across calls
+        self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
+        self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
+        self.pooled = Tally()  # every request's drafted levels verified and accepted, per depth
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
@@ -198,7 +205,8 @@ class _Batch:
         steady = self.load is not None and all(r.prefilled for r in group)  # lo == 0: no newcomer's prefill
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
-        drafts, draft_seconds = self._propose(group, gammas)
+        proposed, draft_seconds = self._propose(group, gammas)
+        drafts = self._planned(group, gammas, proposed, c0) if steady else proposed
         c1, t1 = self.cost_clock(), self.clock()
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
         outs = self.batch.forward(lo, feeds, self.features)
@@ -209,16 +217,37 @@ class _Batch:
             self.batch.commit(slot, accepted)
             verdicts.append((accepted, next_token))
         t2, c2 = self.clock(), self.cost_clock()
-        if steady:
-            for request, gamma, draft in zip(group, gammas, drafts, strict=True):
-                request.asked += gamma > 0
-                request.given += gamma > 0 and len(draft) > 0
         if steady and all(d.side is None for d in drafts):
-            fed = 1 + max(len(d) for d in drafts)
-            self.load.timed(len(group), fed, max(_depth(d) for d in drafts), c1 - c0, c2 - c1)
+            self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), c1 - c0, c2 - c1)
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
+
+    def _planned(self, group: list[_Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
+        """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
+        what they hold (exact: they are deterministic, nothing was drawn); else as proposed."""
+        for request, gamma, draft in zip(group, gammas, drafts, strict=True):
+            request.asked += gamma > 0
+            request.given += gamma > 0 and len(draft) > 0
+        if self.lookahead and any(gammas):
+            self._learn(group, drafts, self.cost_clock() - c0)
+            if any(d.q is not None or d.side is not None for d in drafts):
+                return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
+            prospects = [Prospect.seen(self._alpha(r), d) for r, d in zip(group, drafts, strict=True)]
+            return [truncated(d, g) for d, g in zip(drafts, self.load.lengths(prospects, proposed=True), strict=True)]
+        if self.lookahead is None and any(len(d) for d in drafts):
+            self._learn(group, drafts, self.cost_clock() - c0)
+        return drafts
+
+    def _learn(self, group: list[_Request], drafts: list[Draft], seconds: float) -> None:
+        """Whether to plan on the drafts themselves (lookahead): after the first steady pass that drafted, and again
+        on every lookahead pass, yes while every draft is deterministic and proposing (at full length, under
+        lookahead) measured at most ``_LOOKAHEAD_SHARE`` of a plain pass, median of the latest: prompt lookup and
+        suffix, whose proposals cost next to nothing whatever their length."""
+        self.proposal_seconds.append(seconds)
+        plain = self.load.costs.measured(len(group), len(group))
+        cheap = plain is not None and statistics.median(self.proposal_seconds) <= _LOOKAHEAD_SHARE * plain
+        self.lookahead = cheap and all(d.q is None and d.side is None for d in drafts)
 
     def _gamma(self, request: _Request) -> int:
         if request.drafter is None:
@@ -238,12 +267,24 @@ class _Batch:
         return max(0, min(gamma, self.budget - len(request.new_tokens) - 1))
 
     def _load_gammas(self, group: list[_Request]) -> list[int]:
-        """The batch policy's draft length for this load, from each request's own acceptance estimate."""
-        policies = [r.drafter.policy for r in group]
-        acceptance = [proposing([*p.acceptance()], (r.given + 1) / (r.asked + 1)) for r, p in zip(group, policies,
-                                                                                                  strict=True)]
-        gamma = self.load.gamma(acceptance, max(p.width for p in policies))
-        return [self._capped(r, gamma) for r in group]
+        """Each request's draft length for this pass: under lookahead its longest (cut once the drafts are seen),
+        else planned for the batch's goodput from its own acceptance estimate and the measured row costs."""
+        if self.lookahead:
+            if self.load.may_draft(len(group)):
+                return [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
+            return self.load.lengths([Prospect((), ())] * len(group))
+        prospects = []
+        for r in group:
+            alpha = proposing(self._alpha(r), (r.given + 1) / (r.asked + 1))
+            prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
+        return self.load.lengths(prospects)
+
+    def _alpha(self, request: _Request) -> list[float]:
+        """The request's per-depth acceptance: its own counts, over the batch's pooled counts (worth ``_OWN_WEIGHT``
+        passes), over the drafter's prior (the prototype's policy, which never drafts; worth ``_POOL_WEIGHT``), so a
+        new request starts from what the run's requests accepted rather than from the prior."""
+        pooled = self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
+        return request.tally.alpha(pooled, _OWN_WEIGHT)
 
     def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
@@ -258,9 +299,12 @@ class _Batch:
                 draft_seconds: float, verify_seconds: float, end: float) -> None:
         """Record the pass for ``request``, append its new tokens, tell its drafter."""
         depth = _depth(draft)
+        verified = draft.verified_depth(accepted) if depth else 0
         request.recorder.record_pass(depth, len(accepted), draft_seconds, verify_seconds, proposed_tokens=len(draft),
-                                     catch_up_seconds=draft.catch_up_seconds,
-                                     verified_depth=draft.verified_depth(accepted) if depth else 0)
+                                     catch_up_seconds=draft.catch_up_seconds, verified_depth=verified)
+        if verified:
+            request.tally.add(verified, len(accepted))
+            self.pooled.add(verified, len(accepted))
         committed = [*_tokens_at(draft, accepted), next_token]
         kept, finished = truncate(committed, self.budget - len(request.new_tokens), self.target.eos_token_ids)
         request.tracer.record(draft.tokens, draft.parents, accepted, next_token, len(kept), draft_seconds,
@@ -296,14 +340,14 @@ class _Batch:
             self.live.pop()
 
     def _note(self, request: _Request) -> str:
-        """What planned this request's drafts: the batch's load policy (the slot's own policy only lent it its
+        """What planned this request's drafts: the batch's length policy (the slot's own policy only lent it its
         acceptance estimate) or, without one, the slot's own policy."""
         if request.drafter is None:
             return ""
         if self.load is None:
             return policy_hooks(request.drafter.policy).describe()
-        alpha = ", ".join(f"{a:.2f}" for a in request.drafter.policy.acceptance()[:4])
-        return (f"{self.load.describe()} (the batch's load policy planned every pass; this request's drafter "
+        alpha = ", ".join(f"{a:.2f}" for a in self._alpha(request)[:4])
+        return (f"{self.load.describe()} (the batch's length policy planned every pass; this request's drafter "
                 f"proposed in {request.given} of the {request.asked} passes it was asked to, acceptance at depths 1-4 "
                 f"[{alpha}])")
 

@@ -4,7 +4,10 @@ The batched counterpart of :class:`specfamily.core.target.Target` (whose model, 
 Slot b's cache holds ``lengths[b]`` committed tokens (every committed token but its root); a pass over slots
 ``lo:hi`` feeds each slot's pending tokens (the root last) then its draft nodes, padded on the right to the longest
 slot. Positions and the additive 4D mask are per slot: a fed token sees its slot's cached entries and, among the
-fed ones, what :func:`specfamily.core.tree_mask.local_mask` lets it see; a padding row sees only itself.
+fed ones, what :func:`specfamily.core.tree_mask.local_mask` lets it see; a padding row sees only itself. Where the
+lean forward runs and a pass has padding (ragged drafts), its products run on the fed rows only
+(:func:`specfamily.runtime.batch_lean.packed_forward`): a slot that drafts nothing costs its one row, and ``rows``
+says how many rows the latest pass computed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from specfamily.core.target import Target, TargetOutput, _check_draft_tokens, _c
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.runtime.batch_cache import BatchCache
+from specfamily.runtime.batch_lean import packed_forward
 
 __all__ = ["BatchTarget", "SlotFeed"]
 
@@ -41,6 +45,7 @@ class BatchTarget:
         self.cache = BatchCache(target.model.config, slots, capacity)
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()
         self._last: dict[int, tuple[int, tuple[int, ...]]] = {}  # slot -> (base, parents) until committed
+        self.rows = 0  # rows the latest pass ran through the model's products (padding included when not packed)
 
     @property
     def lengths(self) -> list[int]:
@@ -70,6 +75,8 @@ class BatchTarget:
         mask = torch.full((len(feeds), 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
         for b, (feed, tree) in enumerate(zip(feeds, parents, strict=True)):
             self._place(b, feed, tree, lengths[b], m[b], width, ids, positions, mask)
+        if self._packs(len(feeds), width, sum(fed)):
+            return self._packed(lo, feeds, parents, lengths, m, fed, (ids, positions, mask), features)
         keep = width - (min(m) - 1)  # from the earliest root to the last row
         try:
             logits, hidden = self._call(ids, positions, mask, keep, features)
@@ -77,11 +84,42 @@ class BatchTarget:
             self.cache.end_pass()  # entries past each slot's length are never read: nothing to undo
             raise
         self.cache.end_pass()
+        self.rows = len(feeds) * width
         outputs = []
         for b in range(len(feeds)):
             first = m[b] - 1 - (width - keep)
             rows = logits[b, first : first + len(parents[b]) + 1]  # (n + 1, V)
             outputs.append(TargetOutput(rows, hidden[b, : fed[b]] if features else None))
+            self._last[lo + b] = (lengths[b] + m[b], parents[b])
+        return outputs
+
+    def _packs(self, batch: int, width: int, rows: int) -> bool:
+        """Whether a pass runs packed: the lean forward is ready and the pass has padding."""
+        lean = self.target.lean
+        return batch > 1 and width > 1 and rows < batch * width and lean is not None and lean.ready()
+
+    def _packed(self, lo: int, feeds: Sequence[SlotFeed], parents: list[tuple[int, ...]], lengths: list[int],
+                m: list[int], fed: list[int], padded: tuple, features: bool | tuple[int, ...]) -> list[TargetOutput]:
+        """The pass through :func:`packed_forward`: each slot's logits (root and draft rows), its fed rows' features."""
+        ids, positions, mask = padded
+        width, device = ids.shape[1], ids.device
+        rows = [b * width + j for b, f in enumerate(fed) for j in range(f)]
+        starts = [sum(fed[:b]) for b in range(len(fed))]  # each slot's first packed row
+        heads = [s + j for s, mb, f in zip(starts, m, fed, strict=True) for j in range(mb - 1, f)]
+        try:
+            logits, hidden = packed_forward(self.target.lean, ids, positions, mask, self.cache.cache,
+                                            torch.tensor(rows, device=device), torch.tensor(heads, device=device),
+                                            features)
+        except BaseException:
+            self.cache.end_pass()
+            raise
+        self.cache.end_pass()
+        self.rows = len(rows)
+        outputs, k = [], 0
+        for b, start in enumerate(starts):
+            n = len(parents[b]) + 1
+            outputs.append(TargetOutput(logits[k : k + n], hidden[start : start + fed[b]] if features else None))
+            k += n
             self._last[lo + b] = (lengths[b] + m[b], parents[b])
         return outputs
 

@@ -1,0 +1,295 @@
+"""Per-request draft lengths for the batch's goodput (TurboSpec/SmartSpec; vLLM's adaptive verification).
+
+A batched pass feeds each request its root plus its own draft, packed (``specfamily.runtime.batch_lean``: padding
+costs nothing), so the pass costs t(B, N) for B requests feeding N rows in all. :class:`RowCosts` learns t(B, N) from
+the run's own passes (medians of the latest few per (B, N); elsewhere a curve over N through the measured points,
+scaled by what this B measured against it) and the seconds of one batched draft step per B.
+
+:func:`plan_lengths` gives each request its own draft length: every next draft level of every request is a unit of
+expected gain (the probability that the request accepts that deep, from its own per-depth acceptance) and of rows
+(the level's draft tokens); in the order of gain (the greedy marginal: the next token goes to the request whose next
+level gains most, as every row costs the batch the same), the plan is the prefix with the most expected committed
+tokens per second of the whole pass,
+
+    goodput = (B + sum of the units' gains) / (t(B, B + their rows) + deepest level * s(B)),
+
+and none when no prefix beats a plain pass. :class:`LengthPolicy` adds what measuring needs: a plain pass first at
+each B, one level for every request while a drafted pass cannot be predicted yet, a plain pass again every
+``refresh_every`` drafted passes, and while drafting does not pay, a probe every ``probe_every`` passes, backing off.
+A request whose draft is deterministic and seen before the plan (``Prospect.seen``: prompt lookup and suffix, asked
+for their longest draft first) is planned with what it actually proposed: no match, no rows. Lengths never change a
+greedy text, and are chosen before anything of the pass is drawn.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specfamily.core.types import Draft
+
+__all__ = ["LengthPolicy", "Prospect", "RowCosts", "Tally", "plan_lengths", "proposing", "truncated"]
+
+
+@dataclass
+class RowCosts:
+    """Seconds of a batched pass over B requests feeding N rows in all, t(B, N), and of one draft step for B
+    requests: medians of the latest ``window`` observations."""
+
+    window: int = 5
+    passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)
+    steps: dict[int, deque] = field(default_factory=dict, repr=False)
+    _medians: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _by_batch: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # B -> {N: median}
+    _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for (batch, rows), seconds in self.passes.items():
+            self._note(batch, rows, statistics.median(seconds))
+
+    def _note(self, batch: int, rows: int, median: float) -> None:
+        self._medians[batch, rows] = median
+        self._by_batch.setdefault(batch, {})[rows] = median
+        self._curve = None
+
+    @classmethod
+    def of(cls, target) -> RowCosts:
+        """Costs over the target's ``batch_pass_costs`` (kept across runs: passes cost what they cost whichever
+        drafter feeds them); draft steps are the run's own."""
+        passes = getattr(target, "batch_pass_costs", None)
+        return cls() if passes is None else cls(passes=passes)
+
+    def observe(self, batch: int, rows: int, seconds: float) -> None:
+        if math.isfinite(seconds) and seconds > 0:
+            kept = self.passes.setdefault((batch, rows), deque(maxlen=self.window))
+            kept.append(seconds)
+            self._note(batch, rows, statistics.median(kept))
+
+    def observe_draft(self, batch: int, steps: int, seconds: float) -> None:
+        if steps > 0 and math.isfinite(seconds) and seconds >= 0:
+            self.steps.setdefault(batch, deque(maxlen=self.window)).append(seconds / steps)
+
+    def known(self, batch: int, rows: int) -> bool:
+        return (batch, rows) in self._medians
+
+    def measured(self, batch: int, rows: int) -> float | None:
+        """t(batch, rows) as measured (the median of the latest), or None."""
+        return self._medians.get((batch, rows))
+
+    def draft_step(self, batch: int) -> float:
+        """Seconds of one draft step for ``batch`` requests: measured, else the nearest measured batch's scaled by
+        the batch size, else 0."""
+        if batch in self.steps:
+            return statistics.median(self.steps[batch])
+        if not self.steps:
+            return 0.0
+        nearest = min(self.steps, key=lambda b: (abs(b - batch), b))
+        return statistics.median(self.steps[nearest]) * batch / nearest
+
+    def table(self, batch: int, most: int) -> list[float] | None:
+        """t(batch, N) for N = 0 .. most (measured, else predicted), or None while the curve has < 2 points."""
+        xs, ys = self.curve()
+        if len(xs) < 2:
+            return None
+        own = self._by_batch.get(batch, {})
+        scale = statistics.median(s / _at(xs, ys, n) for n, s in own.items()) if own else 1.0
+        table = [_at(xs, ys, n) * scale for n in range(most + 1)]
+        for n, s in own.items():
+            if n <= most:
+                table[n] = s
+        return table
+
+    def curve(self) -> tuple[list[int], list[float]]:
+        """Rows N and the median seconds over the batch sizes measured at N, sorted by N."""
+        if self._curve is None:
+            by_rows: dict[int, list[float]] = {}
+            for (_, rows), seconds in self._medians.items():
+                by_rows.setdefault(rows, []).append(seconds)
+            ordered = sorted(by_rows.items())
+            self._curve = ([n for n, _ in ordered], [statistics.median(v) for _, v in ordered])
+        return self._curve
+
+
+def _at(xs: list[int], ys: list[float], x: float) -> float:
+    """Linear through the points (at least two); the first point's value before it (a pass of fewer rows costs no
+    more), the last segment's slope past the last, at least the last point's value (nor does one of more cost less)."""
+    k = bisect.bisect_left(xs, x)
+    if k == 0:
+        return ys[0]
+    if k == len(xs):
+        x0, x1, y0, y1 = xs[-2], xs[-1], ys[-2], ys[-1]
+        return max(y1 + (y1 - y0) * (x - x1) / (x1 - x0), y1)
+    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass
+class Tally:
+    """Drafted levels verified and accepted, per depth: a request's own, or the batch's pooled over its requests."""
+
+    tried: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def add(self, tried: int, accepted: int) -> None:
+        """A pass that verified ``tried`` levels and accepted ``accepted`` of them (from the root down)."""
+        if tried > len(self.tried):
+            grow = tried - len(self.tried)
+            self.tried += [0.0] * grow
+            self.accepted += [0.0] * grow
+        for depth in range(tried):
+            self.tried[depth] += 1
+        for depth in range(min(accepted, tried)):
+            self.accepted[depth] += 1
+
+    def alpha(self, prior: Sequence[float], weight: float) -> list[float]:
+        """Conditional acceptance at depths 1 .. len(prior): the counts, with ``prior`` worth ``weight`` passes."""
+        out = []
+        for d, a in enumerate(prior):
+            tried, accepted = (self.tried[d], self.accepted[d]) if d < len(self.tried) else (0.0, 0.0)
+            out.append((accepted + a * weight) / (tried + weight))
+        return out
+
+
+@dataclass(frozen=True)
+class Prospect:
+    """One request's prospects this pass: its per-depth acceptance (as many depths as it may draft) and the draft
+    rows each level adds (known for a draft already proposed; else its drafter's tokens per level)."""
+
+    acceptance: Sequence[float]
+    rows: Sequence[int]
+
+    @classmethod
+    def planned(cls, acceptance: Sequence[float], width: float, limit: int) -> Prospect:
+        """A draft not proposed yet: up to ``limit`` levels of ``width`` tokens each."""
+        limit = min(limit, len(acceptance))
+        fed = [math.ceil(g * width - 1e-9) for g in range(limit + 1)]
+        return cls(acceptance[:limit], [b - a for a, b in zip(fed, fed[1:], strict=False)])
+
+    @classmethod
+    def seen(cls, acceptance: Sequence[float], draft: Draft) -> Prospect:
+        """A deterministic draft already proposed: its levels as they are (none when it found nothing)."""
+        if not len(draft):
+            return cls((), ())
+        counts = torch.bincount(draft.depths())[1:].tolist()
+        depths = min(len(counts), len(acceptance))
+        return cls(acceptance[:depths], counts[:depths])
+
+
+def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
+                 drafted: bool = False) -> tuple[list[int], float]:
+    """(each request's draft length, the plan's goodput over a plain pass's): the best prefix of the units in the
+    order of gain (``drafted``: the best that drafts anything). ``seconds[N]``: t(B, N) for every N the units can
+    reach; ``step``: one draft level's seconds for the batch."""
+    batch = len(prospects)
+    units = []  # (-gain, request, depth)
+    for i, prospect in enumerate(prospects):
+        reach = 1.0
+        for depth, alpha in enumerate(prospect.acceptance, start=1):
+            reach *= alpha
+            if reach <= 0:
+                break
+            units.append((-reach, i, depth))
+    units.sort()
+    plain = batch / seconds[batch]
+    tokens, rows, deepest = float(batch), batch, 0
+    best, best_rate = 0, (0.0 if drafted else plain)
+    for k, (gain, i, depth) in enumerate(units, start=1):
+        tokens, rows, deepest = tokens - gain, rows + prospects[i].rows[depth - 1], max(deepest, depth)
+        if rows >= len(seconds):
+            break
+        rate = tokens / (seconds[rows] + deepest * step)
+        if rate > best_rate:
+            best, best_rate = k, rate
+    lengths = [0] * batch
+    for _, i, depth in units[:best]:
+        lengths[i] = max(lengths[i], depth)
+    return lengths, (best_rate / plain if best else 1.0)
+
+
+@dataclass
+class LengthPolicy:
+    """Each request's draft length on each steady batched pass (every live request past its prefill)."""
+
+    min_gain: float = 1.02  # a plan must beat a plain pass's goodput by this factor (a noise margin)
+    probe_every: int = 16
+    max_backoff: int = 3  # probes at a load that keeps losing: every probe_every * 2**k passes, k <= max_backoff
+    refresh_every: int = 32
+    costs: RowCosts = field(default_factory=RowCosts)
+    idle: dict[int, int] = field(default_factory=dict)  # B -> plain passes in a row since drafting last paid
+    losing: dict[int, int] = field(default_factory=dict)  # B -> probes in a row after which drafting did not pay
+    unrefreshed: dict[int, int] = field(default_factory=dict)  # B -> drafted passes since its last plain one
+    choices: dict[int, list[int]] = field(default_factory=dict)  # B -> draft rows planned on every pass at B
+
+    def may_draft(self, batch: int) -> bool:
+        """Whether a pass of ``batch`` requests may draft at all (its plain pass measured, no refresh due)."""
+        return self.costs.known(batch, batch) and self.unrefreshed.get(batch, 0) < self.refresh_every
+
+    def lengths(self, prospects: Sequence[Prospect], proposed: bool = False) -> list[int]:
+        """Each request's draft length (``proposed``: the drafts are already proposed, their time spent)."""
+        batch = len(prospects)
+        lengths = self._plan(batch, prospects, proposed)
+        self.choices.setdefault(batch, []).append(sum(sum(p.rows[:g]) for p, g in zip(prospects, lengths,
+                                                                                     strict=True)))
+        return lengths
+
+    def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool) -> list[int]:
+        if not any(p.acceptance for p in prospects) or not self.may_draft(batch):
+            return [0] * batch
+        most = batch + sum(sum(p.rows) for p in prospects)
+        seconds = self.costs.table(batch, most)
+        if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
+            return [1 if p.acceptance else 0 for p in prospects]
+        step = 0.0 if proposed else self.costs.draft_step(batch)
+        lengths, gain = plan_lengths(prospects, seconds, step)
+        if any(lengths) and gain > self.min_gain:
+            self.idle[batch] = self.losing[batch] = 0
+            return lengths
+        self.idle[batch] = self.idle.get(batch, 0) + 1
+        losing = self.losing.get(batch, 0)
+        if self.idle[batch] < self.probe_every * 2 ** min(losing, self.max_backoff):
+            return [0] * batch
+        self.idle[batch], self.losing[batch] = 0, losing + 1
+        return plan_lengths(prospects, seconds, step, drafted=True)[0]  # a probe keeps the estimates current
+
+    def timed(self, batch: int, rows: int, steps: int, draft_seconds: float, seconds: float) -> None:
+        """A steady pass over ``batch`` requests of ``rows`` fed rows in all, after ``steps`` draft steps that took
+        ``draft_seconds``, took ``seconds`` (forward, verification, commit)."""
+        self.costs.observe(batch, rows, seconds)
+        self.costs.observe_draft(batch, steps, draft_seconds)
+        self.unrefreshed[batch] = self.unrefreshed.get(batch, 0) + 1 if rows > batch else 0
+
+    def describe(self) -> str:
+        """Per batch size: the passes planned, the share that drafted, the draft rows per pass."""
+        parts = []
+        for batch, rows in sorted(self.choices.items()):
+            drafted = sum(r > 0 for r in rows) / len(rows)
+            parts.append(f"B={batch}: {len(rows)} passes, {drafted:.0%} drafted, "
+                         f"{sum(rows) / len(rows):.1f} draft rows a pass")
+        return "draft lengths per request by goodput: " + ("; ".join(parts) if parts else "no steady batched pass")
+
+
+def truncated(draft: Draft, depth: int) -> Draft:
+    """A deterministic draft cut to its first ``depth`` levels (the nodes keep their order; parents renumbered)."""
+    if depth <= 0:
+        return Draft.empty()
+    keep = draft.depths() <= depth
+    if bool(keep.all()):
+        return draft
+    index = keep.nonzero().flatten()
+    renumber = torch.cumsum(keep.long(), 0) - 1
+    parents = draft.parents[index]
+    parents = torch.where(parents < 0, parents, renumber[parents.clamp(min=0)])
+    return Draft(draft.tokens[index], parents, None, catch_up_seconds=draft.catch_up_seconds)
+
+
+def proposing(acceptance: list[float], rate: float) -> list[float]:
+    """Per-depth acceptance of a drafter that proposes anything in only a ``rate`` share of the passes it is asked
+    to (an n-gram drafter without a match proposes nothing): its expected gain is ``rate`` times the gain of a
+    proposal, so depth 1's acceptance is scaled by it."""
+    return [acceptance[0] * rate, *acceptance[1:]] if acceptance else []

@@ -1,0 +1,100 @@
+"""The lean forward over a ragged batch without computing its padding: every product runs on the fed rows only.
+
+A batched pass feeds slot b ``fed[b]`` rows, padded on the right to the longest slot. On a CPU each row a weight
+matrix multiplies costs compute, so with ragged draft lengths the padding would cost as much as a drafted row, and a
+slot that drafts nothing would pay for the others' drafts. :func:`packed_forward` runs the embedding, the norms, every
+projection, the MLP and the LM head on the N fed rows packed together (1, N, H), and spreads only the queries, keys
+and values into the padded (B, heads, W, D) layout that the rope, the batched cache and sdpa take (a padding row's
+query, key and value are zeros; the mask keeps every fed row from seeing one). Each fed row meets the same values in
+the same order as in :class:`specfamily.runtime.lean.LeanLlama`'s padded pass, so under a batch-invariant matmul kind
+(``stream``) its logits are bit-identical to that pass's; under BLAS kinds the products' row counts differ, so the
+last bits may.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from specfamily.runtime.lean import Attend, LeanLayer, LeanLlama, plan_attention, rope
+
+__all__ = ["packed_forward"]
+
+
+def packed_forward(
+    lean: LeanLlama, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
+    rows: torch.Tensor, heads: torch.Tensor, features: bool | tuple[int, ...] = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits (K, V) of the packed rows ``heads``, the fed rows' last hidden state after the norm (N, H) or, for a
+    tuple of layer ids, those layers' states concatenated (N, k H), or None).
+
+    ``input_ids``, ``position_ids`` (B, W) padded; ``mask`` (B, 1, W, S) additive; ``rows`` (N,) the fed rows' flat
+    indices b * W + j, ascending; ``heads`` (K,) indices into the N packed rows whose logits are wanted. B > 1 and
+    W > 1: a pass of one row per slot, or of one slot, has no padding and takes the lean forward itself.
+    """
+    batch, width = input_ids.shape
+    if batch < 2 or width < 2:
+        raise ValueError(f"a packed pass needs several slots of several rows, got ({batch}, {width})")
+    hidden = lean._embed(input_ids.reshape(-1).index_select(0, rows))[None]  # (1, N, H)
+    cos, sin = rope(lean._rotary, hidden, position_ids)  # (B, 1, W, D)
+    attend = plan_attention(mask, width, lean._groups, lean._probe, masked_gqa=lean._linear is not F.linear)
+    if lean.rotate is not None:
+        attend = replace(attend, rotate=lean.rotate)
+    spread = _Spread(rows, batch, width)
+    states = []  # transformers' hidden_states, kept only when layer features are asked for
+    for layer in lean._layers[: lean._config.num_hidden_layers]:
+        if isinstance(features, tuple):
+            states.append(hidden)
+        hidden = _layer(layer, hidden, cos, sin, attend, cache, spread)
+    hidden = lean._norm_fn(hidden, *lean._norm)
+    logits = lean._linear(hidden.index_select(1, heads), *lean._head)[0]  # (K, V)
+    if isinstance(features, tuple):
+        states.append(hidden)
+        return logits, torch.cat([states[i] for i in features], dim=-1)[0]
+    return logits, (hidden[0] if features else None)
+
+
+class _Spread:
+    """Between the packed rows (1, N, h D) and the padded per-head layout (B, h, W, D)."""
+
+    def __init__(self, rows: torch.Tensor, batch: int, width: int) -> None:
+        self.rows, self.batch, self.width = rows, batch, width
+
+    def out(self, x: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """(1, N, h D) -> (B, h, W, D), zeros in the padding rows."""
+        padded = x.new_zeros(self.batch * self.width, x.shape[-1])
+        padded.index_copy_(0, self.rows, x[0])
+        return padded.view(self.batch, self.width, -1, head_dim).transpose(1, 2)
+
+    def back(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, h, W, D) -> (1, N, h D)."""
+        flat = x.transpose(1, 2).reshape(self.batch * self.width, -1)
+        return flat.index_select(0, self.rows)[None]
+
+
+def _layer(layer: LeanLayer, hidden, cos, sin, attend: Attend, cache, spread: _Spread) -> torch.Tensor:
+    """``LeanLayer.__call__`` on packed rows (1, N, H)."""
+    hidden = hidden + _attention(layer, layer.norm(hidden, *layer.norm1), cos, sin, attend, cache, spread)
+    x = layer.norm(hidden, *layer.norm2)
+    linear = layer.linear
+    return hidden + linear(layer.act(linear(x, *layer.gate)) * linear(x, *layer.up), *layer.down)
+
+
+def _attention(layer: LeanLayer, x, cos, sin, attend: Attend, cache, spread: _Spread) -> torch.Tensor:
+    """``LeanLayer._attention`` with the projections on packed rows and the attention over the padded slots."""
+    if attend.pack or attend.causal:
+        raise ValueError("a packed pass takes a masked pass of several rows per slot")
+    query = spread.out(layer.linear(x, *layer.q), layer.head_dim)  # (B, heads, W, D)
+    key = spread.out(layer.linear(x, *layer.k), layer.head_dim)  # (B, kv heads, W, D)
+    value = spread.out(layer.linear(x, *layer.v), layer.head_dim)
+    query, key = attend.rotate(query, key, cos, sin)
+    if cache is not None:
+        key, value = cache.update(key, value, layer.index)
+    if attend.groups > 1 and not attend.gqa:
+        key, value = repeat_kv(key, attend.groups), repeat_kv(value, attend.groups)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attend.mask, dropout_p=0.0,
+                                         scale=layer.scaling, is_causal=False, enable_gqa=attend.gqa)
+    return layer.linear(spread.back(out).contiguous(), *layer.o)

@@ -1,0 +1,63 @@
+"""The packed pass: a ragged batch's products on its fed rows only, the same logits and features as the padded pass
+(bit for bit under the batch-invariant stream kernel), and only the fed rows computed."""
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.core.batch_target import BatchTarget, SlotFeed
+from specfamily.core.types import Draft
+from specfamily.runtime import kernel
+from specfamily.runtime.batch_lean import packed_forward
+from specfamily.testing import tiny_target
+
+PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+DRAFTS = [Draft(torch.tensor([3, 4, 5, 6]), torch.tensor([-1, -1, 0, 2])), Draft.empty(), Draft.chain([11, 12])]
+
+
+def _passes(target, packed: bool, monkeypatch, features):
+    """Prefill (ragged prompts) then one ragged pass of drafts; each pass's outputs and rows computed."""
+    if not packed:
+        monkeypatch.setattr(BatchTarget, "_packs", lambda self, *a: False)
+    batch = BatchTarget(target, slots=3, capacity=16)
+    first = batch.forward(0, [SlotFeed(torch.tensor(p), Draft.empty()) for p in PROMPTS], features=features)
+    rows = [batch.rows]
+    for slot in range(3):
+        batch.commit(slot, [])
+    second = batch.forward(0, [SlotFeed(torch.tensor([p[-1]]), d) for p, d in zip(PROMPTS, DRAFTS, strict=True)],
+                           features=features)
+    rows.append(batch.rows)
+    monkeypatch.undo()
+    return first + second, rows
+
+
+@pytest.mark.parametrize("features", [True, (0, 2)])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_packed_passes_score_as_the_padded_ones(monkeypatch, family, features):
+    target = tiny_target(family, vocab_size=32, spread=1.0)  # float64
+    assert target.lean is not None and target.lean.ready()
+    packed, packed_rows = _passes(target, True, monkeypatch, features)
+    padded, padded_rows = _passes(target, False, monkeypatch, features)
+    assert packed_rows == [5 + 2 + 3, 5 + 1 + 3] and padded_rows == [3 * 5, 3 * 5]
+    for a, b in zip(packed, padded, strict=True):
+        torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-12)
+        torch.testing.assert_close(a.features, b.features, rtol=0, atol=1e-12)
+
+
+def test_under_the_stream_kernel_packed_logits_are_bit_identical(monkeypatch):
+    built = kernel.stream_kernel()
+    if not built.available:
+        pytest.skip(f"stream kernel unavailable: {built.reason}")
+    model = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float32).model
+    target = sf.load_target(model, matmul="stream")
+    packed, _ = _passes(target, True, monkeypatch, True)
+    padded, _ = _passes(target, False, monkeypatch, True)
+    for a, b in zip(packed, padded, strict=True):
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+
+
+def test_a_pass_without_padding_is_refused():
+    target = tiny_target("llama", vocab_size=32, spread=1.0)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"a packed pass needs several slots of several rows, got \(1, 3\)"):
+        packed_forward(target.lean, ids, ids, None, None, torch.arange(3), torch.arange(3))
