@@ -11,19 +11,21 @@ three arms, interleaved prompt by prompt (the order rotated on each prompt) and 
 - ``default``: the drafter at its defaults, a fresh object per repeat (as a run, it learns across that repeat's
   prompts), after one warm-up request served by another object.
 
-Clock: CPU time (``time.process_time``, one thread). Per arm: CPU ms per decode pass (every pass after the prefill,
-from the loop's first proposal after it to the end of the request) and per new token (the whole request, prefill
-included, as a run's speedup counts it). The idle arm's extra time is split by wrapping the calls it adds (the
-policy's ``next_gamma`` / ``timed`` / the loop's ``_report``; the drafter's ``observe``, ``begin`` and ``end``; the
-loop's ``_outcome``, which gathers the feature rows), and the features the target returns are timed apart
-(one-token passes with and without them, alternating); what is left of idle - plain is the rest of the loop plus
-noise. The default arm's passes are classified by its policy (plain, cold: before c is known, probe,
-chosen) and each drafted pass is costed in the same request's plain passes: the probes' share of passes, their cost
-and the tokens they and the drafted passes after them bring. Every arm's tokens are checked against plain decoding's
-(idle: identical at any sampling; default: identical when greedy).
+Clock: CPU time (``time.process_time``, one thread; ``--clock wall`` with more threads, on an idle machine). Per arm:
+CPU ms per decode pass (every pass after the prefill, from the loop's first proposal after it to the end of the request)
+and per new token (the whole request, prefill included, as a run's speedup counts it). The idle arm's extra time is
+split by wrapping the calls it adds (the policy's ``next_gamma`` / ``timed`` / the loop's ``_report``; the drafter's
+``observe``, ``begin`` and ``end``; the loop's ``_outcome``, which gathers the feature rows), and the features the
+target returns are timed apart (one-token passes with and without them, alternating); what is left of idle - plain is
+the rest of the loop plus noise. The default arm's passes are classified by its policy (plain, cold: before c is known,
+probe, chosen) and each drafted pass is costed in the same request's plain passes: the probes' share of passes, their
+cost and the tokens they and the drafted passes after them bring. Every arm's tokens are checked against plain
+decoding's (idle: identical at any sampling; default: identical when greedy).
 
     python benchmarks/idle_cost.py --threads 1 --prompts 4 --repeats 2 --tokens 64
     python benchmarks/idle_cost.py --threads 1 --sampling chat --drafters self_spec,eagle3,small_model
+    python benchmarks/idle_cost.py --threads 2 --clock wall --prompts 3 \\
+        --drafters eagle,eagle3,hydra,medusa,rest,self_spec,small_model
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import time
 from collections import defaultdict
 
 import torch
-from common import quiet_transformers, set_threads, spec_bench_prompts
+from common import make_clock, quiet_transformers, set_threads, spec_bench_prompts
 from idle_meter import NEVER_PAYS_C, Meter, PassKinds, decline, instrument, instrument_loop, log_passes, probe_table
 
 import specfamily as sf
@@ -55,9 +57,9 @@ def pick_prompts(tokenizer, count: int) -> list[list[int]]:
 def run_arm(meter: Meter, target, drafter, prompt, seed: int, args) -> dict:
     """One request in one arm: CPU seconds (total and decode), passes, tokens, the meter's log."""
     meter.start()
-    start = time.process_time()
+    start = meter.clock()
     result = sf.generate(target, drafter, prompt, args.tokens, SAMPLING[args.sampling], seed=seed)
-    end = time.process_time()
+    end = meter.clock()
     log = meter.stop(end)
     decode = end - log.starts[1] if len(log.starts) > 1 else 0.0
     prefill = log.starts[1] - start if len(log.starts) > 1 else end - start
@@ -66,7 +68,7 @@ def run_arm(meter: Meter, target, drafter, prompt, seed: int, args) -> dict:
             "drafted": result.metrics.drafted_passes}
 
 
-def feature_cost(target, drafter, prompt: list[int], passes: int) -> tuple[float, float]:
+def feature_cost(target, drafter, prompt: list[int], passes: int, clock) -> tuple[float, float]:
     """(median, spread) of the extra CPU seconds of a one-token pass that returns the drafter's features over one that
     returns none: ``passes`` pairs of passes over the prompt's cache, alternating; spread = half the difference of
     the two halves' estimates (a noise gauge)."""
@@ -77,7 +79,7 @@ def feature_cost(target, drafter, prompt: list[int], passes: int) -> tuple[float
     target.reset()
     target.forward(ids[:-1])
     target.commit([])
-    root, clock = ids[-1:], time.process_time
+    root = ids[-1:]
     extra = []
     for i in range(passes + 1):  # pair 0 warms up
         seconds = []
@@ -113,7 +115,7 @@ def family(meter: Meter, target, name: str, prompts, args) -> dict:
             for arm in order:
                 drafter = {"plain": None, "idle": idle, "default": default}[arm]
                 runs[arm].append(run_arm(meter, target, drafter, prompt, i, args))
-    runs["features"] = feature_cost(target, idle, prompts[0], args.feature_passes)
+    runs["features"] = feature_cost(target, idle, prompts[0], args.feature_passes, meter.clock)
     return runs
 
 
@@ -166,7 +168,7 @@ def same_tokens(runs: dict, greedy: bool) -> str:
 
 
 def report(results: dict, args) -> None:
-    print(f"\nCPU ms (process_time, {args.threads} thread(s)), {args.tokens} new tokens, {args.prompts} prompts x "
+    print(f"\nms ({args.clock} clock, {args.threads} thread(s)), {args.tokens} new tokens, {args.prompts} prompts x "
           f"{args.repeats} repeats, sampling {args.sampling}; ratios are of the summed runs, spread = min-max over "
           "repeats")
     print("| drafter | plain ms/pass | idle ms/pass | idle/plain | spread | plain ms/token | default ms/token | "
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--sampling", choices=tuple(SAMPLING), default="greedy")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="cpu: process_time (one thread only)")
     parser.add_argument("--feature-passes", type=int, default=100)
     args = parser.parse_args(argv)
     set_threads(args.threads)
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     target = sf.load_target(args.target, matmul=args.matmul)
     prompts = pick_prompts(target.tokenizer, args.prompts)
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
-    meter = Meter(time.process_time)
+    meter = Meter(make_clock(args.clock))
     instrument_loop(meter)
     print(f"target {args.target}, matmul {target.matmul}, torch {torch.__version__}, prompt lengths "
           f"{[len(p) for p in prompts]}, wrapper overhead {1e6 * meter.overhead():.2f} us a wrapped call", flush=True)
