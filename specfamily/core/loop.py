@@ -54,11 +54,18 @@ def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty:
 
 def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int,
              logits: torch.Tensor | None = None, side_logits: torch.Tensor | None = None) -> VerifyOutcome:
-    rows = None
-    if features is not None:
-        index = torch.cat([torch.arange(pending), pending + torch.tensor(accepted, dtype=torch.long)])
-        rows = features.index_select(0, index.to(features.device))
+    rows = None if features is None else _feature_rows(features, pending, accepted)
     return VerifyOutcome(committed, accepted, len(draft), rows, start, logits, side_logits)
+
+
+def _feature_rows(features: torch.Tensor, pending: int, accepted: list[int]) -> torch.Tensor:
+    """A copy of the features (m + n, W) of the pending rows and the accepted nodes' rows, in path order: one copy of
+    the leading rows when the path is the draft's first nodes (a chain's, or none: every pass that drafts nothing)."""
+    k = len(accepted)
+    if accepted == list(range(k)):
+        return features[: pending + k].clone()
+    index = torch.cat([torch.arange(pending), pending + torch.tensor(accepted, dtype=torch.long)])
+    return features.index_select(0, index.to(features.device))
 
 
 def generate(

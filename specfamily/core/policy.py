@@ -185,10 +185,14 @@ class AutoPolicy:
         return 1.0 if cost is None else float(cost(tokens) if callable(cost) else cost)
 
     def timed(self, tokens: int, seconds: float) -> None:
-        """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``: corrects its costs."""
+        """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``: corrects its costs. The kept
+        choice is planned again only when what it reads changed (the measured scale's points): a plain pass moves
+        t(1) alone, which no choice reads, so an idle policy does not plan again after every pass."""
         tokens = check_int(tokens, "tokens", 0)
         self._timed = (tokens, seconds) if tokens else None
-        if self.costs.observe(tokens, seconds, self._prior(tokens)):
+        points = self.costs.points
+        self.costs.observe(tokens, seconds, self._prior(tokens))
+        if self.costs.points is not points:
             self._choice = None
 
     def reset(self) -> None:

@@ -96,6 +96,40 @@ def test_features_reach_observe_aligned_with_positions():
     assert predicted[3:] == first.tokens  # the feature at position t predicts the token at t + 1
 
 
+def test_features_reach_observe_in_path_order_on_tree_branches_and_idle_passes():
+    """The rows observe gets are the pending rows, then the accepted nodes' in path order, each a copy: on passes that
+    draft nothing, and on a tree whose accepted path skips its first nodes (a wrong first branch, the target's chain
+    as the second) as well as on one whose path is its first nodes."""
+    target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float64)
+    seen = []
+
+    class Branches(OracleDrafter):
+        needs_features = True
+
+        def propose(self, ctx, gamma):
+            right, turn = self.continuation[len(ctx.tokens) : len(ctx.tokens) + 2], len(seen) % 3
+            if turn == 0:
+                return Draft.empty()  # a pass that drafts nothing
+            if turn == 1 or len(right) < 2:
+                return Draft(torch.tensor(right), torch.tensor([-1, 0][: len(right)]))  # the path is nodes 0, 1
+            wrong = (right[0] + 1) % 32
+            return Draft(torch.tensor([wrong, wrong, *right]), torch.tensor([-1, 0, -1, 2]))  # path: nodes 2, 3
+
+        def observe(self, outcome):
+            seen.append(outcome)
+
+    result = sf.generate(target, Branches(target, gamma=2), [1, 2, 3, 4], max_new_tokens=30)
+    assert result.tokens == sf.generate(target, None, [1, 2, 3, 4], max_new_tokens=30).tokens
+    paths = [o.accepted_nodes for o in seen]
+    assert [2, 3] in paths and [0, 1] in paths and [] in paths  # both ways of gathering rows were exercised
+    lm_head = target.model.get_output_embeddings()
+    for outcome in seen:
+        predicted = lm_head(outcome.features).argmax(-1).tolist()
+        assert predicted[-len(outcome.tokens) :] == outcome.tokens  # row j's feature predicts the next token
+        assert outcome.features.shape[0] == (4 if outcome.feature_start == 0 else 1) + len(outcome.accepted_nodes)
+    assert len({o.features.untyped_storage().data_ptr() for o in seen}) == len(seen)  # copies, none shared
+
+
 def test_logits_of_every_drafted_row_reach_observe():
     """observe gets the pass's (draft_size + 1, V) logits: row 0 at the root, row i + 1 after node i, drafted nodes
     accepted or not; each row equals the target's own logits after that node's path."""

@@ -374,3 +374,47 @@ def test_a_stretch_is_charged_each_pass_as_timed_else_as_costed():
     assert policy._spent(2, 2, 1.2, 0.5, None) == pytest.approx(1.2 * 2)  # the timed pass is used once; no overhead
     policy.timed(4, 0.030)
     assert policy._spent(2, 2, 1.2, 0.0, 0.0) == pytest.approx(1.2)  # a time for another size is not this pass's
+
+
+def _timed_run(replan: bool, passes: int = 300) -> list[int]:
+    """The gammas an auto policy asks for over a run of timed passes (plain and drafted, times jittered, acceptance
+    cycling); ``replan``: drop its kept choice before every pass, as it did before each plain pass was kept apart."""
+    policy = AutoPolicy(4, max_gamma=8, probe_every=4, verify_cost=lambda g: 1.0 + 0.06 * g)
+    gammas = []
+    for i in range(passes):
+        if replan:
+            policy._choice = None
+        gamma = policy.next_gamma()
+        gammas.append(gamma)
+        policy.timed(gamma, 0.010 * (1.0 + 0.08 * gamma) * (1.0 + 0.01 * (i % 7)))
+        policy.update(gamma, min(gamma, (i // 5) % 4), 0.3 + 0.1 * (i % 3) if gamma else None, tokens=gamma)
+    return gammas
+
+
+def test_auto_decides_as_if_it_planned_before_every_pass():
+    gammas = _timed_run(replan=False)
+    assert gammas == _timed_run(replan=True)
+    assert 0 in gammas and any(g > 0 for g in gammas[20:])  # idle stretches and drafted passes both reached
+
+
+def test_an_idle_auto_policy_does_not_plan_again_after_each_plain_pass(monkeypatch):
+    """A plain pass's time moves t(1) alone, which no choice reads: while the policy drafts nothing, timed plain passes
+    cost it no planning; a pass that changes the measured scale (a drafted one) does."""
+    import specfamily.core.policy as module
+
+    calls = []
+    monkeypatch.setattr(module, "best_draft_length", lambda *a, **k: calls.append(1) or best_draft_length(*a, **k))
+    policy = AutoPolicy(4, probe_every=64, verify_cost=lambda g: 1.0 + 0.06 * g)
+    policy.timed(0, 0.010)
+    policy.timed(4, 0.020)
+    policy.update(4, 0, 2.0, tokens=4)  # a dear draft that found nothing: no length pays
+    assert policy.next_gamma() == 0
+    planned = len(calls)
+    for _ in range(20):
+        assert policy.next_gamma() == 0
+        policy.timed(0, 0.010)
+        policy.update(0, 0, None, tokens=0)
+    assert len(calls) == planned
+    policy.timed(4, 0.030)  # the scale at 4 draft tokens moves: plan again
+    policy.next_gamma()
+    assert len(calls) > planned
