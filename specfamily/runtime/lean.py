@@ -12,7 +12,7 @@ on some CPUs; its logits then differ from the model's in the last bits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -184,7 +184,14 @@ class LeanLayer:
 
     def __call__(self, hidden, cos, sin, attend: Attend, cache) -> torch.Tensor:
         """The decoder layer's forward on hidden (B, q, H); ``cache``: a transformers Cache or None."""
-        hidden = hidden + self._attention(self.norm(hidden, *self.norm1), cos, sin, attend, cache)
+        return self.mlp_block(self.attention_block(hidden, cos, sin, attend, cache))
+
+    def attention_block(self, hidden, cos, sin, attend: Attend, cache) -> torch.Tensor:
+        """hidden + attention(norm(hidden)): the layer's first residual sub-layer."""
+        return hidden + self._attention(self.norm(hidden, *self.norm1), cos, sin, attend, cache)
+
+    def mlp_block(self, hidden) -> torch.Tensor:
+        """hidden + mlp(norm(hidden)): the layer's second residual sub-layer."""
         x = self.norm(hidden, *self.norm2)
         linear = self.linear
         return hidden + linear(self.act(linear(x, *self.gate)) * linear(x, *self.up), *self.down)
@@ -259,15 +266,7 @@ class LeanLlama:
         (transformers' ``hidden_states`` indexing: i < L the input of layer i, L after the final norm)
         concatenated, (1, q, k * H).
         """
-        q_len = input_ids.shape[1]
-        if mask is None and q_len > 1 and cache.get_seq_length() > 0:
-            raise ValueError("a pass of several tokens over a non-empty cache needs a mask")
-        hidden = self._embed(input_ids)  # (1, q, H)
-        cos, sin = rope(self._rotary, hidden, position_ids)
-        attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
-                                pack_queries=self.pack_queries)
-        if self.rotate is not None:
-            attend = replace(attend, rotate=self.rotate)
+        hidden, cos, sin, attend = self._prepare(input_ids, position_ids, mask, cache)
         states = []  # transformers' hidden_states, kept only when layer features are asked for
         for layer in self._layers[: self._config.num_hidden_layers]:
             if isinstance(features, tuple):
@@ -279,3 +278,33 @@ class LeanLlama:
             states.append(hidden)
             return logits, torch.cat([states[i] for i in features], dim=-1)
         return logits, (hidden if features else None)
+
+    def skipping(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache,
+                 kept: Sequence[tuple[bool, bool]]) -> torch.Tensor:
+        """(1, q, H) the final-normed hidden state with only the kept sub-layers run: ``kept[i]`` says whether layer
+        i's attention and its MLP run (self-speculation's draft; arguments as ``__call__``'s). Skipped attention
+        sub-layers write nothing to ``cache``."""
+        hidden, cos, sin, attend = self._prepare(input_ids, position_ids, mask, cache)
+        for layer, (attention, mlp) in zip(self._layers, kept, strict=True):
+            if attention:
+                hidden = layer.attention_block(hidden, cos, sin, attend, cache)
+            if mlp:
+                hidden = layer.mlp_block(hidden)
+        return self._norm_fn(hidden, *self._norm)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., V) logits of final-normed hidden states, multiplied as the target's own passes are."""
+        return self._linear(hidden, *self._head)
+
+    def _prepare(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache):
+        """The embedded ids (1, q, H), rope's cos and sin, and the pass's attention plan."""
+        q_len = input_ids.shape[1]
+        if mask is None and q_len > 1 and cache.get_seq_length() > 0:
+            raise ValueError("a pass of several tokens over a non-empty cache needs a mask")
+        hidden = self._embed(input_ids)  # (1, q, H)
+        cos, sin = rope(self._rotary, hidden, position_ids)
+        attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
+                                pack_queries=self.pack_queries)
+        if self.rotate is not None:
+            attend = replace(attend, rotate=self.rotate)
+        return hidden, cos, sin, attend

@@ -18,7 +18,7 @@ import specfamily as sf
 from specfamily.core.context import DecodeContext
 from specfamily.drafters.self_spec.config import SelfSpecConfig, SkipSetRecord, model_key, save_skip_set
 from specfamily.drafters.self_spec.drafter import ExitThreshold, SelfSpecDrafter
-from specfamily.drafters.self_spec.layers import LayerRunner, format_skip, parse_skip
+from specfamily.drafters.self_spec.layers import LayerRunner, causal_mask, format_skip, parse_skip
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_model, tiny_target
 
 
@@ -109,17 +109,43 @@ def test_a_failing_draft_pass_still_restores_the_cache(monkeypatch):
     before = _snapshot(target.cache)
     calls = []
 
+    head = target.lean.head  # the draft runs through the target's lean forward (asserted below)
+
     def failing_logits(hidden):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("out of memory")
-        return drafter.runner.lm_head(hidden)
+        return head(hidden)
 
-    monkeypatch.setattr(drafter.runner, "logits", failing_logits)
+    monkeypatch.setattr(target.lean, "head", failing_logits)
     with pytest.raises(RuntimeError, match="out of memory"):
         drafter.propose(ctx, 4)
     for layer, (keys, values, _, _) in zip(target.cache.layers, before, strict=True):
         assert layer.keys is keys and layer.values is values and keys.shape[-2] == 4
+
+
+@torch.inference_mode()
+def test_lean_skipping_equals_the_runner_and_drafts_through_the_targets_products(monkeypatch):
+    """The draft runs the target's lean forward with the skip set (its products, the stream kernel's where the
+    target uses it): the same hidden states as the model's own sub-modules, and the runner only without it."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    drafter = SelfSpecDrafter(target, skip=["attn:0", "mlp:1"], gamma=3)
+    assert drafter.kept == ((False, True), (True, False))
+    ids, positions = torch.tensor([[4, 8, 15, 16, 23]]), torch.arange(5).view(1, -1)
+    mask = causal_mask(0, 5, drafter.runner.dtype, "cpu")
+    lean = target.lean.skipping(ids, positions, mask, None, drafter.kept)
+    assert torch.allclose(lean, drafter.runner.hidden(ids, positions, mask, None, drafter.plan), atol=1e-6, rtol=0)
+    assert not torch.allclose(lean, drafter.runner.hidden(ids, positions, mask, None, drafter.runner.plan(
+        frozenset())), atol=1e-3)  # the skips are applied
+    runner_calls = []
+    monkeypatch.setattr(drafter.runner, "hidden", lambda *a, **k: runner_calls.append(1) or LayerRunner.hidden(
+        drafter.runner, *a, **k))
+    plain = sf.generate(target, None, [5, 6, 7, 8, 9], max_new_tokens=16).tokens
+    result = sf.generate(target, drafter, [5, 6, 7, 8, 9], max_new_tokens=16)
+    assert result.tokens == plain and result.metrics.draft_steps > 0 and not runner_calls
+    monkeypatch.setattr(target, "lean", None)  # a target without the lean forward: the model's sub-modules
+    result = sf.generate(target, drafter, [5, 6, 7, 8, 9], max_new_tokens=16)
+    assert result.tokens == plain and result.metrics.draft_steps > 0 and runner_calls
 
 
 @torch.inference_mode()

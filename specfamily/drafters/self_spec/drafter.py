@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,9 @@ class SelfSpecDrafter(BaseDrafter):
         super().__init__(gamma, policy)
         self.runner = LayerRunner(target.model)
         self.plan = self.runner.plan(self.skipped)
+        # the same sub-layers for the target's lean forward: (attention kept, MLP kept) per layer
+        self.kept = tuple((("attn", i) not in self.skipped, ("mlp", i) not in self.skipped)
+                          for i in range(self.runner.num_layers))
         self.exit = (
             ExitThreshold(config.exit_threshold, config.exit_target, config.exit_step, config.exit_beta1,
                           config.exit_beta2)
@@ -146,10 +150,11 @@ class SelfSpecDrafter(BaseDrafter):
         mask = causal_mask(start, m, self.runner.dtype, device) if m > 1 else None
         step_positions = positions[:, :m]
         tokens, qs, cut = [], [], False
+        hidden_of, logits_of = self._passes(target)
         with draft_entries_discarded(target.cache, start) as cache:
             for step in range(gamma):
-                hidden = self.runner.hidden(ids, step_positions, mask, cache, self.plan)
-                token, q, confidence = self._draw(self.runner.logits(hidden[:, -1])[0], ctx)  # from (V,) logits
+                hidden = hidden_of(ids, step_positions, mask, cache)
+                token, q, confidence = self._draw(logits_of(hidden[:, -1])[0], ctx)  # from (V,) logits
                 tokens.append(token)
                 if q is not None:
                     qs.append(q)
@@ -160,6 +165,14 @@ class SelfSpecDrafter(BaseDrafter):
                 step_positions = positions[:, m + step : m + step + 1]
         self._drafted, self._cut = len(tokens), cut
         return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
+
+    def _passes(self, target: Target):
+        """The draft's (hidden, logits) functions: the target's lean forward with the skip set when it runs (its
+        products: the stream kernel's where the target uses it), else the model's own sub-modules."""
+        lean = target.lean
+        if lean is not None and lean.ready():
+            return partial(lean.skipping, kept=self.kept), lean.head
+        return partial(self.runner.hidden, plan=self.plan), self.runner.logits
 
     @torch.inference_mode()
     def propose_batch(self, drafters: list, ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
