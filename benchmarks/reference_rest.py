@@ -197,10 +197,15 @@ def main(argv=None) -> None:
     sys.path.insert(0, str(HERE))
     import common
 
-    from specfamily.drafters.rest.drafter import default_datastore
+    from specfamily.drafters.rest.drafter import corpus_datastore
 
     target = sf.load_target(args.target)
-    args.datastore = args.datastore or default_datastore(target)
+    if args.datastore is None:  # the fixture's: the zoo corpus's (zoo:smollm2's default datastore is chat text)
+        args.datastore = corpus_datastore(target)
+        if not (args.datastore / "meta.json").is_file():
+            from specfamily.drafters.rest.default_store import build_default
+
+            build_default(args.datastore, target.tokenizer, target.vocab_size)
     prompts, categories = common.spec_bench_prompts(args.per_category, target.tokenizer)
     prompts, categories = prompts[: args.prompts], categories[: args.prompts]
     ours = our_run(target, prompts, args)

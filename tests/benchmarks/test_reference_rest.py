@@ -41,10 +41,14 @@ def test_the_fixture_holds_rests_own_retriever_at_stated_settings(fixture):
 
 def test_our_rest_gives_the_greedy_text_and_rests_tau_within_the_tolerance(fixture):
     target = sf.load_target(fixture["target"])
-    from specfamily.drafters.rest.drafter import default_datastore
+    from specfamily.drafters.rest.default_store import build_default
+    from specfamily.drafters.rest.drafter import corpus_datastore
 
+    store = corpus_datastore(target)  # the fixture's datastore: the zoo corpus's (zoo:smollm2's default is chat text)
+    if not (store / "meta.json").is_file():
+        build_default(store, target.tokenizer, target.vocab_size)
     drafter = sf.create_drafter("rest", target, gamma=fixture["continuation"], policy=None,
-                                datastore=str(default_datastore(target)), min_span=fixture["min_span"],
+                                datastore=str(store), min_span=fixture["min_span"],
                                 max_span=fixture["max_span"], continuation=fixture["continuation"],
                                 max_matches=fixture["max_matches"], max_tree_size=fixture["max_tree_size"])
     tokens = passes = hits = 0

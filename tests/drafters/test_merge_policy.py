@@ -112,3 +112,33 @@ def test_a_merged_gamma_keeps_one_policy_for_the_merge():
     target = tiny_target("llama")
     drafter = sf.create_drafter("merge", target, parts=["prompt_lookup"], gamma=3)
     assert isinstance(drafter.policy, ConstantPolicy)
+
+
+def test_a_later_part_is_credited_only_what_it_added_beyond_the_earlier_parts():
+    first, later = Spy(4), Spy(4)
+    policy = PartsPolicy([first, later], [4, 4], ["suffix", "eagle3"])
+    assert policy.credit == "marginal"
+    passes = [PartPass(_chain(4), 0.0001), PartPass(_chain(4), 0.01)]
+    for first_path, later_path in (([0, 1], [0, 1]), ([0], [0, 1, 2]), ([0, 1, 2], [0])):
+        policy.next_gamma()
+        policy.update(4, 3, c=0.1, tokens=8, verified=4)
+        policy.report_parts(passes, [first_path, later_path])
+    # (proposed, accepted, verified): the first part hears its own path; the later one what it added beyond it,
+    # its next depth counted as tried and rejected
+    assert [(p, a, v) for p, a, _, _, v, _ in first.heard] == [(4, 2, 3), (4, 1, 2), (4, 3, 4)]
+    assert [(p, a, v) for p, a, _, _, v, _ in later.heard] == [(4, 0, 1), (4, 2, 3), (4, 0, 1)]
+    own = Spy(4)
+    policy = PartsPolicy([Spy(4), own], [4, 4], ["suffix", "eagle3"], credit="own")
+    policy.next_gamma()
+    policy.update(4, 2, c=0.1, tokens=8, verified=3)
+    policy.report_parts(passes, [[0, 1], [0, 1]])
+    assert [(p, a, v) for p, a, _, _, v, _ in own.heard] == [(4, 2, 3)]  # as if it had drafted alone
+
+
+def test_credit_is_checked():
+    with pytest.raises(ValueError, match="merge credit must be one of marginal, own, got 'all'"):
+        PartsPolicy([Spy(1)], [1], ["suffix"], credit="all")
+    with pytest.raises(ValueError, match="merge credit must be one of marginal, own, got 'all'"):
+        sf.create_drafter("merge", tiny_target("llama"), parts=["prompt_lookup"], credit="all")
+    drafter = sf.create_drafter("merge", tiny_target("llama"), parts=["prompt_lookup"], credit="own")
+    assert drafter.policy.credit == "own"

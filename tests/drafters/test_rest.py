@@ -44,6 +44,7 @@ def test_a_datastore_refuses_ids_outside_the_vocabulary_and_a_missing_folder(tmp
 def test_continuations_stop_at_the_end_of_their_sequence():
     tokens = np.array([1, 2, 3, 4, SEPARATOR, 1, 2, 5, SEPARATOR, 1, 2])
     assert continuations(tokens, np.array([0, 5, 9]), 2, 3) == [[3, 4], [5], []]
+    assert continuations(tokens, np.array([0, 5]), 1, 3, stop={3}) == [[2, 3], [2, 5]]  # cut just after a stop
 
 
 def test_frequent_tree_keeps_the_most_shared_prefixes_as_a_trie():
@@ -51,7 +52,31 @@ def test_frequent_tree_keeps_the_most_shared_prefixes_as_a_trie():
     tokens, parents = frequent_tree(paths, max_nodes=4)
     # counts: (1,) 4, (1, 2) 3, (1, 2, 3) 2, then ties at 1: (5,) is the shortest
     assert tokens == [1, 5, 2, 3] and parents == [-1, -1, 0, 2]
-    assert frequent_tree([], 4) == ([], [])
+    assert frequent_tree([], 4) == ([], []) and frequent_tree([[], []], 4) == ([], [])
+
+
+def _frequent_tree_by_counting(paths, max_nodes):
+    """The definition, spelled out: count every prefix, keep the best by (count, shorter, smaller tokens)."""
+    from collections import Counter
+
+    counts = Counter(tuple(path[:depth]) for path in paths for depth in range(1, len(path) + 1))
+    chosen = sorted(counts.items(), key=lambda item: (-item[1], len(item[0]), item[0]))[:max_nodes]
+    chosen.sort(key=lambda item: (len(item[0]), -item[1], item[0]))
+    index, tokens, parents = {}, [], []
+    for prefix, _ in chosen:
+        index[prefix] = len(tokens)
+        tokens.append(prefix[-1])
+        parents.append(index[prefix[:-1]] if len(prefix) > 1 else -1)
+    return tokens, parents
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_frequent_tree_equals_counting_every_prefix(seed):
+    rng = np.random.default_rng(seed)
+    vocab = [3, 5, 40][seed % 3]  # few tokens: many ties and shared prefixes; many: few
+    paths = [rng.integers(0, vocab, size=rng.integers(0, 11)).tolist() for _ in range(rng.integers(1, 300))]
+    for max_nodes in (1, 4, 8, 64):
+        assert frequent_tree(paths, max_nodes) == _frequent_tree_by_counting(paths, max_nodes)
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +170,45 @@ def test_a_zoo_target_builds_its_datastore_on_first_use_atomically(tmp_path, mon
     plain = sf.generate(target, None, prompt, max_new_tokens=12).tokens
     result = sf.generate(target, drafter, prompt, max_new_tokens=12)
     assert result.tokens == plain
+
+
+def test_a_token_file_round_trips_in_two_bytes_a_token_when_the_ids_fit(tmp_path):
+    from safetensors.numpy import load_file
+
+    from specfamily.drafters.rest.token_file import read_token_file, token_file_source, write_token_file
+
+    sequences = [[1, 2, 3], [], [65535, 0]]
+    path = write_token_file(sequences, tmp_path / "t.safetensors", source="answers")
+    assert read_token_file(path) == sequences and token_file_source(path) == "answers"
+    assert load_file(str(path))["tokens"].dtype == np.uint16
+    wide = write_token_file([[70000, 1]], tmp_path / "w.safetensors", source="")
+    assert read_token_file(wide) == [[70000, 1]] and load_file(str(wide))["tokens"].dtype == np.int32
+    with pytest.raises(ValueError, match="token ids must be >= 0"):
+        write_token_file([[-1]], tmp_path / "n.safetensors", source="")
+
+
+def test_no_zoo_target_ships_chat_text_today():
+    from specfamily.drafters.rest.default_store import shipped_tokens
+
+    assert shipped_tokens("smollm2") is None and shipped_tokens("code-target") is None  # variants.md: did not pay
+
+
+def test_a_zoo_target_with_shipped_chat_text_builds_its_datastore_from_it(tmp_path, monkeypatch):
+    import specfamily.drafters.rest.default_store as default_store
+    from specfamily.drafters.rest.drafter import corpus_datastore, default_datastore
+    from specfamily.drafters.rest.token_file import file_digest, write_token_file
+
+    monkeypatch.setenv("SPECFAMILY_CACHE", str(tmp_path))
+    target = sf.load_target("zoo:code-target")
+    prompt = [5, 6, 7, 8, 9, 10]
+    answer = sf.generate(target, None, prompt, max_new_tokens=12).tokens
+    shipped = write_token_file([prompt + answer, [11, 12, 13]], tmp_path / "chat.safetensors", source="answers")
+    monkeypatch.setattr(default_store, "shipped_tokens", lambda name: shipped if name == "code-target" else None)
+    folder = tmp_path / "rest" / f"code-target-chat-{file_digest(shipped)[:12]}"
+    assert default_datastore(target) == folder and corpus_datastore(target) == tmp_path / "rest" / "code-target"
+    drafter = sf.create_drafter("rest", target)
+    assert drafter.datastore.path == folder and not corpus_datastore(target).exists()
+    assert drafter.datastore.tokens.tolist() == [*prompt, *answer, SEPARATOR, 11, 12, 13, SEPARATOR]
+    result = sf.generate(target, drafter, prompt, max_new_tokens=12)
+    assert result.tokens == answer
+    assert sum(len(accepted) for accepted in result.trace.accepted) >= min(6, len(answer) - 1)  # drafted from it

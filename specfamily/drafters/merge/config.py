@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_PARTS = ("suffix", "eagle3")
+CREDITS = ("marginal", "own")  # what a part's own policy is credited (drafters/merge/policy.py)
 
 
 @dataclass
@@ -16,13 +17,16 @@ class MergeConfig:
     a part's ``gamma`` there caps its depth (else its own default does). ``min_tokens``: a part drafts only while
     the parts before it proposed fewer tokens than this (SAM-Decoding's switch: the model drafts where retrieval
     found nothing); None: every part drafts every pass. ``gamma``/``policy``: the merged draft's depth, as every
-    drafter's (None: cost-aware)."""
+    drafter's (None: cost-aware). ``credit``: with the parts' own policies (no merged gamma or policy), what a part's
+    policy is told it got accepted: ``marginal``, the tokens beyond the earlier parts' paths; ``own``, its own path's
+    (as if it had drafted alone)."""
 
     parts: Any = field(default_factory=lambda: list(DEFAULT_PARTS))
     options: Any = None
     gamma: int | None = None
     policy: str | None = None
     min_tokens: int | None = None
+    credit: str = "marginal"
 
     def __post_init__(self) -> None:
         if isinstance(self.parts, (str, bytes)) or not isinstance(self.parts, Sequence) or not self.parts:
@@ -49,6 +53,8 @@ class MergeConfig:
         if self.min_tokens is not None and (isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int)
                                             or self.min_tokens < 1):
             raise ValueError(f"merge min_tokens must be an integer >= 1 or null, got {self.min_tokens!r}")
+        if self.credit not in CREDITS:
+            raise ValueError(f"merge credit must be one of {', '.join(CREDITS)}, got {self.credit!r}")
         _check_parts(names, self.options)
 
 

@@ -71,8 +71,9 @@ class MergeDrafter(BaseDrafter):
     option) or else its own default."""
 
     def __init__(self, target: Target, parts: Sequence[str | Drafter] = DEFAULT_PARTS, options: dict | None = None,
-                 gamma: int | None = None, policy: str | None = None, min_tokens: int | None = None) -> None:
-        self.config = MergeConfig(list(parts), options, gamma, policy, min_tokens)
+                 gamma: int | None = None, policy: str | None = None, min_tokens: int | None = None,
+                 credit: str = "marginal") -> None:
+        self.config = MergeConfig(list(parts), options, gamma, policy, min_tokens, credit)
         self.parts: list[Drafter] = [_build(part, target, self.config.options) for part in self.config.parts]
         self.names = [part if isinstance(part, str) else type(part).__name__ for part in self.config.parts]
         for name, part in zip(self.names, self.parts, strict=True):
@@ -83,7 +84,8 @@ class MergeDrafter(BaseDrafter):
         self.auto_max_gamma = None  # auto never drafts deeper than the deepest part's own depth
         super().__init__(gamma, policy)
         if isinstance(self.policy, AutoPolicy):  # the parts decide, each with its own policy and costs
-            self.policy = PartsPolicy([part.policy for part in self.parts], self.caps, self.names)
+            self.policy = PartsPolicy([part.policy for part in self.parts], self.caps, self.names,
+                                      credit=self.config.credit)
         self.features = feature_plan([part.needs_features for part in self.parts], self.names)
         self.needs_features = self.features.needs
         self.last: MergedTree | None = None  # the latest merge, until its verification is observed

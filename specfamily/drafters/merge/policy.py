@@ -5,8 +5,11 @@ drafts were cut along with eagle3's dear ones. :class:`PartsPolicy` stands in fo
 the loop asks) and asks each part's own policy instead: before a pass, every part's policy gives its draft length
 (0: that part contributes nothing this pass); the merged draft is as deep as the deepest of them. After the pass,
 each part's policy hears what that part alone would have been told (:func:`part_report`): its own depth, tree size,
-accepted path and tried levels, and its share of the pass's measured draft time. The verification pass's cost curve
-and measured pass times are the target's, told to every part's policy as they are.
+accepted path and tried levels, and its share of the pass's measured draft time. With ``credit="marginal"`` (the
+default) a part after the first is credited only the tokens its path accepted beyond the longest path of the parts
+before it (what it added to the merge, not what it would have had alone), and its depths beyond that as rejected:
+a later part whose accepted tokens the earlier parts' trees already held is not paid for them again. The
+verification pass's cost curve and measured pass times are the target's, told to every part's policy as they are.
 
 The decision is made before any part draws, from what earlier passes showed, so a part's drafting never depends on
 this pass's draws: the merged tree stays exact (:mod:`specfamily.core.tree_merge`).
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from specfamily.core.policy import Policy, policy_hooks
 from specfamily.core.theory import VerifyCost
 from specfamily.core.types import Draft
+from specfamily.drafters.merge.config import CREDITS
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,13 @@ def _depth(draft: Draft) -> int:
 
 
 def part_report(own: PartPass, path: list[int], shares: tuple[float, float], pass_c: float | None,
-                pass_overhead: float | None, cost_ratio: float) -> PartReport:
+                pass_overhead: float | None, cost_ratio: float, credited: int | None = None) -> PartReport:
     """The part's report: ``path`` its own accepted nodes; ``shares`` its share of the pass's own draft time and of
     its catch-up; ``pass_c`` the merged draft's c (draft seconds over the verification's, per merged depth, times
     that depth: see :meth:`PartsPolicy.update`); ``cost_ratio`` t(merged size + 1) / t(part size + 1), which turns
-    a c measured against the merged pass into one against a pass of the part's own size (what its policy assumes)."""
+    a c measured against the merged pass into one against a pass of the part's own size (what its policy assumes).
+    ``credited``: the accepted tokens to report instead of ``len(path)`` (its depth after them counted as tried
+    and rejected); None: its own path's."""
     proposed = _depth(own.draft)
     c = overhead = None
     if proposed and pass_c is not None:
@@ -61,7 +67,10 @@ def part_report(own: PartPass, path: list[int], shares: tuple[float, float], pas
     if proposed and pass_overhead is not None:
         overhead = pass_overhead * shares[1] * cost_ratio
     verified = own.draft.verified_depth(path) if proposed else 0
-    return PartReport(proposed, len(path), c, len(own.draft), verified, overhead)
+    accepted = len(path)
+    if credited is not None and proposed:
+        accepted, verified = credited, min(verified, credited + 1)
+    return PartReport(proposed, accepted, c, len(own.draft), verified, overhead)
 
 
 def shares(passes: Sequence[PartPass]) -> list[tuple[float, float]]:
@@ -77,16 +86,23 @@ def shares(passes: Sequence[PartPass]) -> list[tuple[float, float]]:
 class PartsPolicy:
     """The merged draft's policy when it has no gamma of its own: the parts' policies decide, each for its part.
 
-    ``policies``: each part's own policy; ``caps``: the most each part drafts (None: no cap). ``next_gamma`` leaves
-    the parts' lengths in ``planned`` for the drafter's ``propose``; ``update`` keeps the merged pass's c and
-    overhead until the drafter reports each part (:meth:`report_parts`)."""
+    ``policies``: each part's own policy; ``caps``: the most each part drafts (None: no cap); ``credit``: what a
+    part's policy is told it got accepted, its ``"marginal"`` tokens (beyond the earlier parts' paths) or its
+    ``"own"`` path's (as if it had drafted alone). ``next_gamma`` leaves the parts' lengths in ``planned`` for the
+    drafter's ``propose``; ``update`` keeps the merged pass's c and overhead until the drafter reports each part
+    (:meth:`report_parts`)."""
 
     policies: list[Policy]
     caps: list[int | None]
     names: list[str]
     verify_cost: VerifyCost = None
+    credit: str = "marginal"
     planned: list[int] | None = field(default=None, init=False)
     _pass: tuple[int, float | None, float | None] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.credit not in CREDITS:
+            raise ValueError(f"merge credit must be one of {', '.join(CREDITS)}, got {self.credit!r}")
 
     def bind(self, verify_cost: VerifyCost) -> None:
         """The target's verify-cost curve, for every part's policy that wants one."""
@@ -126,10 +142,13 @@ class PartsPolicy:
         if measured is None:
             return
         size, pass_c, pass_overhead = measured
+        reached = 0  # the longest path the parts before this one had accepted
         for policy, own, path, share in zip(self.policies, passes, paths, shares(passes), strict=True):
             ratio = self._cost(size) / self._cost(len(own.draft)) if len(own.draft) else 1.0
-            r = part_report(own, path, share, pass_c, pass_overhead, ratio)
+            credited = max(0, len(path) - reached) if self.credit == "marginal" else None
+            r = part_report(own, path, share, pass_c, pass_overhead, ratio, credited)
             policy.update(r.proposed, r.accepted, r.c, tokens=r.tokens, verified=r.verified, overhead=r.overhead)
+            reached = max(reached, len(path))
 
     def _cost(self, tokens: int) -> float:
         cost = self.verify_cost

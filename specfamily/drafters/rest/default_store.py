@@ -1,9 +1,15 @@
-"""The datastore a zoo target's ``rest`` uses when given none: built on first use, once, from the zoo corpus.
+"""The datastore a zoo target's ``rest`` uses when given none: built on first use, once, in the specfamily cache.
 
-The text is the zoo corpus's training split (the running interpreter's standard-library ``.py`` files, the held-out
-2% by path hash left out: ``specfamily.zoo.corpus_files``, which the corpus recipe reads through too), tokenized
-with the target's tokenizer up to ``DEFAULT_MAX_TOKENS``: what ``python -m specfamily.recipes.rest_datastore``
-builds, in the same place, so either one serves the other.
+- A target with shipped chat text (``CHAT_TOKENS``; none today) indexes it: a small token file in this package
+  (:mod:`token_file`), e.g. the target's own greedy answers to user turns that are not evaluation prompts, written
+  by ``python -m specfamily.recipes.rest_datastore --distill DIR --save-tokens FILE``. SmolLM2's own distilled
+  answers were measured as its datastore and did not pay (docs/variants.md), so it keeps the zoo corpus's.
+- Any other zoo target indexes the zoo corpus's training split (the running interpreter's standard-library ``.py``
+  files, the held-out 2% by path hash left out: ``specfamily.zoo.corpus_files``, which the corpus recipe reads
+  through too), tokenized with the target's tokenizer up to ``DEFAULT_MAX_TOKENS``.
+
+``python -m specfamily.recipes.rest_datastore`` builds the same datastores in the same places, so either serves the
+other.
 """
 
 from __future__ import annotations
@@ -13,12 +19,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specfamily.drafters.rest.datastore import build_datastore
+from specfamily.drafters.rest.token_file import read_token_file, token_file_source
 from specfamily.zoo.corpus_files import corpus_files, default_root, is_heldout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 2_000_000
 SOURCE = "zoo corpus (stdlib .py, train split)"
+CHAT_TOKENS: dict[str, str] = {}  # zoo target -> a token file shipped beside this module
+
+
+def shipped_tokens(name: str) -> Path | None:
+    """The chat token file shipped for zoo target ``name`` (without the ``zoo:`` prefix), or None."""
+    file = CHAT_TOKENS.get(name)
+    return None if file is None else Path(__file__).with_name(file)
 
 
 def corpus_texts(root: Path | None = None) -> Iterator[tuple[str, str]]:
@@ -41,7 +55,7 @@ def token_sequences(texts: Iterator[str], tokenizer, max_tokens: int) -> Iterato
 
 def build_default(folder: Path, tokenizer, vocab_size: int, max_tokens: int = DEFAULT_MAX_TOKENS,
                   progress: bool = True) -> Path:
-    """Build the default datastore at ``folder`` (atomically: see ``build_datastore``)."""
+    """Build the zoo corpus's datastore at ``folder`` (atomically: see ``build_datastore``)."""
     if tokenizer is None:
         raise ValueError(f"rest builds its datastore at {folder} with the target's tokenizer, and this target has "
                          "none; pass datastore=PATH")
@@ -50,3 +64,10 @@ def build_default(folder: Path, tokenizer, vocab_size: int, max_tokens: int = DE
     texts = (text for _, text in corpus_texts())
     return build_datastore(token_sequences(texts, tokenizer, max_tokens), folder, vocab_size,
                            source=f"{SOURCE}; {max_tokens} tokens at most", progress=progress)
+
+
+def build_shipped(folder: Path, tokens: Path, vocab_size: int, progress: bool = True) -> Path:
+    """Build the datastore of a shipped token file at ``folder`` (atomically)."""
+    log.warning("rest: building the datastore for this zoo target at %s (once; from %s)", folder, tokens.name)
+    return build_datastore(read_token_file(tokens), folder, vocab_size,
+                           source=f"{tokens.name}: {token_file_source(tokens)}", progress=progress)

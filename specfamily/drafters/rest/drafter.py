@@ -17,22 +17,47 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
+from specfamily.drafters.rest import default_store
 from specfamily.drafters.rest.config import RestConfig
 from specfamily.drafters.rest.datastore import Datastore
-from specfamily.drafters.rest.default_store import build_default
 from specfamily.drafters.rest.retrieve import continuations, frequent_tree
+from specfamily.drafters.rest.token_file import file_digest
 
 
-def default_datastore(target: Target) -> Path:
-    """Where ``python -m specfamily.recipes.rest_datastore`` puts a zoo target's datastore; a ValueError for others."""
-    from specfamily.zoo.fetch import cache_root
-
+def _zoo_name(target: Target) -> str:
     name = zoo.identify(target)
     if name is None:
         raise zoo.NoWeights("rest needs datastore=PATH for a target outside the zoo (build one with "
-                         "specfamily.drafters.rest.datastore.build_datastore)")
-    bare = name.removeprefix(zoo.ZOO_PREFIX)
-    return cache_root() / "rest" / bare
+                            "specfamily.drafters.rest.datastore.build_datastore)")
+    return name.removeprefix(zoo.ZOO_PREFIX)
+
+
+def corpus_datastore(target: Target) -> Path:
+    """Where the zoo corpus's datastore for a zoo target lives (``python -m specfamily.recipes.rest_datastore
+    --code-corpus``); a NoWeights error for other targets."""
+    from specfamily.zoo.fetch import cache_root
+
+    return cache_root() / "rest" / _zoo_name(target)
+
+
+def default_datastore(target: Target) -> Path:
+    """Where a zoo target's default datastore lives: its shipped chat text's (named by the token file's digest, so
+    a changed file is built anew), else the zoo corpus's (:func:`corpus_datastore`)."""
+    from specfamily.zoo.fetch import cache_root
+
+    name = _zoo_name(target)
+    shipped = default_store.shipped_tokens(name)
+    if shipped is None:
+        return corpus_datastore(target)
+    return cache_root() / "rest" / f"{name}-chat-{file_digest(shipped)[:12]}"
+
+
+def build_default_datastore(target: Target, folder: Path) -> Path:
+    """Build a zoo target's default datastore at ``folder`` (see :func:`default_datastore`)."""
+    shipped = default_store.shipped_tokens(_zoo_name(target))
+    if shipped is not None:
+        return default_store.build_shipped(folder, shipped, target.vocab_size)
+    return default_store.build_default(folder, target.tokenizer, target.vocab_size)
 
 
 class RestDrafter(BaseDrafter):
@@ -62,7 +87,7 @@ class RestDrafter(BaseDrafter):
                 raise ValueError("rest needs a target or datastore=PATH")
             datastore = default_datastore(target)
             if not (datastore / "meta.json").is_file():  # first use for this zoo target: build it, once
-                build_default(datastore, target.tokenizer, target.vocab_size)
+                build_default_datastore(target, datastore)
         self.datastore = Datastore.open(datastore)
         if target is not None and self.datastore.vocab_size > target.vocab_size:
             raise ValueError(f"datastore {datastore} holds token ids < {self.datastore.vocab_size}; the target's "
@@ -75,15 +100,8 @@ class RestDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         cfg, store = self.config, self.datastore
         span, positions = store.longest_match(ctx.tokens[-cfg.max_span :], cfg.min_span, cfg.max_span)
-        paths = continuations(store.tokens, positions[: cfg.max_matches], span, min(gamma, cfg.continuation))
-        tokens, parents = frequent_tree([self._cut(path) for path in paths], cfg.max_tree_size)
+        paths = continuations(store.tokens, positions[: cfg.max_matches], span, min(gamma, cfg.continuation), self.stop)
+        tokens, parents = frequent_tree(paths, cfg.max_tree_size)
         if not tokens:
             return Draft.empty()
         return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
-
-    def _cut(self, path: list[int]) -> list[int]:
-        """The path up to and including its first end token."""
-        for i, token in enumerate(path):
-            if token in self.stop:
-                return path[: i + 1]
-        return path
