@@ -1,0 +1,129 @@
+"""The cost-aware auto policy's probes: probes that keep losing back off, a tree's probe is capped in cost, the
+stretch ledger, and when the policy plans again (the rest of the policy: test_policy.py)."""
+
+import pytest
+
+from specfamily.core.policy import AutoPolicy
+from specfamily.core.theory import best_draft_length
+
+
+def test_auto_backs_off_when_probes_lure_it_into_losing_stretches():
+    """Fake costs (flat curve): each probe is accepted whole and cheap (c = 0.05), so the estimates predict a gain,
+    and every pass after it accepts nothing at c = 1 (3 plain passes for 1 token) until the policy stops. Each such
+    stretch loses as a whole (3 + k tokens for 1.1 + 3k passes), so the interval doubles after each one, up to
+    max_probe_every, where it used to go back to probe_every whenever the policy drafted."""
+    policy = AutoPolicy(2, max_gamma=2, probe_every=3, max_probe_every=48, verify_cost=1.0)
+    policy.update(2, 0, 1.0, tokens=2)  # the start gamma, dear and useless: idle
+    intervals, stretches = [], []
+    for _ in range(8):
+        while (gamma := policy.next_gamma()) == 0:
+            pass
+        policy.update(gamma, gamma, 0.05, tokens=gamma)  # the lure
+        stretches.append(1)
+        while (gamma := policy.next_gamma()) > 0:
+            policy.update(gamma, 0, 1.0, tokens=gamma)
+            stretches[-1] += 1
+        intervals.append(policy.interval)
+    assert stretches[0] > 1, stretches  # the lure is real: the probe made it draft on
+    assert intervals == [6, 12, 24, 48, 48, 48, 48, 48], (intervals, stretches)
+
+
+def test_auto_probes_often_again_after_a_stretch_that_paid():
+    """A stretch that paid as a whole (tokens >= its cost in plain passes), even one that ends in losing passes,
+    brings the interval back to probe_every."""
+    policy = AutoPolicy(2, max_gamma=2, probe_every=3, verify_cost=1.0)
+    policy.update(2, 0, 1.0, tokens=2)  # dear and useless: idle
+    while policy.next_gamma() == 0:
+        pass
+    policy.interval = 24  # as after several losing probes
+    policy.update(2, 2, 0.05, tokens=2)  # the probe: 3 tokens for 1.1 passes, drafting pays from here
+    for _ in range(5):
+        assert policy.next_gamma() == 2
+        policy.update(2, 2, 0.05, tokens=2)
+    losing = 0
+    while policy.next_gamma():
+        policy.update(2, 0, 1.0, tokens=2)  # then 1 token for 3 passes until it stops
+        losing += 1
+    assert 18 + losing >= 6.6 + 3 * losing  # the stretch paid as a whole
+    assert losing >= 1 and policy.interval == 3
+
+
+@pytest.mark.parametrize(("probe_cost", "depth"), [(1.5, 2), (2.0, 5), (10.0, 6)])
+def test_auto_probes_a_tree_with_the_deepest_draft_its_probe_cost_allows(probe_cost, depth):
+    """No length predicts a gain: the probe is the deepest draft up to gamma = 6 whose verification costs at most
+    probe_cost plain passes (fake tree: 4 tokens a depth, 1 + 0.05 a token), never below depth 1."""
+    policy = AutoPolicy(6, probe_every=2, probe_cost=probe_cost, verify_cost=lambda g: 1.0 + 0.05 * g)
+    policy.update(6, 0, 1.0, tokens=24)  # a tree of 6 levels, 4 tokens each: width 4 from here
+    policy.width = 4.0
+    policy._choice = None
+    asked = [policy.next_gamma() for _ in range(3)]
+    assert asked[:1] == [0] and depth in asked, asked
+    assert policy._cost(depth) <= probe_cost and (depth == 6 or policy._cost(depth + 1) > probe_cost)
+
+
+def test_auto_probe_cost_caps_trees_only_never_below_depth_one_and_is_checked():
+    chain = AutoPolicy(3, probe_every=1, probe_cost=1.0, verify_cost=lambda g: 2.0 + g)
+    chain.update(3, 0, 1.0, tokens=3)
+    assert chain.next_gamma() == 3  # a chain probes at its start gamma, whatever it costs
+    tree = AutoPolicy(3, probe_every=1, probe_cost=1.0, verify_cost=lambda g: 2.0 + g)
+    tree.update(3, 0, 1.0, tokens=9)
+    assert tree.width > 1 and tree.next_gamma() == 1
+    for bad in (0.5, float("nan")):
+        with pytest.raises(ValueError, match="probe_cost must be a finite number >= 1"):
+            AutoPolicy(3, probe_cost=bad)
+
+
+def test_a_stretch_is_charged_each_pass_as_timed_else_as_costed():
+    """The stretch ledger charges a drafted pass its timed verification over the plain pass (when that pass was
+    timed), plus its own draft steps and catch-up; untimed, the costed verification."""
+    policy = AutoPolicy(2, verify_cost=1.0)
+    policy.timed(0, 0.010)
+    policy.timed(2, 0.030)  # this drafted pass: 3 plain passes
+    assert policy._spent(2, 2, 1.0, 0.5, 0.25) == pytest.approx(3.0 * (1 + 2 * 0.5) + 3.0 * 0.25)
+    assert policy._spent(2, 2, 1.2, 0.5, None) == pytest.approx(1.2 * 2)  # the timed pass is used once; no overhead
+    policy.timed(4, 0.030)
+    assert policy._spent(2, 2, 1.2, 0.0, 0.0) == pytest.approx(1.2)  # a time for another size is not this pass's
+
+
+def _timed_run(replan: bool, passes: int = 300) -> list[int]:
+    """The gammas an auto policy asks for over a run of timed passes (plain and drafted, times jittered, acceptance
+    cycling); ``replan``: drop its kept choice before every pass, as it did before each plain pass was kept apart."""
+    policy = AutoPolicy(4, max_gamma=8, probe_every=4, verify_cost=lambda g: 1.0 + 0.06 * g)
+    gammas = []
+    for i in range(passes):
+        if replan:
+            policy._choice = None
+        gamma = policy.next_gamma()
+        gammas.append(gamma)
+        policy.timed(gamma, 0.010 * (1.0 + 0.08 * gamma) * (1.0 + 0.01 * (i % 7)))
+        policy.update(gamma, min(gamma, (i // 5) % 4), 0.3 + 0.1 * (i % 3) if gamma else None, tokens=gamma)
+    return gammas
+
+
+def test_auto_decides_as_if_it_planned_before_every_pass():
+    gammas = _timed_run(replan=False)
+    assert gammas == _timed_run(replan=True)
+    assert 0 in gammas and any(g > 0 for g in gammas[20:])  # idle stretches and drafted passes both reached
+
+
+def test_an_idle_auto_policy_does_not_plan_again_after_each_plain_pass(monkeypatch):
+    """A plain pass's time moves t(1) alone, which no choice reads: while the policy drafts nothing, timed plain passes
+    cost it no planning; a pass that changes the measured scale (a drafted one) does."""
+    import specfamily.core.policy as module
+
+    calls = []
+    monkeypatch.setattr(module, "best_draft_length", lambda *a, **k: calls.append(1) or best_draft_length(*a, **k))
+    policy = AutoPolicy(4, probe_every=64, verify_cost=lambda g: 1.0 + 0.06 * g)
+    policy.timed(0, 0.010)
+    policy.timed(4, 0.020)
+    policy.update(4, 0, 2.0, tokens=4)  # a dear draft that found nothing: no length pays
+    assert policy.next_gamma() == 0
+    planned = len(calls)
+    for _ in range(20):
+        assert policy.next_gamma() == 0
+        policy.timed(0, 0.010)
+        policy.update(0, 0, None, tokens=0)
+    assert len(calls) == planned
+    policy.timed(4, 0.030)  # the scale at 4 draft tokens moves: plan again
+    policy.next_gamma()
+    assert len(calls) > planned
