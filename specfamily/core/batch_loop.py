@@ -233,7 +233,8 @@ class _Batch:
             self._learn(group, drafts, self.cost_clock() - c0)
             if any(d.q is not None or d.side is not None for d in drafts):
                 return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
-            prospects = [Prospect.seen(self._alpha(r), d) for r, d in zip(group, drafts, strict=True)]
+            pooled = self._pooled()
+            prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
             return [truncated(d, g) for d, g in zip(drafts, self.load.lengths(prospects, proposed=True), strict=True)]
         if self.lookahead is None and any(len(d) for d in drafts):
             self._learn(group, drafts, self.cost_clock() - c0)
@@ -273,18 +274,22 @@ class _Batch:
             if self.load.may_draft(len(group)):
                 return [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
             return self.load.lengths([Prospect((), ())] * len(group))
-        prospects = []
+        prospects, pooled = [], self._pooled()
         for r in group:
-            alpha = proposing(self._alpha(r), (r.given + 1) / (r.asked + 1))
+            alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
             prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
         return self.load.lengths(prospects)
 
-    def _alpha(self, request: _Request) -> list[float]:
-        """The request's per-depth acceptance: its own counts, over the batch's pooled counts (worth ``_OWN_WEIGHT``
-        passes), over the drafter's prior (the prototype's policy, which never drafts; worth ``_POOL_WEIGHT``), so a
-        new request starts from what the run's requests accepted rather than from the prior."""
-        pooled = self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
-        return request.tally.alpha(pooled, _OWN_WEIGHT)
+    def _pooled(self) -> list[float]:
+        """The batch's pooled per-depth acceptance over the drafter's prior (the prototype's policy, which never
+        drafts; worth ``_POOL_WEIGHT`` passes): computed once a pass, shared by its requests."""
+        return self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
+
+    def _alpha(self, request: _Request, pooled: list[float] | None = None) -> list[float]:
+        """The request's per-depth acceptance: its own counts over ``pooled`` (:meth:`_pooled`, worth
+        ``_OWN_WEIGHT`` passes), so a new request starts from what the run's requests accepted rather than from
+        the prior."""
+        return request.tally.alpha(self._pooled() if pooled is None else pooled, _OWN_WEIGHT)
 
     def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
