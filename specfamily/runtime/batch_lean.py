@@ -76,11 +76,9 @@ class _Spread:
 
 
 def _layer(layer: LeanLayer, hidden, cos, sin, attend: Attend, cache, spread: _Spread) -> torch.Tensor:
-    """``LeanLayer.__call__`` on packed rows (1, N, H)."""
+    """``LeanLayer.__call__`` on packed rows (1, N, H): its attention spread over the slots, its MLP block as is."""
     hidden = hidden + _attention(layer, layer.norm(hidden, *layer.norm1), cos, sin, attend, cache, spread)
-    x = layer.norm(hidden, *layer.norm2)
-    linear = layer.linear
-    return hidden + linear(layer.act(linear(x, *layer.gate)) * linear(x, *layer.up), *layer.down)
+    return layer.mlp_block(hidden)
 
 
 def _attention(layer: LeanLayer, x, cos, sin, attend: Attend, cache, spread: _Spread) -> torch.Tensor:
