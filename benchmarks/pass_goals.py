@@ -3,7 +3,9 @@
 For each prompt set (``--per-category`` Spec-Bench questions of each category through the chat template, as the
 default run builds them; ``--code`` prompts of ``zoo:complete``), each prompt is prefilled and decoded greedily; at
 every ``--every``-th new token the script times, interleaved and rotated, ``--repeats`` passes of each arm over that
-cache (``time.process_time``, then rolled back): forward + verification + commit, the loop's three steps.
+cache (then rolled back): forward + verification + commit, the loop's three steps. Clock (``--clock auto``): this
+process's CPU time on one thread (steadier on a shared machine), the wall clock on more (CPU time would add the
+threads up); the floor's bandwidth probe is best-of on the wall clock (``benchmarks/bandwidth.py``).
 
 - arms: ``plain`` (the root alone), ``chain`` (root + ``--nodes`` draft tokens, the commit keeps half: a crop) and
   ``tree`` (root + ``--nodes`` nodes in two branches, the commit keeps the second: a cache rewrite), each verified
@@ -34,13 +36,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from bandwidth import read_bandwidth
-from common import set_threads, spec_bench_prompts, write_json
-from pass_cost import Shapes, products, profile, weight_bytes
+from common import make_clock, median_time, set_threads, spec_bench_prompts, write_json
+from pass_cost import Shapes, profile, weight_bytes
 from pass_goals_runs import Goal, goals_table, run_goals
 
 from specfamily.core.acceptance import verify_draft
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, SamplingConfig
+from specfamily.runtime.matmul import linear_for
 
 KINDS = ("plain", "chain", "tree")
 STEPS = ("forward", "verify", "commit")
@@ -84,6 +87,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-rounds", type=int, default=2, help="rounds of plain decoding, greedy and sampled")
     parser.add_argument("--profile-passes", type=int, default=10, help="profiled passes per arm of a miss")
     parser.add_argument("--gb", type=float, default=0.5, help="size of the bandwidth probe tensor, GB")
+    parser.add_argument("--bandwidth-repeats", type=int, default=20, help="the probe's best of this many reads")
+    parser.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
+                        help="auto: process CPU time on one thread, the wall clock on more")
     parser.add_argument("--greedy-run", default=None, help="a CLI run folder at temperature 0")
     parser.add_argument("--sampled-run", default=None, help="a CLI run folder at t0.7 / top-p 0.9")
     parser.add_argument("--json", default=None, help="also write everything measured here")
@@ -125,10 +131,9 @@ def kept_path(kind: str, shapes: Shapes) -> list[int]:
 
 
 def timed_pass(target: Target, root: torch.Tensor, draft: Draft, path: list[int], sampling: SamplingConfig,
-               seed: int) -> dict[str, float]:
-    """CPU seconds of each step of one pass (forward, verification, commit of ``path``), then rolled back."""
+               seed: int, clock: Callable[[], float]) -> dict[str, float]:
+    """Seconds of each step of one pass (forward, verification, commit of ``path``), then rolled back."""
     length = target.cached_length
-    clock = time.process_time
     start = clock()
     out = target.forward(root, draft)
     forwarded = clock()
@@ -140,7 +145,8 @@ def timed_pass(target: Target, root: torch.Tensor, draft: Draft, path: list[int]
     return {"forward": forwarded - start, "verify": verified - forwarded, "commit": done - verified}
 
 
-def time_cache(target: Target, sequence: list[int], shapes: Shapes, repeats: int) -> dict[str, dict[str, float]]:
+def time_cache(target: Target, sequence: list[int], shapes: Shapes, repeats: int,
+               clock: Callable[[], float]) -> dict[str, dict[str, float]]:
     """arm -> step -> median seconds over ``repeats`` passes at the target's cache (after a warm-up round), the
     arms rotated round by round."""
     root, by_kind = drafts(sequence, target.cached_length, shapes, target.vocab_size)
@@ -149,7 +155,7 @@ def time_cache(target: Target, sequence: list[int], shapes: Shapes, repeats: int
     for round_ in range(repeats + 1):
         shift = round_ % len(arms)
         for kind, name, sampling in arms[shift:] + arms[:shift]:
-            steps = timed_pass(target, root, by_kind[kind], kept_path(kind, shapes), sampling, round_)
+            steps = timed_pass(target, root, by_kind[kind], kept_path(kind, shapes), sampling, round_, clock)
             if round_:
                 for step, seconds in steps.items():
                     times[f"{kind} {name}"][step].append(seconds)
@@ -173,7 +179,7 @@ def measure_prompt(target: Target, prompt: list[int], args: argparse.Namespace, 
         if target.cached_length < length:
             target.forward(torch.tensor(sequence[target.cached_length : length]))
             target.commit([])
-        arms.add(length, time_cache(target, sequence, shapes, args.repeats))
+        arms.add(length, time_cache(target, sequence, shapes, args.repeats, args.timer))
 
 
 def kv_bytes(target: Target, length: int) -> int:
@@ -185,8 +191,9 @@ def kv_bytes(target: Target, length: int) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * length * element
 
 
-def decode_ms(target: Target, prompts: list[list[int]], tokens: int, rounds: int) -> dict[str, float]:
-    """Plain decoding's CPU ms per new token, greedy and sampled (chat), interleaved prompt by prompt."""
+def decode_ms(target: Target, prompts: list[list[int]], tokens: int, rounds: int,
+              clock: Callable[[], float]) -> dict[str, float]:
+    """Plain decoding's ms per new token, greedy and sampled (chat), interleaved prompt by prompt."""
     import specfamily as sf
 
     seconds, made = {"greedy": 0.0, "sampled": 0.0}, {"greedy": 0, "sampled": 0}
@@ -194,17 +201,23 @@ def decode_ms(target: Target, prompts: list[list[int]], tokens: int, rounds: int
         for seed, prompt in enumerate(prompts):
             order = (("greedy", GREEDY), ("sampled", CHAT))
             for name, sampling in order if (round_ + seed) % 2 == 0 else order[::-1]:
-                start = time.process_time()
+                start = clock()
                 out = sf.generate(target, None, prompt, max_new_tokens=tokens, sampling=sampling, seed=seed)
-                seconds[name] += time.process_time() - start
+                seconds[name] += clock() - start
                 made[name] += len(out.tokens)
     return {name: 1e3 * seconds[name] / made[name] for name in seconds}
 
 
-def set_goals(name: str, arms: Arms, floor: float, decode: dict[str, float]) -> list[Goal]:
-    """Goals 1-3 of one prompt set."""
+def set_goals(name: str, arms: Arms, floor: dict[str, float], decode: dict[str, float]) -> list[Goal]:
+    """Goals 1-3 of one prompt set; ``floor``: seconds summed over its timed caches, reading the weights and the
+    KV cache at the measured bandwidth."""
     plain = arms.total("plain greedy")
-    goals = [Goal(f"{name}: plain pass / floor", plain / floor, 1.2, ("plain greedy",))]
+    passes = len(arms.lengths)
+    note = (f"floor {(floor['weights'] + floor['kv']) / passes * 1e3:.2f} ms a pass: weights "
+            f"{floor['weights'] / passes * 1e3:.2f} + KV cache {floor['kv'] / passes * 1e3:.2f}; "
+            f"over the weights alone {plain / floor['weights']:.3f}")
+    goals = [Goal(f"{name}: plain pass / floor", plain / (floor["weights"] + floor["kv"]), 1.2, ("plain greedy",),
+                  note=note)]
     for kind in ("chain", "tree"):
         goals.append(Goal(f"{name}: {kind} pass / plain pass (greedy)", arms.total(f"{kind} greedy") / plain, 1.10,
                           (f"{kind} greedy", "plain greedy")))
@@ -214,6 +227,22 @@ def set_goals(name: str, arms: Arms, floor: float, decode: dict[str, float]) -> 
         goals.append(Goal(f"{name}: {kind} pass sampled / greedy", arms.total(f"{kind} sampled")
                           / arms.total(f"{kind} greedy"), 1.05, (f"{kind} sampled", f"{kind} greedy")))
     return goals
+
+
+@torch.inference_mode()
+def products(target: Target, rows: int, repeats: int, clock: Callable[[], float]) -> float:
+    """Median seconds of ``rows`` rows through every linear weight once (the tied head once), with the lean
+    forward's kind of product: ``pass_cost.products`` on ``clock`` (its own is CPU time, which adds threads up)."""
+    linear = linear_for(target.matmul)
+    weights = {id(m.weight): m.weight for m in target.model.modules() if isinstance(m, torch.nn.Linear)}.values()
+    inputs = {w.shape[1]: torch.randn(1, rows, w.shape[1]) for w in weights}
+
+    def every_weight() -> None:
+        for weight in weights:
+            linear(inputs[weight.shape[1]], weight, None)
+
+    every_weight()  # warm-up
+    return median_time(every_weight, repeats, clock)
 
 
 def parts(arms: Arms, arm: str, attention_share: dict[str, float], alone: dict[int, float]) -> dict[str, float]:
@@ -236,7 +265,7 @@ def attention_share(target: Target, shapes: Shapes, kind: str, length: int, pass
 def split_misses(target: Target, goals: list[Goal], all_arms: dict[str, Arms], args: argparse.Namespace,
                  shapes: Shapes) -> dict[str, dict[str, dict[str, float]]]:
     """set -> arm -> parts, for every arm a missed goal names (profiled at the set's median cache length)."""
-    alone = {rows: products(target, rows, args.repeats) for rows in (1, shapes.nodes + 1)}
+    alone = {rows: products(target, rows, args.repeats, args.timer) for rows in (1, shapes.nodes + 1)}
     out: dict[str, dict[str, dict[str, float]]] = {}
     for name, arms in all_arms.items():
         named = {arm for g in goals if not g.met and g.name.startswith(name + ":") for arm in g.arms}
@@ -262,21 +291,25 @@ def parts_table(split: dict[str, dict[str, dict[str, float]]]) -> str:
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> dict:
     args = parse_args(argv)
     set_threads(args.threads)
+    args.clock = args.clock if args.clock != "auto" else "cpu" if args.threads == 1 else "wall"
+    args.timer = make_clock(args.clock)
     started = time.perf_counter()
     target = load_target(args.model, device="cpu", matmul=args.matmul)
     shapes, sets = Shapes(args.nodes), prompt_sets(target, args)
-    bandwidth = read_bandwidth(args.gb, 5)
+    bandwidth = read_bandwidth(args.gb, args.bandwidth_repeats)
     all_arms = {name: Arms() for name in sets}
     for name, prompts in sets.items():
-        for prompt in prompts:
+        for number, prompt in enumerate(prompts, 1):
             measure_prompt(target, prompt, args, shapes, all_arms[name])
+            print(f"{name} {number}/{len(prompts)}: {len(prompt)} prompt tokens, "
+                  f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     goals, result = [], {"sampling": str(CHAT), "bandwidth": bandwidth, "weights_bytes": weight_bytes(target),
                          "sets": {}}
     for name, prompts in sets.items():
         arms = all_arms[name]
         kv = [kv_bytes(target, length) for length in arms.lengths]
-        floor = sum((weight_bytes(target) + b) / bandwidth for b in kv)
-        decode = decode_ms(target, prompts, args.decode_tokens, args.decode_rounds)
+        floor = {"weights": weight_bytes(target) * len(kv) / bandwidth, "kv": sum(kv) / bandwidth}
+        decode = decode_ms(target, prompts, args.decode_tokens, args.decode_rounds, args.timer)
         goals += set_goals(name, arms, floor, decode)
         result["sets"][name] = {"prompts": len(prompts), "lengths": arms.lengths, "kv_bytes": kv, "floor": floor,
                                 "decode_ms_per_token": decode, "arms": asdict(arms)["steps"]}
@@ -305,7 +338,7 @@ def header(target: Target, args: argparse.Namespace, result: dict, all_arms: dic
     weights = result["weights_bytes"]
     return (f"{args.model}, matmul {target.matmul}, {args.threads} thread(s), sampled = {result['sampling']} "
             f"(sampling=chat); {args.nodes} draft nodes (tree parents {Shapes(args.nodes).tree_parents}); "
-            f"median of {args.repeats} rotated passes, process CPU time; floor = (weights {weights / 1e6:.0f} MB + "
+            f"median of {args.repeats} rotated passes, {args.clock} clock; floor = (weights {weights / 1e6:.0f} MB + "
             f"the KV cache read) / read bandwidth {result['bandwidth'] / 1e9:.1f} GB/s; {sets}; "
             f"{result['seconds']:.0f} s\n")
 

@@ -57,7 +57,10 @@ def test_a_tiny_run_times_every_arm_over_growing_caches_and_splits_each_miss(goa
         assert math.isclose(part["products"] + part["attention"] + part["verification"] + part["rest"], part["pass"])
     printed = capsys.readouterr().out
     assert "sampled = SamplingConfig(temperature=0.7, top_k=0, top_p=0.9) (sampling=chat)" in printed
-    assert "| complete: plain pass / floor |" in printed and "| set | arm | pass ms | products ms |" in printed
+    assert "| complete: plain pass / floor (floor " in printed and "| set | arm | pass ms | products ms |" in printed
+    floor = result["goals"][0]["note"]
+    assert " a pass: weights " in floor and " + KV cache " in floor and "over the weights alone" in floor
+    assert "1 thread(s)" in printed and "cpu clock" in printed  # one thread: CPU time (more threads: the wall)
     assert (tmp_path / "goals.json").is_file()
 
 
