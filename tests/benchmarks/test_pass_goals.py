@@ -47,8 +47,8 @@ def test_a_tiny_run_times_every_arm_over_growing_caches_and_splits_each_miss(goa
     names = [g["name"] for g in result["goals"]]
     assert names == ["complete: plain pass / floor", "complete: chain pass / plain pass (greedy)",
                      "complete: tree pass / plain pass (greedy)",
-                     "complete: plain decoding sampled / greedy (ms/token)", "complete: chain pass sampled / greedy",
-                     "complete: tree pass sampled / greedy"]
+                     "complete: plain decoding sampled / greedy (ms/token)", "complete: plain pass sampled / greedy",
+                     "complete: chain pass sampled / greedy", "complete: tree pass sampled / greedy"]
     missed = {arm for g in result["goals"] if not g["met"] for arm in g["arms"]}
     assert missed, "a 2-layer model's pass is far from its floor: goal 1 misses"
     assert set(result["parts"]["complete"]) == missed
