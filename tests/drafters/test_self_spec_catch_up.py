@@ -81,3 +81,28 @@ def test_a_generated_request_counts_the_prompt_pass_as_catch_up(monkeypatch):
     assert depth == 3 and 0 < catch_up <= draft_seconds
     assert all(c == 0.0 for c, _, _ in reports[1:])
     assert result.metrics.catch_up_seconds == catch_up
+
+
+def test_in_batches_each_newcomer_reports_its_prompts_share_as_catch_up(monkeypatch):
+    """The batched proposal: a slot whose first pass feeds its prompt reports catch-up; a slot feeding its root
+    alone reports none, in the same pass or later."""
+    target = sf.load_target("zoo:code-target")
+    texts = ["def add(a, b):\n    return", "import os\nimport sys\n\ndef main", "class Foo:\n    def __init__(self",
+             "for i in range(10):", "x = [i * i for i in"]
+    prompts = [target.tokenizer(t)["input_ids"] for t in texts]
+    seen = []  # (pending rows, gamma, catch-up) of every slot of every batched proposal
+    propose_batch = SelfSpecDrafter.propose_batch
+
+    def spy(self, drafters, ctxs, gammas):
+        pending = [len(ctx.tokens) - ctx.target.cached_length for ctx in ctxs]
+        drafts = propose_batch(self, drafters, ctxs, gammas)
+        seen.extend(zip(pending, gammas, (d.catch_up_seconds for d in drafts), strict=True))
+        return drafts
+
+    monkeypatch.setattr(SelfSpecDrafter, "propose_batch", spy)
+    drafter = sf.create_drafter("self_spec", target, skip=["layer:1", "mlp:2"], gamma=3)
+    sf.generate_batch(target, drafter, prompts, max_new_tokens=12, max_batch=3)  # two newcomers join later
+    newcomers = [c for m, g, c in seen if m > 1 and g > 0]
+    steady = [c for m, g, c in seen if m == 1]
+    assert len(newcomers) >= 3 and all(c > 0 for c in newcomers)
+    assert steady and all(c == 0.0 for c in steady)
