@@ -31,22 +31,23 @@ class Goal:
     arms: tuple[str, ...] = ()
     at_least: bool = False
     note: str = ""
+    measured: bool = True  # False: the run could not measure what the goal needs (the note says why)
 
     @property
     def met(self) -> bool:
-        if math.isnan(self.value):
+        if math.isnan(self.value) or not self.measured:
             return False
         return self.value >= self.limit if self.at_least else self.value <= self.limit
 
     def as_dict(self) -> dict:
         return {"name": self.name, "value": self.value, "limit": self.limit, "at_least": self.at_least,
-                "met": self.met, "arms": list(self.arms), "note": self.note}
+                "met": self.met, "measured": self.measured, "arms": list(self.arms), "note": self.note}
 
 
 def goals_table(goals: list[Goal]) -> str:
     lines = ["| goal | measured | goal | verdict |", "|---|---:|---:|---|"]
     for g in goals:
-        verdict = "met" if g.met else "missed"
+        verdict = "not measured" if not g.measured else "met" if g.met else "missed"
         note = f" ({g.note})" if g.note else ""
         lines.append(f"| {g.name}{note} | {g.value:.3f} | {'>=' if g.at_least else '<='} {g.limit:.2f} | {verdict} |")
     return "\n".join(lines)

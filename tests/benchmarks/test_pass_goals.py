@@ -99,6 +99,22 @@ def test_verdicts(goals):
     assert Goal("b", 0.98, 0.98, at_least=True).met and not Goal("b", 0.97, 0.98, at_least=True).met
     assert not Goal("c", math.nan, 1.0).met and not Goal("c", math.nan, 1.0, at_least=True).met
     assert Goal("d", 1.3, 1.2, ("plain greedy",)).as_dict()["met"] is False
+    unmeasured = Goal("e", 0.6, 1.2, measured=False, note="no floor")
+    assert not unmeasured.met and "| e (no floor) | 0.600 | <= 1.20 | not measured |" in sys.modules[
+        "pass_goals_runs"].goals_table([unmeasured])
+
+
+def test_a_probe_slower_than_the_pass_gives_no_floor(goals):
+    """On a loaded thread the bandwidth probe can read slower than the pass reads the weights: goal 1 then says it
+    measured nothing, and its arm is not split as a miss."""
+    arms = goals.Arms()
+    arms.add(100, {arm: {"forward": 0.02, "verify": 0.0, "commit": 0.0} for arm in
+                   ("plain greedy", "plain sampled", "chain greedy", "chain sampled", "tree greedy", "tree sampled")})
+    decode = {"greedy": 20.0, "sampled": 20.0}
+    slow_probe, fast_probe = {"weights": 0.03, "kv": 0.001}, {"weights": 0.015, "kv": 0.001}
+    assert not goals.set_goals("s", arms, slow_probe, decode)[0].measured
+    floor = goals.set_goals("s", arms, fast_probe, decode)[0]
+    assert floor.measured and math.isclose(floor.value, 0.02 / 0.016) and not floor.met
 
 
 def _run(folder: Path, sampling: str, rows: list[tuple]) -> Path:
