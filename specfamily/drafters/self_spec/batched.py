@@ -6,6 +6,8 @@ runs over all drafting slots at once directly on the batch's :class:`~specfamily
 slot's draft entries are written past its committed length (``drafters.shared.ragged``: ragged rows, per-slot masks),
 where the target's next pass overwrites them, and the slots' lengths are set back afterwards; nothing is copied.
 Each slot draws from its own row with its own generator and its own exit threshold, as its batch-1 ``propose``.
+A slot whose first pass feeds more than its root (a newcomer's prompt) reports its rows' share of that pass as
+``catch_up_seconds``, as the batch-1 ``propose`` reports its prompt's pass.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from specfamily.core.batch_slots import SlotTarget
 from specfamily.core.context import DecodeContext
+from specfamily.core.costs import device_clock
 from specfamily.core.types import Draft
 from specfamily.drafters.shared.ragged import RowFeed, ragged_call
 
@@ -36,6 +39,7 @@ class _Slot:
     qs: list[torch.Tensor] = field(default_factory=list)
     cut: bool = False
     done: bool = False
+    catch_up_seconds: float = 0.0  # this slot's share of a first pass over more than its root
 
 
 def propose_self_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft] | None:
@@ -60,7 +64,7 @@ def propose_self_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[i
             active = [s for s in slots if not s.done]
             if not active:
                 break
-            hidden = _pass(lead, cache, active, lo, hi)  # (A, H) each active slot's last row
+            hidden = _catching_up(lead, cache, active, lo, hi) if step == 0 else _pass(lead, cache, active, lo, hi)
             logits = lead.runner.logits(hidden)  # (A, V)
             for s, row in zip(active, logits, strict=True):
                 _draw(drafters[s.index], s, row, step)
@@ -70,7 +74,23 @@ def propose_self_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[i
         drafter = drafters[s.index]
         drafter._drafted, drafter._cut = len(s.tokens), s.cut
         drafts[s.index] = Draft.chain(torch.cat(s.tokens).cpu(), torch.stack(s.qs) if s.qs else None)
+        drafts[s.index].catch_up_seconds = s.catch_up_seconds
     return drafts
+
+
+def _catching_up(lead, cache, active: list[_Slot], lo: int, hi: int) -> torch.Tensor:
+    """``_pass``; when a slot feeds more than its root, the pass is timed and each such slot takes its rows' share
+    of it as catch-up (context not seen yet: kept out of c)."""
+    fed = [s.feed.numel() for s in active]
+    if max(fed) == 1:
+        return _pass(lead, cache, active, lo, hi)
+    clock = device_clock(active[0].feed.device)
+    start = clock()
+    hidden = _pass(lead, cache, active, lo, hi)
+    elapsed = clock() - start
+    for s, rows in zip(active, fed, strict=True):
+        s.catch_up_seconds = elapsed * rows / sum(fed) if rows > 1 else 0.0
+    return hidden
 
 
 def _pass(lead, cache, active: list[_Slot], lo: int, hi: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from specfamily import zoo
 from specfamily.core.context import DecodeContext
+from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
@@ -112,7 +113,11 @@ def _named_skip_file(name: str) -> Path:
 
 
 class SelfSpecDrafter(BaseDrafter):
-    """Drafts a chain with the target's own layers minus a skip set; samples from its warped q (argmax at t=0)."""
+    """Drafts a chain with the target's own layers minus a skip set; samples from its warped q (argmax at t=0).
+
+    A proposal that must first feed m > 1 pending tokens (a request's first, over its prompt) reports that pass as
+    ``catch_up_seconds``, as the EAGLE drafters report theirs, so neither the metrics' nor the policy's c counts it
+    as a draft step."""
 
     default_gamma = 4
 
@@ -151,9 +156,14 @@ class SelfSpecDrafter(BaseDrafter):
         step_positions = positions[:, :m]
         tokens, qs, cut = [], [], False
         hidden_of, logits_of = self._passes(target)
+        clock, catch_up_seconds = device_clock(device), 0.0
         with draft_entries_discarded(target.cache, start) as cache:
             for step in range(gamma):
+                catching_up = step == 0 and m > 1  # the pass over m pending rows (the prompt): catch-up, not c
+                begun = clock() if catching_up else 0.0
                 hidden = hidden_of(ids, step_positions, mask, cache)
+                if catching_up:
+                    catch_up_seconds = clock() - begun
                 token, q, confidence = self._draw(logits_of(hidden[:, -1])[0], ctx)  # from (V,) logits
                 tokens.append(token)
                 if q is not None:
@@ -164,7 +174,9 @@ class SelfSpecDrafter(BaseDrafter):
                 ids, mask = token.view(1, 1), None
                 step_positions = positions[:, m + step : m + step + 1]
         self._drafted, self._cut = len(tokens), cut
-        return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
+        draft = Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs) if qs else None)
+        draft.catch_up_seconds = catch_up_seconds  # as the EAGLE drafters report theirs: kept out of c
+        return draft
 
     def _passes(self, target: Target):
         """The draft's (hidden, logits) functions: the target's lean forward with the skip set when it runs (its
