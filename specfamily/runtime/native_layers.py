@@ -128,6 +128,11 @@ class NativeLayers:
         """Passes run natively so far."""
         return self._native.calls
 
+    @property
+    def fused_layers(self) -> int:
+        """Layers (over all native passes) whose rope and cache writes ran as one loop rather than ATen's ops."""
+        return self._native.fused_layers
+
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
                  cache) -> torch.Tensor | None:
         """The last layer's output (1, q, H), the cache's layers written and exposed; None: not taken."""

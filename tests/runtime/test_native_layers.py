@@ -85,6 +85,7 @@ def test_the_native_loop_is_bit_identical_to_the_python_loop(family):
     steps = _steps()
     _assert_identical(native, python, steps)
     assert native.lean.native.calls == len(steps) - 1  # every pass over a non-empty cache; the prefill in Python
+    assert native.lean.native.fused_layers == 2 * native.lean.native.calls  # the rope and cache writes' one loop
     plain_rows = [s for s in steps if s[1] is None][1:]
     assert plain_rows and all(d is not None for _, d, _ in steps[1:3])  # decode, tree and chain passes were native
 
@@ -96,6 +97,28 @@ def test_the_native_loop_writes_into_grown_buffers_as_the_python_loop():
     _assert_identical(native, python, steps)
     buffer = native.cache.layers[0]._buffers[0]
     assert buffer.shape[2] > 60 + 64 // 2 and native.lean.native.calls == len(steps) - 1
+
+
+@needs_native
+def test_the_rope_by_atens_ops_gives_the_same_bits():
+    """cos and sin not contiguous: the rope and cache writes run as ATen's ops, not the fused loop."""
+    native, python = _pair(_model())
+    for target in (native, python):
+        target.forward(torch.arange(9))
+        target.commit([])
+    strided = lambda t: torch.stack((t, t), -1)[..., 0]  # noqa: E731 - the same values, every other float
+    with torch.inference_mode():
+        ids, positions = torch.tensor([[4]]), torch.tensor([[9]])
+        hidden, cos, sin, attend = native.lean._prepare(ids, positions, None, native.cache)
+        assert not strided(cos).is_contiguous()
+        ours = native.lean.native(hidden, strided(cos), strided(sin), attend, native.cache)
+        theirs = hidden
+        for layer in python.lean._layers:
+            theirs = layer(theirs, cos, sin, attend, python.cache)
+    assert native.lean.native.calls == 1 and native.lean.native.fused_layers == 0
+    assert torch.equal(ours, theirs)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(native.cache.layers, python.cache.layers, strict=True))
 
 
 @needs_native
@@ -199,3 +222,4 @@ def test_smollm2_native_loop_is_bit_identical():
     steps = _steps(vocab=native.vocab_size, prompt=40)
     _assert_identical(native, python, steps)
     assert native.lean.native.calls == len(steps) - 1
+    assert native.lean.native.fused_layers == native.num_layers * native.lean.native.calls

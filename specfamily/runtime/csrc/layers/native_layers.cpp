@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,43 @@ struct Plan {
   int64_t groups;
 };
 
+// One (1, heads, q, D) float32 tensor's rows as the loops below read or write them: the last dimension contiguous.
+struct Rows {
+  float* data;
+  int64_t heads, rows, dim, head_stride, row_stride;
+
+  static bool fits(const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.dim() == 4 && t.size(0) == 1 && t.stride(3) == 1;
+  }
+  static Rows of(const at::Tensor& t) {
+    return {t.data_ptr<float>(), t.size(1), t.size(2), t.size(3), t.stride(1), t.stride(2)};
+  }
+  float* row(int64_t h, int64_t r) const { return data + h * head_stride + r * row_stride; }
+};
+
+// rotate_pair's (x * cos) + (roll(x, D / 2, -1) * sin) for every head and row of x into out, in float32 with each
+// product and the sum rounded as ATen's three elementwise ops round them (no fused multiply-add: bit-identical).
+// cos and sin: (q, D) contiguous.
+__attribute__((optimize("fp-contract=off"))) void rotate_into(const Rows& x, const float* cos, const float* sin,
+                                                               const Rows& out) {
+  const int64_t dim = x.dim, shift = dim / 2;
+  for (int64_t h = 0; h < x.heads; ++h)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float *in = x.row(h, r), *c = cos + r * dim, *s = sin + r * dim;
+      float* o = out.row(h, r);
+      for (int64_t i = 0; i < dim; ++i) {
+        const float a = in[i] * c[i];
+        const float b = in[(i - shift + dim) % dim] * s[i];
+        o[i] = a + b;
+      }
+    }
+}
+
+void copy_into(const Rows& x, const Rows& out) {
+  for (int64_t h = 0; h < x.heads; ++h)
+    for (int64_t r = 0; r < x.rows; ++r) std::memcpy(out.row(h, r), x.row(h, r), sizeof(float) * x.dim);
+}
+
 Product product_of(const py::handle& pair) {
   const py::tuple t = pair.cast<py::tuple>();
   return {py::reinterpret_borrow<py::object>(t[0]), py::reinterpret_borrow<py::object>(t[1])};
@@ -104,6 +142,7 @@ class NativeLayers {
   }
 
   int64_t calls() const { return calls_; }
+  int64_t fused_layers() const { return fused_; }
   size_t size() const { return layers_.size(); }
 
  private:
@@ -129,11 +168,21 @@ class NativeLayers {
     at::Tensor query = linear(x, layer.q).view(shape).transpose(1, 2);  // (B, heads, q, D)
     at::Tensor key = linear(x, layer.k).view(shape).transpose(1, 2);    // (B, kv heads, q, D)
     at::Tensor value = linear(x, layer.v).view(shape).transpose(1, 2);
-    // rotate_pair: x * cos + roll(x, D / 2, -1) * signed sin
-    query = (query * cos) + (query.roll({query.size(-1) / 2}, {-1}) * sin);
-    key = (key * cos) + (key.roll({key.size(-1) / 2}, {-1}) * sin);
-    key_buffer.narrow(2, start, q_len).copy_(key);
-    value_buffer.narrow(2, start, q_len).copy_(value);
+    const at::Tensor key_slots = key_buffer.narrow(2, start, q_len), value_slots = value_buffer.narrow(2, start, q_len);
+    if (fused(query, key, value, cos, sin, key_slots, value_slots)) {
+      // rotate_pair and BufferedLayer.update's writes in one pass: the rotated key straight into its cache slots
+      at::Tensor rotated = at::empty_like(query);  // the strides the elementwise ops give their result
+      rotate_into(Rows::of(query), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(rotated));
+      rotate_into(Rows::of(key), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(key_slots));
+      copy_into(Rows::of(value), Rows::of(value_slots));
+      query = rotated;
+      ++fused_;
+    } else {  // rotate_pair: x * cos + roll(x, D / 2, -1) * signed sin, then the cache's writes
+      query = (query * cos) + (query.roll({query.size(-1) / 2}, {-1}) * sin);
+      key = (key * cos) + (key.roll({key.size(-1) / 2}, {-1}) * sin);
+      key_slots.copy_(key);
+      value_slots.copy_(value);
+    }
     key = key_buffer.narrow(2, 0, start + q_len);
     value = value_buffer.narrow(2, 0, start + q_len);
     if (plan.causal && key.size(2) > q_len) {
@@ -155,6 +204,19 @@ class NativeLayers {
     return linear(out.reshape({batch, q_len, -1}).contiguous(), layer.o);
   }
 
+  // The rope and cache writes can run as rotate_into and copy_into: float32 CPU rows, batch 1, cos and sin (1, 1, q,
+  // D) contiguous, the buffers' slots not overlapping the inputs.
+  static bool fused(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& key_slots, const at::Tensor& value_slots) {
+    for (const at::Tensor* t : {&query, &key, &value, &key_slots, &value_slots})
+      if (!Rows::fits(*t)) return false;
+    const int64_t q_len = query.size(2), dim = query.size(3);
+    for (const at::Tensor* t : {&cos, &sin})
+      if (!(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == q_len * dim && t->size(-1) == dim))
+        return false;
+    return key.sizes() == key_slots.sizes() && value.sizes() == value_slots.sizes() && key.size(3) == dim;
+  }
+
   // transformers' repeat_kv: (B, kv heads, S, D) -> (B, kv heads * groups, S, D).
   static at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
     const int64_t batch = x.size(0), heads = x.size(1), length = x.size(2), dim = x.size(3);
@@ -165,6 +227,7 @@ class NativeLayers {
   NormFn norm_;
   std::vector<Layer> layers_;
   int64_t calls_ = 0;
+  mutable int64_t fused_ = 0;  // layers whose rope and cache writes ran as rotate_into / copy_into
 };
 
 }  // namespace
@@ -177,5 +240,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("causal"), py::arg("gqa"), py::arg("pack"), py::arg("groups"), py::arg("keys"), py::arg("values"),
            py::arg("starts"))
       .def_property_readonly("calls", &NativeLayers::calls)
+      .def_property_readonly("fused_layers", &NativeLayers::fused_layers)
       .def("__len__", &NativeLayers::size);
 }
