@@ -122,6 +122,7 @@ class NativeLayers:
         self.count = lean._config.num_hidden_layers
         self._native = module.NativeLayers(stream_kernel().module, [_fields(layer) for layer in
                                                                       lean._layers[: self.count]])
+        self.reason: str | None = None  # why the Python loop runs for good, after a native pass failed
 
     @property
     def calls(self) -> int:
@@ -137,17 +138,23 @@ class NativeLayers:
                  cache) -> torch.Tensor | None:
         """The last layer's output (1, q, H), the cache's layers written and exposed; None: not taken."""
         layers = getattr(cache, "layers", None)
-        if (attend.rotate is not rotate_pair or hidden.shape[0] != 1 or hidden.dtype != torch.float32
-                or hidden.device.type != "cpu" or not torch.is_inference_mode_enabled() or torch.is_grad_enabled()
-                or layers is None or len(layers) != self.count):
+        if (self.reason is not None or attend.rotate is not rotate_pair or hidden.shape[0] != 1
+                or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not torch.is_inference_mode_enabled()
+                or torch.is_grad_enabled() or layers is None or len(layers) != self.count):
             return None
         starts = [_kept(layer) for layer in layers]
         if 0 in starts:
             return None
         q = hidden.shape[1]
         buffers = [layer.reserve(start + q) for layer, start in zip(layers, starts, strict=True)]
-        out = self._native.forward(hidden, cos, sin, attend.mask, attend.causal, attend.gqa, attend.pack,
-                                   attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts)
+        try:
+            out = self._native.forward(hidden, cos, sin, attend.mask, attend.causal, attend.gqa, attend.pack,
+                                       attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts)
+        except Exception as error:  # noqa: BLE001 - any failure: the Python loop from now on, this pass's too
+            # no layer was exposed: the cache keeps its entries (the Python loop rewrites the buffers' tails)
+            self.reason = _short(error)
+            logger.warning("the native layer loop failed, running the Python loop: %s", self.reason)
+            return None
         for layer, start in zip(layers, starts, strict=True):
             layer.expose(start + q)
         return out

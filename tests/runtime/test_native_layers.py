@@ -147,6 +147,29 @@ def test_out_of_scope_passes_keep_the_python_loop():
     assert Target(model, matmul="skinny").lean.native is None
 
 
+@needs_native
+def test_a_failing_native_pass_warns_once_and_reruns_in_python(caplog):
+    native, python = _pair(_model())
+    steps = _steps()
+    _passes(native, steps[:2])  # a prefill and a native tree pass
+
+    class Broken:
+        calls = fused_layers = 0
+
+        def forward(self, *args):
+            raise RuntimeError("native_layers: broken on purpose\nsecond line")
+
+    native.lean.native._native = Broken()
+    with caplog.at_level(logging.WARNING, logger="specfamily.runtime.native_layers"):
+        ours = _passes(native, steps[2:])
+    theirs = _passes(python, steps)
+    assert all(torch.equal(a, b) for a, b in zip(ours[0], theirs[0][2:], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], theirs[1], strict=True))
+    assert native.lean.native.reason == "RuntimeError: native_layers: broken on purpose"
+    assert [r.getMessage() for r in caplog.records] == [
+        "the native layer loop failed, running the Python loop: RuntimeError: native_layers: broken on purpose"]
+
+
 @pytest.fixture
 def unbuilt(monkeypatch):
     """A session where the native layers cannot build (the real build stays memoised for later tests)."""
