@@ -9,6 +9,7 @@ Where the stream kernel cannot build, the tests that need it skip (the fallback 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -97,6 +98,34 @@ def test_the_native_loop_writes_into_grown_buffers_as_the_python_loop():
     _assert_identical(native, python, steps)
     buffer = native.cache.layers[0]._buffers[0]
     assert buffer.shape[2] > 60 + 64 // 2 and native.lean.native.calls == len(steps) - 1
+
+
+@needs_native
+def test_sdpas_grouped_indexing_is_bit_identical_too():
+    """Verify passes unpacked (``pack_queries=False``: sdpa's enable_gqa under the mask), as --grouped runs."""
+    native, python = _pair(_model())
+    native.lean.pack_queries = python.lean.pack_queries = False
+    _assert_identical(native, python, _steps())
+    assert native.lean.native.calls == len(_steps()) - 1
+
+
+@needs_native
+def test_repeated_keys_and_values_are_bit_identical_too():
+    """transformers' repeat_kv branch (grouped heads, neither enable_gqa nor packing), which no stream pass plans."""
+    native, python = _pair(_model())
+    for target in (native, python):
+        target.forward(torch.arange(9))
+        target.commit([])
+    with torch.inference_mode():
+        ids, positions = torch.tensor([[4]]), torch.tensor([[9]])
+        hidden, cos, sin, attend = native.lean._prepare(ids, positions, None, native.cache)
+        attend = replace(attend, gqa=False, pack=False)
+        ours = native.lean.native(hidden, cos, sin, attend, native.cache)
+        theirs = hidden
+        for layer in python.lean._layers:
+            theirs = layer(theirs, cos, sin, attend, python.cache)
+    assert native.lean.native.calls == 1 and attend.groups == 3 and torch.equal(ours, theirs)
+    assert all(torch.equal(a.keys, b.keys) for a, b in zip(native.cache.layers, python.cache.layers, strict=True))
 
 
 @needs_native
