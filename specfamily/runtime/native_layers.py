@@ -37,7 +37,8 @@ from specfamily.runtime.kernel import KernelUnavailable, build_extension, build_
 from specfamily.runtime.kv_cache import BufferedLayer
 from specfamily.runtime.lean import Attend, LeanLayer, LeanLlama, rotate_pair
 
-__all__ = ["DISABLE_ENV", "NativeBuild", "NativeLayers", "native_build", "native_layers", "native_source"]
+__all__ = ["DISABLE_ENV", "NativeBuild", "NativeLayers", "build_native", "native_build", "native_layers",
+           "native_source", "native_unsupported"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,4 +178,10 @@ def native_layers(lean: LeanLlama | None, enabled: bool = True) -> NativeLayers 
         logger.debug("native layer loop not used: %s", reason)
         return None
     build = native_build()
-    return NativeLayers(lean, build.module) if build.module is not None else None
+    if build.module is None:
+        return None
+    try:
+        return NativeLayers(lean, build.module)
+    except Exception as error:  # noqa: BLE001 - e.g. a stream kernel whose capsules this build does not know
+        logger.warning("native layer loop unavailable (%s): the lean forward runs its Python loop", _short(error))
+        return None

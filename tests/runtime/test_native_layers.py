@@ -228,6 +228,16 @@ def test_a_failed_build_warns_once_and_runs_the_python_loop_bit_for_bit(unbuilt,
     assert all(torch.equal(a, b) for a, b in zip(ours[0] + ours[1], theirs[0] + theirs[1], strict=True))
 
 
+@needs_native
+def test_a_stream_kernel_without_the_capsules_it_knows_is_declined(monkeypatch, caplog):
+    monkeypatch.setattr(stream_kernel().module, "_linear_capsule", object())
+    with caplog.at_level(logging.WARNING, logger="specfamily.runtime.native_layers"):
+        assert Target(_model(), matmul="stream").lean.native is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "native layer loop unavailable (RuntimeError: native_layers: the stream kernel's _linear_capsule is not a "
+        "specfamily.stream_linear.v1 capsule): the lean forward runs its Python loop"]
+
+
 def test_the_disable_switch_is_a_reason(monkeypatch):
     monkeypatch.setenv(DISABLE_ENV, "1")
     native_build.cache_clear()
