@@ -15,10 +15,13 @@ name, and the plain pass over the floor (bytes of the weights one pass reads / t
 at the longest length, grouped (matmul, attention, norm, rope, mask, cache, other ops, Python and dispatch).
 ``--compile-pass`` times the same passes through ``Target(compile="pass")`` (the compiled whole pass) interleaved
 with the eager ones, after its first passes (whose wall time, the compile, it prints with the graphs compiled and the
-largest logit difference from the eager pass).
+largest logit difference from the eager pass). ``--native`` times the layer loop in C++ (``Target(native_layers=True)``,
+``specfamily.runtime.native_layers``) interleaved pass by pass with the Python loop (``native_layers=False``, then the
+main table's target) on the same model, after checking that both give the same logits, bit for bit; ``--profile``
+then profiles the native target.
 
     python benchmarks/pass_cost.py --threads 1 [--model zoo:smollm2] [--matmul stream] [--lengths 128,384,768]
-        [--compile-pass]
+        [--compile-pass] [--native]
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from specfamily.runtime.matmul import linear_for
 
 KINDS = ("plain", "chain", "tree")
 COMPILED = " compiled"  # the suffix of the compiled whole pass's timings
+NATIVE = " native"  # the suffix of the native layer loop's timings
 GROUPS = {  # profiler op name fragment -> section (first match wins)
     "stream_linear": "matmul", "linear": "matmul", "addmm": "matmul", "mm": "matmul",
     "scaled_dot_product": "attention", "_flash_attention": "attention", "bmm": "attention",
@@ -82,6 +86,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile-pass", action="store_true",
                         help="also time the same passes through Target(compile='pass') (the compiled whole pass), "
                              "interleaved with the eager ones, and give its first-compile time and logits' difference")
+    parser.add_argument("--native", action="store_true",
+                        help="time the layer loop in C++ against the Python loop, interleaved (same model)")
     parser.add_argument("--buckets", default=None,
                         help="--compile-pass: fed-row buckets, comma-separated (default: the path's own, 1,2,4,...,64)")
     parser.add_argument("--grouped", action="store_true",
@@ -142,6 +148,35 @@ def logit_difference(eager: Target, compiled: Target, shapes: Shapes, kind: str,
     return float((outputs[0] - outputs[1]).abs().max())
 
 
+def native_targets(target: Target, args: argparse.Namespace, shapes: Shapes,
+                   lengths: list[int]) -> tuple[Target, Target, str]:
+    """The Python loop's target and the native loop's, on ``target``'s model, and a note: whether one pass of each
+    kind at each length gave bit-identical logits, and how many passes ran natively."""
+    python = Target(target.model, target.tokenizer, matmul=args.matmul, native_layers=False)
+    native = Target(target.model, target.tokenizer, matmul=args.matmul, native_layers=True)
+    if native.lean is None or native.lean.native is None:
+        raise SystemExit("--native: the layer loop in C++ is not available here (see the warning above)")
+    tokens = torch.arange(1, shapes.nodes + 2)
+    same = all(logit_difference(python, native, shapes, kind, length, tokens) == 0.0
+               for kind in KINDS for length in lengths)
+    return python, native, (f"native layer loop: logits {'bit-identical to' if same else 'DIFFERENT from'} the Python "
+                            f"loop's (one pass of each kind at each length; {native.lean.native.calls} native passes)")
+
+
+def native_table(results: dict[int, dict[str, float]], floor: float, alone: dict[int, float], note: str) -> str:
+    """The native loop's ms and ratios by cache length and kind, against the Python loop timed interleaved."""
+    one, _ = sorted(alone)
+    lines = ["\n" + note, "| cache L | plain native ms | chain native ms | tree native ms | chain / plain "
+             "| tree / plain | plain / floor | plain / products | plain native / Python | chain native / Python "
+             "| tree native / Python |", "|---:" * 11 + "|"]
+    for length, by_kind in results.items():
+        plain, chain, tree = (by_kind[kind + NATIVE] for kind in KINDS)
+        lines.append(f"| {length} | {plain * 1e3:.2f} | {chain * 1e3:.2f} | {tree * 1e3:.2f} | {chain / plain:.3f} "
+                     f"| {tree / plain:.3f} | {plain / floor:.2f} | {plain / alone[one]:.2f} | "
+                     + " | ".join(f"{by_kind[kind + NATIVE] / by_kind[kind]:.3f}" for kind in KINDS) + " |")
+    return "\n".join(lines)
+
+
 def compiled_table(results: dict[int, dict[str, float]], note: str) -> str:
     """Compiled against eager ms by cache length and kind, timed interleaved in the same run."""
     lines = ["\n" + note, "| cache L | " + " | ".join(f"{k} eager ms | {k} compiled ms | {k} compiled / eager"
@@ -185,7 +220,8 @@ def time_length(targets: dict[str, Target], shapes: Shapes, length: int, repeats
     ``targets``: "" the target, or a suffix naming another (" grouped": the same model, verify passes unpacked)."""
     for target in targets.values():
         prefill(target, length)
-    runs = [(suffix, kind) for suffix in targets for kind in KINDS if suffix in ("", COMPILED) or kind != "plain"]
+    runs = [(suffix, kind) for suffix in targets for kind in KINDS
+            if suffix in ("", COMPILED, NATIVE) or kind != "plain"]
     generator = torch.Generator().manual_seed(length)
     times: dict[str, list[float]] = {kind + suffix: [] for suffix, kind in runs}
     for round_ in range(repeats + 1):
@@ -289,6 +325,9 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     compiled_note = ""
     if args.compile_pass:
         targets[COMPILED], compiled_note = compiled_target(target, args, shapes, lengths)
+    native_note = ""
+    if args.native:
+        targets[""], targets[NATIVE], native_note = native_targets(target, args, shapes, lengths)
     results = {length: time_length(targets, shapes, length, args.repeats) for length in lengths}
     alone = {rows: products(target, rows, args.repeats) for rows in (1, args.nodes + 1)}
     out(f"{args.model}, matmul {target.matmul}, {args.threads} thread(s), {args.nodes} draft nodes "
@@ -310,8 +349,12 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
                 f"| {by_kind['tree'] / tree:.3f} |")
     if args.compile_pass:
         out(compiled_table(results, compiled_note))
+    if args.native:
+        out(native_table(results, floor, alone, native_note))
     if args.profile:
-        sections, top = profile(target, shapes, args.profile_kind, lengths[-1])
+        profiled = targets.get(NATIVE, target)
+        sections, top = profile(profiled, shapes, args.profile_kind, lengths[-1])
+        out(f"\nprofiled: the {'native' if profiled is not target else 'Python'} layer loop")
         out(f"\n{args.profile_kind} pass at L={lengths[-1]}, torch profiler, ms per pass (self CPU time):")
         out("| section | ms |\n|---|---:|")
         for name, ms in sorted(sections.items(), key=lambda item: -item[1]):

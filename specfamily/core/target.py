@@ -26,6 +26,7 @@ from specfamily.runtime.kv_cache import BufferedLayer
 from specfamily.runtime.lean import LeanLlama
 from specfamily.runtime.lean_support import lean_unsupported
 from specfamily.runtime.matmul import MatmulChoice, choose_matmul, linear_for
+from specfamily.runtime.native_layers import native_layers as attach_native
 
 __all__ = ["SUPPORTED_ATTENTION", "Target", "TargetOutput", "check_supported", "load_target"]
 
@@ -57,7 +58,7 @@ class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact",
-                 compile: bool | str = False) -> None:
+                 compile: bool | str = False, native_layers: bool = True) -> None:
         """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
@@ -67,6 +68,8 @@ class Target:
         per-layer rope, falling back to eager where compiling fails (``specfamily.runtime.compiled``); off by default.
         ``compile="pass"``: the decode and verify passes through one compiled graph per shape bucket
         (``specfamily.runtime.compiled_pass``; CUDA graphs on CUDA), eager where it does not apply or fails.
+        ``native_layers`` (lean forward with the stream kernel only): run the layer loop of decode and verify passes in
+        C++, bit-identical to the Python loop (``specfamily.runtime.native_layers``); the Python loop where it cannot.
         """
         check_supported(model)
         self.model = model.eval()
@@ -89,6 +92,8 @@ class Target:
         rope_only = compile_kind(compile) == "rope"
         self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul), rope_only) if lean else None
         self.compiled_pass: CompiledPass | None = compiled_pass(self.lean, compile)  # compile="pass"
+        if self.lean is not None:
+            self.lean.native = attach_native(self.lean, native_layers)
         self.reset()
 
     @property

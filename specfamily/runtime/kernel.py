@@ -40,8 +40,8 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["DISABLE_ENV", "PACKED_ATTR", "KernelUnavailable", "StreamKernel", "drop_packed", "kernel_source",
-           "kernel_sources", "packed_bytes", "stream_kernel"]
+__all__ = ["DISABLE_ENV", "PACKED_ATTR", "KernelUnavailable", "StreamKernel", "build_extension", "drop_packed",
+           "kernel_source", "kernel_sources", "packed_bytes", "stream_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,32 +101,41 @@ def stream_kernel() -> StreamKernel:
 def build_kernel(verbose: bool = False) -> ModuleType:
     """Compile (or reuse the cached build of) the extension and import it, once per process; raises
     ``KernelUnavailable`` or the build's own error."""
+    source = kernel_source()
+    if not source.is_file():
+        _check_tools()
+        raise KernelUnavailable(f"the kernel source {source} is missing from the installed package")
+    return build_extension(NAME, kernel_sources(source), build_folder(source), verbose)
+
+
+def build_extension(name: str, sources: list[Path], folder: Path, verbose: bool = False) -> ModuleType:
+    """Compile (or reuse the build in ``folder``) the extension ``name`` from ``sources`` and import it, one process
+    at a time (a file lock beside the folder); the stream kernel's build, and any other extension's built the same
+    way (``specfamily.runtime.native_layers``). Raises ``KernelUnavailable`` or the build's own error."""
     _check_tools()
     from filelock import FileLock
     from torch.utils import cpp_extension
 
-    source = kernel_source()
-    if not source.is_file():
-        raise KernelUnavailable(f"the kernel source {source} is missing from the installed package")
-    folder = build_folder(source)
+    missing = next((source for source in sources if not source.is_file()), None)
+    if missing is not None:
+        raise KernelUnavailable(f"the kernel source {missing} is missing from the installed package")
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
         (folder / "lock").unlink(missing_ok=True)  # torch's own baton, left behind by a build that was killed
-        sources = [str(path) for path in kernel_sources(source)]
-        return cpp_extension.load(name=NAME, sources=sources, extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
-                                  build_directory=str(folder), verbose=verbose)
+        return cpp_extension.load(name=name, sources=[str(path) for path in sources], extra_cflags=list(CFLAGS),
+                                  extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=verbose)
 
 
-def build_folder(source: Path) -> Path:
-    """``<cache>/kernels/stream_linear-<digest>``: the digest of the sources (every ``.cpp`` beside ``source``), the
-    folder they lie in, the flags, the CPU, torch and Python: any change to one of them builds anew. The folder is in
-    the key because the build's ninja file names the sources by absolute path: two checkouts sharing one build folder
-    would rebuild it in turn, each waiting on the other's lock."""
-    texts = [f"{p.name}\n{p.read_text(encoding='utf-8')}" for p in kernel_sources(source)]
+def build_folder(source: Path, sources: list[Path] | None = None, prefix: str = "stream_linear") -> Path:
+    """``<cache>/kernels/<prefix>-<digest>``: the digest of the sources (``sources``, by default every ``.cpp``
+    beside ``source``), the folder they lie in, the flags, the CPU, torch and Python: any change to one of them builds
+    anew. The folder is in the key because the build's ninja file names the sources by absolute path: two checkouts
+    sharing one build folder would rebuild it in turn, each waiting on the other's lock."""
+    texts = [f"{p.name}\n{p.read_text(encoding='utf-8')}" for p in (sources or kernel_sources(source))]
     where = str(source.resolve().parent)
     key = "\n".join((*texts, where, " ".join(CFLAGS), cpu_identity(), torch.__version__, sys.version))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return _cache_root() / "kernels" / f"stream_linear-{digest}"
+    return _cache_root() / "kernels" / f"{prefix}-{digest}"
 
 
 def cpu_identity() -> str:

@@ -246,6 +246,7 @@ class LeanLlama:
         self._watch = ModuleWatch.of(model.modules())
         self.rotate: Compiled | None = Compiled(rotate_pair) if compile else None
         self.pack_queries = True  # plan_attention's packing of masked verify passes (False: sdpa's grouped indexing)
+        self.native = None  # the layers in C++ (specfamily.runtime.native_layers.NativeLayers), set by the caller
 
     def ready(self) -> bool:
         """True when the lean forward reproduces the model's forward right now."""
@@ -268,10 +269,15 @@ class LeanLlama:
         """
         hidden, cos, sin, attend = self._prepare(input_ids, position_ids, mask, cache)
         states = []  # transformers' hidden_states, kept only when layer features are asked for
-        for layer in self._layers[: self._config.num_hidden_layers]:
-            if isinstance(features, tuple):
-                states.append(hidden)
-            hidden = layer(hidden, cos, sin, attend, cache)
+        native = None if self.native is None or isinstance(features, tuple) else self.native(hidden, cos, sin, attend,
+                                                                                              cache)
+        if native is not None:  # every layer run in C++, bit-identical to the loop below
+            hidden = native
+        else:
+            for layer in self._layers[: self._config.num_hidden_layers]:
+                if isinstance(features, tuple):
+                    states.append(hidden)
+                hidden = layer(hidden, cos, sin, attend, cache)
         hidden = self._norm_fn(hidden, *self._norm)
         logits = self._linear(hidden[:, -keep:, :], *self._head)
         if isinstance(features, tuple):

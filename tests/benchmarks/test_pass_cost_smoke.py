@@ -57,3 +57,21 @@ def test_compile_pass_times_the_compiled_passes_beside_the_eager_ones(pass_cost,
     printed = capsys.readouterr().out
     assert "compiled whole pass: first passes (compiling 2 graphs, fed rows [1, 8])" in printed
     assert "| cache L | plain eager ms | plain compiled ms | plain compiled / eager |" in printed
+
+
+def test_native_times_the_native_loop_beside_the_python_loop(pass_cost, capsys):
+    """--native's plumbing: both loops timed interleaved, their logits compared bit for bit, the native one profiled."""
+    from specfamily.runtime.native_layers import native_build
+
+    if not native_build().available:
+        pytest.skip(f"no native layers: {native_build().reason}")
+    results = pass_cost.main(["--model", "zoo:code-target", "--matmul", "stream", "--lengths", "16,40",
+                              "--repeats", "1", "--gb", "0.001", "--threads", "1", "--native", "--profile",
+                              "--profile-kind", "plain"])
+    kinds = {*pass_cost.KINDS, *(kind + pass_cost.NATIVE for kind in pass_cost.KINDS)}
+    assert all(set(by_kind) == kinds and min(by_kind.values()) > 0 for by_kind in results.values())
+    printed = capsys.readouterr().out
+    assert ("native layer loop: logits bit-identical to the Python loop's (one pass of each kind at each length; 6 "
+            "native passes)") in printed
+    assert "| cache L | plain native ms | chain native ms | tree native ms |" in printed
+    assert "profiled: the native layer loop" in printed

@@ -395,4 +395,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("ROWS_PER_BLOCK") = kMaxRows;
   m.attr("PANEL") = kPanel;
   m.attr("PACKED_ATTR") = kPackedAttr;
+  // linear and rms_norm's C++ entry points, for another extension to call without Python (native_layers.cpp); the
+  // names carry the signatures' version
+  m.attr("_linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "specfamily.stream_linear.v1");
+  m.attr("_norm_capsule") = py::capsule(reinterpret_cast<void*>(&specfamily::rms_norm), "specfamily.rms_norm.v1");
 }

@@ -1,0 +1,245 @@
+// The lean forward's layer loop in C++ (specfamily.runtime.native_layers builds this and decides when it runs).
+//
+// A plain pass of a small model runs a few thousand small ATen ops between its products; from Python each is a round
+// trip through the interpreter and the binding layer on the main thread. This runs every decoder layer of one pass
+// with the same ATen calls, in the same order and with the same arguments as specfamily.runtime.lean.LeanLayer, and
+// the stream kernel's own product and norm (reached through the capsules its module exports: no Python in between),
+// so the hidden state and every cache entry are bit-identical to the Python loop's. The cache is written in place
+// into each layer's buffers (BufferedLayer.reserve) at the layer's kept length, as BufferedLayer.update writes it.
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+// The stream kernel's entry points (stream_linear.cpp exports them as capsules of these names).
+using LinearFn = at::Tensor (*)(const at::Tensor&, const py::handle&, const c10::optional<at::Tensor>&);
+using NormFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
+constexpr const char* kLinearCapsule = "specfamily.stream_linear.v1";
+constexpr const char* kNormCapsule = "specfamily.rms_norm.v1";
+
+template <typename Fn>
+Fn from_capsule(const py::handle& module, const char* attr, const char* name) {
+  const py::object capsule = module.attr(attr);
+  TORCH_CHECK(PyCapsule_IsValid(capsule.ptr(), name), "native_layers: the stream kernel's ", attr, " is not a ",
+              name, " capsule");
+  return reinterpret_cast<Fn>(PyCapsule_GetPointer(capsule.ptr(), name));
+}
+
+// A product's weight as the Python object (its packed copy is kept on it) and its bias (None or a tensor).
+struct Product {
+  py::object weight;
+  py::object bias;
+
+  c10::optional<at::Tensor> bias_tensor() const {
+    if (bias.is_none()) return c10::nullopt;
+    return bias.cast<at::Tensor>();
+  }
+};
+
+// One decoder layer's parameters (LeanLayer's fields).
+struct Layer {
+  py::object norm1;
+  double eps1;
+  Product q, k, v, o;
+  py::object norm2;
+  double eps2;
+  Product gate, up, down;
+  int64_t head_dim;
+  double scaling;
+};
+
+// How every layer of the pass calls sdpa (specfamily.runtime.lean.Attend).
+struct Plan {
+  c10::optional<at::Tensor> mask;
+  bool causal, gqa, pack;
+  int64_t groups;
+};
+
+// One (1, heads, q, D) float32 tensor's rows as the loops below read or write them: the last dimension contiguous.
+struct Rows {
+  float* data;
+  int64_t heads, rows, dim, head_stride, row_stride;
+
+  static bool fits(const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat && t.device().is_cpu() && t.dim() == 4 && t.size(0) == 1 && t.stride(3) == 1;
+  }
+  static Rows of(const at::Tensor& t) {
+    return {t.data_ptr<float>(), t.size(1), t.size(2), t.size(3), t.stride(1), t.stride(2)};
+  }
+  float* row(int64_t h, int64_t r) const { return data + h * head_stride + r * row_stride; }
+};
+
+// rotate_pair's (x * cos) + (roll(x, D / 2, -1) * sin) for every head and row of x into out, in float32 with each
+// product and the sum rounded as ATen's three elementwise ops round them (no fused multiply-add: bit-identical).
+// cos and sin: (q, D) contiguous.
+__attribute__((optimize("fp-contract=off"))) void rotate_into(const Rows& x, const float* cos, const float* sin,
+                                                               const Rows& out) {
+  const int64_t dim = x.dim, shift = dim / 2;
+  for (int64_t h = 0; h < x.heads; ++h)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float *in = x.row(h, r), *c = cos + r * dim, *s = sin + r * dim;
+      float* o = out.row(h, r);
+      for (int64_t i = 0; i < dim; ++i) {
+        const float a = in[i] * c[i];
+        const float b = in[(i - shift + dim) % dim] * s[i];
+        o[i] = a + b;
+      }
+    }
+}
+
+void copy_into(const Rows& x, const Rows& out) {
+  for (int64_t h = 0; h < x.heads; ++h)
+    for (int64_t r = 0; r < x.rows; ++r) std::memcpy(out.row(h, r), x.row(h, r), sizeof(float) * x.dim);
+}
+
+Product product_of(const py::handle& pair) {
+  const py::tuple t = pair.cast<py::tuple>();
+  return {py::reinterpret_borrow<py::object>(t[0]), py::reinterpret_borrow<py::object>(t[1])};
+}
+
+class NativeLayers {
+ public:
+  // `module`: the stream kernel's module; `layers`: one tuple per layer, LeanLayer's fields in this order:
+  // (norm1 weight, eps1, q, k, v, o, norm2 weight, eps2, gate, up, down, head_dim, scaling), each product a
+  // (weight, bias or None) pair.
+  NativeLayers(const py::object& module, const py::list& layers)
+      : linear_(from_capsule<LinearFn>(module, "_linear_capsule", kLinearCapsule)),
+        norm_(from_capsule<NormFn>(module, "_norm_capsule", kNormCapsule)) {
+    for (const py::handle item : layers) {
+      const py::tuple f = item.cast<py::tuple>();
+      TORCH_CHECK(f.size() == 13, "native_layers: a layer is 13 fields, got ", f.size());
+      layers_.push_back(Layer{py::reinterpret_borrow<py::object>(f[0]), f[1].cast<double>(), product_of(f[2]),
+                              product_of(f[3]), product_of(f[4]), product_of(f[5]),
+                              py::reinterpret_borrow<py::object>(f[6]), f[7].cast<double>(), product_of(f[8]),
+                              product_of(f[9]), product_of(f[10]), f[11].cast<int64_t>(), f[12].cast<double>()});
+    }
+  }
+
+  // Every layer on hidden (1, q, H): keys and values written into keys[i] / values[i] (1, kv heads, capacity, D)
+  // at starts[i] onwards; returns the last layer's output (1, q, H), before the final norm.
+  at::Tensor forward(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin,
+                     const c10::optional<at::Tensor>& mask, bool causal, bool gqa, bool pack, int64_t groups,
+                     const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                     const std::vector<int64_t>& starts) {
+    const size_t n = layers_.size();
+    TORCH_CHECK(keys.size() == n && values.size() == n && starts.size() == n, "native_layers: ", n,
+                " layers need as many key buffers, value buffers and starts, got ", keys.size(), ", ", values.size(),
+                ", ", starts.size());
+    const Plan plan{mask, causal, gqa, pack, groups};
+    for (size_t i = 0; i < n; ++i) {
+      const Layer& layer = layers_[i];
+      hidden = hidden + attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, plan, keys[i], values[i],
+                                  starts[i]);
+      hidden = mlp_block(layer, hidden);
+    }
+    ++calls_;
+    return hidden;
+  }
+
+  int64_t calls() const { return calls_; }
+  int64_t fused_layers() const { return fused_; }
+  size_t size() const { return layers_.size(); }
+
+ private:
+  at::Tensor linear(const at::Tensor& x, const Product& p) const { return linear_(x, p.weight, p.bias_tensor()); }
+
+  at::Tensor norm(const at::Tensor& x, const py::object& weight, double eps) const {
+    return norm_(x, weight.cast<at::Tensor>(), eps);
+  }
+
+  // LeanLayer.mlp_block: hidden + down(silu(gate(x)) * up(x)), x = norm(hidden).
+  at::Tensor mlp_block(const Layer& layer, const at::Tensor& hidden) const {
+    const at::Tensor x = norm(hidden, layer.norm2, layer.eps2);
+    const at::Tensor gate = at::silu(linear(x, layer.gate));  // Python's order: gate, its activation, then up
+    return hidden + linear(gate * linear(x, layer.up), layer.down);
+  }
+
+  // LeanLayer._attention with BufferedLayer.update's in-place write.
+  at::Tensor attention(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       const Plan& plan, const at::Tensor& key_buffer, const at::Tensor& value_buffer,
+                       int64_t start) const {
+    const int64_t batch = x.size(0), q_len = x.size(1), dim = layer.head_dim;
+    const std::vector<int64_t> shape{batch, q_len, -1, dim};
+    at::Tensor query = linear(x, layer.q).view(shape).transpose(1, 2);  // (B, heads, q, D)
+    at::Tensor key = linear(x, layer.k).view(shape).transpose(1, 2);    // (B, kv heads, q, D)
+    at::Tensor value = linear(x, layer.v).view(shape).transpose(1, 2);
+    const at::Tensor key_slots = key_buffer.narrow(2, start, q_len), value_slots = value_buffer.narrow(2, start, q_len);
+    if (fused(query, key, value, cos, sin, key_slots, value_slots)) {
+      // rotate_pair and BufferedLayer.update's writes in one pass: the rotated key straight into its cache slots
+      at::Tensor rotated = at::empty_like(query);  // the strides the elementwise ops give their result
+      rotate_into(Rows::of(query), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(rotated));
+      rotate_into(Rows::of(key), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(key_slots));
+      copy_into(Rows::of(value), Rows::of(value_slots));
+      query = rotated;
+      ++fused_;
+    } else {  // rotate_pair: x * cos + roll(x, D / 2, -1) * signed sin, then the cache's writes
+      query = (query * cos) + (query.roll({query.size(-1) / 2}, {-1}) * sin);
+      key = (key * cos) + (key.roll({key.size(-1) / 2}, {-1}) * sin);
+      key_slots.copy_(key);
+      value_slots.copy_(value);
+    }
+    key = key_buffer.narrow(2, 0, start + q_len);
+    value = value_buffer.narrow(2, 0, start + q_len);
+    if (plan.causal && key.size(2) > q_len) {
+      key = key.narrow(2, 0, q_len);
+      value = value.narrow(2, 0, q_len);
+    }
+    if (plan.pack) {  // (B, kv heads, groups * q, D): each key head's query heads as rows
+      if (q_len != 1)
+        query = query.reshape({batch, -1, plan.groups * q_len, dim});
+      else if (query.size(1) != 1)  // transformers' pack_gqa
+        query = query.reshape({batch, query.size(1) / plan.groups, plan.groups, query.size(3)});
+    } else if (plan.groups > 1 && !plan.gqa) {
+      key = repeat_kv(key, plan.groups);
+      value = repeat_kv(value, plan.groups);
+    }
+    at::Tensor out = at::scaled_dot_product_attention(query, key, value, plan.mask, 0.0, plan.causal, layer.scaling,
+                                                      plan.gqa);
+    out = out.reshape({out.size(0), -1, q_len, value.size(-1)}).transpose(1, 2).contiguous();
+    return linear(out.reshape({batch, q_len, -1}).contiguous(), layer.o);
+  }
+
+  // The rope and cache writes can run as rotate_into and copy_into: float32 CPU rows, batch 1, cos and sin (1, 1, q,
+  // D) contiguous, the buffers' slots not overlapping the inputs.
+  static bool fused(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& cos,
+                    const at::Tensor& sin, const at::Tensor& key_slots, const at::Tensor& value_slots) {
+    for (const at::Tensor* t : {&query, &key, &value, &key_slots, &value_slots})
+      if (!Rows::fits(*t)) return false;
+    const int64_t q_len = query.size(2), dim = query.size(3);
+    for (const at::Tensor* t : {&cos, &sin})
+      if (!(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == q_len * dim && t->size(-1) == dim))
+        return false;
+    return key.sizes() == key_slots.sizes() && value.sizes() == value_slots.sizes() && key.size(3) == dim;
+  }
+
+  // transformers' repeat_kv: (B, kv heads, S, D) -> (B, kv heads * groups, S, D).
+  static at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
+    const int64_t batch = x.size(0), heads = x.size(1), length = x.size(2), dim = x.size(3);
+    return x.unsqueeze(2).expand({batch, heads, groups, length, dim}).reshape({batch, heads * groups, length, dim});
+  }
+
+  LinearFn linear_;
+  NormFn norm_;
+  std::vector<Layer> layers_;
+  int64_t calls_ = 0;
+  mutable int64_t fused_ = 0;  // layers whose rope and cache writes ran as rotate_into / copy_into
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "The lean forward's layer loop in C++, bit-identical to the Python loop (specfamily.runtime.native_layers)";
+  py::class_<NativeLayers>(m, "NativeLayers")
+      .def(py::init<const py::object&, const py::list&>(), py::arg("module"), py::arg("layers"))
+      .def("forward", &NativeLayers::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"), py::arg("mask"),
+           py::arg("causal"), py::arg("gqa"), py::arg("pack"), py::arg("groups"), py::arg("keys"), py::arg("values"),
+           py::arg("starts"))
+      .def_property_readonly("calls", &NativeLayers::calls)
+      .def_property_readonly("fused_layers", &NativeLayers::fused_layers)
+      .def("__len__", &NativeLayers::size);
+}

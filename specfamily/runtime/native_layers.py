@@ -1,0 +1,187 @@
+"""The lean forward's layer loop in C++ (``csrc/layers/native_layers.cpp``): built on first use, cached, or why not.
+
+A plain pass of a small model runs a few thousand small ATen ops between its products (views, transposes, the rope's
+products and roll, the cache's slices and copies, sdpa, the residual adds); from Python each is a round trip through
+the interpreter on the main thread, which the other threads cannot share. ``NativeLayers`` runs every decoder layer of
+one pass in C++, with the same ATen calls in the same order and with the same arguments as ``LeanLayer`` and the
+stream kernel's own product and norm (reached without Python, through the capsules the kernel's module exports), so
+the hidden state and every cache entry are bit-identical to the Python loop's (tests compare them with
+``torch.equal``). The embedding, the rope's cos and sin, the attention plan, the final norm and the LM head stay in
+Python (a few calls a pass).
+
+It takes (``NativeLayers.__call__`` returns the hidden state; None: the Python loop runs, unchanged) the target's
+passes over a non-empty cache of ``BufferedLayer`` layers (decode and verify passes: chain and tree, masked or packed
+as ``plan_attention`` says), float32 on a CPU, batch 1, in inference mode, with the uncompiled rope. It is built only
+for a lean forward multiplying with the stream kernel, all of whose layers act with SiLU (``native_layers``); layer
+features (EAGLE-3's), ``skipping`` (self-speculation) and the batched passes keep the Python loop.
+
+The extension is built like the stream kernel (``specfamily.runtime.kernel.build_extension``: the user's cache, one
+folder per sources, flags, CPU, torch and Python, a file lock), once per process. Where it cannot build (no
+compiler, a compile error, ``SPECFAMILY_NO_NATIVE_LAYERS`` set, or no stream kernel) it logs one warning naming why
+and the Python loop runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from specfamily.runtime.kernel import KernelUnavailable, build_extension, build_folder, stream_kernel
+from specfamily.runtime.kv_cache import BufferedLayer
+from specfamily.runtime.lean import Attend, LeanLayer, LeanLlama, rotate_pair
+
+__all__ = ["DISABLE_ENV", "NativeBuild", "NativeLayers", "build_native", "native_build", "native_layers",
+           "native_source", "native_unsupported"]
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "SPECFAMILY_NO_NATIVE_LAYERS"  # set (non-empty, not "0"): never build, run the Python loop
+NAME = "specfamily_native_layers"
+
+
+@dataclass(frozen=True)
+class NativeBuild:
+    """The built extension (``module.NativeLayers``), or None and the reason it is not available."""
+
+    module: ModuleType | None
+    reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.module is not None
+
+
+def native_source() -> Path:
+    """The C++ source of the extension, shipped inside the package."""
+    return Path(__file__).resolve().parent / "csrc" / "layers" / "native_layers.cpp"
+
+
+@functools.cache
+def native_build() -> NativeBuild:
+    """The extension, built (or loaded from the cache) once per process; on failure one warning and the reason."""
+    try:
+        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+            raise KernelUnavailable(f"{DISABLE_ENV} is set")
+        if not stream_kernel().available:
+            raise KernelUnavailable(f"the stream kernel is not available ({stream_kernel().reason})")
+        return NativeBuild(build_native())
+    except Exception as error:  # a compiler's or loader's failure of any kind: the Python loop, never a crash
+        reason = _short(error)
+        logger.warning("native layer loop unavailable (%s): the lean forward runs its Python loop", reason)
+        logger.debug("native layer loop build failure", exc_info=True)
+        return NativeBuild(None, reason)
+
+
+@functools.cache
+def build_native(verbose: bool = False) -> ModuleType:
+    """Compile (or reuse the cached build of) the extension and import it; raises ``KernelUnavailable`` or the
+    build's own error."""
+    source = native_source()
+    if not source.is_file():
+        raise KernelUnavailable(f"the native layers' source {source} is missing from the installed package")
+    return build_extension(NAME, [source], build_folder(source, [source], "native_layers"), verbose)
+
+
+def _short(error: BaseException, limit: int = 200) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fields(layer: LeanLayer) -> tuple:
+    """A layer's fields in the order the C++ constructor reads them."""
+    return (layer.norm1[0], float(layer.norm1[1]), layer.q, layer.k, layer.v, layer.o, layer.norm2[0],
+            float(layer.norm2[1]), layer.gate, layer.up, layer.down, layer.head_dim, float(layer.scaling))
+
+
+def native_unsupported(lean: LeanLlama) -> str | None:
+    """Why ``lean``'s layers cannot run natively; None when they can."""
+    module = stream_kernel().module
+    if module is None or lean._linear is not module.linear:
+        return "the lean forward does not multiply with the stream kernel"
+    layers = lean._layers[: lean._config.num_hidden_layers]
+    if any(layer.act is not F.silu for layer in layers):
+        return "a layer's activation is not SiLU"
+    if any(layer.norm is not module.rms_norm or layer.linear is not module.linear for layer in layers):
+        return "a layer does not norm and multiply with the stream kernel"
+    return None
+
+
+class NativeLayers:
+    """One lean forward's layers in C++; calling it runs one pass's layers, or returns None where it does not apply
+    (module docstring). ``calls`` counts the passes it ran."""
+
+    def __init__(self, lean: LeanLlama, module: ModuleType) -> None:
+        self.lean = lean
+        self.count = lean._config.num_hidden_layers
+        self._native = module.NativeLayers(stream_kernel().module, [_fields(layer) for layer in
+                                                                      lean._layers[: self.count]])
+        self.reason: str | None = None  # why the Python loop runs for good, after a native pass failed
+
+    @property
+    def calls(self) -> int:
+        """Passes run natively so far."""
+        return self._native.calls
+
+    @property
+    def fused_layers(self) -> int:
+        """Layers (over all native passes) whose rope and cache writes ran as one loop rather than ATen's ops."""
+        return self._native.fused_layers
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                 cache) -> torch.Tensor | None:
+        """The last layer's output (1, q, H), the cache's layers written and exposed; None: not taken."""
+        layers = getattr(cache, "layers", None)
+        if (self.reason is not None or attend.rotate is not rotate_pair or hidden.shape[0] != 1
+                or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not torch.is_inference_mode_enabled()
+                or torch.is_grad_enabled() or layers is None or len(layers) != self.count):
+            return None
+        starts = [_kept(layer) for layer in layers]
+        if 0 in starts:
+            return None
+        q = hidden.shape[1]
+        buffers = [layer.reserve(start + q) for layer, start in zip(layers, starts, strict=True)]
+        try:
+            out = self._native.forward(hidden, cos, sin, attend.mask, attend.causal, attend.gqa, attend.pack,
+                                       attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts)
+        except Exception as error:  # noqa: BLE001 - any failure: the Python loop from now on, this pass's too
+            # no layer was exposed: the cache keeps its entries (the Python loop rewrites the buffers' tails)
+            self.reason = _short(error)
+            logger.warning("the native layer loop failed, running the Python loop: %s", self.reason)
+            return None
+        for layer, start in zip(layers, starts, strict=True):
+            layer.expose(start + q)
+        return out
+
+
+def _kept(layer) -> int:
+    """The entries a ``BufferedLayer`` holds in place (0: none, or not a layer written in place)."""
+    if type(layer) is not BufferedLayer or layer.keys is None or layer.keys.dim() != 4:
+        return 0
+    return layer.keys.shape[-2]
+
+
+def native_layers(lean: LeanLlama | None, enabled: bool = True) -> NativeLayers | None:
+    """``lean``'s layers in C++, or None (the Python loop): not ``enabled``, no lean forward, a lean forward it does
+    not cover (logged at debug level), or no build (one warning, ``native_build``)."""
+    if not enabled or lean is None:
+        return None
+    reason = native_unsupported(lean)
+    if reason is not None:
+        logger.debug("native layer loop not used: %s", reason)
+        return None
+    build = native_build()
+    if build.module is None:
+        return None
+    try:
+        return NativeLayers(lean, build.module)
+    except Exception as error:  # noqa: BLE001 - e.g. a stream kernel whose capsules this build does not know
+        logger.warning("native layer loop unavailable (%s): the lean forward runs its Python loop", _short(error))
+        return None
