@@ -4,9 +4,9 @@ Each pass: every live request's drafter proposes (:func:`specfamily.core.batch_s
 forward scores each request's root plus draft (:class:`specfamily.core.batch_target.BatchTarget`, ragged drafts and
 cache lengths), each request is verified on its own by the shared verifier with its own generator, and its cache
 rolls back on its own. A request that is done retires at once and, with ``max_batch``, a waiting one takes its place;
-a newly admitted request is prefilled in the next pass, beside the other requests' roots (its prompt is its pending
-tokens). Every request's law is the one ``generate`` gives it (the verifier is exact per request); at temperature 0
-its text is its batch-1 text, up to near-ties that a pass of another shape rounds differently.
+a newly admitted request is prefilled in a pass of the newcomers only. Every request's law is the one ``generate``
+gives it (the verifier is exact per request); at temperature 0 its text is its batch-1 text, up to near-ties that a
+pass of another shape rounds differently.
 
 With ``arrivals`` request i is admitted no earlier than ``arrivals[i]`` seconds after the call (the loop waits when
 nothing is live); each result's metrics carry ``arrival_s``, ``first_token_s`` and ``finish_s`` (seconds since the
@@ -170,8 +170,9 @@ class _Batch:
                 if not self.live:  # nothing to decode until the next request arrives
                     self.loop_clock.wait_until(self.origin + arrivals[waiting[0]])
                     continue
+                lo = next((i for i, r in enumerate(self.live) if not r.prefilled), 0)
                 self.finishing = not waiting
-                self._step(0)  # newcomers' prompts ride with the others' roots: one weight read for both
+                self._step(lo)
                 self._retire()
         finally:
             for request in self.live:
@@ -203,7 +204,7 @@ class _Batch:
     def _step(self, lo: int) -> None:
         """One pass over live slots ``lo:``: propose, one target forward, then verify and commit each request."""
         group = self.live[lo:]
-        steady = self.load is not None and all(r.prefilled for r in group)  # no newcomer's prefill in the pass
+        steady = self.load is not None and all(r.prefilled for r in group)  # lo == 0: no newcomer's prefill
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)

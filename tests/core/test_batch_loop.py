@@ -149,8 +149,7 @@ def _timed_passes(monkeypatch, clock: FakeClock, per_pass: float) -> list[tuple[
 
 def test_requests_are_admitted_when_they_arrive_and_the_loop_waits_for_them(monkeypatch):
     """Arrivals 0, 5, 1 (not sorted), passes of 0.5 s, 4 tokens each: request 0 runs alone until 1.0, request 2 joins
-    (its prompt prefilled in the pass that decodes request 0's root), both finish, the loop sleeps until 5.0 for
-    request 1."""
+    (prefilled alone, then in the same passes), both finish, the loop sleeps until 5.0 for request 1."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     clock = FakeClock()
     passes = _timed_passes(monkeypatch, clock, 0.5)
@@ -158,11 +157,11 @@ def test_requests_are_admitted_when_they_arrive_and_the_loop_waits_for_them(monk
     results = sf.generate_batch(target, None, prompts, max_new_tokens=4, arrivals=[0.0, 5.0, 1.0],
                                 clock=LoopClock(clock.now, clock.sleep))
     assert [r.tokens for r in results] == [_hf_greedy(target, p, 4) for p in prompts]
-    assert passes == [(0.0, 0, [2]), (0.5, 0, [1]), (1.0, 0, [1, 8]), (1.5, 0, [1, 1]), (2.0, 0, [1]),
+    assert passes == [(0.0, 0, [2]), (0.5, 0, [1]), (1.0, 1, [8]), (1.5, 0, [1, 1]), (2.0, 0, [1, 1]),
                       (2.5, 0, [1]), (5.0, 0, [5]), (5.5, 0, [1]), (6.0, 0, [1]), (6.5, 0, [1])]
     assert clock.sleeps == [pytest.approx(2.0)]  # from 3.0, when request 2 finished, to request 1's arrival
     timing = [(r.metrics.arrival_s, r.metrics.first_token_s, r.metrics.finish_s) for r in results]
-    assert timing == [(0.0, 0.5, 2.0), (5.0, 5.5, 7.0), (1.0, 1.5, 3.0)]
+    assert timing == [(0.0, 0.5, 2.5), (5.0, 5.5, 7.0), (1.0, 1.5, 3.0)]
     assert results[2].metrics.time_to_first_token == 0.5  # from its admission, as generate counts from its start
     assert results[2].metrics.total_seconds == 2.0
 
