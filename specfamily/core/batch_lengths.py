@@ -28,13 +28,13 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from specfamily.core.types import Draft
 
-__all__ = ["LengthPolicy", "Prospect", "RowCosts", "Tally", "plan_lengths", "proposing", "truncated"]
+__all__ = ["LengthPolicy", "Prospect", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing", "truncated"]
 
 
 @dataclass
@@ -163,6 +163,7 @@ class Prospect:
 
     acceptance: Sequence[float]
     rows: Sequence[int]
+    value: float = 1.0  # what one of its committed tokens is worth to the batch (0: nothing, see ``finishing``)
 
     @classmethod
     def planned(cls, acceptance: Sequence[float], width: float, limit: int) -> Prospect:
@@ -185,19 +186,22 @@ def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: 
                  drafted: bool = False) -> tuple[list[int], float]:
     """(each request's draft length, the plan's goodput over a plain pass's): the best prefix of the units in the
     order of gain (``drafted``: the best that drafts anything). ``seconds[N]``: t(B, N) for every N the units can
-    reach; ``step``: one draft level's seconds for the batch."""
+    reach; ``step``: one draft level's seconds for the batch. A request's tokens count ``Prospect.value`` each (1
+    unless :func:`finishing` says otherwise), its expected gain too."""
     batch = len(prospects)
     units = []  # (-gain, request, depth)
     for i, prospect in enumerate(prospects):
-        reach = 1.0
+        reach = prospect.value
         for depth, alpha in enumerate(prospect.acceptance, start=1):
             reach *= alpha
             if reach <= 0:
                 break
             units.append((-reach, i, depth))
     units.sort()
-    plain = batch / seconds[batch]
-    tokens, rows, deepest = float(batch), batch, 0
+    tokens, rows, deepest = float(sum(p.value for p in prospects)), batch, 0
+    if tokens <= 0:
+        return [0] * batch, 1.0
+    plain = tokens / seconds[batch]
     best, best_rate = 0, (0.0 if drafted else plain)
     for k, (gain, i, depth) in enumerate(units, start=1):
         tokens, rows, deepest = tokens - gain, rows + prospects[i].rows[depth - 1], max(deepest, depth)
@@ -239,12 +243,12 @@ class LengthPolicy:
         return lengths
 
     def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool) -> list[int]:
-        if not any(p.acceptance for p in prospects) or not self.may_draft(batch):
+        if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
             return [0] * batch
         most = batch + sum(sum(p.rows) for p in prospects)
         seconds = self.costs.table(batch, most)
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
-            return [1 if p.acceptance else 0 for p in prospects]
+            return [1 if p.acceptance and p.value > 0 else 0 for p in prospects]
         step = 0.0 if proposed else self.costs.draft_step(batch)
         lengths, gain = plan_lengths(prospects, seconds, step)
         if any(lengths) and gain > self.min_gain:
@@ -272,6 +276,16 @@ class LengthPolicy:
             parts.append(f"B={batch}: {len(rows)} passes, {drafted:.0%} drafted, "
                          f"{sum(rows) / len(rows):.1f} draft rows a pass")
         return "draft lengths per request by goodput: " + ("; ".join(parts) if parts else "no steady batched pass")
+
+
+def finishing(prospects: Sequence[Prospect], remaining: Sequence[int]) -> list[Prospect]:
+    """The prospects valued for a batch that is finishing (no request waits for a slot): the batch's remaining time
+    is the passes its longest request still needs, so only the requests with the most tokens ``remaining`` keep
+    their value (1); a shorter request's tokens would end it sooner but not the batch, and a narrower batch costs
+    about as much a pass, so its draft rows are worth nothing (value 0: it drafts nothing). Re-decided every pass:
+    once the longest has gained, the next longest counts."""
+    most = max(remaining, default=0)
+    return [replace(p, value=1.0 if left == most else 0.0) for p, left in zip(prospects, remaining, strict=True)]
 
 
 def truncated(draft: Draft, depth: int) -> Draft:

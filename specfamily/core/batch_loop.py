@@ -26,7 +26,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, proposing, truncated
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -156,6 +156,7 @@ class _Batch:
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
+        self.finishing = False  # no request waits for a slot: plan for the batch's end (batch_lengths.finishing)
 
     def run(self, prompts: list[torch.Tensor], arrivals: list[float], trace: bool) -> list[GenerationResult]:
         self.origin, self.trace = self.clock(), trace
@@ -170,6 +171,7 @@ class _Batch:
                     self.loop_clock.wait_until(self.origin + arrivals[waiting[0]])
                     continue
                 lo = next((i for i, r in enumerate(self.live) if not r.prefilled), 0)
+                self.finishing = not waiting
                 self._step(lo)
                 self._retire()
         finally:
@@ -235,7 +237,8 @@ class _Batch:
                 return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
             pooled = self._pooled()
             prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
-            return [truncated(d, g) for d, g in zip(drafts, self.load.lengths(prospects, proposed=True), strict=True)]
+            lengths = self.load.lengths(self._valued(group, prospects), proposed=True)
+            return [truncated(d, g) for d, g in zip(drafts, lengths, strict=True)]
         if self.lookahead is None and any(len(d) for d in drafts):
             self._learn(group, drafts, self.cost_clock() - c0)
         return drafts
@@ -278,7 +281,14 @@ class _Batch:
         for r in group:
             alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
             prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
-        return self.load.lengths(prospects)
+        return self.load.lengths(self._valued(group, prospects))
+
+    def _valued(self, group: list[_Request], prospects: list[Prospect]) -> list[Prospect]:
+        """The prospects as the batch values them: every token alike while requests wait for a slot (throughput),
+        only the longest requests' once none waits (the batch's end: ``batch_lengths.finishing``)."""
+        if not self.finishing:
+            return prospects
+        return finishing(prospects, [self.budget - len(r.new_tokens) for r in group])
 
     def _pooled(self) -> list[float]:
         """The batch's pooled per-depth acceptance over the drafter's prior (the prototype's policy, which never

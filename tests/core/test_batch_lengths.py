@@ -10,7 +10,16 @@ from flawed_oracle import FlawedOracle
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, plan_lengths, proposing, truncated
+from specfamily.core.batch_lengths import (
+    LengthPolicy,
+    Prospect,
+    RowCosts,
+    Tally,
+    finishing,
+    plan_lengths,
+    proposing,
+    truncated,
+)
 from specfamily.core.types import Draft
 from specfamily.testing import tiny_target
 
@@ -72,6 +81,48 @@ def test_the_plan_is_the_best_prefix_in_the_order_of_gain():
     steep = [float(max(n, 1)) for n in range(40)]  # every row costs what a request's plain row does: nothing pays
     assert plan_lengths([Prospect([0.9] * 8, [1] * 8)] * 2, steep, 0.0) == ([0, 0], 1.0)
     assert plan_lengths([Prospect([0.9] * 8, [1] * 8)] * 2, steep, 0.0, drafted=True)[0] == [1, 0]  # a probe
+
+
+def test_a_finishing_batch_drafts_only_for_its_longest_requests():
+    """No request waits: the batch ends with its longest request, so a shorter one's drafts buy the batch nothing.
+    With rows that pay (a flat cost) every request drafts while requests wait; finishing, only the ones with the
+    most tokens left (ties all count), and a request valued 0 drafts nothing even alone."""
+    seconds = [1.0] * 40
+    sure = Prospect([0.9] * 4, [1] * 4)
+    assert plan_lengths([sure] * 3, seconds, 0.0)[0] == [4, 4, 4]
+    valued = finishing([sure] * 3, [20, 7, 20])
+    assert [p.value for p in valued] == [1.0, 0.0, 1.0]
+    assert plan_lengths(valued, seconds, 0.0)[0] == [4, 0, 4]
+    lengths, gain = plan_lengths(finishing([sure, sure], [3, 9]), seconds, 0.0)
+    assert lengths == [0, 4] and gain == pytest.approx(1 + sum(0.9**d for d in range(1, 5)))  # tokens of 1 request
+    assert plan_lengths([Prospect([0.9] * 4, [1] * 4, value=0.0)], seconds, 0.0) == ([0], 1.0)
+    policy = LengthPolicy()
+    policy.timed(2, 2, 0, 0.0, 1.0)  # t(2, N) measured flat: before a curve exists, one level for the valued only
+    assert policy.lengths(finishing([sure, sure], [5, 2])) == [1, 0]
+
+
+def test_generate_batch_drafts_for_every_request_while_some_wait_then_for_the_longest(monkeypatch):
+    """12 requests at max_batch 4 with a flat cost (drafting pays): while requests wait for a slot, requests with
+    fewer tokens left draft too; once none waits, only the slots with the most tokens left draft. Greedy texts."""
+    states = []  # per pass: (no request waiting, each slot's tokens left)
+    step = batch_loop._Batch._step
+
+    def recorded(self, lo):
+        states.append((self.finishing, [self.budget - len(r.new_tokens) for r in self.live[lo:]]))
+        return step(self, lo)
+
+    monkeypatch.setattr(batch_loop._Batch, "_step", recorded)
+    drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
+    _, seen = _priced_run(monkeypatch, flat, drafter_of, [0.0] * 12, max_batch=4, max_new_tokens=24)
+    assert len(states) == len(seen)
+    shorter = {True: 0, False: 0}  # drafted passes in which a slot with fewer tokens left than another drafted
+    drafted = {True: 0, False: 0}
+    for (end, left), (_, lengths, steady) in zip(states, seen, strict=True):
+        if steady and any(lengths):
+            drafted[end] += 1
+            shorter[end] += any(g and n < max(left) for g, n in zip(lengths, left, strict=True))
+    assert drafted[False] >= 5 and shorter[False] >= 3  # while requests wait, every request's tokens count
+    assert drafted[True] >= 3 and shorter[True] == 0  # at the end, only the longest requests'
 
 
 def test_a_step_in_the_cost_does_not_stop_the_plan_short():
@@ -152,7 +203,7 @@ class FakeClock:
         self.t += seconds
 
 
-def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None):
+def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None, max_batch=None, max_new_tokens=60):
     """generate_batch on a fake clock where each target pass costs cost(B, N) (N: the rows fed); the greedy texts,
     and (B, each slot's draft length, steady) of every pass."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
@@ -168,9 +219,9 @@ def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None):
     monkeypatch.setattr(batch_loop.BatchTarget, "forward", priced)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 64, (3 + i,), generator=gen).tolist() for i in range(len(arrivals))]
-    results = sf.generate_batch(target, drafter_of(target), prompts, max_new_tokens=60, arrivals=arrivals,
-                                clock=LoopClock(clock.now, clock.sleep))
-    greedy = [sf.generate(target, None, p, max_new_tokens=60).tokens for p in prompts]
+    results = sf.generate_batch(target, drafter_of(target), prompts, max_new_tokens=max_new_tokens, arrivals=arrivals,
+                                clock=LoopClock(clock.now, clock.sleep), max_batch=max_batch)
+    greedy = [sf.generate(target, None, p, max_new_tokens=max_new_tokens).tokens for p in prompts]
     assert [r.tokens for r in results] == greedy
     return results, seen
 
@@ -188,7 +239,8 @@ def test_generate_batch_plans_each_requests_length_from_what_its_passes_cost(mon
     if cost is steep:
         assert sum(sum(d) == 0 for d in loaded) >= len(loaded) - 3  # plain under load, but for exploring passes
     else:
-        assert sum(sum(d) > 0 for d in loaded) >= len(loaded) - 2
+        # nothing waits for a slot: the longest requests draft (batch_lengths.finishing), down to the budget's end
+        assert sum(sum(d) > 0 for d in loaded) >= len(loaded) - 3
     note = results[0].metrics.policy_note
     assert note.startswith("draft lengths per request by goodput: B=1:")  # what planned the drafts
     assert "the batch's length policy planned every pass" in note and "drafted in" not in note
