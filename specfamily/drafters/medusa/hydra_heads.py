@@ -162,6 +162,11 @@ def hydra_loss(heads: HydraHeads, features: torch.Tensor, ids: torch.Tensor,
     return total, per_head
 
 
+def hydra_logits(heads: HydraHeads, features: torch.Tensor, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Teacher-forced logits of every head (``heads(features, ids)``), the distillation objective's input."""
+    return heads(features, ids)
+
+
 def hydra_rank_table(heads: HydraHeads, features: torch.Tensor, ids: torch.Tensor, ranks: int, start: int = 0,
                      batch: int = 8) -> torch.Tensor:
     """(N, K): at every position t >= start where every head has a label, the rank of x_{t+2+k} in head k's top

@@ -1,11 +1,12 @@
 """Train Hydra heads on a frozen target: ``python -m specfamily.drafters.medusa.hydra_train key=value ...``.
 
 Medusa's trainer with Hydra heads: the same data (``distilled=DIR`` or token streams), loop, schedule, selection by
-tau and resumable state (``configs/train/hydra.yaml`` holds the keys, Medusa's). Loss: sum over heads k of
-decay**k * CE(head k at t given the tokens t + 1 .. t + 1 + k, token t + 2 + k), teacher-forced on the training
-text. Each evaluation builds the joint rank table of the heads on held-out windows (teacher forcing is exact: a node
-is only reached when the tokens above it were right), chooses the tree from it, the target's verify cost and the
-heads' proposal cost, and measures tau with the Hydra drafter.
+tau and resumable state (``configs/train/hydra.yaml`` holds the keys, Medusa's). Loss: sum over heads k of decay**k
+* CE(head k at t given the tokens t + 1 .. t + 1 + k, token t + 2 + k), teacher-forced on the training text;
+``objective=distill`` replaces each CE by KL from the target's own distribution of that token (Hydra++'s teacher
+distillation, :mod:`specfamily.drafters.medusa.objective`). Each evaluation builds the joint rank table of the heads
+on held-out windows (teacher forcing is exact: a node is only reached when the tokens above it were right), chooses
+the tree from it, the target's verify cost and the heads' proposal cost, and measures tau with the Hydra drafter.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specfamily.drafters.medusa.hydra_heads import (
     HydraHeads,
     build_hydra,
     hydra_from_medusa,
+    hydra_logits,
     hydra_loss,
     hydra_rank_table,
     hydra_shape_for,
@@ -56,6 +58,7 @@ class HydraTraining(MedusaTraining):
 
     kind, label = HYDRA, "hydra heads"
     loss = staticmethod(hydra_loss)
+    logits = staticmethod(hydra_logits)
 
     def initial_heads(self, context: HeadsContext) -> HydraHeads:
         """A warm start from Medusa heads (``init``: proposes what they propose until it learns otherwise), else

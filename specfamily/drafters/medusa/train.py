@@ -4,10 +4,11 @@ Configured like runs: ``configs/train/medusa.yaml`` holds every key and its defa
 them (``target=zoo:smollm2 data=my.jsonl minutes=60``; the ``--flag value`` form works too, ``--help``). The loop is
 :mod:`specfamily.train.loop`'s.
 
-Loss: sum over heads k of decay**k * cross-entropy(head k at position t, token at t + 2 + k). Each evaluation
-measures per-head accuracy on held-out windows (as written and as the target's greedy continuation), chooses a tree
-from the latter's joint rank statistics and this machine's verify cost, and measures tau with it; the best tau is
-exported. ``recalibrate=CHECKPOINT`` only re-chooses a checkpoint's tree for this machine.
+Loss: sum over heads k of decay**k * cross-entropy(head k at position t, token at t + 2 + k); ``objective=distill``:
+KL from the target's own next-token distribution at t + 1 + k instead (:mod:`specfamily.drafters.medusa.objective`).
+Each evaluation measures per-head accuracy on held-out windows (as written and as the target's greedy continuation),
+chooses a tree from the latter's joint rank statistics and this machine's verify cost, and measures tau with it; the
+best tau is exported. ``recalibrate=CHECKPOINT`` only re-chooses a checkpoint's tree for this machine.
 
 ``distilled=DIR`` trains on self-distillation data with its stored features (no target pass per step).
 ``draft_vocab=N`` drafts over the N most frequent training tokens (FR-Spec; EOS always in); labels outside them are
@@ -38,7 +39,7 @@ from specfamily.drafters.medusa.calibrate import (
 from specfamily.drafters.medusa.checkpoint import MEDUSA, MedusaCheckpoint, load_checkpoint, resolve, save_checkpoint
 from specfamily.drafters.medusa.data import MedusaData, load_data, vocab_report
 from specfamily.drafters.medusa.heads import MedusaHeads, build_heads, shape_for
-from specfamily.drafters.medusa.objective import argmax_labels, medusa_loss
+from specfamily.drafters.medusa.objective import argmax_labels, distill_objective, medusa_logits, medusa_loss
 from specfamily.drafters.medusa.train_config import TrainConfig
 from specfamily.drafters.medusa.tree import CostCurve
 from specfamily.drafters.shared.draft_vocab import target_draft_vocab
@@ -126,6 +127,7 @@ class MedusaTraining(Resumable):
     fixed_options = ("target", "num_heads", "layers", "share_lm_head", "seq_len", "data", "distilled", "draft_vocab")
     kind, label = MEDUSA, "medusa heads"
     loss = staticmethod(medusa_loss)  # (heads, features, ids, decay) -> (loss, per-head losses)
+    logits = staticmethod(medusa_logits)  # (heads, features, ids) -> per-head teacher-forced logits (distill)
 
     def __init__(self, cfg: TrainConfig, target=None) -> None:
         self.cfg, self.target = cfg, target
@@ -146,8 +148,16 @@ class MedusaTraining(Resumable):
         if vocab is not None and ranks.is_main:
             tqdm.write(f"draft vocabulary: {vocab.size} tokens, coverage {state.draft_vocab['coverage_train']:.3f} "
                        f"of the training tokens, {state.draft_vocab['coverage_heldout']:.3f} held out")
-        objective = Objective(heads, lambda h, ids, f: _step_loss(context, h, ids, f, self.loss))
+        loss = self.objective_loss(context)
+        objective = Objective(heads, lambda h, ids, f: _step_loss(context, h, ids, f, loss))
         return Trainee(heads, optimizer, objective, state, precision.scaler())
+
+    def objective_loss(self, context: HeadsContext):
+        """The loss ``objective`` names: the family's cross-entropy, or distillation from the target's LM head."""
+        if self.cfg.objective == "ce":
+            return self.loss
+        lm_head = context.target.model.get_output_embeddings()
+        return distill_objective(self.logits, lm_head, self.cfg.distill_temperature)
 
     def initial_heads(self, context: HeadsContext) -> MedusaHeads:
         """The heads training starts from: ``init``'s (a warm start: their shape and draft vocabulary), else fresh

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specfamily.drafters.medusa.objective import OBJECTIVES
 from specfamily.train.precision import check_device, check_dtype
 
 
@@ -35,6 +36,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # the cosine's floor, relative to lr
     weight_decay: float = 0.0
     decay: float = 0.8  # loss weight of head k: decay ** k
+    # ce: cross-entropy on the label at t + 2 + k; distill: KL from the target's own distribution there (Hydra++)
+    objective: str = "ce"
+    distill_temperature: float = 1.0  # distill: the softmax temperature of target and heads (the loss is x tau**2)
     clip: float = 1.0
     eval_every: int = 50
     ckpt_every: int = 0  # 0: state.pt is written after each evaluation only
@@ -59,6 +63,10 @@ class TrainConfig:
         check_dtype(self.dtype)
         if self.labels not in ("corpus", "argmax", "greedy"):
             raise ValueError(f"labels must be 'corpus', 'argmax' or 'greedy', got {self.labels!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be 'ce' or 'distill', got {self.objective!r}")
+        if not self.distill_temperature > 0:
+            raise ValueError(f"distill_temperature must be > 0, got {self.distill_temperature!r}")
         if self.distilled and self.labels == "greedy":
             raise ValueError("distilled data is the target's greedy text already: use labels 'corpus' (or 'argmax')")
         if isinstance(self.draft_vocab, bool) or not isinstance(self.draft_vocab, int) or self.draft_vocab < 0:
