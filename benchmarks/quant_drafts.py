@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--matmul", default="auto",
+                        help="the target's matmul kind; auto (the CLI's default: the stream kernel on this CPU)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(KNOWN_ARMS)}")
     args = parser.parse_args(argv)
     arms = tuple(args.arms.split(","))
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     common.set_threads(args.threads)
     common.quiet_transformers()
-    target = sf.load_target("zoo:smollm2")
+    target = sf.load_target("zoo:smollm2", matmul=args.matmul)
     prompts, categories = common.spec_bench_prompts(1, target.tokenizer)
     step = max(1, len(prompts) // args.prompts)
     prompts, categories = prompts[::step][: args.prompts], categories[::step][: args.prompts]
@@ -142,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     identical = all(len({tuple(v) for v in per.values()}) == 1 for per in texts.values())
     plain_rate = totals["plain"]["tokens"] / totals["plain"]["seconds"]
     report = {"drafter": args.drafter, "prompts": len(prompts), "categories": categories, "tokens": args.tokens,
-              "gamma": args.gamma, "threads": args.threads, "greedy_identical": identical, "arms": {},
+              "gamma": args.gamma, "threads": args.threads, "matmul": args.matmul, "greedy_identical": identical,
+              "arms": {},
               "step_seconds": steps}
     for arm, row in totals.items():
         report["arms"][arm] = {
