@@ -5,7 +5,9 @@ A weight W (n, d) is quantized per output row, symmetric: s_c = max_t |W[c, t]| 
 rows, input-major, (ceil(n / 16), d, 16) int8, zero-padded past n (``pack_int8``). ``Int8Weight.__call__`` computes
 x @ (Q * s)^T + b for float32 x of any number of rows (16 at a time): the activations are not quantized, each
 output accumulates in float32 over the inputs in order and is scaled once. It reads a quarter of the float weight's
-bytes, which is the time of a draft step at 1-16 rows.
+bytes, which is the time of a draft step at 1-16 rows. Paths: AVX2 + FMA and AVX-512 (the default: AVX-512 at 1-2
+rows, AVX2 past them, where both run), a scalar loop elsewhere, and by name (``Int8Weight.__call__(x, "vnni")``) an
+AVX-512 VNNI path that rounds each row of x to 16-bit integers (2^-16 of its largest magnitude) and sums in int32.
 
 The extension is built like the stream kernel (``specfamily.runtime.kernel.build_extension``: the user's cache, one
 folder per sources, flags, CPU, torch and Python, a file lock), once per process. Where it cannot build (no compiler,
@@ -105,6 +107,7 @@ class Int8Weight:
 
     packed: torch.Tensor  # (panels, d, PANEL) int8
     scales: torch.Tensor  # (n,) float32
+    sums: torch.Tensor  # (n,) int32: sum_t Q[c, t] (the VNNI path's offset)
     bias: torch.Tensor | None  # (n,) float32
     n: int
     d: int
@@ -113,7 +116,8 @@ class Int8Weight:
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Weight:
         q, scales = quantize_rows(weight)
         b = bias.detach().float().contiguous() if bias is not None else None
-        return cls(pack_int8(q), scales, b, weight.shape[0], weight.shape[1])
+        sums = q.sum(dim=1, dtype=torch.int32).contiguous()
+        return cls(pack_int8(q), scales, sums, b, weight.shape[0], weight.shape[1])
 
     @property
     def nbytes(self) -> int:
@@ -124,8 +128,8 @@ class Int8Weight:
     def __call__(self, x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
         module = _module()
         if isa is None:
-            return module.linear(x, self.packed, self.scales, self.n, self.bias)
-        return module.linear_with(x, self.packed, self.scales, self.n, self.bias, isa)
+            return module.linear(x, self.packed, self.scales, self.sums, self.n, self.bias)
+        return module.linear_with(x, self.packed, self.scales, self.sums, self.n, self.bias, isa)
 
     def weight(self) -> torch.Tensor:
         """The dequantized float weight (n, d) (references and tests)."""
