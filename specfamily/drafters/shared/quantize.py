@@ -101,15 +101,25 @@ class Int8Linears:
     weights by their int8 copies, made once, and any other weight in float as ``F.linear`` does."""
 
     def __init__(self, weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
-        self._table: dict[int, tuple[torch.Tensor, nn.Module]] = {}
+        self._table: dict[int, tuple[torch.Tensor, Int8Linear]] = {}
+        self._direct: dict[int, Int8Weight] = {}  # the kernel's products, called without a module's frame
         for weight, bias in weights:  # keyed by storage; the float weight is kept so the key stays valid
-            self._table[weight.data_ptr()] = (weight, int8_linear(weight, bias))
+            product = int8_linear(weight, bias)
+            self._table[weight.data_ptr()] = (weight, product)
+            if product.kind == "kernel":
+                self._direct[weight.data_ptr()] = product.inner
+        # float32 CPU weights: the lean forward may norm with the stream kernel's one-call RMSNorm (matmul.stream_norm)
+        self.stream_norm = bool(self._table) and all(w.dtype == torch.float32 for w, _ in self._table.values())
 
     def __len__(self) -> int:
         return len(self._table)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        entry = self._table.get(weight.data_ptr())
+        key = weight.data_ptr()
+        direct = self._direct.get(key)
+        if direct is not None and x.dtype == torch.float32 and x.dim() > 1:
+            return direct(x)
+        entry = self._table.get(key)
         if entry is None:
             return F.linear(x, weight, bias)
         return entry[1](x)

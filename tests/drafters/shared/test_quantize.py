@@ -13,7 +13,7 @@ from specfamily.drafters.medusa.hydra_drafter import HydraDrafter
 from specfamily.drafters.shared.quantize import Int8Linear, Int8Linears, check_bits, int8_linear, quantize_heads
 from specfamily.drafters.small_model.drafter import SmallModelDrafter
 from specfamily.runtime import int8_matmul
-from specfamily.runtime.int8_matmul import Int8Weight, int8_kernel
+from specfamily.runtime.int8_matmul import int8_kernel
 from specfamily.testing import SAMPLING_MATRIX, assert_lossless, draft_model_for, tiny_target
 
 PROMPT = [3, 1, 4, 1, 5]
@@ -76,6 +76,22 @@ def test_a_failed_kernel_build_falls_back_to_torch_ao_with_one_warning(unbuilt, 
     plain = sf.generate(target, None, PROMPT, max_new_tokens=24).tokens
     result = sf.generate(target, drafter, PROMPT, max_new_tokens=24)
     assert result.tokens == plain and result.metrics.draft_steps > 0
+
+
+@needs_kernel
+def test_int8_lean_forward_norms_with_the_stream_kernel_where_the_weights_are_float32():
+    from specfamily.runtime.kernel import stream_kernel
+    from specfamily.runtime.matmul import stream_norm
+
+    gen = torch.Generator().manual_seed(3)
+    weights = [(torch.randn(24, 16, generator=gen), None), (torch.randn(16, 24, generator=gen), torch.zeros(16))]
+    linear = Int8Linears(weights)
+    assert linear.stream_norm is True and len(linear._direct) == len(linear) == 2
+    x = torch.randn(2, 16, generator=gen)
+    torch.testing.assert_close(linear(x, weights[0][0]), linear._table[weights[0][0].data_ptr()][1](x))
+    if stream_kernel().available:
+        assert stream_norm(linear) is stream_kernel().module.rms_norm
+    assert Int8Linears([(torch.ones(4, 4, dtype=torch.float64), None)]).stream_norm is False
 
 
 def _kinds(module: nn.Module) -> set[str]:
