@@ -96,10 +96,12 @@ def stream_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def stream_norm(linear: Linear) -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None:
-    """The stream kernel's one-call RMSNorm when ``linear`` is the kernel's own product (the lean forwards then norm
-    with it too: one call for seven small ops), else None (they keep the families' op-for-op RMSNorm)."""
+    """The stream kernel's one-call RMSNorm when ``linear`` is the kernel's own product or says it multiplies float32
+    CPU rows (an attribute ``stream_norm`` set to True: the int8 drafts' products), so the lean forwards norm with it
+    too (one call for seven small ops); else None (they keep the families' op-for-op RMSNorm)."""
     module = stream_kernel().module if linear is not F.linear and linear is not skinny_linear else None
-    return module.rms_norm if module is not None and linear is module.linear else None
+    wants = module is not None and (linear is module.linear or getattr(linear, "stream_norm", False) is True)
+    return module.rms_norm if wants else None  # stream_norm True: a product of float32 CPU rows (int8 drafts)
 
 
 def head_product(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -1,5 +1,7 @@
 """8-bit drafts (specfamily.drafters.shared.quantize): int8 copies of the draft's weights, exactness kept."""
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -8,8 +10,10 @@ import specfamily as sf
 from specfamily.drafters.eagle.drafter import Eagle3Drafter, EagleDrafter
 from specfamily.drafters.medusa.drafter import MedusaDrafter
 from specfamily.drafters.medusa.hydra_drafter import HydraDrafter
-from specfamily.drafters.shared.quantize import Int8Linears, check_bits, int8_linear, quantize_heads
+from specfamily.drafters.shared.quantize import Int8Linear, Int8Linears, check_bits, int8_linear, quantize_heads
 from specfamily.drafters.small_model.drafter import SmallModelDrafter
+from specfamily.runtime import int8_matmul
+from specfamily.runtime.int8_matmul import int8_kernel
 from specfamily.testing import SAMPLING_MATRIX, assert_lossless, draft_model_for, tiny_target
 
 PROMPT = [3, 1, 4, 1, 5]
@@ -20,15 +24,98 @@ def _float_linears(module: nn.Module) -> list[str]:
     return [name for name, m in module.named_modules() if type(m) is nn.Linear]
 
 
-def test_int8_linear_is_close_to_float_and_holds_int8_weights():
+needs_kernel = pytest.mark.skipif(not int8_kernel().available, reason=f"int8 kernel not built: {int8_kernel().reason}")
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(True, marks=needs_kernel), False])
+def test_int8_linear_is_close_to_float_and_holds_int8_weights(kernel):
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
     x = torch.randn(5, 64, generator=gen)
-    q = int8_linear(weight, bias)
-    assert q.inner.weight().dtype == torch.qint8
+    q = int8_linear(weight, bias, kernel=kernel)
+    if kernel:
+        assert q.kind == "kernel" and q.inner.packed.dtype == torch.int8
+    else:
+        assert q.kind == "torch.ao" and q.inner.weight().dtype == torch.qint8
     exact = nn.functional.linear(x, weight, bias)
     assert (q(x) - exact).abs().max() < 0.05 * exact.abs().max()
     assert not torch.equal(q(x), exact)  # it did run in int8
+    assert q(x[0]).shape == (96,) and torch.allclose(q(x[0]), q(x[:1])[0], atol=1e-5)
+    assert q(x.double()).dtype == torch.float64
+
+
+@needs_kernel
+def test_the_kernel_is_the_default_where_it_builds_and_multiplies_the_dequantized_weights():
+    gen = torch.Generator().manual_seed(2)
+    weight, x = torch.randn(33, 20, generator=gen), torch.randn(3, 20, generator=gen)
+    q = int8_linear(weight)
+    assert q.kind == "kernel"
+    torch.testing.assert_close(q(x), nn.functional.linear(x, q.inner.weight()), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def unbuilt(monkeypatch):
+    def fail(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(int8_matmul, "build_extension", fail)
+    int8_kernel.cache_clear()
+    yield
+    int8_kernel.cache_clear()
+
+
+def test_a_failed_kernel_build_falls_back_to_torch_ao_with_one_warning(unbuilt, caplog):
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    with caplog.at_level(logging.WARNING, logger="specfamily.runtime.int8_matmul"):
+        drafter = SmallModelDrafter(target, model=draft_model_for(target), gamma=3, quantize=8)
+    kinds = {entry[1].kind for entry in drafter.runner.lean._linear._table.values()}
+    assert kinds == {"torch.ao"} and len(caplog.records) == 1
+    assert "int8 weight-only kernel unavailable (RuntimeError: no compiler here)" in caplog.records[0].getMessage()
+    with pytest.raises(RuntimeError, match="the int8 weight-only kernel is not available here: RuntimeError: no comp"):
+        int8_linear(torch.ones(2, 2), kernel=True)
+    plain = sf.generate(target, None, PROMPT, max_new_tokens=24).tokens
+    result = sf.generate(target, drafter, PROMPT, max_new_tokens=24)
+    assert result.tokens == plain and result.metrics.draft_steps > 0
+
+
+@needs_kernel
+def test_int8_lean_forward_norms_with_the_stream_kernel_where_the_weights_are_float32():
+    from specfamily.runtime.kernel import stream_kernel
+    from specfamily.runtime.matmul import stream_norm
+
+    gen = torch.Generator().manual_seed(3)
+    weights = [(torch.randn(24, 16, generator=gen), None), (torch.randn(16, 24, generator=gen), torch.zeros(16))]
+    linear = Int8Linears(weights)
+    assert linear.stream_norm is True and len(linear._direct) == len(linear) == 2
+    x = torch.randn(2, 16, generator=gen)
+    torch.testing.assert_close(linear(x, weights[0][0]), linear._table[weights[0][0].data_ptr()][1](x))
+    if stream_kernel().available:
+        assert stream_norm(linear) is stream_kernel().module.rms_norm
+    assert Int8Linears([(torch.ones(4, 4, dtype=torch.float64), None)]).stream_norm is False
+
+
+def _kinds(module: nn.Module) -> set[str]:
+    return {m.kind for m in module.modules() if isinstance(m, Int8Linear)}
+
+
+@needs_kernel
+@pytest.mark.parametrize("name,options", [("small_model", {"model": "zoo:code-draft"}),
+                                          ("medusa", {"weights": "zoo:code-medusa", "policy": "constant"}),
+                                          ("eagle3", {"weights": "random", "mode": "chain", "policy": "constant"})])
+def test_int8_drafts_on_the_code_target_run_the_kernel_and_keep_greedy_text(name, options):
+    target = sf.load_target("zoo:code-target", device="cpu")
+    drafter = sf.create_drafter(name, target, quantize=8, **options)
+    if name == "medusa":
+        assert _kinds(drafter.heads) == {"kernel"}
+    else:
+        table = (drafter.runner.lean._linear if name == "small_model" else drafter.linear)._table
+        assert {entry[1].kind for entry in table.values()} == {"kernel"} and len(table) > 2
+    prompt = target.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n    ")["input_ids"]
+    plain = sf.generate(target, None, prompt, max_new_tokens=32).tokens
+    result = sf.generate(target, drafter, prompt, max_new_tokens=32)
+    assert result.tokens == plain and result.metrics.draft_steps > 0
+    if name == "small_model":
+        assert result.metrics.accepted_tokens > 0  # a trained draft: its int8 copy still proposes accepted tokens
 
 
 def test_lean_linear_uses_int8_for_its_weights_and_float_for_others():
