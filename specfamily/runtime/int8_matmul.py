@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from specfamily.runtime.kernel import KernelUnavailable, build_extension, build_folder
+from specfamily.runtime.kernel import Extension, KernelUnavailable, build_extension, build_folder, load_extension
 
 __all__ = ["DISABLE_ENV", "PANEL", "Int8Kernel", "Int8Weight", "dequantize", "int8_kernel", "int8_source",
            "pack_int8", "quantize_rows"]
@@ -39,21 +38,7 @@ PANEL = 16  # output rows per packed panel (csrc's kPanel)
 QMAX = 127  # symmetric int8 range [-QMAX, QMAX]
 
 
-@dataclass(frozen=True)
-class Int8Kernel:
-    """The built extension (``module.linear(x, packed, scales, n, bias=None)``), or None and why it is not."""
-
-    module: ModuleType | None
-    reason: str | None = None
-
-    @property
-    def available(self) -> bool:
-        return self.module is not None
-
-    @property
-    def isa(self) -> str | None:
-        """The instruction set the kernel runs here: ``avx512``, ``avx2`` or ``scalar``; None when not built."""
-        return self.module.isa() if self.module is not None else None
+Int8Kernel = Extension  # the int8 kernel's record (``module.linear(x, packed, scales, n, bias=None)``)
 
 
 def int8_source() -> Path:
@@ -62,20 +47,17 @@ def int8_source() -> Path:
 
 
 @functools.cache
-def int8_kernel() -> Int8Kernel:
+def int8_kernel() -> Extension:
     """The kernel, built (or loaded from the cache) once per process; on failure one warning and the reason."""
-    try:
-        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-            raise KernelUnavailable(f"{DISABLE_ENV} is set")
-        source = int8_source()
-        if not source.is_file():
-            raise KernelUnavailable(f"the kernel source {source} is missing from the installed package")
-        return Int8Kernel(build_extension(NAME, [source], build_folder(source, [source], "int8_linear")))
-    except Exception as error:  # a compiler's or loader's failure of any kind: the fallback, never a crash
-        reason = _short(error)
-        logger.warning("int8 weight-only kernel unavailable (%s): quantize=8 uses torch.ao's dynamic int8", reason)
-        logger.debug("int8 kernel build failure", exc_info=True)
-        return Int8Kernel(None, reason)
+    return load_extension(DISABLE_ENV, _build, logger, "int8 weight-only kernel",
+                          "quantize=8 uses torch.ao's dynamic int8")
+
+
+def _build() -> ModuleType:
+    source = int8_source()
+    if not source.is_file():
+        raise KernelUnavailable(f"the kernel source {source} is missing from the installed package")
+    return build_extension(NAME, [source], build_folder(source, [source], "int8_linear"))
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,9 +124,3 @@ def _module() -> ModuleType:
     if kernel.module is None:
         raise RuntimeError(f"the int8 weight-only kernel is not available here: {kernel.reason}")
     return kernel.module
-
-
-def _short(error: BaseException, limit: int = 200) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -33,15 +33,16 @@ import os
 import platform
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-__all__ = ["DISABLE_ENV", "PACKED_ATTR", "KernelUnavailable", "StreamKernel", "build_extension", "drop_packed",
-           "kernel_source", "kernel_sources", "packed_bytes", "stream_kernel"]
+__all__ = ["DISABLE_ENV", "PACKED_ATTR", "Extension", "KernelUnavailable", "StreamKernel", "build_extension",
+           "drop_packed", "kernel_source", "kernel_sources", "load_extension", "packed_bytes", "short_error",
+           "stream_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ class KernelUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
-class StreamKernel:
-    """The built extension (``module.linear(x, weight, bias=None)``), or None and the reason it is not available."""
+class Extension:
+    """A built extension (the imported module), or None and the reason it is not available."""
 
     module: ModuleType | None
     reason: str | None = None
@@ -68,8 +69,27 @@ class StreamKernel:
 
     @property
     def isa(self) -> str | None:
-        """The instruction set the kernel runs here: ``avx512``, ``avx2`` or ``scalar``; None when not built."""
-        return self.module.isa() if self.module is not None else None
+        """The instruction set the extension runs here (``avx512``, ``avx2``, ``scalar``); None when not built or
+        when the extension does not say."""
+        return self.module.isa() if self.module is not None and hasattr(self.module, "isa") else None
+
+
+StreamKernel = Extension  # the stream kernel's record (``module.linear(x, weight, bias=None)``)
+
+
+def load_extension(disable_env: str, build: Callable[[], ModuleType], log: logging.Logger, what: str,
+                   fallback: str) -> Extension:
+    """``build()``'s module, or (``disable_env`` set, or any failure) one warning on ``log`` naming why and what runs
+    instead: "<what> unavailable (<reason>): <fallback>"; the reason is kept on the record."""
+    try:
+        if os.environ.get(disable_env, "") not in ("", "0"):
+            raise KernelUnavailable(f"{disable_env} is set")
+        return Extension(build())
+    except Exception as error:  # a compiler's or loader's failure of any kind: fall back, never crash a run
+        reason = short_error(error)
+        log.warning("%s unavailable (%s): %s", what, reason, fallback)
+        log.debug("%s build failure", what, exc_info=True)
+        return Extension(None, reason)
 
 
 def kernel_source() -> Path:
@@ -84,17 +104,9 @@ def kernel_sources(source: Path | None = None) -> list[Path]:
 
 
 @functools.cache
-def stream_kernel() -> StreamKernel:
+def stream_kernel() -> Extension:
     """The kernel, built (or loaded from the cache) once per process; on failure one warning and the reason."""
-    try:
-        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-            raise KernelUnavailable(f"{DISABLE_ENV} is set")
-        return StreamKernel(build_kernel())
-    except Exception as error:  # a compiler's or loader's failure of any kind: fall back, never crash a run
-        reason = _short(error)
-        logger.warning("matmul 'stream' unavailable (%s): using the 'exact' and 'skinny' kinds", reason)
-        logger.debug("stream kernel build failure", exc_info=True)
-        return StreamKernel(None, reason)
+    return load_extension(DISABLE_ENV, build_kernel, logger, "matmul 'stream'", "using the 'exact' and 'skinny' kinds")
 
 
 @functools.cache
@@ -184,7 +196,7 @@ def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "specfamily"
 
 
-def _short(error: BaseException, limit: int = 200) -> str:
+def short_error(error: BaseException, limit: int = 200) -> str:
     """The error's first non-empty line, clipped: what the warning names."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = f"{type(error).__name__}: {lines[0] if lines else 'no message'}"

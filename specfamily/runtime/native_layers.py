@@ -25,15 +25,21 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
-from specfamily.runtime.kernel import KernelUnavailable, build_extension, build_folder, stream_kernel
+from specfamily.runtime.kernel import (
+    Extension,
+    KernelUnavailable,
+    build_extension,
+    build_folder,
+    load_extension,
+    short_error,
+    stream_kernel,
+)
 from specfamily.runtime.kv_cache import BufferedLayer
 from specfamily.runtime.lean import Attend, LeanLayer, LeanLlama, rotate_pair
 
@@ -46,16 +52,7 @@ DISABLE_ENV = "SPECFAMILY_NO_NATIVE_LAYERS"  # set (non-empty, not "0"): never b
 NAME = "specfamily_native_layers"
 
 
-@dataclass(frozen=True)
-class NativeBuild:
-    """The built extension (``module.NativeLayers``), or None and the reason it is not available."""
-
-    module: ModuleType | None
-    reason: str | None = None
-
-    @property
-    def available(self) -> bool:
-        return self.module is not None
+NativeBuild = Extension  # the native loop's extension record (``module.NativeLayers``)
 
 
 def native_source() -> Path:
@@ -64,19 +61,16 @@ def native_source() -> Path:
 
 
 @functools.cache
-def native_build() -> NativeBuild:
+def native_build() -> Extension:
     """The extension, built (or loaded from the cache) once per process; on failure one warning and the reason."""
-    try:
-        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-            raise KernelUnavailable(f"{DISABLE_ENV} is set")
-        if not stream_kernel().available:
-            raise KernelUnavailable(f"the stream kernel is not available ({stream_kernel().reason})")
-        return NativeBuild(build_native())
-    except Exception as error:  # a compiler's or loader's failure of any kind: the Python loop, never a crash
-        reason = _short(error)
-        logger.warning("native layer loop unavailable (%s): the lean forward runs its Python loop", reason)
-        logger.debug("native layer loop build failure", exc_info=True)
-        return NativeBuild(None, reason)
+    return load_extension(DISABLE_ENV, _build_beside_stream, logger, "native layer loop",
+                          "the lean forward runs its Python loop")
+
+
+def _build_beside_stream() -> ModuleType:
+    if not stream_kernel().available:
+        raise KernelUnavailable(f"the stream kernel is not available ({stream_kernel().reason})")
+    return build_native()
 
 
 @functools.cache
@@ -87,12 +81,6 @@ def build_native(verbose: bool = False) -> ModuleType:
     if not source.is_file():
         raise KernelUnavailable(f"the native layers' source {source} is missing from the installed package")
     return build_extension(NAME, [source], build_folder(source, [source], "native_layers"), verbose)
-
-
-def _short(error: BaseException, limit: int = 200) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fields(layer: LeanLayer) -> tuple:
@@ -153,7 +141,7 @@ class NativeLayers:
                                        attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts)
         except Exception as error:  # noqa: BLE001 - any failure: the Python loop from now on, this pass's too
             # no layer was exposed: the cache keeps its entries (the Python loop rewrites the buffers' tails)
-            self.reason = _short(error)
+            self.reason = short_error(error)
             logger.warning("the native layer loop failed, running the Python loop: %s", self.reason)
             return None
         for layer, start in zip(layers, starts, strict=True):
@@ -183,5 +171,5 @@ def native_layers(lean: LeanLlama | None, enabled: bool = True) -> NativeLayers 
     try:
         return NativeLayers(lean, build.module)
     except Exception as error:  # noqa: BLE001 - e.g. a stream kernel whose capsules this build does not know
-        logger.warning("native layer loop unavailable (%s): the lean forward runs its Python loop", _short(error))
+        logger.warning("native layer loop unavailable (%s): the lean forward runs its Python loop", short_error(error))
         return None
