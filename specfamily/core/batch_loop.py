@@ -221,6 +221,7 @@ class _Batch:
         t2, c2 = self.clock(), self.cost_clock()
         if steady and all(d.side is None for d in drafts):
             self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), c1 - c0, c2 - c1)
+            self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c2 - c0)  # realized vs. predicted
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
