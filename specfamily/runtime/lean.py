@@ -268,20 +268,22 @@ class LeanLlama:
         concatenated, (1, q, k * H).
         """
         hidden, cos, sin, attend = self._prepare(input_ids, position_ids, mask, cache)
-        states = []  # transformers' hidden_states, kept only when layer features are asked for
-        native = None if self.native is None or isinstance(features, tuple) else self.native(hidden, cos, sin, attend,
-                                                                                              cache)
+        count = self._config.num_hidden_layers
+        layer_ids = tuple(sorted({i for i in features if i < count})) if isinstance(features, tuple) else ()
+        native = None if self.native is None else self.native(hidden, cos, sin, attend, cache, layer_ids)
         if native is not None:  # every layer run in C++, bit-identical to the loop below
-            hidden = native
+            hidden, kept = native
+            states = dict(zip(layer_ids, kept, strict=True))  # transformers' hidden_states, those asked for
         else:
-            for layer in self._layers[: self._config.num_hidden_layers]:
-                if isinstance(features, tuple):
-                    states.append(hidden)
+            states = {}
+            for i, layer in enumerate(self._layers[:count]):
+                if i in layer_ids:
+                    states[i] = hidden
                 hidden = layer(hidden, cos, sin, attend, cache)
         hidden = self._norm_fn(hidden, *self._norm)
         logits = self._linear(hidden[:, -keep:, :], *self._head)
         if isinstance(features, tuple):
-            states.append(hidden)
+            states[count] = hidden
             return logits, torch.cat([states[i] for i in features], dim=-1)
         return logits, (hidden if features else None)
 

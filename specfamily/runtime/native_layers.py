@@ -13,7 +13,8 @@ It takes (``NativeLayers.__call__`` returns the hidden state; None: the Python l
 passes over a non-empty cache of ``BufferedLayer`` layers (decode and verify passes: chain and tree, masked or packed
 as ``plan_attention`` says), float32 on a CPU, batch 1, in inference mode, with the uncompiled rope. It is built only
 for a lean forward multiplying with the stream kernel, all of whose layers act with SiLU (``native_layers``); layer
-features (EAGLE-3's), ``skipping`` (self-speculation) and the batched passes keep the Python loop.
+features (EAGLE-3's) come back as the inputs of the layers asked for; ``skipping`` (self-speculation) and the batched
+passes keep the Python loop.
 
 The extension is built like the stream kernel (``specfamily.runtime.kernel.build_extension``: the user's cache, one
 folder per sources, flags, CPU, torch and Python, a file lock), once per process. Where it cannot build (no
@@ -113,6 +114,13 @@ class NativeLayers:
                                                                       lean._layers[: self.count]])
         self.reason: str | None = None  # why the Python loop runs for good, after a native pass failed
 
+    def __deepcopy__(self, memo: dict) -> NativeLayers | None:
+        """Shared where the copy shares the model's weights (a batch slot's copy of a drafter that owns a draft target:
+        the weights are read-only and nothing here belongs to a request); None (the copy runs the Python loop) where
+        the weights themselves are copied, as this C++ object holds the original ones and cannot be copied."""
+        weight = self.lean._layers[0].q[0]
+        return self if memo.get(id(weight)) is weight else None
+
     @property
     def calls(self) -> int:
         """Passes run natively so far."""
@@ -124,8 +132,9 @@ class NativeLayers:
         return self._native.fused_layers
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
-                 cache) -> torch.Tensor | None:
-        """The last layer's output (1, q, H), the cache's layers written and exposed; None: not taken."""
+                 cache, inputs: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """(the last layer's output (1, q, H), the inputs of the layers ``inputs`` names (ascending ids)), the cache's
+        layers written and exposed; None: not taken."""
         layers = getattr(cache, "layers", None)
         if (self.reason is not None or attend.rotate is not rotate_pair or hidden.shape[0] != 1
                 or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not torch.is_inference_mode_enabled()
@@ -138,7 +147,8 @@ class NativeLayers:
         buffers = [layer.reserve(start + q) for layer, start in zip(layers, starts, strict=True)]
         try:
             out = self._native.forward(hidden, cos, sin, attend.mask, attend.causal, attend.gqa, attend.pack,
-                                       attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts)
+                                       attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts,
+                                       list(inputs))
         except Exception as error:  # noqa: BLE001 - any failure: the Python loop from now on, this pass's too
             # no layer was exposed: the cache keeps its entries (the Python loop rewrites the buffers' tails)
             self.reason = short_error(error)

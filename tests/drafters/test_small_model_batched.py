@@ -85,6 +85,23 @@ def test_each_request_keeps_its_batch_1_greedy_text(code_target, prompts):
     assert all(r.metrics.draft_steps > 0 for r in results)
 
 
+def test_a_draft_model_on_the_native_layer_loop_batches_and_keeps_its_text(prompts):
+    """A stream target makes its draft model's lean forward run the native layer loop; batch slots copy the drafter
+    (and its draft target) and each request keeps its batch-1 greedy text."""
+    from specfamily.runtime.native_layers import native_build
+
+    if not native_build().available:
+        pytest.skip(f"native layer loop unavailable: {native_build().reason}")
+    target = sf.load_target("zoo:code-target", matmul="stream")
+    drafter = sf.create_drafter("small_model", target, gamma=3)
+    assert drafter.runner.lean is not None and drafter.runner.lean.native is not None
+    reference = [sf.generate(target, sf.create_drafter("small_model", target, gamma=3), p, max_new_tokens=16).tokens
+                 for p in prompts]
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16, max_batch=3)
+    assert [r.tokens for r in results] == reference
+    assert all(r.metrics.draft_steps > 0 for r in results)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_tiny_models_of_both_families_draft_in_batches_what_they_draft_alone(family, monkeypatch):
     """GPT-2 drafts through the model's own forward (no lean forward), Llama through the lean one."""

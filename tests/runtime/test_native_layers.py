@@ -8,6 +8,7 @@ Where the stream kernel cannot build, the tests that need it skip (the fallback 
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import replace
 
@@ -120,7 +121,7 @@ def test_repeated_keys_and_values_are_bit_identical_too():
         ids, positions = torch.tensor([[4]]), torch.tensor([[9]])
         hidden, cos, sin, attend = native.lean._prepare(ids, positions, None, native.cache)
         attend = replace(attend, gqa=False, pack=False)
-        ours = native.lean.native(hidden, cos, sin, attend, native.cache)
+        ours, _ = native.lean.native(hidden, cos, sin, attend, native.cache)
         theirs = hidden
         for layer in python.lean._layers:
             theirs = layer(theirs, cos, sin, attend, python.cache)
@@ -140,12 +141,31 @@ def test_the_rope_by_atens_ops_gives_the_same_bits():
         ids, positions = torch.tensor([[4]]), torch.tensor([[9]])
         hidden, cos, sin, attend = native.lean._prepare(ids, positions, None, native.cache)
         assert not strided(cos).is_contiguous()
-        ours = native.lean.native(hidden, strided(cos), strided(sin), attend, native.cache)
+        ours, _ = native.lean.native(hidden, strided(cos), strided(sin), attend, native.cache)
         theirs = hidden
         for layer in python.lean._layers:
             theirs = layer(theirs, cos, sin, attend, python.cache)
     assert native.lean.native.calls == 1 and native.lean.native.fused_layers == 0
     assert torch.equal(ours, theirs)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(native.cache.layers, python.cache.layers, strict=True))
+
+
+@needs_native
+@pytest.mark.parametrize("features", [(0, 1), (2, 0), (2,), (1, 1)], ids=["layer-inputs", "unordered-with-final",
+                                                                          "final-only", "repeated"])
+def test_layer_features_come_back_from_the_native_loop_bit_for_bit(features):
+    """EAGLE-3's layer features (transformers' hidden_states indexing: i < L a layer's input, L after the final
+    norm) from a native pass equal the Python loop's, in the order asked, with the cache written alike."""
+    native, python = _pair(_model())
+    for target in (native, python):
+        target.forward(torch.arange(9))
+        target.commit([])
+    ours = native.forward(torch.tensor([3, 5]), features=features)
+    theirs = python.forward(torch.tensor([3, 5]), features=features)
+    assert native.lean.native.calls == 1 and python.lean.native is None
+    assert ours.features.shape == (2, len(features) * 72)  # two fed rows; hidden_size 72 (``_model``)
+    assert torch.equal(ours.features, theirs.features) and torch.equal(ours.logits, theirs.logits)
     assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
                for a, b in zip(native.cache.layers, python.cache.layers, strict=True))
 
@@ -158,11 +178,6 @@ def test_out_of_scope_passes_keep_the_python_loop():
         target.forward(torch.arange(9))
         target.commit([])
     assert native.lean.native.calls == 0  # a prefill over an empty cache
-    features = native.forward(torch.tensor([3]), features=(0, 2)).features  # EAGLE-3's layer features
-    assert torch.equal(features, python.forward(torch.tensor([3]), features=(0, 2)).features)
-    assert native.lean.native.calls == 0
-    for target in (native, python):
-        target.commit([])
     native.lean.rotate = python.lean.rotate = lambda *args: rotate_pair(*args)  # a compiled rope stands in
     assert torch.equal(native.forward(torch.tensor([4])).logits, python.forward(torch.tensor([4])).logits)
     assert native.lean.native.calls == 0
@@ -285,3 +300,24 @@ def test_smollm2_native_loop_is_bit_identical():
     _assert_identical(native, python, steps)
     assert native.lean.native.calls == len(steps) - 1
     assert native.lean.native.fused_layers == native.num_layers * native.lean.native.calls
+
+
+@needs_native
+def test_a_copy_shares_the_native_layers_only_with_the_weights():
+    """Batch slots deep-copy a drafter with its own draft target (small_model), its modules shared: the copy runs the
+    same native layers. A copy of the weights themselves runs the Python loop (the C++ object holds the originals)."""
+    native, _ = _pair(_model())
+    native.forward(torch.arange(9))
+    native.commit([])
+    memo = {id(module): module for module in native.model.modules()}
+    memo.update({id(tensor): tensor for tensor in native.model.parameters()})
+    shared = copy.deepcopy(native, memo)
+    assert shared.lean.native is native.lean.native
+    calls = native.lean.native.calls
+    assert torch.equal(shared.forward(torch.tensor([4])).logits, native.forward(torch.tensor([4])).logits)
+    assert native.lean.native.calls == calls + 2
+    for target in (shared, native):
+        target.commit([])
+    full = copy.deepcopy(native)
+    assert full.lean.native is None and full.model is not native.model
+    assert torch.equal(full.forward(torch.tensor([5])).logits, native.forward(torch.tensor([5])).logits)

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -121,24 +122,32 @@ class NativeLayers {
   }
 
   // Every layer on hidden (1, q, H): keys and values written into keys[i] / values[i] (1, kv heads, capacity, D)
-  // at starts[i] onwards; returns the last layer's output (1, q, H), before the final norm.
-  at::Tensor forward(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin,
-                     const c10::optional<at::Tensor>& mask, bool causal, bool gqa, bool pack, int64_t groups,
-                     const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
-                     const std::vector<int64_t>& starts) {
+  // at starts[i] onwards; returns the last layer's output (1, q, H), before the final norm, and the inputs of the
+  // layers named in `inputs` (ascending), as the Python loop keeps them for layer features (EAGLE-3's).
+  std::tuple<at::Tensor, std::vector<at::Tensor>> forward(
+      at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const c10::optional<at::Tensor>& mask,
+      bool causal, bool gqa, bool pack, int64_t groups, const std::vector<at::Tensor>& keys,
+      const std::vector<at::Tensor>& values, const std::vector<int64_t>& starts, const std::vector<int64_t>& inputs) {
     const size_t n = layers_.size();
     TORCH_CHECK(keys.size() == n && values.size() == n && starts.size() == n, "native_layers: ", n,
                 " layers need as many key buffers, value buffers and starts, got ", keys.size(), ", ", values.size(),
                 ", ", starts.size());
     const Plan plan{mask, causal, gqa, pack, groups};
+    std::vector<at::Tensor> kept;
+    size_t next = 0;  // the next entry of `inputs` to keep
     for (size_t i = 0; i < n; ++i) {
       const Layer& layer = layers_[i];
+      if (next < inputs.size() && inputs[next] == static_cast<int64_t>(i)) {
+        kept.push_back(hidden);  // every layer makes a new tensor: the kept one is never written again
+        ++next;
+      }
       hidden = hidden + attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, plan, keys[i], values[i],
                                   starts[i]);
       hidden = mlp_block(layer, hidden);
     }
+    TORCH_CHECK(next == inputs.size(), "native_layers: layer inputs must be ascending layer ids below ", n);
     ++calls_;
-    return hidden;
+    return {hidden, kept};
   }
 
   int64_t calls() const { return calls_; }
@@ -238,7 +247,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const py::object&, const py::list&>(), py::arg("module"), py::arg("layers"))
       .def("forward", &NativeLayers::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"), py::arg("mask"),
            py::arg("causal"), py::arg("gqa"), py::arg("pack"), py::arg("groups"), py::arg("keys"), py::arg("values"),
-           py::arg("starts"))
+           py::arg("starts"), py::arg("inputs") = std::vector<int64_t>{})
       .def_property_readonly("calls", &NativeLayers::calls)
       .def_property_readonly("fused_layers", &NativeLayers::fused_layers)
       .def("__len__", &NativeLayers::size);
