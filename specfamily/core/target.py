@@ -64,13 +64,10 @@ class Target:
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
         and ``stream`` (a streaming C++ kernel) in other float32 orders that are faster on some CPUs, ``auto`` the
         fastest measured here (``specfamily.runtime.matmul``). ``self.matmul`` is the kind in use,
-        ``self.matmul_choice`` the choice with auto's timings. ``compile`` (lean forward only): ``torch.compile`` the
-        per-layer rope, falling back to eager where compiling fails (``specfamily.runtime.compiled``); off by default.
-        ``compile="pass"``: the decode and verify passes through one compiled graph per shape bucket
-        (``specfamily.runtime.compiled_pass``; CUDA graphs on CUDA), eager where it does not apply or fails.
-        ``native_layers`` (lean forward with the stream kernel only): run the layer loop of decode and verify passes in
-        C++, bit-identical to the Python loop (``specfamily.runtime.native_layers``); the Python loop where it cannot.
-        """
+        ``self.matmul_choice`` the choice with auto's timings. ``compile`` (lean forward only, off by default):
+        ``torch.compile`` the rope (``specfamily.runtime.compiled``), or with ``"pass"`` the decode and verify passes
+        (``specfamily.runtime.compiled_pass``), eager where it does not apply or fails. ``native_layers`` (with the
+        stream kernel): the layer loop in C++, bit-identical (``specfamily.runtime.native_layers``)."""
         check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
