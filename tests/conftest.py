@@ -107,3 +107,17 @@ def lean_calls(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(LeanLlama, "__call__", counted)
     return calls
+
+
+@pytest.fixture
+def int8_unbuilt(monkeypatch):
+    """A session where the int8 weight-only kernel cannot build (the real build stays memoised for later tests)."""
+    from specfamily.runtime import int8_matmul
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("Error building extension 'specfamily_int8_linear'\nmore lines")
+
+    monkeypatch.setattr(int8_matmul, "build_extension", fail)
+    int8_matmul.int8_kernel.cache_clear()
+    yield
+    int8_matmul.int8_kernel.cache_clear()

@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specfamily.runtime import int8_matmul
 from specfamily.runtime.int8_matmul import (
     DISABLE_ENV,
     PANEL,
@@ -98,18 +97,7 @@ def test_bad_inputs_are_refused_by_name():
         product(x, "neon")
 
 
-@pytest.fixture
-def unbuilt(monkeypatch):
-    def fail(*args, **kwargs):
-        raise RuntimeError("Error building extension 'specfamily_int8_linear'\nmore lines")
-
-    monkeypatch.setattr(int8_matmul, "build_extension", fail)
-    int8_kernel.cache_clear()
-    yield
-    int8_kernel.cache_clear()
-
-
-def test_a_failed_build_warns_once_and_names_why(unbuilt, caplog):
+def test_a_failed_build_warns_once_and_names_why(int8_unbuilt, caplog):
     with caplog.at_level(logging.WARNING, logger="specfamily.runtime.int8_matmul"):
         first, second = int8_kernel(), int8_kernel()
     assert first is second and not first.available and first.isa is None
