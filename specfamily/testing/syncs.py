@@ -39,11 +39,12 @@ from __future__ import annotations
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -58,6 +59,7 @@ _DATA_DEPENDENT = {
 }
 _INDEXING = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
 _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy}
+_FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}  # built on the host, copied
 _HERE = str(Path(__file__).resolve())
 _TORCH = str(Path(torch.__file__).resolve().parent)
 
@@ -114,17 +116,26 @@ class Sync:
         return f"{self.kind} ({self.op}) at {self.where}"
 
 
-@dataclass
 class SyncCounter(TorchDispatchMode):
     """Counts the host synchronisations of the code run inside it (``with SyncCounter() as syncs: ...``).
 
     ``syncs``: the synchronising calls in order; ``queued``: the non-blocking transfers (not counted)."""
 
-    syncs: list[Sync] = field(default_factory=list)
-    queued: list[Sync] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
+    def __init__(self) -> None:
         super().__init__()
+        self.syncs: list[Sync] = []
+        self.queued: list[Sync] = []
+        self._host_data = _HostData(self)
+
+    def __enter__(self):
+        self._host_data.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._host_data.__exit__(*exc)
 
     @property
     def count(self) -> int:
@@ -139,6 +150,30 @@ class SyncCounter(TorchDispatchMode):
         if kind is not None:
             (self.queued if queued else self.syncs).append(Sync(kind, str(func), caller()))
         return execute(func, args, kwargs)
+
+
+class _HostData(TorchFunctionMode):
+    """``torch.tensor(data, device=...)``, ``as_tensor``, ``asarray`` and ``new_tensor`` onto the stand-in device:
+    built on the host and copied with a wait (torch builds them below the dispatcher, so the op mode never sees
+    them): counted as a blocking copy to the device, the result a stand-in."""
+
+    def __init__(self, counter: SyncCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _FROM_HOST_DATA:
+            return func(*args, **kwargs)
+        method = func is torch.Tensor.new_tensor
+        device = kwargs.get("device", args[0].device if method else None)
+        data = args[1] if method else args[0]
+        if device is None or torch.device(device) != STAND_IN or isinstance(data, StandIn):
+            return func(*args, **kwargs)
+        if method:
+            kwargs = {"dtype": args[0].dtype, **kwargs}
+        self.counter.syncs.append(Sync("copy to device", func.__name__, caller()))
+        return StandIn(func(*map(on_host, args), **{**kwargs, "device": torch.device("cpu")}))
 
 
 def count_syncs(fn: Callable[[], Any]) -> tuple[Any, SyncCounter]:
@@ -193,6 +228,10 @@ def execute(func, args: tuple, kwargs: dict):
     """Run ``func`` on the stand-ins' CPU values; its tensor results are stand-ins when an operand was one or when
     it was asked for the stand-in device, host tensors when copied to the host; in-place results are the operand."""
     leaves = tree_flatten((args, kwargs))[0]
+    if any(isinstance(leaf, torch.Tensor) and not isinstance(leaf, StandIn) and leaf.device == STAND_IN
+           for leaf in leaves):
+        raise RuntimeError(f"{func}: a tensor on {STAND_IN} that is no stand-in (made outside the counter's view); "
+                           "make device tensors with specfamily.testing.syncs.on_device")
     device_kw = kwargs.get("device")
     to_stand_in = device_kw is not None and torch.device(device_kw) == STAND_IN
     to_host = device_kw is not None and torch.device(device_kw).type == "cpu"

@@ -124,3 +124,20 @@ def test_host_tensors_are_the_hosts_own_business():
         int(parents[1])
         parents.nonzero()
     assert syncs.count == 0
+
+
+def test_tensors_built_from_host_data_onto_the_device_are_a_blocking_copy():
+    x = _x()
+    with SyncCounter() as syncs:
+        made = [x.new_tensor([1.0]), torch.tensor([1, 2], device=x.device), torch.as_tensor([3.0], device=x.device)]
+        same = torch.as_tensor(x)  # already there: no copy
+    assert [(s.kind, s.op) for s in syncs.syncs] == [
+        ("copy to device", "new_tensor"), ("copy to device", "tensor"), ("copy to device", "as_tensor")], syncs
+    assert all(isinstance(t, StandIn) for t in made) and same is x
+    assert made[0].dtype == torch.float64 and on_host(made[1]).tolist() == [1, 2]
+
+
+def test_a_device_tensor_made_outside_the_counters_view_is_refused():
+    x, outside = _x(), torch.zeros(6, device=STAND_IN)  # a real meta tensor: no values
+    with SyncCounter(), pytest.raises(RuntimeError, match="that is no stand-in"):
+        x + outside
