@@ -23,6 +23,7 @@ verifier's own tests) can assert "one synchronisation a pass" in CI:
                               operand of ``where`` (TensorCompare.cpp moves it with ``.to``)
   ``data-dependent shape``    ops whose output size is read back: nonzero, masked_select, unique*, bincount,
                               repeat_interleave without output_size, a boolean index (nonzero), equal, mode
+                              (some, unique, may wait inside thrust, which the debug mode does not flag)
   ==========================  =========================================================================================
 
   Non-blocking copies are listed in ``queued`` and not counted (CUDA's debug mode does not flag them either).
