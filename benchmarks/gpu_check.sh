@@ -105,6 +105,13 @@ if [ -n "$first" ]; then  # CUDA reports a kernel's fault at a later call: rerun
         | tee "$LOGS/first-failure.log" | grep -E '^(E |specfamily/|tests/|[a-z_/]+\.py:[0-9]+)' | head -40
 fi
 
+echo "== 1c. host synchronisations per verification pass, by aten op (CUDA) and on CPU stand-ins"
+t0=$SECONDS
+timeout 120 "$PY" benchmarks/gpu_syncs.py 2>&1 | tee "$LOGS/syncs.log"
+rc=$?
+record "syncs per pass" "$([ "$rc" = 0 ] && echo PASS || echo FAIL)" $((SECONDS - t0)) \
+    "$(tail -n 1 "$LOGS/syncs.log"); every pass in syncs.log"
+
 echo "== 2. verifier time per pass on CUDA (informational): device walk vs host walk"
 t0=$SECONDS
 timeout 90 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/verify-timing.log"
