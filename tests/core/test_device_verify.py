@@ -231,7 +231,8 @@ def test_verify_draft_on_device_logits_synchronises_once(monkeypatch, parents, s
         with SyncCounter() as syncs:
             got = verify_draft(draft, on_device(logits), sampling, torch.Generator().manual_seed(seed))
         assert syncs.count == 1, syncs
-        assert syncs.syncs[0].kind == "copy to host" and (sampling.greedy or syncs.syncs[0].where == RESULT_COPY[1])
+        where = _line_of(host, "non_blocking=k != copies[-1]") if sampling.greedy else RESULT_COPY[1]  # greedy: to_host
+        assert (syncs.syncs[0].kind, syncs.syncs[0].where) == ("copy to host", where), syncs
         assert got == expected
         paths.add(len(got[0]))
     assert max(paths) >= (2 if sampling.greedy else 1)
