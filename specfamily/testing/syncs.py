@@ -19,9 +19,11 @@ verifier's own tests) can assert "one synchronisation a pass" in CI:
   ``copy to host``            a blocking device-to-host copy: ``.cpu()``, ``.to("cpu")``, ``.tolist()``,
                               ``.numpy()``, ``host.copy_(device)`` (Copy.cu: memcpy_and_sync when not non_blocking)
   ``copy to device``          a blocking host-to-device copy (the same memcpy_and_sync): ``.to(device)`` of a host
-                              tensor, a host index tensor in advanced indexing (moved with ``.to``), a 0-dim host
-                              operand of ``where`` (TensorCompare.cpp moves it with ``.to``)
-  ``data-dependent shape``    ops whose output size is read back: nonzero, masked_select, unique*, bincount,
+                              tensor, ``torch.tensor(data, device=...)``, a host index tensor in advanced indexing
+                              (TensorAdvancedIndexing.cpp moves it with ``.to``), a 0-dim host operand of ``where``
+                              (TensorCompare.cpp moves it with ``.to``)
+  ``data-dependent shape``    ops whose output size is read back (Nonzero.cu: memcpy_and_sync of the count):
+                              nonzero, masked_select, unique*, bincount,
                               repeat_interleave without output_size, a boolean index (nonzero), equal, mode
                               (some, unique, may wait inside thrust, which the debug mode does not flag)
   ==========================  =========================================================================================
