@@ -181,15 +181,33 @@ def _device_generator(monkeypatch):
     monkeypatch.setattr(host, "draw_device", lambda p, generator: p.device)
 
 
+def _one_hot_case(cases: torch.Generator, sampled: bool):
+    """_random_case with p one-hot at each row's argmax (temperature 0 through the walk) and most tokens the argmax
+    of their parent's row, so that paths go deep."""
+    tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
+    best = p.argmax(dim=-1)
+    p = torch.nn.functional.one_hot(best, p.shape[1]).double()
+    if q is None:
+        tokens = torch.where(torch.rand(tokens.numel(), generator=cases) < 0.7, best[parents + 1], tokens)
+    return tokens, parents, q, p
+
+
+DEEP = {(False, False): 2, (True, False): 3, (False, True): 3, (True, True): 1}  # (sampled, one-hot p): depth reached
+
+
 @pytest.mark.parametrize("shape", ["tree", "tree-device-parents", "chain"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
-def test_the_device_walk_synchronises_once_a_pass_at_the_results_copy(monkeypatch, shape, sampled):
+@pytest.mark.parametrize("one_hot", [False, True], ids=["p", "greedy-p"])
+def test_the_device_walk_synchronises_once_a_pass_at_the_results_copy(monkeypatch, shape, sampled, one_hot):
     """verify_tree on stand-in device tensors with a device generator, every aten op watched: one synchronisation,
-    the result's copy, and the CPU tensors' result for the same uniforms."""
+    the result's copy, and the CPU tensors' result for the same uniforms; p sampled or one-hot (greedy), q or None."""
     _device_generator(monkeypatch)
-    cases, depths, trees = torch.Generator().manual_seed(12 + sampled), [], 0
+    cases, depths, trees = torch.Generator().manual_seed(12 + sampled + 2 * one_hot), [], 0
     for _ in range(40):
-        tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
+        if one_hot:
+            tokens, parents, q, p = _one_hot_case(cases, sampled)
+        else:
+            tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
         parents = torch.arange(tokens.numel()) - 1 if shape == "chain" else parents
         if sampled and bool((q[torch.arange(tokens.numel()), tokens] == 0).any()):
             continue
@@ -203,7 +221,7 @@ def test_the_device_walk_synchronises_once_a_pass_at_the_results_copy(monkeypatc
         assert got == expected
         depths.append(len(got[0]))
         trees += not bool((parents == torch.arange(tokens.numel()) - 1).all())
-    assert max(depths) >= (3 if sampled else 2) and (shape == "chain" or trees > 10), depths
+    assert max(depths) >= DEEP[sampled, one_hot] and (shape == "chain" or trees > 10), depths
 
 
 @pytest.mark.parametrize("parents", [[-1, 0, 1, 2], [-1, -1, 0, 1]], ids=["chain", "tree"])
