@@ -289,8 +289,11 @@ class CudaSyncOps(TorchDispatchMode):
         finally:
             torch.cuda.set_sync_debug_mode("default")
             self._outer.__exit__(None, None, None)
-            self.syncs += [Sync("cuda", "(outside aten)", f"{w.filename}:{w.lineno}") for w in self._caught
-                           if _SYNC_WARNING in str(w.message)]
+            for w in self._caught:  # flagged outside any op: counted; the others go on to the caller's filters
+                if _SYNC_WARNING in str(w.message):
+                    self.syncs.append(Sync("cuda", "(outside aten)", f"{w.filename}:{w.lineno}"))
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     @property
     def count(self) -> int:

@@ -5,11 +5,12 @@ views, in-place writes, non-blocking copies) is not; stand-ins compute exactly w
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
 
-from specfamily.testing.syncs import STAND_IN, StandIn, SyncCounter, count_syncs, on_device, on_host
+from specfamily.testing.syncs import STAND_IN, CudaSyncOps, StandIn, SyncCounter, count_syncs, on_device, on_host
 
 
 def _x() -> torch.Tensor:
@@ -141,3 +142,30 @@ def test_a_device_tensor_made_outside_the_counters_view_is_refused():
     x, outside = _x(), torch.zeros(6, device=STAND_IN)  # a real meta tensor: no values
     with SyncCounter(), pytest.raises(RuntimeError, match="that is no stand-in"):
         x + outside
+
+
+@torch.library.custom_op("specfamily_syncs_test::flagged", mutates_args=())
+def _flagged(x: torch.Tensor) -> torch.Tensor:
+    """An op that warns as torch.cuda's debug mode does inside a synchronising call (CudaSyncOps' input on a GPU)."""
+    warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+    return x.clone()
+
+
+def test_cuda_sync_ops_names_the_op_and_the_line_of_each_flagged_call(monkeypatch):
+    """CudaSyncOps' bookkeeping, with torch.cuda's switches stubbed and the debug mode's warning raised by an op
+    (inside aten) and by plain code (outside); other warnings go on to the caller's filters. tests/gpu checks it
+    against the real debug mode."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    x = torch.arange(3.0)
+    with warnings.catch_warnings(record=True) as passed_on:
+        warnings.simplefilter("always")
+        with CudaSyncOps() as by_op:
+            _flagged(x)
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+            warnings.warn("an unrelated warning", UserWarning, stacklevel=1)
+            torch.ones(2) + 1
+    line = inspect.currentframe().f_lineno - 4  # the line of _flagged(x)
+    assert [(s.op, s.where) for s in by_op.syncs] == [
+        ("specfamily_syncs_test.flagged.default", f"{__file__}:{line}"), ("(outside aten)", f"{__file__}:{line + 1}")]
+    assert by_op.count == 2 and [str(w.message) for w in passed_on] == ["an unrelated warning"]
