@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks, as one prepared script for a lent GPU machine (about 5 minutes on an H200; each step has a
-# time limit, so the whole script ends within 10):
+# time limit, and all of them GPU_CHECK_BUDGET seconds, 540 by default, under the device tool's 600 s a command: a
+# step the budget no longer covers is stopped at once and reported as failed or WARN):
 #   1. the CUDA test subset (pytest -m "cuda and not slow" tests/gpu): greedy identity (fp32) and near-ties only
 #      (bf16) of plain decoding and every drafter against transformers' generate, the verifier and whole
 #      generations of every registered drafter (chain and tree modes, each sampling setting in rotation) against
 #      the exact law (chi-square), the device walk (tests/gpu/test_cuda_verify.py: the CPU result for the same
 #      uniforms, one host synchronisation a pass, the textbook law), a tree commit on a cache split over CPU and
 #      GPU, a training step of each trainer in fp32 and bf16. The whole CUDA matrix (every drafter x mode x sampling setting): pytest -m cuda tests/gpu.
+#  1c. host synchronisations per verification pass (benchmarks/gpu_syncs.py): each one named by its aten op and
+#      line under torch.cuda's sync debug mode, beside the CPU stand-in count (specfamily.testing.syncs); the
+#      counter itself is checked against the debug mode op by op in tests/gpu/test_cuda_syncs.py (step 1);
 #   2. the verifier's time per pass on CUDA tensors (informational): the device walk (one host sync a pass)
 #      against the host walk (p and q copied to the host once), and verify_draft (warp + walk), V 4096 / 49152;
 #   3. one benchmark: benchmarks/peer.py on zoo:code-target (shipped in the repository) on the GPU in float32;
@@ -35,6 +39,13 @@ sys.exit(tuple(int(x) for x in transformers.__version__.split('.')[:2]) < (5, 23
     export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 STARTED=$SECONDS
+BUDGET=${GPU_CHECK_BUDGET:-540}  # seconds for the whole script: the device tool stops a command at 600
+
+limit() {  # limit SECONDS: a step's own time limit, cut to what the budget leaves (15 s kept for the summary)
+    local left=$((BUDGET - (SECONDS - STARTED) - 15))
+    if [ "$left" -lt 1 ]; then left=1; fi
+    echo $(($1 < left ? $1 : left))
+}
 SUMMARY=()
 rm -f "$LOGS/summary.tsv"
 FAILED=0
@@ -78,6 +89,9 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers
 if not torch.cuda.is_available():
     sys.exit("CUDA is not available: nothing to check here")
 print(f"GPU: {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)")
+if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 23):  # the floor pyproject.toml pins
+    print(f"WARNING: transformers {transformers.__version__} is below the project's floor 5.23 (the tests may fail "
+          "on its API): run benchmarks/gpu_wheels.sh where pip works and name .whl in the device tool's carry")
 import specfamily  # noqa: F401,E402  (from this tree)
 EOF
     record environment FAIL $((SECONDS - STARTED)) "no CUDA or the project does not import"
@@ -88,7 +102,7 @@ record environment PASS $((SECONDS - STARTED)) "$(tail -n 1 "$LOGS/environment.l
 
 echo "== 1. CUDA test subset"
 t0=$SECONDS
-timeout ${CUDA_TESTS_LIMIT:-300} "$PY" -m pytest -m "cuda and not slow" tests/gpu -q -rfEs -p no:cacheprovider \
+timeout "$(limit "${CUDA_TESTS_LIMIT:-300}")" "$PY" -m pytest -m "cuda and not slow" tests/gpu -q -rfEs -p no:cacheprovider \
     --junitxml="$LOGS/cuda-tests.xml" 2>&1 | tee "$LOGS/cuda-tests.log"
 rc=$?
 line=$(grep -E '^[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$LOGS/cuda-tests.log" | tail -n 1)
@@ -101,13 +115,20 @@ fi
 first=$(grep -m1 -oE '^FAILED [^ ]+' "$LOGS/cuda-tests.log" | cut -d' ' -f2)
 if [ -n "$first" ]; then  # CUDA reports a kernel's fault at a later call: rerun the first failure synchronously
     echo "== 1b. $first again with CUDA_LAUNCH_BLOCKING=1 (the faulting call in the traceback)"
-    CUDA_LAUNCH_BLOCKING=1 timeout 120 "$PY" -m pytest "$first" -n 0 -x -q -p no:cacheprovider 2>&1 \
+    CUDA_LAUNCH_BLOCKING=1 timeout "$(limit 120)" "$PY" -m pytest "$first" -n 0 -x -q -p no:cacheprovider 2>&1 \
         | tee "$LOGS/first-failure.log" | grep -E '^(E |specfamily/|tests/|[a-z_/]+\.py:[0-9]+)' | head -40
 fi
 
+echo "== 1c. host synchronisations per verification pass, by aten op (CUDA) and on CPU stand-ins"
+t0=$SECONDS
+timeout "$(limit 120)" "$PY" benchmarks/gpu_syncs.py 2>&1 | tee "$LOGS/syncs.log"
+rc=$?
+record "syncs per pass" "$([ "$rc" = 0 ] && echo PASS || echo FAIL)" $((SECONDS - t0)) \
+    "$(tail -n 1 "$LOGS/syncs.log"); every pass in syncs.log"
+
 echo "== 2. verifier time per pass on CUDA (informational): device walk vs host walk"
 t0=$SECONDS
-timeout 90 "$PY" - <<'EOF' 2>&1 | tee "$LOGS/verify-timing.log"
+timeout "$(limit 90)" "$PY" - <<'EOF' 2>&1 | tee "$LOGS/verify-timing.log"
 import time
 
 import torch
@@ -160,7 +181,7 @@ record "verify timing" "$([ "$rc" = 0 ] && echo INFO || echo WARN)" $((SECONDS -
 echo "== 3. benchmark: peer.py on zoo:code-target, cuda, float32"
 t0=$SECONDS
 rm -f "$LOGS/peer.json"
-timeout 180 "$PY" benchmarks/peer.py --target zoo:code-target --device cuda --dtype float32 --threads 4 --count 4 \
+timeout "$(limit 180)" "$PY" benchmarks/peer.py --target zoo:code-target --device cuda --dtype float32 --threads 4 --count 4 \
     --tokens 64 --repeats 2 ${PEER_ROWS:+--only $PEER_ROWS} --out "$LOGS/peer.json" --markdown "$LOGS/peer.md" 2>&1 | tee "$LOGS/peer.log"
 rc=$?
 if [ "$rc" = 0 ]; then
@@ -173,7 +194,7 @@ fi
 
 echo "== 4. real target shapes, random weights: pass-cost curve and plain decoding vs transformers"
 t0=$SECONDS
-timeout ${SHAPES_LIMIT:-150} "$PY" benchmarks/gpu_shapes.py --out "$LOGS/shapes.json" 2>&1 | tee "$LOGS/shapes.log"
+timeout "$(limit "${SHAPES_LIMIT:-150}")" "$PY" benchmarks/gpu_shapes.py --out "$LOGS/shapes.json" 2>&1 | tee "$LOGS/shapes.log"
 rc=$?
 record "shapes (informational)" "$([ "$rc" = 0 ] && echo INFO || echo WARN)" $((SECONDS - t0)) "see shapes.json"
 

@@ -35,6 +35,9 @@ _EXPORTS = {
     "WrongDrafter": "drafters",
     "tiny_model": "tiny",
     "tiny_target": "tiny",
+    "SyncCounter": "syncs",
+    "count_syncs": "syncs",
+    "on_device": "syncs",
 }
 __all__ = sorted(_EXPORTS)
 

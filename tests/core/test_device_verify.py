@@ -3,20 +3,27 @@
 Exact: given the same uniforms (node i's try reads u[i], the final token u[n]) the device walk returns what the host
 walk returns, tree and chain, sampled and deterministic, on many random cases, so it inherits the host walk's law
 (which the conformance kit tests). Law: the textbook chain and a deterministic tree by chi-square, with the walk's
-own block of uniforms. Cost: one host synchronisation per pass, counted on stand-in device tensors.
+own block of uniforms. Cost: one host synchronisation per pass, counted on stand-in device tensors (DeviceTensor,
+which sees Python-level reads, and specfamily.testing.syncs, which sees every aten op and host<->device copy).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from test_host import DeviceTensor, _on_device, _random_case
+from test_host import DeviceTensor, _old_verify_tree, _on_device, _random_case
 
 import specfamily.core.verify as verify
 from specfamily.core import host
+from specfamily.core.acceptance import verify_draft
+from specfamily.core.sampling import warp
+from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import DraftProbabilityError, device_verify_tree, verify_tree
 from specfamily.testing.power import DEFAULT_SIGNIFICANCE
 from specfamily.testing.stats import chi_square
+from specfamily.testing.syncs import SyncCounter, on_device
 
 P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
 Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
@@ -156,3 +163,111 @@ def test_a_q_that_is_not_a_distribution_is_refused_with_check_qs_message():
     with pytest.raises(DraftProbabilityError, match=r"^q of draft node 1 is not a distribution: a sum of 2"):
         device_verify_tree(torch.tensor([0, 1]), torch.tensor([-1, -1]), q, torch.stack([P, P, P]),
                            torch.full((3,), 0.5, dtype=torch.float64))
+
+
+def _line_of(module, marker: str) -> str:
+    """file:line of the line of ``module``'s source that holds ``marker``."""
+    path = Path(module.__file__)
+    (number,) = [i for i, line in enumerate(path.read_text().splitlines(), 1) if marker in line]
+    return f"{path}:{number}"
+
+
+RESULT_COPY = ("copy to host", _line_of(verify, "# the one synchronisation"))
+
+
+def _device_generator(monkeypatch):
+    """Uniforms drawn where p lives, as an accelerator's generator draws them (here the CPU generator draws them on
+    the stand-in device, so plain CPU tensors with the same generator give the same uniforms)."""
+    monkeypatch.setattr(host, "draw_device", lambda p, generator: p.device)
+
+
+def _one_hot_case(cases: torch.Generator, sampled: bool):
+    """_random_case with p one-hot at each row's argmax (temperature 0 through the walk) and most tokens the argmax
+    of their parent's row, so that paths go deep."""
+    tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
+    best = p.argmax(dim=-1)
+    p = torch.nn.functional.one_hot(best, p.shape[1]).double()
+    if q is None:
+        tokens = torch.where(torch.rand(tokens.numel(), generator=cases) < 0.7, best[parents + 1], tokens)
+    return tokens, parents, q, p
+
+
+DEEP = {(False, False): 2, (True, False): 3, (False, True): 3, (True, True): 1}  # (sampled, one-hot p): depth reached
+
+
+@pytest.mark.parametrize("shape", ["tree", "tree-device-parents", "chain"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+@pytest.mark.parametrize("one_hot", [False, True], ids=["p", "greedy-p"])
+def test_the_device_walk_synchronises_once_a_pass_at_the_results_copy(monkeypatch, shape, sampled, one_hot):
+    """verify_tree on stand-in device tensors with a device generator, every aten op watched: one synchronisation,
+    the result's copy, and the CPU tensors' result for the same uniforms; p sampled or one-hot (greedy), q or None."""
+    _device_generator(monkeypatch)
+    cases, depths, trees = torch.Generator().manual_seed(12 + sampled + 2 * one_hot), [], 0
+    for _ in range(40):
+        if one_hot:
+            tokens, parents, q, p = _one_hot_case(cases, sampled)
+        else:
+            tokens, parents, q, p = _random_case(cases, sampled, dtype=torch.float64)
+        parents = torch.arange(tokens.numel()) - 1 if shape == "chain" else parents
+        if sampled and bool((q[torch.arange(tokens.numel()), tokens] == 0).any()):
+            continue
+        seed = int(torch.randint(1 << 30, (1,), generator=cases))
+        expected = verify_tree(tokens, parents, q, p, torch.Generator().manual_seed(seed), device_walk=True)
+        on_parents = on_device(parents) if shape == "tree-device-parents" else parents
+        gen = torch.Generator().manual_seed(seed)
+        with SyncCounter() as syncs:
+            got = verify_tree(on_device(tokens), on_parents, on_device(q), on_device(p), gen)
+        assert [(s.kind, s.where) for s in syncs.syncs] == [RESULT_COPY], syncs
+        assert got == expected
+        depths.append(len(got[0]))
+        trees += not bool((parents == torch.arange(tokens.numel()) - 1).all())
+    assert max(depths) >= DEEP[sampled, one_hot] and (shape == "chain" or trees > 10), depths
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, 1, 2], [-1, -1, 0, 1]], ids=["chain", "tree"])
+@pytest.mark.parametrize("sampling, sampled", [
+    (SamplingConfig(0.7, top_p=0.9), True), (SamplingConfig(1.0, top_k=20), True),
+    (SamplingConfig(0.7, top_p=0.9), False), (SamplingConfig(0.0), False),
+], ids=["t0.7-p0.9", "t1-k20", "t0.7-p0.9-deterministic", "greedy"])
+def test_verify_draft_on_device_logits_synchronises_once(monkeypatch, parents, sampling, sampled):
+    """The loop's rule on stand-in device logits (V = 4096) and a device generator: the warp of every row on the
+    device (no host sync), then the walk; greedy: the argmax and the draft's tokens come back in one wait."""
+    _device_generator(monkeypatch)
+    gen, vocab, parents = torch.Generator().manual_seed(3), 4096, torch.tensor(parents)
+    paths = set()
+    for seed in range(6):
+        logits = 3 * torch.randn(5, vocab, generator=gen)
+        q = warp(logits[:4] + torch.randn(4, vocab, generator=gen), sampling) if sampled else None
+        tokens = torch.multinomial(q, 1, generator=gen).view(-1) if sampled else logits[parents + 1].argmax(-1)
+        tokens[3] = tokens[3] if sampled else (tokens[3] + 1) % vocab  # greedy: reject the last node
+        if sampling.greedy:
+            expected = verify_draft(Draft(tokens, parents, q), logits, sampling, torch.Generator().manual_seed(seed))
+        else:
+            expected = verify_tree(tokens, parents, q, warp(logits, sampling), torch.Generator().manual_seed(seed),
+                                   device_walk=True)
+        draft = Draft(on_device(tokens), parents, on_device(q))
+        with SyncCounter() as syncs:
+            got = verify_draft(draft, on_device(logits), sampling, torch.Generator().manual_seed(seed))
+        assert syncs.count == 1, syncs
+        where = _line_of(host, "non_blocking=k != copies[-1]") if sampling.greedy else RESULT_COPY[1]  # greedy: to_host
+        assert (syncs.syncs[0].kind, syncs.syncs[0].where) == ("copy to host", where), syncs
+        assert got == expected
+        paths.add(len(got[0]))
+    assert max(paths) >= (2 if sampling.greedy else 1)
+
+
+def test_the_counter_has_power_a_walk_that_reads_per_node_is_caught(monkeypatch):
+    """The verifier as it was (an .item() per tried node) on the same stand-ins: more than one synchronisation."""
+    tokens, parents, q, p = _random_case(torch.Generator().manual_seed(4), True, dtype=torch.float64)
+    with SyncCounter() as syncs:
+        _old_verify_tree(on_device(tokens), parents, on_device(q), on_device(p), torch.Generator(), draw_on="cpu")
+    assert syncs.count >= 2 and {s.kind for s in syncs.syncs} >= {"read", "copy to host"}, syncs
+
+
+def test_a_cpu_generator_with_device_tensors_costs_a_copy_of_the_uniforms():
+    """device_walk=True with a host generator: the uniforms cross to the device with a wait (a real cost the count
+    shows: drafters on an accelerator should hand the verifier the device's generator)."""
+    tokens, parents, q, p = _random_case(torch.Generator().manual_seed(5), True, dtype=torch.float64)
+    with SyncCounter() as syncs:
+        verify_tree(on_device(tokens), parents, on_device(q), on_device(p), torch.Generator(), device_walk=True)
+    assert [s.kind for s in syncs.syncs] == ["copy to device", "copy to host"], syncs

@@ -1,0 +1,86 @@
+"""On CUDA: the CPU-side synchronisation counter (specfamily.testing.syncs.SyncCounter on stand-in tensors) against
+torch.cuda's sync debug mode, op by op, and the device walk's synchronisations attributed to the aten op that made
+each (CudaSyncOps), beside the stand-in count for the same inputs. tests/testing/test_syncs.py and
+tests/core/test_device_verify.py run the CPU side everywhere; this file says whether the two agree on a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from test_cuda_verify import _case, _cuda
+
+import specfamily.core.verify as verify
+from specfamily.core import host
+from specfamily.core.verify import verify_tree
+from specfamily.testing.syncs import CudaSyncOps, SyncCounter, on_device
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                   reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+
+CATALOGUE = {  # name: fn(x, device) -> anything, x a float64 (6,) tensor on the device. Not here: unique (its CUDA
+    # kernel may wait through thrust, which the debug mode does not flag; the counter counts it)
+    "item": lambda x, d: x[1].item(),
+    "bool": lambda x, d: bool(x[1] > 0),
+    "zero-dim index": lambda x, d: torch.arange(6, device=d)[x[1].long()],
+    "tolist": lambda x, d: x.tolist(),
+    "cpu": lambda x, d: x.cpu(),
+    "copy_ to host": lambda x, d: torch.empty(6, dtype=x.dtype).copy_(x),
+    "to device": lambda x, d: torch.ones(3).to(d),
+    "tensor(data, device)": lambda x, d: torch.tensor([1.0, 2.0], device=d),
+    "host index tensor": lambda x, d: x[torch.tensor([0, 2])],
+    "where, 0-dim host operand": lambda x, d: torch.where(x > 2, torch.tensor(7.0, dtype=x.dtype), x),
+    "nonzero": lambda x, d: x.nonzero(),
+    "boolean index": lambda x, d: x[x > 2],
+    "arithmetic, views, python scalars": lambda x, d: torch.where(x > 2, 3, x).cumsum(0).div_(2)[1:],
+    "write through a view": lambda x, d: x.clone().__setitem__(0, x[5]),
+    "searchsorted, argmax, cat": lambda x, d: torch.cat([torch.searchsorted(x, x[2:3]), x.argmax().view(1)]),
+}
+
+
+def _debug_mode_count(fn) -> int:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_the_stand_in_count_is_the_debug_modes_count(name):
+    fn, x = CATALOGUE[name], torch.arange(6, dtype=torch.float64)
+    cuda_x = x.cuda()
+    fn(cuda_x, cuda_x.device)  # warm-up
+    on_gpu = _debug_mode_count(lambda: fn(cuda_x, cuda_x.device))
+    with CudaSyncOps() as by_op:
+        fn(cuda_x, cuda_x.device)
+    stand_in = on_device(x.clone())
+    with SyncCounter() as counted:
+        fn(stand_in, stand_in.device)
+    assert (counted.count, by_op.count) == (on_gpu, on_gpu), (name, counted, by_op)
+
+
+@pytest.mark.parametrize("chain", [False, True], ids=["tree", "chain"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+def test_the_device_walks_synchronisations_by_aten_op(monkeypatch, chain, sampled):
+    """tests/gpu/test_cuda_verify.py's cases, every synchronisation named by its aten op and line (CUDA) beside the
+    stand-in count of the same pass; both must be the result's one copy."""
+    cases, gen = torch.Generator().manual_seed(9), torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(5):
+        tokens, parents, q, p = _case(cases, chain, sampled)
+        cuda_args = (tokens.cuda(), parents, _cuda(q), p.cuda())
+        verify_tree(*cuda_args, gen)  # warm-up
+        with CudaSyncOps() as by_op:
+            verify_tree(*cuda_args, gen)
+        with monkeypatch.context() as patch:
+            patch.setattr(host, "draw_device", lambda p, generator: p.device)  # the uniforms drawn on the device
+            with SyncCounter() as counted:
+                verify_tree(on_device(tokens), parents, on_device(q), on_device(p), torch.Generator().manual_seed(0))
+        assert counted.count == 1, counted
+        assert by_op.count == 1 and by_op.syncs[0].where.startswith(verify.__file__), by_op

@@ -1,0 +1,171 @@
+"""specfamily.testing.syncs: the host synchronisations a piece of code would make on an accelerator, counted on CPU
+stand-ins. Each kind the module lists is counted, at the caller's file:line; what does not wait (device arithmetic,
+views, in-place writes, non-blocking copies) is not; stand-ins compute exactly what plain CPU tensors compute."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+from specfamily.testing.syncs import STAND_IN, CudaSyncOps, StandIn, SyncCounter, count_syncs, on_device, on_host
+
+
+def _x() -> torch.Tensor:
+    return on_device(torch.arange(6, dtype=torch.float64))
+
+
+def test_a_stand_in_reports_the_stand_in_device_and_keeps_its_values():
+    x = _x()
+    assert isinstance(x, StandIn) and x.device == STAND_IN and x.device.type != "cpu"
+    assert torch.equal(on_host(x), torch.arange(6, dtype=torch.float64))
+    assert on_device(None) is None and on_device(x) is x
+
+
+@pytest.mark.parametrize("read", [
+    lambda x: x[1].item(), lambda x: bool(x[1] > 0), lambda x: int(x[2]), lambda x: float(x[2]),
+    lambda x: torch.arange(6)[x[1].long()],  # a 0-dim tensor used as an index
+], ids=["item", "bool", "int", "float", "index"])
+def test_reading_a_value_is_one_synchronisation(read):
+    x = _x()
+    with SyncCounter() as syncs:
+        read(x)
+    assert [s.kind for s in syncs.syncs] == ["read"], syncs
+    assert syncs.syncs[0].op == "aten._local_scalar_dense.default"
+
+
+@pytest.mark.parametrize("copy", [
+    lambda x: x.tolist(), lambda x: x.cpu(), lambda x: x.to("cpu"), lambda x: x.numpy(),
+    lambda x: torch.empty(6, dtype=torch.float64).copy_(x),
+], ids=["tolist", "cpu", "to-cpu", "numpy", "copy_"])
+def test_a_blocking_copy_to_the_host_is_one_synchronisation_and_gives_host_values(copy):
+    x = _x()
+    with SyncCounter() as syncs:
+        out = copy(x)
+    assert [s.kind for s in syncs.syncs] == ["copy to host"], syncs
+    assert not isinstance(out, StandIn)
+    assert list(out) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_non_blocking_copies_are_queued_not_counted():
+    x, host = _x(), torch.empty(6, dtype=torch.float64)
+    with SyncCounter() as syncs:
+        host.copy_(x, non_blocking=True)
+        x.to("cpu", non_blocking=True)
+        torch.ones(3).to(x.device, non_blocking=True)
+    assert syncs.count == 0 and [s.kind for s in syncs.queued] == ["copy to host"] * 2 + ["copy to device"]
+
+
+def test_host_operands_that_cuda_copies_to_the_device_with_a_wait():
+    x, host_zero_dim = _x(), torch.tensor(7.0, dtype=torch.float64)
+    with SyncCounter() as syncs:
+        torch.ones(3).to(x.device)  # a blocking host-to-device copy
+        x[torch.tensor([0, 2])]  # a host index tensor
+        torch.where(x > 2, host_zero_dim, x)  # where moves a 0-dim host operand with .to(device)
+    assert [s.kind for s in syncs.syncs] == ["copy to device"] * 3, syncs
+
+
+def test_data_dependent_shapes():
+    x = _x()
+    with SyncCounter() as syncs:
+        x.nonzero()
+        x[x > 2]
+        torch.masked_select(x, x > 2)
+        torch.unique(x)
+        torch.equal(x, x)
+    assert [s.kind for s in syncs.syncs] == ["data-dependent shape"] * 5, syncs
+
+
+def test_device_work_is_not_counted_and_computes_what_the_cpu_computes():
+    x, cpu = _x(), torch.arange(6, dtype=torch.float64)
+    with SyncCounter() as syncs:
+        y = torch.where(x > 2, 3, x) * 2  # a python scalar: made on the device
+        y[0] = y[5]  # a write through a view, on the device
+        z = y.cumsum(0).div_(2)
+        r = torch.rand(3, generator=torch.Generator().manual_seed(0), device=x.device, dtype=torch.float64)
+        s = torch.searchsorted(z, r * z[-1])
+    assert syncs.count == 0, syncs
+    expected = torch.where(cpu > 2, 3, cpu) * 2
+    expected[0] = expected[5]
+    assert torch.equal(on_host(z), expected.cumsum(0) / 2)
+    assert all(isinstance(t, StandIn) for t in (y, z, r, s))
+    assert torch.equal(on_host(r), torch.rand(3, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+
+
+def test_an_in_place_op_returns_its_operand():
+    x = _x()
+    with SyncCounter():
+        assert x.div_(2) is x
+    assert on_host(x)[1] == 0.5
+
+
+def test_each_synchronisation_names_the_line_that_made_it():
+    x = _x()
+    with SyncCounter() as syncs:
+        x.sum().item()
+        x.tolist()
+    line = inspect.currentframe().f_lineno - 2  # the line of .item()
+    assert [s.where for s in syncs.syncs] == [f"{__file__}:{line}", f"{__file__}:{line + 1}"]
+    assert f"read (aten._local_scalar_dense.default) at {__file__}:{line}" in repr(syncs)
+
+
+def test_count_syncs_returns_the_result_and_the_counter():
+    x = _x()
+    result, syncs = count_syncs(lambda: x.sum().item())
+    assert result == 15.0 and syncs.count == 1
+
+
+def test_host_tensors_are_the_hosts_own_business():
+    """A host tensor's reads cost nothing on the device: parents as drafters give them stay host ints for free."""
+    parents = torch.tensor([-1, 0, 1])
+    with SyncCounter() as syncs:
+        parents.tolist()
+        int(parents[1])
+        parents.nonzero()
+    assert syncs.count == 0
+
+
+def test_tensors_built_from_host_data_onto_the_device_are_a_blocking_copy():
+    x = _x()
+    with SyncCounter() as syncs:
+        made = [x.new_tensor([1.0]), torch.tensor([1, 2], device=x.device), torch.as_tensor([3.0], device=x.device)]
+        same = torch.as_tensor(x)  # already there: no copy
+    assert [(s.kind, s.op) for s in syncs.syncs] == [
+        ("copy to device", "new_tensor"), ("copy to device", "tensor"), ("copy to device", "as_tensor")], syncs
+    assert all(isinstance(t, StandIn) for t in made) and same is x
+    assert made[0].dtype == torch.float64 and on_host(made[1]).tolist() == [1, 2]
+
+
+def test_a_device_tensor_made_outside_the_counters_view_is_refused():
+    x, outside = _x(), torch.zeros(6, device=STAND_IN)  # a real meta tensor: no values
+    with SyncCounter(), pytest.raises(RuntimeError, match="that is no stand-in"):
+        x + outside
+
+
+@torch.library.custom_op("specfamily_syncs_test::flagged", mutates_args=())
+def _flagged(x: torch.Tensor) -> torch.Tensor:
+    """An op that warns as torch.cuda's debug mode does inside a synchronising call (CudaSyncOps' input on a GPU)."""
+    warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+    return x.clone()
+
+
+def test_cuda_sync_ops_names_the_op_and_the_line_of_each_flagged_call(monkeypatch):
+    """CudaSyncOps' bookkeeping, with torch.cuda's switches stubbed and the debug mode's warning raised by an op
+    (inside aten) and by plain code (outside); other warnings go on to the caller's filters. tests/gpu checks it
+    against the real debug mode."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    x = torch.arange(3.0)
+    with warnings.catch_warnings(record=True) as passed_on:
+        warnings.simplefilter("always")
+        with CudaSyncOps() as by_op:
+            _flagged(x)
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+            warnings.warn("an unrelated warning", UserWarning, stacklevel=1)
+            torch.ones(2) + 1
+    line = inspect.currentframe().f_lineno - 4  # the line of _flagged(x)
+    assert [(s.op, s.where) for s in by_op.syncs] == [
+        ("specfamily_syncs_test.flagged.default", f"{__file__}:{line}"), ("(outside aten)", f"{__file__}:{line + 1}")]
+    assert by_op.count == 2 and [str(w.message) for w in passed_on] == ["an unrelated warning"]
