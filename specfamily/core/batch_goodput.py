@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Realized", "correction", "kept_realized", "last_wave", "plan_together", "realized_gain"]
+__all__ = ["Realized", "backoff", "correction", "kept_realized", "last_wave", "plan_together", "realized_gain"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -88,6 +88,16 @@ def correction(realized: dict[int, Realized], batch: int) -> float:
         return own.correction()
     nearest = min(others, key=lambda b: (abs(b - batch), b))
     return own.correction(list(realized[nearest].passes)[-(own.window - len(own.passes)):])
+
+
+def backoff(realized: dict[int, Realized], batch: int) -> int:
+    """The probes in a row that did not pay at ``batch`` (where a run starts its back-off): its own record's, else the
+    nearest batch size's that has drafted passes (the nearest smaller on a tie), else 0."""
+    own = realized.get(batch)
+    if own is not None and (own.passes or own.losing):
+        return own.losing
+    others = [b for b, w in realized.items() if b != batch and w.passes]
+    return realized[min(others, key=lambda b: (abs(b - batch), b))].losing if others else 0
 
 
 def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[int]], seconds: Sequence[float],

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specfamily.core.batch_goodput import Realized, correction, plan_together, realized_gain
+from specfamily.core.batch_goodput import Realized, backoff, correction, plan_together, realized_gain
 from specfamily.core.types import Draft
 
 __all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
@@ -272,7 +272,7 @@ class LengthPolicy:
             self.predicted = (batch, gain, values, together)
             return lengths
         self.idle[batch] = self.idle.get(batch, 0) + 1
-        losing = self.losing.setdefault(batch, self.realized[batch].losing if batch in self.realized else 0)
+        losing = self.losing.setdefault(batch, backoff(self.realized, batch))
         if self.idle[batch] < self.probe_every * 2 ** min(losing, self.max_backoff):
             return [0] * batch
         self.idle[batch] = 0

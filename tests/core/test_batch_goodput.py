@@ -7,6 +7,7 @@ import pytest
 
 from specfamily.core.batch_goodput import (
     Realized,
+    backoff,
     correction,
     kept_realized,
     last_wave,
@@ -72,6 +73,14 @@ def test_the_correction_borrows_the_nearest_load_while_its_own_window_is_short()
     assert correction(realized, 3) == pytest.approx((4 * 0.5 + 4) / 8)  # its 4 own and B=2's latest 4
     realized[3] = Realized(passes=[(1.0, 0.9)] * 8)
     assert correction(realized, 3) == pytest.approx(0.9)  # a full window: its own alone
+
+
+def test_a_load_starts_its_backoff_from_its_own_record_else_the_nearest():
+    realized = {4: Realized(losing=2, passes=[(2.0, 0.5)]), 8: Realized(losing=3, passes=[(2.0, 0.5)])}
+    assert backoff(realized, 4) == 2 and backoff(realized, 6) == 2 and backoff(realized, 7) == 3
+    assert backoff(realized, 16) == 3 and backoff({}, 4) == 0
+    realized[6] = Realized(losing=0, passes=[(1.0, 1.2)])  # a probe at 6 paid: its own record counts
+    assert backoff(realized, 6) == 0 and backoff(realized, 5) == 2
 
 
 def test_windows_are_kept_on_the_target_per_drafter_class():

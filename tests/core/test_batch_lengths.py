@@ -214,10 +214,10 @@ class FakeClock:
         self.t += seconds
 
 
-def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None, max_batch=None, max_new_tokens=60):
+def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None, max_batch=None, max_new_tokens=60, target=None):
     """generate_batch on a fake clock where each target pass costs cost(B, N) (N: the rows fed); the greedy texts,
     and (B, each slot's draft length, steady) of every pass."""
-    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32) if target is None else target
     clock, seen = FakeClock(), [] if passes is None else passes
     forward = batch_loop.BatchTarget.forward
 
@@ -399,3 +399,23 @@ def test_generate_batch_keeps_drafting_accepted_drafts_as_often_as_without_the_c
 
     checked = share(True)
     assert checked == share(False) and checked > 0.9
+
+
+def test_a_later_run_starts_from_what_earlier_runs_realized(monkeypatch):
+    """What drafted passes realized is kept on the target per drafter class and B: a second run of drafts that never
+    pay (a fresh drafter, as a sweep creates one a run) starts backed off instead of relearning, and a run at a
+    neighbouring B borrows the losing window."""
+    _hopeful(monkeypatch)
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafted = []
+    for arrivals in ([0.0] * 4, [0.0] * 4, [0.0] * 3):
+        seen = []
+        _priced_run(monkeypatch, cheap, lambda t: WrongOracle(t, gamma=4, policy="auto", horizon=200), arrivals, seen,
+                    max_new_tokens=60, target=target)
+        drafted.append([sum(d) > 0 for batch, d, s in seen if s and batch == len(arrivals)])
+    first, second, neighbour = drafted
+    assert sum(first[:6]) >= 3  # the first run drafts as predicted until its window says otherwise
+    assert sum(second) <= 1  # the same load again: a probe at most, where the first run drafted until it had learned
+    assert sum(neighbour) <= 3 < sum(first)  # a neighbouring load: B=4's correction borrowed, its back-off too
+    kept = target.batch_realized["WrongOracle"]
+    assert kept[4].correction() < 0.5 and kept[4].losing >= 1 and kept[3].correction() < 0.5
