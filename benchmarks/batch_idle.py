@@ -58,7 +58,7 @@ def timer(spent: dict, part: str, clock):
 
 
 def _zeros(own):
-    return lambda self, prospects, proposed=False: [0] * len(prospects)
+    return lambda self, prospects, proposed=False, together=False: [0] * len(prospects)
 
 
 def run(target, name: str | None, prompts, args, clock, idle: bool) -> tuple[float, list, dict]:

@@ -16,8 +16,10 @@ tokens per second of the whole pass,
 and none when no prefix beats a plain pass. :class:`LengthPolicy` adds what measuring needs: a plain pass first at
 each B, one level for every request while a drafted pass cannot be predicted yet, a plain pass again every
 ``refresh_every`` drafted passes, and while drafting does not pay, a probe every ``probe_every`` passes, backing off.
-What each drafted pass realized is checked against what its plan predicted (:class:`Realized`): a load whose drafts
-keep under-delivering has its predictions scaled down until it stops drafting but for probes.
+What each drafted pass realized is checked against what its plan predicted (:class:`Realized`, over a doubtful prior,
+kept across runs per drafter and B: ``core/batch_goodput.py``): a load whose drafts keep under-delivering has its
+predictions scaled down until it stops drafting but for probes. At the batch's end its tied longest requests draft
+together or not at all (:func:`~specfamily.core.batch_goodput.plan_together`).
 A request whose draft is deterministic and seen before the plan (``Prospect.seen``: prompt lookup and suffix, asked
 for their longest draft first) is planned with what it actually proposed: no match, no rows. Lengths never change a
 greedy text, and are chosen before anything of the pass is drawn.
@@ -26,7 +28,9 @@ greedy text, and are chosen before anything of the pass is drawn.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+import operator
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from specfamily.core.batch_goodput import Realized, backoff, correction, plan_together, realized_gain
 from specfamily.core.types import Draft
 
 __all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
@@ -219,40 +224,6 @@ def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: 
     return lengths, (best_rate / plain if best else 1.0)
 
 
-def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
-    """A pass's goodput over a plain pass's: ``tokens`` valued tokens committed in ``seconds`` (draft, forward,
-    verification, commit) against ``plain_tokens`` (every valued request's one token) in t(B, B)."""
-    if seconds <= 0 or plain_tokens <= 0 or plain_seconds <= 0:
-        return 1.0
-    return (tokens / seconds) / (plain_tokens / plain_seconds)
-
-
-@dataclass
-class Realized:
-    """One batch size's drafted passes: (predicted gain, realized gain) of the latest ``window``; the correction is
-    their sums' ratio, realized / predicted (1 until ``least`` passes are in), at most 1: it only ever holds back a
-    plan the passes did not bear out, never pushes one the estimates do not predict. Sums over a window rather than a
-    fast average: a pass's realized gain swings with what it happened to accept (a lucky pass accepts its whole draft),
-    so one or two lucky passes among losing ones move the ratio by only their share of the window; a load that stopped
-    drafting starts again once the probes that paid have lifted the ratio enough for its plans to clear min_gain."""
-
-    window: int = 8
-    least: int = 3
-    passes: deque = field(default_factory=lambda: deque(maxlen=8))
-
-    def __post_init__(self) -> None:
-        self.passes = deque(self.passes, maxlen=self.window)
-
-    def add(self, predicted: float, realized: float) -> None:
-        if math.isfinite(predicted) and math.isfinite(realized) and predicted > 0:
-            self.passes.append((predicted, realized))
-
-    def correction(self) -> float:
-        if len(self.passes) < self.least:
-            return 1.0
-        return min(1.0, sum(r for _, r in self.passes) / sum(p for p, _ in self.passes))
-
-
 @dataclass
 class LengthPolicy:
     """Each request's draft length on each steady batched pass (every live request past its prefill)."""
@@ -266,23 +237,25 @@ class LengthPolicy:
     losing: dict[int, int] = field(default_factory=dict)  # B -> probes in a row after which drafting did not pay
     unrefreshed: dict[int, int] = field(default_factory=dict)  # B -> drafted passes since its last plain one
     choices: dict[int, list[int]] = field(default_factory=dict)  # B -> draft rows planned on every pass at B
-    realized: dict[int, Realized] = field(default_factory=dict)  # B -> drafted passes' predicted and realized gains
-    predicted: tuple[int, float, list[float]] | None = None  # the last plan that drafted: (B, its gain, the values)
+    realized: dict[int, Realized] = field(default_factory=dict)  # B -> drafted passes' gains (batch_goodput)
+    predicted: tuple | None = None  # the last plan that drafted: (B, its gain, the values, together)
 
     def may_draft(self, batch: int) -> bool:
         """Whether a pass of ``batch`` requests may draft at all (its plain pass measured, no refresh due)."""
         return self.costs.known(batch, batch) and self.unrefreshed.get(batch, 0) < self.refresh_every
 
-    def lengths(self, prospects: Sequence[Prospect], proposed: bool = False) -> list[int]:
-        """Each request's draft length (``proposed``: the drafts are already proposed, their time spent)."""
+    def lengths(self, prospects: Sequence[Prospect], proposed: bool = False, together: bool = False) -> list[int]:
+        """Each request's draft length (``proposed``: the drafts are already proposed, their time spent;
+        ``together``: the batch's end, its valued requests tied: they draft to one depth or none does,
+        :func:`~specfamily.core.batch_goodput.plan_together`)."""
         batch = len(prospects)
         self.predicted = None
-        lengths = self._plan(batch, prospects, proposed)
+        lengths = self._plan(batch, prospects, proposed, together)
         self.choices.setdefault(batch, []).append(sum(sum(p.rows[:g]) for p, g in zip(prospects, lengths,
                                                                                      strict=True)))
         return lengths
 
-    def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool) -> list[int]:
+    def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> list[int]:
         if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
             return [0] * batch
         most = batch + sum(sum(p.rows) for p in prospects)
@@ -290,40 +263,53 @@ class LengthPolicy:
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
             return [1 if p.acceptance and p.value > 0 else 0 for p in prospects]
         step = 0.0 if proposed else self.costs.draft_step(batch)
-        lengths, gain = plan_lengths(prospects, seconds, step)
+        plan = _joint if together else plan_lengths
+        lengths, gain = plan(prospects, seconds, step)
         values = [p.value for p in prospects]
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
-            self.idle[batch] = self.losing[batch] = 0
-            self.predicted = (batch, gain, values)
+            self.idle[batch] = 0
+            self._lost(batch, 0)
+            self.predicted = (batch, gain, values, together)
             return lengths
         self.idle[batch] = self.idle.get(batch, 0) + 1
-        losing = self.losing.get(batch, 0)
+        losing = self.losing.setdefault(batch, backoff(self.realized, batch))
         if self.idle[batch] < self.probe_every * 2 ** min(losing, self.max_backoff):
             return [0] * batch
-        self.idle[batch], self.losing[batch] = 0, losing + 1
-        lengths, gain = plan_lengths(prospects, seconds, step, drafted=True)  # a probe keeps the estimates current
-        self.predicted = (batch, gain, values) if any(lengths) else None
+        self.idle[batch] = 0
+        self._lost(batch, losing + 1)
+        lengths, gain = plan(prospects, seconds, step, drafted=True)  # a probe keeps the estimates current
+        self.predicted = (batch, gain, values, together) if any(lengths) else None
         return lengths
 
+    def _lost(self, batch: int, probes: int) -> None:
+        """The probes in a row that did not pay at ``batch``, here and in its kept record (a later run at a load
+        whose probes kept losing starts backed off)."""
+        self.losing[batch] = self.realized.setdefault(batch, Realized()).losing = probes
+
     def correction(self, batch: int) -> float:
-        """What drafted passes at ``batch`` realized over what their plans predicted (1 until enough are in)."""
-        return self.realized[batch].correction() if batch in self.realized else 1.0
+        """What drafted passes at ``batch`` (or, while it has few, the nearest load) realized over what their plans
+        predicted, over a doubtful prior (:class:`~specfamily.core.batch_goodput.Realized`)."""
+        return correction(self.realized, batch)
 
     def settle(self, committed: Sequence[int], seconds: float) -> None:
         """The last planned pass committed ``committed`` tokens per request (accepted + 1) in ``seconds`` (draft,
         forward, verification, commit): if it drafted, its realized gain is learned against its predicted one, over
-        a plain pass at its B valued as the plan valued it. A probe that paid ends the back-off."""
+        a plain pass at its B valued as the plan valued it (a plan ``together``: the batch's advance, the fewest
+        tokens a valued request committed, against one). A probe that paid ends the back-off."""
         if self.predicted is None:
             return
-        (batch, gain, values), self.predicted = self.predicted, None
+        (batch, gain, values, together), self.predicted = self.predicted, None
         plain = self.costs.measured(batch, batch)
         if plain is None or len(committed) != batch:
             return
-        tokens = sum(v * c for v, c in zip(values, committed, strict=True))
-        realized = realized_gain(tokens, seconds, sum(values), plain)
+        if together:
+            tokens, plain_tokens = min(c for v, c in zip(values, committed, strict=True) if v > 0), 1.0
+        else:
+            tokens, plain_tokens = sum(v * c for v, c in zip(values, committed, strict=True)), sum(values)
+        realized = realized_gain(tokens, seconds, plain_tokens, plain)
         self.realized.setdefault(batch, Realized()).add(gain, realized)
         if realized > self.min_gain:
-            self.losing[batch] = 0
+            self._lost(batch, 0)
 
     def timed(self, batch: int, rows: int, steps: int, draft_seconds: float, seconds: float) -> None:
         """A steady pass over ``batch`` requests of ``rows`` fed rows in all, after ``steps`` draft steps that took
@@ -340,6 +326,21 @@ class LengthPolicy:
             parts.append(f"B={batch}: {len(rows)} passes, {drafted:.0%} drafted, "
                          f"{sum(rows) / len(rows):.1f} draft rows a pass")
         return "draft lengths per request by goodput: " + ("; ".join(parts) if parts else "no steady batched pass")
+
+
+def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
+           drafted: bool = False) -> tuple[list[int], float]:
+    """:func:`plan_lengths` for a batch's end: the valued requests (tied at the most tokens left) draft to one depth
+    together or not at all (:func:`~specfamily.core.batch_goodput.plan_together`)."""
+    tied = [i for i, p in enumerate(prospects) if p.value > 0]
+    if not tied:
+        return [0] * len(prospects), 1.0
+    reaches = [list(itertools.accumulate(prospects[i].acceptance, operator.mul)) for i in tied]
+    depth, gain = plan_together(reaches, [prospects[i].rows for i in tied], seconds, step, len(prospects), drafted)
+    lengths = [0] * len(prospects)
+    for i in tied:
+        lengths[i] = depth
+    return lengths, gain
 
 
 def finishing(prospects: Sequence[Prospect], remaining: Sequence[int]) -> list[Prospect]:

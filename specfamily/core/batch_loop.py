@@ -26,7 +26,8 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
+from specfamily.core.batch_goodput import kept_realized, last_wave
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, proposing, truncated
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -149,14 +150,15 @@ class _Batch:
         self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
         self.origin, self.trace = 0.0, True
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
-        self.load = LengthPolicy(costs=RowCosts.of(target)) if by_load else None  # t(B, N) kept across calls
+        self.load = LengthPolicy(costs=RowCosts.of(target), realized=kept_realized(target, drafter)) \
+            if by_load else None  # t(B, N) and what drafted passes realized kept across calls
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
         self.pooled = Tally()  # every request's drafted levels verified and accepted, per depth
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
-        self.finishing = False  # no request waits for a slot: plan for the batch's end (batch_lengths.finishing)
+        self.wave: int | None = None  # in the batch's last wave: the requests still waiting (batch_goodput.last_wave)
 
     def run(self, prompts: list[torch.Tensor], arrivals: list[float], trace: bool) -> list[GenerationResult]:
         self.origin, self.trace = self.clock(), trace
@@ -171,7 +173,7 @@ class _Batch:
                     self.loop_clock.wait_until(self.origin + arrivals[waiting[0]])
                     continue
                 lo = next((i for i, r in enumerate(self.live) if not r.prefilled), 0)
-                self.finishing = not waiting
+                self.wave = self._last_wave(waiting, arrivals)
                 self._step(lo)
                 self._retire()
         finally:
@@ -238,7 +240,7 @@ class _Batch:
                 return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
             pooled = self._pooled()
             prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
-            lengths = self.load.lengths(self._valued(group, prospects), proposed=True)
+            lengths = self.load.lengths(self._valued(group, prospects), proposed=True, together=self.wave is not None)
             return [truncated(d, g) for d, g in zip(drafts, lengths, strict=True)]
         if self.lookahead is None and any(len(d) for d in drafts):
             self._learn(group, drafts, self.cost_clock() - c0)
@@ -282,14 +284,24 @@ class _Batch:
         for r in group:
             alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
             prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
-        return self.load.lengths(self._valued(group, prospects))
+        return self.load.lengths(self._valued(group, prospects), together=self.wave is not None)
+
+    def _last_wave(self, waiting: deque, arrivals: list[float]) -> int | None:
+        """The requests still waiting when the batch is in its last wave (all of them arrived, at most one a live
+        slot: the batch's remaining work is known and its end is set by the slots that end last), else None."""
+        if len(waiting) > len(self.live) or (waiting and arrivals[waiting[-1]] > self.clock() - self.origin):
+            return None
+        return len(waiting)
 
     def _valued(self, group: list[_Request], prospects: list[Prospect]) -> list[Prospect]:
-        """The prospects as the batch values them: every token alike while requests wait for a slot (throughput),
-        only the longest requests' once none waits (the batch's end: ``batch_lengths.finishing``)."""
-        if not self.finishing:
+        """The prospects as the batch values them: every token alike while more requests wait than one a slot, or
+        some have yet to arrive (throughput); in the last wave only the tokens of the slots projected to end last
+        (``batch_goodput.last_wave``; with none waiting, the longest requests: ``batch_lengths.finishing``), which
+        then draft together or not at all."""
+        if self.wave is None:
             return prospects
-        return finishing(prospects, [self.budget - len(r.new_tokens) for r in group])
+        values = last_wave([self.budget - len(r.new_tokens) for r in group], self.wave, self.budget)
+        return [replace(p, value=v) for p, v in zip(prospects, values, strict=True)]
 
     def _pooled(self) -> list[float]:
         """The batch's pooled per-depth acceptance over the drafter's prior (the prototype's policy, which never

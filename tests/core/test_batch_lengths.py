@@ -10,6 +10,7 @@ from flawed_oracle import FlawedOracle
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
+from specfamily.core.batch_goodput import last_wave
 from specfamily.core.batch_lengths import (
     LengthPolicy,
     Prospect,
@@ -103,14 +104,15 @@ def test_a_finishing_batch_drafts_only_for_its_longest_requests():
     assert policy.lengths(finishing([sure, sure], [5, 2])) == [1, 0]
 
 
-def test_generate_batch_drafts_for_every_request_while_some_wait_then_for_the_longest(monkeypatch):
-    """12 requests at max_batch 4 with a flat cost (drafting pays): while requests wait for a slot, requests with
-    fewer tokens left draft too; once none waits, only the slots with the most tokens left draft. Greedy texts."""
-    states = []  # per pass: (no request waiting, each slot's tokens left)
+def test_generate_batch_drafts_for_every_request_while_many_wait_then_for_the_slots_that_end_last(monkeypatch):
+    """12 requests at max_batch 4 with a flat cost (drafting pays): while more requests wait than one a slot, requests
+    with fewer tokens left draft too; in the last wave (at most one waiting a slot) only the slots projected to end
+    last draft (``last_wave``), all of them to one depth. Greedy texts."""
+    states = []  # per pass: (waiting requests in the last wave or None, each slot's tokens left)
     step = batch_loop._Batch._step
 
     def recorded(self, lo):
-        states.append((self.finishing, [self.budget - len(r.new_tokens) for r in self.live[lo:]]))
+        states.append((self.wave, [self.budget - len(r.new_tokens) for r in self.live[lo:]]))
         return step(self, lo)
 
     monkeypatch.setattr(batch_loop._Batch, "_step", recorded)
@@ -119,12 +121,19 @@ def test_generate_batch_drafts_for_every_request_while_some_wait_then_for_the_lo
     assert len(states) == len(seen)
     shorter = {True: 0, False: 0}  # drafted passes in which a slot with fewer tokens left than another drafted
     drafted = {True: 0, False: 0}
-    for (end, left), (_, lengths, steady) in zip(states, seen, strict=True):
+    waves = set()
+    for (wave, left), (_, lengths, steady) in zip(states, seen, strict=True):
         if steady and any(lengths):
-            drafted[end] += 1
-            shorter[end] += any(g and n < max(left) for g, n in zip(lengths, left, strict=True))
-    assert drafted[False] >= 5 and shorter[False] >= 3  # while requests wait, every request's tokens count
-    assert drafted[True] >= 3 and shorter[True] == 0  # at the end, only the longest requests'
+            last = wave is not None
+            drafted[last] += 1
+            shorter[last] += any(g and n < max(left) for g, n in zip(lengths, left, strict=True))
+            if last:
+                waves.add(wave)
+                valued = last_wave(left, wave, 24)
+                assert {g for g, v in zip(lengths, valued, strict=True) if v} == {max(lengths)}  # together
+                assert not any(g for g, v in zip(lengths, valued, strict=True) if not v)
+    assert drafted[False] >= 5 and shorter[False] >= 3  # while many requests wait, every request's tokens count
+    assert drafted[True] >= 3 and 0 in waves and len(waves) >= 2  # in the last wave, the slots that end last
 
 
 def test_a_step_in_the_cost_does_not_stop_the_plan_short():
@@ -205,10 +214,10 @@ class FakeClock:
         self.t += seconds
 
 
-def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None, max_batch=None, max_new_tokens=60):
+def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None, max_batch=None, max_new_tokens=60, target=None):
     """generate_batch on a fake clock where each target pass costs cost(B, N) (N: the rows fed); the greedy texts,
     and (B, each slot's draft length, steady) of every pass."""
-    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32) if target is None else target
     clock, seen = FakeClock(), [] if passes is None else passes
     forward = batch_loop.BatchTarget.forward
 
@@ -289,16 +298,20 @@ def test_a_realized_gain_is_goodput_over_a_plain_passes_and_the_correction_sums_
     assert realized_gain(8.0, 2.0, 4.0, 1.0) == pytest.approx(1.0)
     assert realized_gain(4.0, 2.0, 4.0, 1.0) == pytest.approx(0.5)
     assert realized_gain(0.0, 0.0, 4.0, 1.0) == 1.0  # an untimed pass says nothing
-    window = Realized(window=4, least=3)
+    assert Realized().correction() == pytest.approx(0.95)  # no evidence: the doubtful prior
+    window = Realized(window=4, least=3, doubt=0.95, weight=2.0)
     window.add(2.0, 1.0)
+    assert window.correction() == pytest.approx((0.5 + 1.9) / 3)  # one unlucky pass, weighed against the prior
     window.add(2.0, 1.0)
-    assert window.correction() == 1.0  # too few passes to judge
-    window.add(2.0, 3.0)  # one lucky pass among losing ones: below 1 still
-    assert window.correction() == pytest.approx(5.0 / 6.0) and Realized(least=1).correction() == 1.0
+    assert window.correction() == pytest.approx((2 * 0.5 + 1.9) / 4)
+    window.add(2.0, 3.0)  # one lucky pass among losing ones: the ratio counts in full from 3 passes on
+    assert window.correction() == pytest.approx(5.0 / 6.0)
     assert Realized(passes=[(1.0, 3.0)] * 3).correction() == 1.0  # never above 1: it only holds back
+    assert Realized(passes=[(1.0, 1.0)] * 3).correction() == pytest.approx((3 + 1.9) / 5)  # borne out by 3: not yet 1
     for _ in range(4):
         window.add(2.0, 0.5)
     assert window.correction() == pytest.approx(0.25)  # only the latest 4 count
+    assert window.correction(borrowed=[(1.0, 1.0)] * 4) == pytest.approx(6 / 12)  # a neighbour's passes pooled
 
 
 def cheap(batch: int, rows: int) -> float:
@@ -386,3 +399,23 @@ def test_generate_batch_keeps_drafting_accepted_drafts_as_often_as_without_the_c
 
     checked = share(True)
     assert checked == share(False) and checked > 0.9
+
+
+def test_a_later_run_starts_from_what_earlier_runs_realized(monkeypatch):
+    """What drafted passes realized is kept on the target per drafter class and B: a second run of drafts that never
+    pay (a fresh drafter, as a sweep creates one a run) starts backed off instead of relearning, and a run at a
+    neighbouring B borrows the losing window."""
+    _hopeful(monkeypatch)
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafted = []
+    for arrivals in ([0.0] * 4, [0.0] * 4, [0.0] * 3):
+        seen = []
+        _priced_run(monkeypatch, cheap, lambda t: WrongOracle(t, gamma=4, policy="auto", horizon=200), arrivals, seen,
+                    max_new_tokens=60, target=target)
+        drafted.append([sum(d) > 0 for batch, d, s in seen if s and batch == len(arrivals)])
+    first, second, neighbour = drafted
+    assert sum(first[:6]) >= 3  # the first run drafts as predicted until its window says otherwise
+    assert sum(second) <= 1  # the same load again: a probe at most, where the first run drafted until it had learned
+    assert sum(neighbour) <= 3 < sum(first)  # a neighbouring load: B=4's correction borrowed, its back-off too
+    kept = target.batch_realized["WrongOracle"]
+    assert kept[4].correction() < 0.5 and kept[4].losing >= 1 and kept[3].correction() < 0.5

@@ -82,6 +82,11 @@ def test_each_request_keeps_its_batch_1_greedy_text(code_target, prompts):
     drafter = sf.create_drafter("small_model", code_target)
     results = sf.generate_batch(code_target, drafter, prompts, max_new_tokens=24, max_batch=4)
     assert [r.tokens for r in results] == reference
+    # at its default (draft length by load) a request in the batch's last wave drafts only while its slot is projected
+    # to end last (core/batch_goodput.py); a constant length drafts for every request
+    drafter = sf.create_drafter("small_model", code_target, gamma=3)
+    results = sf.generate_batch(code_target, drafter, prompts, max_new_tokens=24, max_batch=4)
+    assert [r.tokens for r in results] == reference
     assert all(r.metrics.draft_steps > 0 for r in results)
 
 

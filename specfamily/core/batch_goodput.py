@@ -1,0 +1,139 @@
+"""What drafted batched passes realized against what their plans predicted, kept across runs; the batch's-end plan.
+
+:class:`Realized` holds one batch size's drafted passes (predicted gain, realized gain); its correction
+(realized / predicted, at most 1) scales later plans at that load, so a load whose drafts keep under-delivering stops
+drafting but for probes. The correction starts from a doubtful prior (``doubt``, worth ``weight`` passes): a plan
+must clear the drafting margin by more until passes have borne such plans out, and every pass moves it towards what
+was realized. :func:`kept_realized` keeps the windows on the target per drafter class and batch size (beside the
+pass costs, ``Target.batch_pass_costs``), so a sweep's or a server's later runs start from what earlier ones
+realized; :func:`correction` borrows the nearest batch size's passes where a load has few of its own.
+
+:func:`plan_together`: at the batch's end (no request waits for a slot) the batch's remaining passes are those of its
+longest requests, and k requests tied at the most tokens left all have to advance for a pass to end the batch sooner.
+A pass advances the batch by 1 + min over the tied requests of their accepted tokens, whose expectation is the sum
+over depths d of the probability that every tied request accepts d deep (independent requests: the product of their
+reaches). So the tied requests draft to one depth together, or none of them drafts; the other requests draft nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Realized", "backoff", "correction", "kept_realized", "last_wave", "plan_together", "realized_gain"]
+
+
+def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
+    """A pass's goodput over a plain pass's: ``tokens`` valued tokens committed in ``seconds`` (draft, forward,
+    verification, commit) against ``plain_tokens`` (every valued request's one token) in t(B, B)."""
+    if seconds <= 0 or plain_tokens <= 0 or plain_seconds <= 0:
+        return 1.0
+    return (tokens / seconds) / (plain_tokens / plain_seconds)
+
+
+@dataclass
+class Realized:
+    """One batch size's drafted passes: (predicted gain, realized gain) of the latest ``window``. Their ratio (sum
+    realized / sum predicted over n passes) is weighed against a doubtful prior worth ``weight`` passes,
+    (n ratio + weight doubt) / (n + weight), at most 1: a plan needs evidence to be trusted (a marginal one is held
+    back until passes bore such plans out), and the correction never pushes a plan the estimates do not predict.
+    From ``least`` passes on, a ratio below that counts in full (the prior never excuses passes that lost; before,
+    one unlucky pass does not stop a load).
+    Sums over a window rather than a fast average: a pass's realized gain swings with what it happened to accept (a
+    lucky pass accepts its whole draft), so one or two lucky or unlucky passes move the ratio by only their share of
+    the window; a load that stopped drafting starts again once the probes that paid have lifted the ratio enough for
+    its plans to clear the policy's margin."""
+
+    window: int = 8
+    doubt: float = 0.95
+    weight: float = 2.0
+    least: int = 3
+    losing: int = 0  # the load's probes in a row that did not pay (its policy's back-off, kept with the window)
+    passes: deque = field(default_factory=lambda: deque(maxlen=8))
+
+    def __post_init__(self) -> None:
+        self.passes = deque(self.passes, maxlen=self.window)
+
+    def add(self, predicted: float, realized: float) -> None:
+        if math.isfinite(predicted) and math.isfinite(realized) and predicted > 0:
+            self.passes.append((predicted, realized))
+
+    def correction(self, borrowed: Sequence[tuple[float, float]] = ()) -> float:
+        """The correction over this window's passes and ``borrowed`` ones (a neighbouring load's)."""
+        passes = [*self.passes, *borrowed]
+        if not passes:
+            return min(1.0, self.doubt)
+        ratio = sum(r for _, r in passes) / sum(p for p, _ in passes)
+        shrunk = (len(passes) * ratio + self.weight * self.doubt) / (len(passes) + self.weight)
+        return min(1.0, shrunk, ratio) if len(passes) >= self.least else min(1.0, shrunk)
+
+
+def kept_realized(target, drafter) -> dict[int, Realized]:
+    """The windows of ``drafter``'s class on ``target`` by batch size (kept across ``generate_batch`` calls on the
+    target's ``batch_realized``; a target without it: a fresh dict, the run's own)."""
+    kept = getattr(target, "batch_realized", None)
+    if kept is None:
+        return {}
+    return kept.setdefault(type(drafter).__qualname__, {})
+
+
+def correction(realized: dict[int, Realized], batch: int) -> float:
+    """The correction at ``batch``: its own window's, with the nearest other batch size's passes borrowed while its
+    own are fewer than a window (the nearest smaller on a tie); the prior alone where none was measured."""
+    own = realized.get(batch, Realized())
+    others = [b for b, w in realized.items() if b != batch and w.passes]
+    if len(own.passes) >= own.window or not others:
+        return own.correction()
+    nearest = min(others, key=lambda b: (abs(b - batch), b))
+    return own.correction(list(realized[nearest].passes)[-(own.window - len(own.passes)):])
+
+
+def backoff(realized: dict[int, Realized], batch: int) -> int:
+    """The probes in a row that did not pay at ``batch`` (where a run starts its back-off): its own record's, else the
+    nearest batch size's that has drafted passes (the nearest smaller on a tie), else 0."""
+    own = realized.get(batch)
+    if own is not None and (own.passes or own.losing):
+        return own.losing
+    others = [b for b, w in realized.items() if b != batch and w.passes]
+    return realized[min(others, key=lambda b: (abs(b - batch), b))].losing if others else 0
+
+
+def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[int]], seconds: Sequence[float],
+                  step: float, batch: int, drafted: bool = False) -> tuple[int, float]:
+    """(the depth every tied request drafts to, the plan's goodput over a plain pass's) for the tied requests'
+    ``reaches`` (reach[d - 1]: the probability a request accepts d deep) and ``rows`` (rows[d - 1]: draft rows its
+    level d adds) in a pass of ``batch`` requests: the depth with the most expected batch advance, 1 + sum over d of
+    the product of the reaches, per second of t(B, B + rows) + depth * step (``drafted``: the best that drafts)."""
+    plain = 1.0 / seconds[batch]
+    best, best_rate = 0, (0.0 if drafted else plain)
+    advance, fed = 1.0, batch
+    for depth in range(1, min((len(r) for r in reaches), default=0) + 1):
+        gain = math.prod(r[depth - 1] for r in reaches)
+        fed += sum(r[depth - 1] for r in rows)
+        if gain <= 0 or fed >= len(seconds):
+            break
+        advance += gain
+        rate = advance / (seconds[fed] + depth * step)
+        if rate > best_rate:
+            best, best_rate = depth, rate
+    return best, (best_rate / plain if best else 1.0)
+
+
+def last_wave(remaining: Sequence[int], waiting: int, budget: int) -> list[float]:
+    """Each live request's value to a batch in its last wave (every waiting request has arrived, at most one per slot:
+    ``waiting`` <= the live requests): the batch ends when its last slot does, projected at one token a pass: the
+    ``waiting`` requests (``budget`` tokens each) go to the slots that free first, so a slot's end is its request's
+    ``remaining`` tokens plus ``budget`` if it takes one. Value 1 for the slots projected to end last, 0 for the rest:
+    their tokens end the batch no sooner. With nothing waiting: the requests with the most tokens left."""
+    if not remaining:
+        return []
+    if not 0 <= waiting <= len(remaining):
+        raise ValueError(f"a last wave has at most one waiting request a slot: {waiting} for {len(remaining)}")
+    order = sorted(range(len(remaining)), key=lambda i: (remaining[i], i))
+    ends = list(remaining)
+    for i in order[:waiting]:
+        ends[i] += budget
+    latest = max(ends)
+    return [1.0 if end == latest else 0.0 for end in ends]
