@@ -316,8 +316,11 @@ def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
 
 
 def _truncate(cache: DynamicCache, length: int) -> None:
-    """Drop every cache entry at or after ``length`` in every layer."""
+    """Drop every cache entry at or after ``length`` in every layer (a view's length change: nothing is copied)."""
     for layer in cache.layers:
+        if type(layer) is BufferedLayer:
+            layer.cut(length)
+            continue
         if layer.keys is None or layer.keys.numel() == 0:
             continue
         layer.keys = layer.keys[:, :, :length]

@@ -26,6 +26,7 @@ class BufferedLayer(DynamicLayer):
     """
 
     _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    _own: torch.Tensor | None = None  # the ``keys`` view this layer last set: while ``keys is _own``, it is ours
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -39,7 +40,7 @@ class BufferedLayer(DynamicLayer):
         key_buffer, value_buffer = self._buffers
         key_buffer[:, :, length : length + new] = key_states
         value_buffer[:, :, length : length + new] = value_states
-        self.keys, self.values = key_buffer[:, :, : length + new], value_buffer[:, :, : length + new]
+        self.expose(length + new)
         return self.keys, self.values
 
     def _holds(self, key_states: torch.Tensor, needed: int) -> bool:
@@ -64,11 +65,14 @@ class BufferedLayer(DynamicLayer):
             key_buffer[:, :, :length] = self.keys
             value_buffer[:, :, :length] = self.values
         self._buffers = (key_buffer, value_buffer)
+        self._own = None  # ``keys`` is a view of the old buffers until the next ``expose``
 
     def reserve(self, needed: int, capacity: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value buffers, grown (the entries held kept) to fit ``needed`` entries, at least ``capacity``:
         a compiled pass (``specfamily.runtime.compiled_pass``) writes its entries into them in place. Needs the layer
         to hold entries already (4-D ``keys``)."""
+        if self.keys is self._own and needed <= self._buffers[0].shape[-2]:  # per pass: no shape checks
+            return self._buffers
         if not self._holds(self.keys, needed):
             self._grow(self.keys, self.values, self.keys.shape[-2], max(needed, capacity))
         return self._buffers
@@ -76,8 +80,19 @@ class BufferedLayer(DynamicLayer):
     def expose(self, length: int) -> None:
         """``keys``/``values``: the buffers' first ``length`` entries (after a pass wrote into them in place)."""
         key_buffer, value_buffer = self._buffers
-        self.keys, self.values = key_buffer[:, :, :length], value_buffer[:, :, :length]
+        self.keys, self.values = key_buffer.narrow(2, 0, length), value_buffer.narrow(2, 0, length)
+        self._own = self.keys
+
+    def cut(self, length: int) -> None:
+        """Keep the first ``length`` entries (at most those held): a narrower view of the buffers while ``keys`` is
+        still this layer's own view, a slice of ``keys``/``values`` otherwise; no entry is copied either way."""
+        if self.keys is None or self.keys.dim() != 4:
+            return
+        if self.keys is self._own:
+            self.expose(min(length, self.keys.shape[-2]))
+        else:
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
     def reset(self) -> None:
-        self._buffers = None
+        self._buffers = self._own = None
         super().reset()
