@@ -41,7 +41,8 @@ def test_the_table_falls_back_where_it_cannot_match():
     table, hidden = RopeTable(rope), torch.zeros(2, 3, 8)
     rotary = _rotary(16)
     batched = torch.tensor([[4, 5, 6], [7, 8, 9]])  # batch 2
-    assert all(torch.equal(a, b) for a, b in zip(table(rotary, hidden, batched), rope(rotary, hidden, batched), strict=True))
+    got, want = table(rotary, hidden, batched), rope(rotary, hidden, batched)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert table.cos is None  # computed per call, no table
     odd = _rotary(24)  # 24 values a row: a row's tail falls outside the kernels' vectorised body
     positions = torch.arange(3)[None]
