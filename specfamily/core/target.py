@@ -22,7 +22,7 @@ from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
 from specfamily.runtime.compiled_pass import CompiledPass, compile_kind, compiled_pass
-from specfamily.runtime.kv_cache import BufferedLayer
+from specfamily.runtime.kv_cache import BufferedLayer, KVArena, shared_arena
 from specfamily.runtime.lean import LeanLlama
 from specfamily.runtime.lean_support import lean_unsupported
 from specfamily.runtime.matmul import MatmulChoice, choose_matmul, linear_for
@@ -104,7 +104,8 @@ class Target:
     def reset(self) -> None:
         """Start a new request: an empty cache (a DynamicCache whose layers append in place)."""
         self.cache = DynamicCache(config=self.model.config)
-        self.cache.layers = [BufferedLayer() for _ in self.cache.layers]
+        arena = KVArena()  # every layer's buffers in one tensor: a tree's commit moves entries in one copy
+        self.cache.layers = [arena.layer() for _ in self.cache.layers]
         self.cached_length = 0
         self._device = self.model.device  # read once per request: the property walks the parameters
         self._dtype = self.model.dtype
@@ -302,6 +303,10 @@ def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
 
     A cache spread over several devices (``device_map="auto"``) is indexed on each layer's own device.
     """
+    arena = shared_arena(cache.layers)
+    if arena is not None and arena.data.device == src.device:
+        arena.move(base, src)  # every layer in one gather and one copy
+        return
     k = src.numel()
     on_device = {src.device: src}
     for layer in cache.layers:
