@@ -293,6 +293,15 @@ def _check_draft_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
     """Draft token ids must lie in the target's vocabulary (an embedding lookup would fail, or read garbage)."""
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"draft tokens must be integer ids, got dtype {tokens.dtype}")
+    if not tokens.numel():
+        return
+    if tokens.device.type == "cpu" and tokens.numel() <= 256:  # a draft's few ids: read on the host, no tensor ops
+        ids = tokens.tolist()
+        low, high = min(ids), max(ids)
+    else:
+        low, high = (int(v) for v in torch.aminmax(tokens))
+    if low >= 0 and high < vocab_size:  # the offending id is searched for only when there is one
+        return
     bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
     if bad.numel():
         raise ValueError(f"draft token id {int(bad[0])} is outside the target's vocabulary [0, {vocab_size})")
@@ -322,6 +331,9 @@ def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
 
 def _truncate(cache: DynamicCache, length: int) -> None:
     """Drop every cache entry at or after ``length`` in every layer (a view's length change: nothing is copied)."""
+    arena = shared_arena(cache.layers)
+    if arena is not None and arena.cut(length):
+        return
     for layer in cache.layers:
         if type(layer) is BufferedLayer:
             layer.cut(length)

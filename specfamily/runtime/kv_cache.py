@@ -45,6 +45,11 @@ class BufferedLayer(DynamicLayer):
         self.expose(length + new)
         return self.keys, self.values
 
+    @property
+    def owned(self) -> bool:
+        """``keys`` is the view of the buffers this layer last set (not replaced since, and not empty)."""
+        return self._own is not None and self.keys is self._own
+
     def _holds(self, key_states: torch.Tensor, needed: int) -> bool:
         """The buffer exists, fits ``needed`` entries of this shape, and ``keys`` is still a view of its start."""
         if self._buffers is None:
@@ -84,12 +89,12 @@ class BufferedLayer(DynamicLayer):
             key_buffer[:, :, :length] = self.keys
             value_buffer[:, :, :length] = self.values
         self._buffers, self.in_arena = (key_buffer, value_buffer), True
-        if self.keys is not self._own or self.keys.data_ptr() != key_buffer.data_ptr():
+        if not self.owned or self.keys.data_ptr() != key_buffer.data_ptr():
             self._own = None
 
     def adopt(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor) -> None:
         """New buffers from the arena (its entries copied): ``keys`` follows them while it is this layer's own view."""
-        own = self._buffers is not None and self.in_arena and self.keys is self._own
+        own = self._buffers is not None and self.in_arena and self.owned
         if self._buffers is not None and not self.in_arena:
             return  # buffers of its own (entries of another shape): the arena's slot stays unused
         self._buffers, self.in_arena = (key_buffer, value_buffer), True
@@ -102,7 +107,7 @@ class BufferedLayer(DynamicLayer):
         """The key and value buffers, grown (the entries held kept) to fit ``needed`` entries, at least ``capacity``:
         a compiled pass (``specfamily.runtime.compiled_pass``) writes its entries into them in place. Needs the layer
         to hold entries already (4-D ``keys``)."""
-        if self.keys is self._own and needed <= self._buffers[0].shape[-2]:  # per pass: no shape checks
+        if self.owned and needed <= self._buffers[0].shape[-2]:  # per pass: no shape checks
             return self._buffers
         if not self._holds(self.keys, needed):
             self._grow(self.keys, self.values, self.keys.shape[-2], max(needed, capacity))
@@ -119,7 +124,7 @@ class BufferedLayer(DynamicLayer):
         still this layer's own view, a slice of ``keys``/``values`` otherwise; no entry is copied either way."""
         if self.keys is None or self.keys.dim() != 4:
             return
-        if self.keys is self._own:
+        if self.owned:
             self.expose(min(length, self.keys.shape[-2]))
         else:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
@@ -175,6 +180,20 @@ class KVArena:
         index = self.layers.index(layer)
         return self.data[index, 0], self.data[index, 1]
 
+    def cut(self, length: int) -> bool:
+        """Every layer's ``keys``/``values``: its first ``length`` entries, as views made by one narrow and one unbind
+        (two narrows a layer cost ~2 us each); False (nothing done) where a layer holds fewer. Needs every layer's
+        ``keys`` to be its own view of this arena (``shared_arena``)."""
+        layers = self.layers
+        if length > min(layer.keys.shape[-2] for layer in layers):
+            return False
+        data = self.data
+        views = iter(data.view(-1, *data.shape[2:]).narrow(3, 0, length).unbind(0))  # keys, values of each layer
+        for layer, keys, values in zip(layers, views, views, strict=False):
+            layer.keys = layer._own = keys
+            layer.values = values
+        return True
+
     def move(self, base: int, src: torch.Tensor) -> None:
         """Every layer's entries at ``src`` (k,) to ``base .. base + k - 1`` (``src`` ascending, each >= its target)."""
         data = self.data
@@ -188,6 +207,6 @@ def shared_arena(layers) -> KVArena | None:
     if arena is None or arena.data is None or len(arena.layers) != len(layers):
         return None
     for layer, mine in zip(layers, arena.layers, strict=True):
-        if layer is not mine or layer.keys is not layer._own or not layer.in_arena:
+        if layer is not mine or not layer.owned or not layer.in_arena:
             return None
     return arena

@@ -69,6 +69,17 @@ def test_arena_layers_hold_what_separate_layers_hold_in_one_tensor():
         a.cut(150)
         b.crop(-17)
         assert torch.equal(a.keys, b.keys) and a.keys.data_ptr() == a._buffers[0].data_ptr()  # a view: no copy
+    assert not arena.cut(151)  # longer than the layers hold: nothing done
+    before = [(a.keys.clone(), a.values.clone()) for a in shared]
+    assert arena.cut(148)  # every layer's views from one narrow and one unbind
+    for a, (keys, values) in zip(shared, before, strict=True):
+        assert torch.equal(a.keys, keys[:, :, :148]) and torch.equal(a.values, values[:, :, :148])
+        assert a.keys is a._own and a.keys.data_ptr() == a._buffers[0].data_ptr()
+        assert a.keys.stride() == a._buffers[0].stride() and a.values.data_ptr() == a._buffers[1].data_ptr()
+    assert shared_arena(shared) is arena
+    for a, (keys, values) in zip(shared, before, strict=True):
+        a.update(keys[:, :, 148:].clone(), values[:, :, 148:].clone())  # written in place after the cut
+    assert all(a.keys.shape[-2] == 150 and a.keys.data_ptr() == a._buffers[0].data_ptr() for a in shared)
     src = torch.tensor([141, 144, 149])
     want = [(b.keys.index_select(2, src), b.values.index_select(2, src)) for b in alone]
     arena.move(140, src)  # one gather and one copy for every layer
@@ -92,3 +103,16 @@ def test_an_arena_layer_with_a_replaced_tensor_or_another_shape_keeps_its_entrie
     other.update(*_entries(3, 0, heads=5))  # five heads: buffers of its own
     assert not other.in_arena and torch.equal(other.keys, _entries(3, 0, heads=5)[0])
     assert shared_arena([*layers, other]) is None
+
+
+@torch.inference_mode()
+def test_an_arena_with_a_layer_never_written_is_not_shared():
+    """A pass over fewer layers (transformers' early exit): the layers left out hold nothing, so the arena's one-op
+    cut and move would not be right for them; each layer is handled on its own."""
+    arena = KVArena()
+    written, empty = arena.layer(), arena.layer()
+    written.update(*_entries(70, 0))  # past the first capacity: the arena grows, both layers adopt slots
+    assert empty.in_arena and empty.keys is None and not empty.owned
+    assert shared_arena([written, empty]) is None
+    written.cut(5)
+    assert torch.equal(written.keys, _entries(70, 0)[0][:, :, :5])
