@@ -36,17 +36,24 @@ class RopeTable:
                  position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, signed sin (1, 1, q, D), as ``rope`` returns them."""
         inv_freq = rotary.inv_freq
-        if position_ids.dim() != 2 or position_ids.shape[0] != 1 or (2 * inv_freq.numel()) % _LANES:
-            return self.rope(rotary, hidden, position_ids)
-        top = int(position_ids.max()) + 1 if position_ids.device.type == "cpu" else 0
-        if not 0 < top <= 1 << 20:  # off the CPU (a host read per pass) or a position past any real cache
+        if (position_ids.dim() != 2 or position_ids.shape[0] != 1 or position_ids.device.type != "cpu"
+                or (2 * inv_freq.numel()) % _LANES):
             return self.rope(rotary, hidden, position_ids)
         version = 0 if inv_freq.is_inference() else inv_freq._version  # an inference tensor is never changed in place
         key = (id(inv_freq), version, rotary.attention_scaling, hidden.dtype, hidden.device)
-        if self.cos is None or key != self.key or top > self.cos.shape[0]:
-            self._build(rotary, hidden, max(top + top // 2, TABLE_MIN), key)
-        ids = position_ids[0]
-        return self.cos[ids][None, None], self.sin[ids][None, None]
+        if self.cos is None or key != self.key:
+            self._build(rotary, hidden, TABLE_MIN, key)
+        ids = position_ids.reshape(-1)
+        try:
+            cos, sin = self.cos.index_select(0, ids), self.sin.index_select(0, ids)
+        except IndexError:  # a position past the table (or a negative one): grow it, or compute this pass's rows
+            top = int(ids.max()) + 1
+            if int(ids.min()) < 0 or top > 1 << 20:
+                return self.rope(rotary, hidden, position_ids)
+            self._build(rotary, hidden, top + top // 2, key)
+            cos, sin = self.cos.index_select(0, ids), self.sin.index_select(0, ids)
+        shape = (1, 1, ids.shape[0], cos.shape[-1])
+        return cos.view(shape), sin.view(shape)
 
     def _build(self, rotary: nn.Module, hidden: torch.Tensor, capacity: int, key: tuple) -> None:
         positions = torch.arange(capacity, device=hidden.device)[None]
