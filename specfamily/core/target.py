@@ -22,7 +22,7 @@ from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
 from specfamily.runtime.compiled_pass import CompiledPass, compile_kind, compiled_pass
-from specfamily.runtime.kv_cache import BufferedLayer
+from specfamily.runtime.kv_cache import BufferedLayer, KVArena, shared_arena
 from specfamily.runtime.lean import LeanLlama
 from specfamily.runtime.lean_support import lean_unsupported
 from specfamily.runtime.matmul import MatmulChoice, choose_matmul, linear_for
@@ -105,7 +105,8 @@ class Target:
     def reset(self) -> None:
         """Start a new request: an empty cache (a DynamicCache whose layers append in place)."""
         self.cache = DynamicCache(config=self.model.config)
-        self.cache.layers = [BufferedLayer() for _ in self.cache.layers]
+        arena = KVArena()  # every layer's buffers in one tensor: a tree's commit moves entries in one copy
+        self.cache.layers = [arena.layer() for _ in self.cache.layers]
         self.cached_length = 0
         self._device = self.model.device  # read once per request: the property walks the parameters
         self._dtype = self.model.dtype
@@ -293,6 +294,15 @@ def _check_draft_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
     """Draft token ids must lie in the target's vocabulary (an embedding lookup would fail, or read garbage)."""
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise TypeError(f"draft tokens must be integer ids, got dtype {tokens.dtype}")
+    if not tokens.numel():
+        return
+    if tokens.device.type == "cpu" and tokens.numel() <= 256:  # a draft's few ids: read on the host, no tensor ops
+        ids = tokens.tolist()
+        low, high = min(ids), max(ids)
+    else:
+        low, high = (int(v) for v in torch.aminmax(tokens))
+    if low >= 0 and high < vocab_size:  # the offending id is searched for only when there is one
+        return
     bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
     if bad.numel():
         raise ValueError(f"draft token id {int(bad[0])} is outside the target's vocabulary [0, {vocab_size})")
@@ -303,6 +313,10 @@ def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
 
     A cache spread over several devices (``device_map="auto"``) is indexed on each layer's own device.
     """
+    arena = shared_arena(cache.layers)
+    if arena is not None and arena.data.device == src.device:
+        arena.move(base, src)  # every layer in one gather and one copy
+        return
     k = src.numel()
     on_device = {src.device: src}
     for layer in cache.layers:
@@ -317,8 +331,14 @@ def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
 
 
 def _truncate(cache: DynamicCache, length: int) -> None:
-    """Drop every cache entry at or after ``length`` in every layer."""
+    """Drop every cache entry at or after ``length`` in every layer (a view's length change: nothing is copied)."""
+    arena = shared_arena(cache.layers)
+    if arena is not None and arena.cut(length):
+        return
     for layer in cache.layers:
+        if type(layer) is BufferedLayer:
+            layer.cut(length)
+            continue
         if layer.keys is None or layer.keys.numel() == 0:
             continue
         layer.keys = layer.keys[:, :, :length]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["BufferedLayer"]
+__all__ = ["BufferedLayer", "KVArena", "shared_arena"]
 
 
 class BufferedLayer(DynamicLayer):
@@ -26,6 +26,9 @@ class BufferedLayer(DynamicLayer):
     """
 
     _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    _own: torch.Tensor | None = None  # the ``keys`` view this layer last set: while ``keys is _own``, it is ours
+    arena: KVArena | None = None  # the buffers' home when the layers share one tensor (``KVArena.layer``)
+    in_arena: bool = False  # ``_buffers`` are this layer's slot of ``arena`` (else buffers of its own, or none)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -39,8 +42,13 @@ class BufferedLayer(DynamicLayer):
         key_buffer, value_buffer = self._buffers
         key_buffer[:, :, length : length + new] = key_states
         value_buffer[:, :, length : length + new] = value_states
-        self.keys, self.values = key_buffer[:, :, : length + new], value_buffer[:, :, : length + new]
+        self.expose(length + new)
         return self.keys, self.values
+
+    @property
+    def owned(self) -> bool:
+        """``keys`` is the view of the buffers this layer last set (not replaced since, and not empty)."""
+        return self._own is not None and self.keys is self._own
 
     def _holds(self, key_states: torch.Tensor, needed: int) -> bool:
         """The buffer exists, fits ``needed`` entries of this shape, and ``keys`` is still a view of its start."""
@@ -56,19 +64,51 @@ class BufferedLayer(DynamicLayer):
         )
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, needed: int) -> None:
+        if self.arena is not None and self.arena.fits(key_states, value_states):
+            self._grow_in_arena(key_states, length, needed)
+            return
         capacity = needed + max(needed // 2, 64)
         batch, heads, _, dim = key_states.shape
+        self.in_arena = False
         key_buffer = key_states.new_empty(batch, heads, capacity, dim)
         value_buffer = value_states.new_empty(batch, heads, capacity, value_states.shape[-1])
         if length:
             key_buffer[:, :, :length] = self.keys
             value_buffer[:, :, :length] = self.values
         self._buffers = (key_buffer, value_buffer)
+        self._own = None  # ``keys`` is a view of the old buffers until the next ``expose``
+
+    def _grow_in_arena(self, key_states: torch.Tensor, length: int, needed: int) -> None:
+        """``_grow`` for a layer of an arena: the arena grows for every layer at once (the views it owns follow);
+        entries held elsewhere (a replaced ``keys``) are copied into this layer's slot."""
+        arena = self.arena
+        if needed > arena.capacity:
+            arena.grow(key_states, needed)
+        key_buffer, value_buffer = arena.slot(self)
+        if length and self.keys.data_ptr() != key_buffer.data_ptr():
+            key_buffer[:, :, :length] = self.keys
+            value_buffer[:, :, :length] = self.values
+        self._buffers, self.in_arena = (key_buffer, value_buffer), True
+        if not self.owned or self.keys.data_ptr() != key_buffer.data_ptr():
+            self._own = None
+
+    def adopt(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor) -> None:
+        """New buffers from the arena (its entries copied): ``keys`` follows them while it is this layer's own view."""
+        own = self._buffers is not None and self.in_arena and self.owned
+        if self._buffers is not None and not self.in_arena:
+            return  # buffers of its own (entries of another shape): the arena's slot stays unused
+        self._buffers, self.in_arena = (key_buffer, value_buffer), True
+        if own:
+            self.expose(self.keys.shape[-2])
+        else:
+            self._own = None
 
     def reserve(self, needed: int, capacity: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value buffers, grown (the entries held kept) to fit ``needed`` entries, at least ``capacity``:
         a compiled pass (``specfamily.runtime.compiled_pass``) writes its entries into them in place. Needs the layer
         to hold entries already (4-D ``keys``)."""
+        if self.owned and needed <= self._buffers[0].shape[-2]:  # per pass: no shape checks
+            return self._buffers
         if not self._holds(self.keys, needed):
             self._grow(self.keys, self.values, self.keys.shape[-2], max(needed, capacity))
         return self._buffers
@@ -76,8 +116,97 @@ class BufferedLayer(DynamicLayer):
     def expose(self, length: int) -> None:
         """``keys``/``values``: the buffers' first ``length`` entries (after a pass wrote into them in place)."""
         key_buffer, value_buffer = self._buffers
-        self.keys, self.values = key_buffer[:, :, :length], value_buffer[:, :, :length]
+        self.keys, self.values = key_buffer.narrow(2, 0, length), value_buffer.narrow(2, 0, length)
+        self._own = self.keys
+
+    def cut(self, length: int) -> None:
+        """Keep the first ``length`` entries (at most those held): a narrower view of the buffers while ``keys`` is
+        still this layer's own view, a slice of ``keys``/``values`` otherwise; no entry is copied either way."""
+        if self.keys is None or self.keys.dim() != 4:
+            return
+        if self.owned:
+            self.expose(min(length, self.keys.shape[-2]))
+        else:
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
     def reset(self) -> None:
-        self._buffers = None
+        self._buffers = self._own = None
+        self.in_arena = False
         super().reset()
+
+
+class KVArena:
+    """Every layer's key and value buffers as slices of one tensor (layers, 2, B, H, capacity, D), so that a tree's
+    commit moves its accepted entries in every layer with one gather and one copy (``move``) rather than two per
+    layer. Layers whose entries have another shape, dtype or device keep buffers of their own."""
+
+    def __init__(self) -> None:
+        self.data: torch.Tensor | None = None
+        self.layers: list[BufferedLayer] = []
+
+    def layer(self) -> BufferedLayer:
+        """A new BufferedLayer whose buffers live here."""
+        layer = BufferedLayer()
+        layer.arena = self
+        self.layers.append(layer)
+        return layer
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.data is None else self.data.shape[-2]
+
+    def fits(self, key_states: torch.Tensor, value_states: torch.Tensor) -> bool:
+        """Entries of this shape (batch, heads, dim), dtype and device can live here."""
+        batch, heads, _, dim = key_states.shape
+        if value_states.shape[-1] != dim or value_states.dtype != key_states.dtype:
+            return False
+        data = self.data
+        return data is None or (data.shape[2:4] == (batch, heads) and data.shape[-1] == dim
+                                and data.dtype == key_states.dtype and data.device == key_states.device)
+
+    def grow(self, key_states: torch.Tensor, needed: int) -> None:
+        """Room for ``needed`` entries in every layer (by half more, as ``BufferedLayer``), the entries kept."""
+        capacity = needed + max(needed // 2, 64)
+        batch, heads, _, dim = key_states.shape
+        data = key_states.new_empty(len(self.layers), 2, batch, heads, capacity, dim)
+        if self.data is not None:
+            data.narrow(4, 0, self.capacity).copy_(self.data)
+        self.data = data
+        for index, layer in enumerate(self.layers):
+            layer.adopt(data[index, 0], data[index, 1])
+
+    def slot(self, layer: BufferedLayer) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer``'s key and value buffers (B, H, capacity, D)."""
+        index = self.layers.index(layer)
+        return self.data[index, 0], self.data[index, 1]
+
+    def cut(self, length: int) -> bool:
+        """Every layer's ``keys``/``values``: its first ``length`` entries, as views made by one narrow and one unbind
+        (two narrows a layer cost ~2 us each); False (nothing done) where a layer holds fewer. Needs every layer's
+        ``keys`` to be its own view of this arena (``shared_arena``)."""
+        layers = self.layers
+        if length > min(layer.keys.shape[-2] for layer in layers):
+            return False
+        data = self.data
+        views = iter(data.view(-1, *data.shape[2:]).narrow(3, 0, length).unbind(0))  # keys, values of each layer
+        for layer, keys, values in zip(layers, views, views, strict=False):
+            layer.keys = layer._own = keys
+            layer.values = values
+        return True
+
+    def move(self, base: int, src: torch.Tensor) -> None:
+        """Every layer's entries at ``src`` (k,) to ``base .. base + k - 1`` (``src`` ascending, each >= its target)."""
+        data = self.data
+        data.narrow(4, base, src.numel()).copy_(data.index_select(4, src))
+
+
+def shared_arena(layers) -> KVArena | None:
+    """The arena every one of ``layers`` keeps its entries in, as its own views (``move`` then covers them all), or
+    None."""
+    arena = getattr(layers[0], "arena", None) if layers else None
+    if arena is None or arena.data is None or len(arena.layers) != len(layers):
+        return None
+    for layer, mine in zip(layers, arena.layers, strict=True):
+        if layer is not mine or not layer.owned or not layer.in_arena:
+            return None
+    return arena

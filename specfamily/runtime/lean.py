@@ -25,6 +25,7 @@ from specfamily.runtime.compiled import Compiled
 from specfamily.runtime.lean_support import blocking, global_hooks, lean_unsupported
 from specfamily.runtime.matmul import Linear as LinearFn
 from specfamily.runtime.matmul import stream_norm
+from specfamily.runtime.rope_table import RopeTable
 
 __all__ = ["Attend", "LeanLayer", "LeanLlama", "ModuleWatch", "drafting_ready", "plan_attention", "rms_norm",
            "rope", "rotate_pair"]
@@ -247,6 +248,7 @@ class LeanLlama:
         self.rotate: Compiled | None = Compiled(rotate_pair) if compile else None
         self.pack_queries = True  # plan_attention's packing of masked verify passes (False: sdpa's grouped indexing)
         self.native = None  # the layers in C++ (specfamily.runtime.native_layers.NativeLayers), set by the caller
+        self._rope = RopeTable(rope)  # the rope's cos and sin by position, computed once (bit-identical)
 
     def ready(self) -> bool:
         """True when the lean forward reproduces the model's forward right now."""
@@ -310,7 +312,7 @@ class LeanLlama:
         if mask is None and q_len > 1 and cache.get_seq_length() > 0:
             raise ValueError("a pass of several tokens over a non-empty cache needs a mask")
         hidden = self._embed(input_ids)  # (1, q, H)
-        cos, sin = rope(self._rotary, hidden, position_ids)
+        cos, sin = self._rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
                                 pack_queries=self.pack_queries)
         if self.rotate is not None:

@@ -303,3 +303,31 @@ def test_rollback_forgets_tokens_as_if_never_fed():
     target.forward(torch.tensor([1]))
     with pytest.raises(RuntimeError, match="commit\\(\\) the last forward before rolling back"):
         target.rollback(1)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_tree_commit_in_the_arena_leaves_the_cache_of_per_layer_buffers(tiny_model, fast):
+    """The target's layers share one arena (a tree's commit moves every layer's entries in one copy): the cache it
+    leaves, and the passes after it, equal those of per-layer buffers, entry for entry."""
+    from specfamily.runtime.kv_cache import BufferedLayer, shared_arena
+
+    model = tiny_model("llama")
+    arena, alone = Target(model, fast=fast), Target(model, fast=fast)
+    alone.cache.layers = [BufferedLayer() for _ in alone.cache.layers]
+    tokens = torch.tensor([1, 2, 3, 4, 5, 6])
+    for target in (arena, alone):
+        target.forward(torch.arange(90) % 50)  # past the first buffers' 64 spare entries later on
+        target.commit([])
+        for _ in range(3):
+            target.forward(torch.tensor([7]), Draft(tokens, torch.tensor(TREE)))
+            target.commit([1, 4])  # both entries move
+    assert shared_arena(arena.cache.layers) is not None and shared_arena(alone.cache.layers) is None
+    for a, b in zip(arena.cache.layers, alone.cache.layers, strict=True):
+        assert a.keys.shape[-2] == 99 and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    chain = Draft.chain(torch.arange(60) % 50)  # past the capacity: the arena grows with every layer's entries
+    outs = [target.forward(torch.tensor([8]), chain).logits for target in (arena, alone)]
+    assert torch.equal(*outs)
+    for target in (arena, alone):
+        target.commit(list(range(30)))
+    for a, b in zip(arena.cache.layers, alone.cache.layers, strict=True):
+        assert a.keys.shape[-2] == 130 and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from specfamily.runtime.kv_cache import BufferedLayer
+from specfamily.runtime.kv_cache import BufferedLayer, KVArena, shared_arena
 
 
 def _update(layer, length: int, start: int = 0):
@@ -46,3 +46,73 @@ def test_buffered_layer_concatenates_outside_inference_mode():
     assert keys[0, 0, :, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert not keys.is_inference()
 
+
+
+def _entries(length: int, start: int, heads: int = 2, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed + start)
+    return torch.randn(1, heads, length, 3, generator=generator), torch.randn(1, heads, length, 3, generator=generator)
+
+
+@torch.inference_mode()
+def test_arena_layers_hold_what_separate_layers_hold_in_one_tensor():
+    arena = KVArena()
+    shared, alone = [arena.layer() for _ in range(3)], [BufferedLayer() for _ in range(3)]
+    for start, length in ((0, 5), (5, 60), (65, 2), (67, 100)):  # the last two grow past the capacity
+        for i, (a, b) in enumerate(zip(shared, alone, strict=True)):
+            entries = _entries(length, start, seed=10 * i)
+            a.update(*entries)
+            b.update(*entries)
+    assert arena.capacity > 167 and all(layer.in_arena for layer in shared)
+    assert shared_arena(shared) is arena
+    for a, b in zip(shared, alone, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        a.cut(150)
+        b.crop(-17)
+        assert torch.equal(a.keys, b.keys) and a.keys.data_ptr() == a._buffers[0].data_ptr()  # a view: no copy
+    assert not arena.cut(151)  # longer than the layers hold: nothing done
+    before = [(a.keys.clone(), a.values.clone()) for a in shared]
+    assert arena.cut(148)  # every layer's views from one narrow and one unbind
+    for a, (keys, values) in zip(shared, before, strict=True):
+        assert torch.equal(a.keys, keys[:, :, :148]) and torch.equal(a.values, values[:, :, :148])
+        assert a.keys is a._own and a.keys.data_ptr() == a._buffers[0].data_ptr()
+        assert a.keys.stride() == a._buffers[0].stride() and a.values.data_ptr() == a._buffers[1].data_ptr()
+    assert shared_arena(shared) is arena
+    for a, (keys, values) in zip(shared, before, strict=True):
+        a.update(keys[:, :, 148:].clone(), values[:, :, 148:].clone())  # written in place after the cut
+    assert all(a.keys.shape[-2] == 150 and a.keys.data_ptr() == a._buffers[0].data_ptr() for a in shared)
+    src = torch.tensor([141, 144, 149])
+    want = [(b.keys.index_select(2, src), b.values.index_select(2, src)) for b in alone]
+    arena.move(140, src)  # one gather and one copy for every layer
+    for a, (keys, values) in zip(shared, want, strict=True):
+        assert torch.equal(a.keys[:, :, 140:143], keys) and torch.equal(a.values[:, :, 140:143], values)
+
+
+@torch.inference_mode()
+def test_an_arena_layer_with_a_replaced_tensor_or_another_shape_keeps_its_entries():
+    arena = KVArena()
+    layers = [arena.layer() for _ in range(2)]
+    for layer in layers:
+        layer.update(*_entries(4, 0))
+    replaced = layers[0]
+    replaced.keys, replaced.values = replaced.keys[:, :, 1:].clone(), replaced.values[:, :, 1:].clone()
+    assert shared_arena(layers) is None  # not its own view: move would miss it
+    keys, _ = replaced.update(*_entries(2, 4))
+    assert torch.equal(keys[:, :, :3], _entries(4, 0)[0][:, :, 1:]) and keys.shape[-2] == 5
+    assert replaced.in_arena and replaced.keys.data_ptr() == arena.slot(replaced)[0].data_ptr()  # back in its slot
+    other = arena.layer()
+    other.update(*_entries(3, 0, heads=5))  # five heads: buffers of its own
+    assert not other.in_arena and torch.equal(other.keys, _entries(3, 0, heads=5)[0])
+    assert shared_arena([*layers, other]) is None
+
+
+@torch.inference_mode()
+def test_an_arena_with_a_layer_never_written_is_not_shared():
+    """A pass over fewer layers (transformers' early exit): the layers left out hold nothing, so the arena's one-op
+    cut and move would not be right for them; each layer is handled on its own."""
+    arena = KVArena()
+    written, empty = arena.layer(), arena.layer()
+    written.update(*_entries(70, 0))  # past the first capacity: the arena grows, both layers adopt slots
+    assert empty.in_arena and empty.keys is None and not empty.owned
+    assert shared_arena([written, empty]) is None
+    written.cut(5)
+    assert torch.equal(written.keys, _entries(70, 0)[0][:, :, :5])
