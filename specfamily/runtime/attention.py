@@ -62,7 +62,10 @@ def build_attention(verbose: bool = False) -> ModuleType:
     source = attention_source()
     if not source.is_file():
         raise KernelUnavailable(f"the attention kernel's source {source} is missing from the installed package")
-    return build_extension(NAME, [source], build_folder(source, [source], "attention"), verbose)
+    header = source.with_name("attention_head.h")  # included by the source: in the build's key, not compiled alone
+    if not header.is_file():
+        raise KernelUnavailable(f"the attention kernel's header {header} is missing from the installed package")
+    return build_extension(NAME, [source], build_folder(source, [source, header], "attention"), verbose)
 
 
 def attention_kernel(enabled: bool = True) -> ModuleType | None:

@@ -104,11 +104,15 @@ def test_the_kernel_is_sdpa_up_to_rounding_and_batch_invariant(isa):
         alone = module.attend_with(query[:, :, r : r + 1], keys[:, :, : 296 + r], values[:, :, : 296 + r], None,
                                    0.125, isa)
         assert torch.equal(alone[0, 0], out[0, r])
-    scattered = torch.zeros(1, 300, dtype=torch.bool)  # a tree node: the cache, then ancestors apart in the buffer
-    scattered[0, :295] = scattered[0, 296] = scattered[0, 299] = True
-    kept = scattered[0].nonzero()[:, 0]
-    assert torch.equal(module.attend_with(query[:, :, :1], keys, values, scattered, 0.125, isa),
-                       module.attend_with(query[:, :, :1], keys[:, :, kept], values[:, :, kept], None, 0.125, isa))
+    for seed in range(8):  # rows seeing scattered keys (tree nodes: ancestors apart in the buffer, other key blocks
+        # and slots) get the bits of one row over the same keys gathered in order
+        scattered = torch.rand(5, 300, generator=torch.Generator().manual_seed(seed)) < 0.3 + 0.1 * seed
+        scattered[:, 0] = True
+        out = module.attend_with(query, keys, values, scattered, 0.125, isa)
+        for r in range(5):
+            kept = scattered[r].nonzero()[:, 0]
+            alone = module.attend_with(query[:, :, r : r + 1], keys[:, :, kept], values[:, :, kept], None, 0.125, isa)
+            assert torch.equal(out[0, r], alone[0, 0])
 
 
 def test_kernel_visible_takes_hidden_or_seen_masks_only():

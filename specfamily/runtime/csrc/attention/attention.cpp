@@ -9,7 +9,8 @@
 // own query and on the sequence of keys and values it sees, in cache order -- not on the other rows of the pass, nor
 // on where those keys lie in the buffer (a tree node's ancestors are scattered there, contiguous in the plain pass
 // that would have fed it). Every reduction is a function of a key's place in that sequence: the scores are one fixed
-// chain per key (then times the scale); the softmax is two-pass (the row's exact maximum, then exp(s - max)), its
+// tree per key (AVX-512: four 16-lane chunks fused in order, then the same tree of adds across lanes for every key,
+// whichever of the 16 slots of a run it takes; then times the scale); the softmax is two-pass (the row's exact maximum, then exp(s - max)), its
 // sum over the sequence taken in 16 lanes by place mod 16, the lanes then added in order; the values accumulate in
 // place order into two chains (even and odd places) added at the end, then divided by the sum. exp is one
 // polynomial with its products and sums rounded one by one, the same bits in a vector lane or a scalar. Per
@@ -23,6 +24,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,120 +54,241 @@ struct Problem {
   float scale;
 };
 
-// Per key/value head: scores, then probabilities, of its group's rows (groups * rows, padded to kLanes), the value
-// accumulators (two chains per row), and the block cursors.
+// Per key/value head: scores, then probabilities, of its group's rows (groups * rows, each padded to kLanes places),
+// their value accumulators (dim each).
 struct Work {
-  std::vector<float> p, acc;
-  std::vector<int64_t> cursor;
+  std::unique_ptr<float[]> p, acc;
   int64_t pad;
 };
 
-// exp(x), x <= 0 (Cephes' expf: n = round(x / ln 2), a degree-6 polynomial on the remainder, times 2^n); every
-// product and sum rounded on its own (no contraction), so a vector lane and a scalar give the same bits.
-__attribute__((optimize("fp-contract=off"))) inline float exp_of(float x) {
-  if (x < kExpLow) return 0.0f;
-  const float t = x * 1.44269504088896341f;
-  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = (y * (r * r) + r) + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
-}
+// A tile: up to kTileRows query heads of one group, all fed row r (the same keys seen), against a run of places.
+constexpr int kTileRows = 4;
+struct Tile {
+  const float* q[kTileRows];  // each row's query (dim)
+  float* p[kTileRows];        // each row's scores / probabilities by place
+  float* acc[kTileRows];      // each row's value accumulator (dim)
+  int64_t head[kTileRows];    // each row's query head
+  int rows;
+};
 
-// p[0, n) <- exp(s - max), p[n, pad) <- 0; returns the sum in kLanes lanes by place, the lanes added in order.
-__attribute__((optimize("fp-contract=off"))) float softmax_row(float* p, int64_t n, int64_t pad) {
-  float top = p[0];
-  for (int64_t c = 1; c < n; ++c) top = std::max(top, p[c]);
-  for (int64_t c = 0; c < n; ++c) p[c] = exp_of(p[c] - top);
-  std::fill(p + n, p + pad, 0.0f);
-  float lanes[kLanes] = {};
-  for (int64_t c = 0; c < pad; c += kLanes)
-    for (int64_t k = 0; k < kLanes; ++k) lanes[k] += p[c + k];
+// The lanes of the softmax's sum, added in order.
+inline float lane_sum(const float* lanes) {
   float sum = 0.0f;
   for (int64_t k = 0; k < kLanes; ++k) sum += lanes[k];
   return sum;
 }
 
-// The dot product and value accumulation of one instruction set.
-struct ScalarOps {
-  static float dot(const float* q, const float* k, int64_t dim) {
-    float s = 0.0f;
-    for (int64_t d = 0; d < dim; ++d) s += q[d] * k[d];
-    return s;
+// The score and value loops of one instruction set: ``attention_head.h`` included once per set, each time in the
+// set's target region (so its intrinsics inline), after that set's Ops: a tile's dot products with a run of keys,
+// its softmax, and its accumulation of a run of values, each row's values one chain in place order.
+
+namespace scalar {
+struct Ops {
+  // p[c] = dot(q, keys[index[c]]) * scale for c in [c0, c1), every row of the tile: one sequential sum per key.
+  static void scores(const Tile& t, const float* keys, int64_t k_row, const int32_t* index, int64_t c0, int64_t c1,
+                     int64_t dim, float scale) {
+    for (int g = 0; g < t.rows; ++g)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float* k = keys + index[c] * k_row;
+        float s = 0.0f;
+        for (int64_t d = 0; d < dim; ++d) s += t.q[g][d] * k[d];
+        t.p[g][c] = s * scale;
+      }
   }
-  static void accumulate(float* acc, float p, const float* v, int64_t dim) {
-    for (int64_t d = 0; d < dim; ++d) acc[d] += p * v[d];
+  static float softmax(float* p, int64_t n, int64_t pad);  // softmax_row (attention_head.h)
+  // acc += p[c] * values[index[c]] for c in [c0, c1), every row of the tile.
+  static void values(const Tile& t, const float* values, int64_t v_row, const int32_t* index, int64_t c0, int64_t c1,
+                     int64_t dim) {
+    for (int g = 0; g < t.rows; ++g)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float* v = values + index[c] * v_row;
+        for (int64_t d = 0; d < dim; ++d) t.acc[g][d] += t.p[g][c] * v[d];
+      }
   }
 };
+#include "attention_head.h"
+float Ops::softmax(float* p, int64_t n, int64_t pad) { return softmax_row(p, n, pad); }
+}  // namespace scalar
 
 #ifdef SF_X86_SIMD
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
-struct Avx512Ops {  // dim a multiple of 16
-  static float dot(const float* q, const float* k, int64_t dim) {
-    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
-    for (int64_t d = 16; d < dim; d += 16) t = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), t);
-    return _mm512_reduce_add_ps(t);
+namespace avx512 {
+// Sixteen partial sums t[0..15] (each a 16-lane vector: one row's products with one key) -> their 16 sums, t[k]'s in
+// lane k: the same tree of adds for every vector whatever its slot ((l + l+8) + (l+4 + l+12), then pairs within 128
+// bits), so a score does not depend on the rows or keys beside it in a tile.
+inline __m512 sum16(const __m512 t[16]) {
+  __m512 w[8], x[4], y[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per vector: lanes i + (i + 8), i < 8; two per result
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xEE));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // per vector: 4 lanes; four per result
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // per vector: 2 lanes; eight per result
+    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  // z's lane 4j + m holds t[4m + j]: put t[k] in lane k
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, z);
+}
+
+// exp_of (attention_head.h) on 16 lanes, op for op: the same bits as the scalar function.
+inline __m512 exp16(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
+  const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
+                                 _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(c));
+  y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __mmask16 low = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLow), _CMP_LT_OQ);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~low), y, _mm512_castsi512_ps(bits));
+}
+
+// The first `count` lanes (all past 16, none below 1).
+inline __mmask16 tail(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF)
+                     : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1);
+}
+
+struct Ops {  // dim a multiple of 16, at most kMaxChunks chunks
+  static constexpr int kMaxChunks = 8;
+
+  // G rows x (16 / G) keys per sum16: each key loaded once per chunk for the G rows; slots past the run stay zero.
+  template <int G, int NC>
+  static void scores_of(const Tile& t, const float* keys, int64_t k_row, const int32_t* index, int64_t c0,
+                        int64_t c1, float scale) {
+    constexpr int K = 16 / G;
+    for (int64_t c = c0; c < c1; c += K) {
+      const int64_t n = std::min<int64_t>(K, c1 - c);
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      const float* rows[K];
+#pragma GCC unroll 16
+      for (int k = 0; k < K; ++k) rows[k] = keys + index[c + std::min<int64_t>(k, n - 1)] * k_row;
+#pragma GCC unroll 8
+      for (int d = 0; d < NC; ++d) {
+        __m512 q[G];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) q[g] = _mm512_loadu_ps(t.q[g] + 16 * d);
+#pragma GCC unroll 16
+        for (int k = 0; k < K; ++k) {
+          const __m512 kv = _mm512_loadu_ps(rows[k] + 16 * d);
+#pragma GCC unroll 4
+          for (int g = 0; g < G; ++g) acc[g * K + k] = _mm512_fmadd_ps(q[g], kv, acc[g * K + k]);
+        }
+      }
+      const __m512 sums = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));  // lane g * K + k
+      alignas(64) float out[16];
+      _mm512_store_ps(out, sums);
+      for (int g = 0; g < G; ++g)
+        for (int64_t k = 0; k < n; ++k) t.p[g][c + k] = out[g * K + k];
+    }
   }
-  static void accumulate(float* acc, float p, const float* v, int64_t dim) {
-    const __m512 pv = _mm512_set1_ps(p);
-    for (int64_t d = 0; d < dim; d += 16)
-      _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
+
+  template <int G>
+  static void scores_g(const Tile& t, const float* keys, int64_t k_row, const int32_t* index, int64_t c0, int64_t c1,
+                       int64_t dim, float scale) {
+    switch (dim / 16) {
+      case 1: return scores_of<G, 1>(t, keys, k_row, index, c0, c1, scale);
+      case 2: return scores_of<G, 2>(t, keys, k_row, index, c0, c1, scale);
+      case 3: return scores_of<G, 3>(t, keys, k_row, index, c0, c1, scale);
+      case 4: return scores_of<G, 4>(t, keys, k_row, index, c0, c1, scale);
+      case 5: return scores_of<G, 5>(t, keys, k_row, index, c0, c1, scale);
+      case 6: return scores_of<G, 6>(t, keys, k_row, index, c0, c1, scale);
+      case 7: return scores_of<G, 7>(t, keys, k_row, index, c0, c1, scale);
+      default: return scores_of<G, 8>(t, keys, k_row, index, c0, c1, scale);
+    }
+  }
+
+  static void scores(const Tile& t, const float* keys, int64_t k_row, const int32_t* index, int64_t c0, int64_t c1,
+                     int64_t dim, float scale) {
+    switch (t.rows) {
+      case 1: return scores_g<1>(t, keys, k_row, index, c0, c1, dim, scale);
+      case 2: return scores_g<2>(t, keys, k_row, index, c0, c1, dim, scale);
+      case 3: return scores_g<3>(t, keys, k_row, index, c0, c1, dim, scale);
+      default: return scores_g<4>(t, keys, k_row, index, c0, c1, dim, scale);
+    }
+  }
+
+  // softmax_row (attention_head.h), sixteen places at a time: the same values.
+  static float softmax(float* p, int64_t n, int64_t pad) {
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t c = 0; c < n; c += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(top, tail(n - c), p + c));
+    const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 lanes = _mm512_setzero_ps();
+    for (int64_t c = 0; c < pad; c += 16) {
+      const __mmask16 live = tail(n - c);
+      const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, p + c), most)));
+      _mm512_storeu_ps(p + c, e);
+      lanes = _mm512_add_ps(lanes, e);
+    }
+    alignas(64) float out[16];
+    _mm512_store_ps(out, lanes);
+    return lane_sum(out);
+  }
+
+  // Each value row loaded once per tile: G rows x NC chunks of accumulators in registers over the run.
+  template <int G, int NC>
+  static void values_of(const Tile& t, const float* values, int64_t v_row, const int32_t* index, int64_t c0,
+                        int64_t c1) {
+    __m512 a[G][NC];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+      for (int i = 0; i < NC; ++i) a[g][i] = _mm512_loadu_ps(t.acc[g] + 16 * i);
+    for (int64_t c = c0; c < c1; ++c) {
+      const float* v = values + index[c] * v_row;
+#pragma GCC unroll 8
+      for (int i = 0; i < NC; ++i) {
+        const __m512 vv = _mm512_loadu_ps(v + 16 * i);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) a[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(t.p[g][c]), vv, a[g][i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+      for (int i = 0; i < NC; ++i) _mm512_storeu_ps(t.acc[g] + 16 * i, a[g][i]);
+  }
+
+  template <int G>
+  static void values_g(const Tile& t, const float* values, int64_t v_row, const int32_t* index, int64_t c0, int64_t c1,
+                       int64_t dim) {
+    switch (dim / 16) {
+      case 1: return values_of<G, 1>(t, values, v_row, index, c0, c1);
+      case 2: return values_of<G, 2>(t, values, v_row, index, c0, c1);
+      case 3: return values_of<G, 3>(t, values, v_row, index, c0, c1);
+      case 4: return values_of<G, 4>(t, values, v_row, index, c0, c1);
+      case 5: return values_of<G, 5>(t, values, v_row, index, c0, c1);
+      case 6: return values_of<G, 6>(t, values, v_row, index, c0, c1);
+      case 7: return values_of<G, 7>(t, values, v_row, index, c0, c1);
+      default: return values_of<G, 8>(t, values, v_row, index, c0, c1);
+    }
+  }
+
+  static void values(const Tile& t, const float* values, int64_t v_row, const int32_t* index, int64_t c0, int64_t c1,
+                     int64_t dim) {
+    switch (t.rows) {
+      case 1: return values_g<1>(t, values, v_row, index, c0, c1, dim);
+      case 2: return values_g<2>(t, values, v_row, index, c0, c1, dim);
+      case 3: return values_g<3>(t, values, v_row, index, c0, c1, dim);
+      default: return values_g<4>(t, values, v_row, index, c0, c1, dim);
+    }
   }
 };
+#include "attention_head.h"
+}  // namespace avx512
 #pragma GCC pop_options
 #endif
-
-// One key/value head: its group's rows against the keys each fed row sees (module comment).
-template <class Ops>
-void head(const Problem& pr, int64_t h, Work& w) {
-  const int64_t rows = pr.groups * pr.rows, dim = pr.dim, pad = w.pad;
-  const float* keys = pr.keys + h * pr.k_head;
-  const float* values = pr.values + h * pr.v_head;
-  auto query = [&](int64_t rr) { return pr.query + (h * pr.groups + rr / pr.rows) * pr.q_head + (rr % pr.rows) * pr.q_row; };
-  std::fill(w.cursor.begin(), w.cursor.end(), 0);
-  for (int64_t j0 = 0; j0 < pr.length; j0 += kBlock) {  // scores, a block of keys at a time
-    const int64_t j1 = std::min(pr.length, j0 + kBlock);
-    for (int64_t rr = 0; rr < rows; ++rr) {
-      const int64_t r = rr % pr.rows, n = pr.count[r];
-      const int32_t* index = pr.index + r * pr.length;
-      const float* q = query(rr);
-      float* s = w.p.data() + rr * pad;
-      int64_t c = w.cursor[rr];
-      for (; c < n && index[c] < j1; ++c) s[c] = Ops::dot(q, keys + index[c] * pr.k_row, dim) * pr.scale;
-      w.cursor[rr] = c;
-    }
-  }
-  std::vector<float> sums(rows);
-  for (int64_t rr = 0; rr < rows; ++rr) sums[rr] = softmax_row(w.p.data() + rr * pad, pr.count[rr % pr.rows], pad);
-  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
-  std::fill(w.cursor.begin(), w.cursor.end(), 0);
-  for (int64_t j0 = 0; j0 < pr.length; j0 += kBlock) {  // values, the same blocks
-    const int64_t j1 = std::min(pr.length, j0 + kBlock);
-    for (int64_t rr = 0; rr < rows; ++rr) {
-      const int64_t r = rr % pr.rows, n = pr.count[r];
-      const int32_t* index = pr.index + r * pr.length;
-      const float* p = w.p.data() + rr * pad;
-      float* acc = w.acc.data() + rr * 2 * dim;  // place even, then odd
-      int64_t c = w.cursor[rr];
-      for (; c < n && index[c] < j1; ++c) Ops::accumulate(acc + (c & 1) * dim, p[c], values + index[c] * pr.v_row, dim);
-      w.cursor[rr] = c;
-    }
-  }
-  for (int64_t rr = 0; rr < rows; ++rr) {
-    const float* acc = w.acc.data() + rr * 2 * dim;
-    float* o = pr.out + ((rr % pr.rows) * pr.heads + h * pr.groups + rr / pr.rows) * dim;
-    for (int64_t d = 0; d < dim; ++d) o[d] = (acc[d] + acc[dim + d]) / sums[rr];
-  }
-}
 
 using HeadFn = void (*)(const Problem&, int64_t, Work&);
 
@@ -188,9 +312,9 @@ HeadFn head_for(const std::string& isa, int64_t dim) {
   TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "attention: instruction set '", isa,
               "' is not supported on this CPU");
 #ifdef SF_X86_SIMD
-  if (isa == "avx512" && dim % 16 == 0) return head<Avx512Ops>;
+  if (isa == "avx512" && dim % 16 == 0 && dim <= 16 * avx512::Ops::kMaxChunks) return avx512::head;
 #endif
-  return head<ScalarOps>;
+  return scalar::head;
 }
 
 // The keys each fed row sees: (rows, length) ascending indices and their counts, from visible (rows, length) bool
@@ -241,8 +365,8 @@ at::Tensor attend_with(const at::Tensor& query, const at::Tensor& key, const at:
   const HeadFn fn = head_for(isa, dim);
   const int64_t group_rows = pr.groups * rows, pad = (length + kLanes - 1) / kLanes * kLanes;
   at::parallel_for(0, kv_heads, 1, [&](int64_t h0, int64_t h1) {
-    Work w{std::vector<float>(group_rows * pad), std::vector<float>(group_rows * 2 * dim),
-           std::vector<int64_t>(group_rows), pad};
+    Work w{std::unique_ptr<float[]>(new float[group_rows * pad]), std::unique_ptr<float[]>(new float[group_rows * dim]),
+           pad};  // every place written before it is read
     for (int64_t h = h0; h < h1; ++h) fn(pr, h, w);
   });
   return out;
