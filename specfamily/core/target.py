@@ -59,7 +59,7 @@ class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact",
-                 compile: bool | str = False, native_layers: bool = True, native_attention: bool = False) -> None:
+                 compile: bool | str = False, native_layers: bool = True, native_attention: bool = True) -> None:
         """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -73,8 +74,9 @@ def attention_kernel(enabled: bool = True) -> ModuleType | None:
     return attention_build().module if enabled else None
 
 
-def attention_for(lean, enabled: bool = True) -> ModuleType | None:
-    """The kernel's module for ``lean`` (a ``LeanLlama``), or None (its passes attend with sdpa): not ``enabled``, no
+def attention_for(lean, enabled: bool = True) -> Callable[..., torch.Tensor] | None:
+    """The kernel (the module's ``attend``: a builtin function, shared by deep copies) for ``lean`` (a ``LeanLlama``),
+    or None (its passes attend with sdpa): not ``enabled``, no
     lean forward, one that does not multiply with the stream kernel (only then is a whole pass batch-invariant), a
     model off the CPU or not float32, or no build (one warning)."""
     if not enabled or lean is None:
@@ -85,7 +87,8 @@ def attention_for(lean, enabled: bool = True) -> ModuleType | None:
             or weight.dtype != torch.float32):
         logger.debug("attention kernel not used: needs a float32 CPU lean forward multiplying with the stream kernel")
         return None
-    return attention_kernel()
+    module = attention_kernel()
+    return None if module is None else module.attend
 
 
 def kernel_visible(mask: torch.Tensor | None, q_len: int) -> tuple[bool, torch.Tensor | None]:

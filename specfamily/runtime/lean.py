@@ -260,7 +260,7 @@ class LeanLlama:
         self.rotate: Compiled | None = Compiled(rotate_pair) if compile else None
         self.pack_queries = True  # plan_attention's packing of masked verify passes (False: sdpa's grouped indexing)
         self.native = None  # the layers in C++ (specfamily.runtime.native_layers.NativeLayers), set by the caller
-        self.attention = None  # the batch-invariant attention's module (specfamily.runtime.attention), set by caller
+        self.attention = None  # the batch-invariant attention (specfamily.runtime.attention's attend), set by caller
 
     def ready(self) -> bool:
         """True when the lean forward reproduces the model's forward right now."""
@@ -327,7 +327,7 @@ class LeanLlama:
         cos, sin = rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
                                 pack_queries=self.pack_queries,
-                                kernel=None if self.attention is None else self.attention.attend)
+                                kernel=self.attention)
         if self.rotate is not None:
             attend = replace(attend, rotate=self.rotate)
         return hidden, cos, sin, attend

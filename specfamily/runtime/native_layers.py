@@ -112,7 +112,7 @@ class NativeLayers:
         self.lean = lean
         self.count = lean._config.num_hidden_layers
         attention = attention_build().module if lean.attention is not None else None
-        self._attend = None if attention is None else attention.attend  # the kernel passes planned with it may use
+        self._attend = None if attention is None else attention.attend  # the kernel its passes may be planned with
         self._native = module.NativeLayers(stream_kernel().module, [_fields(layer) for layer in
                                                                       lean._layers[: self.count]], attention)
         self.reason: str | None = None  # why the Python loop runs for good, after a native pass failed

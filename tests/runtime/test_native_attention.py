@@ -47,7 +47,7 @@ def _model(family: str = "llama", head_dim: int = 16, seed: int = 0):
 
 def _target(model, native_layers: bool = True, tokenizer=None) -> Target:
     target = Target(model, tokenizer, matmul="stream", native_layers=native_layers, native_attention=True)
-    assert target.lean.attention is attention_build().module
+    assert target.lean.attention is attention_build().module.attend
     assert (target.lean.native is not None) == native_layers
     return target
 
@@ -229,4 +229,4 @@ def test_the_disable_switch_is_a_reason(monkeypatch):
 def test_other_matmul_kinds_attend_with_sdpa():
     model = _model()
     assert Target(model, matmul="exact", native_attention=True).lean.attention is None
-    assert Target(model, matmul="stream").lean.attention is None  # off unless asked
+    assert Target(model, matmul="stream", native_attention=False).lean.attention is None
