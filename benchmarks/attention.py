@@ -86,7 +86,8 @@ def table(results: dict[int, dict[tuple[str, str], float]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> dict[int, dict[tuple[str, str], float]]:
+    """Prints the check and one table per round; returns the last round's medians (length -> (arm, kind) -> s)."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     loaded = load_target(args.model, device="cpu", matmul="stream")
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results = {length: time_length(targets, shapes, length, args.repeats) for length in lengths}
         print(f"\nround {round_ + 1} ({time.perf_counter() - started:.0f} s wall)")
         print(table(results))
+    return results
 
 
 if __name__ == "__main__":
