@@ -59,7 +59,8 @@ class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact",
-                 compile: bool | str = False, native_layers: bool = True, native_attention: bool = True) -> None:
+                 compile: bool | str = False, native_layers: bool = True,
+                 native_attention: bool | str = "auto") -> None:
         """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
@@ -69,8 +70,8 @@ class Target:
         ``torch.compile`` the rope (``specfamily.runtime.compiled``), or with ``"pass"`` the decode and verify passes
         (``specfamily.runtime.compiled_pass``), eager where it does not apply or fails. ``native_layers`` (with the
         stream kernel): the layer loop in C++, bit-identical (``specfamily.runtime.native_layers``).
-        ``native_attention`` (with the stream kernel): decode and verify passes attend with a batch-invariant C++
-        kernel in both loops (``specfamily.runtime.attention``)."""
+        ``native_attention`` (with the stream kernel; ``"auto"``: where it runs vectorised): decode and verify passes
+        attend with a batch-invariant C++ kernel in both loops (``specfamily.runtime.attention``)."""
         check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer

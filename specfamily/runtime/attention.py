@@ -36,7 +36,7 @@ from specfamily.runtime.kernel import (
 )
 
 __all__ = ["DISABLE_ENV", "MAX_ROWS", "attention_build", "attention_for", "attention_kernel", "attention_source",
-           "build_attention", "kernel_visible"]
+           "build_attention", "kernel_visible", "vectorised"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +74,15 @@ def attention_kernel(enabled: bool = True) -> ModuleType | None:
     return attention_build().module if enabled else None
 
 
-def attention_for(lean, enabled: bool = True) -> Callable[..., torch.Tensor] | None:
+def attention_for(lean, enabled: bool | str = "auto") -> Callable[..., torch.Tensor] | None:
     """The kernel (the module's ``attend``: a builtin function, shared by deep copies) for ``lean`` (a ``LeanLlama``),
-    or None (its passes attend with sdpa): not ``enabled``, no
-    lean forward, one that does not multiply with the stream kernel (only then is a whole pass batch-invariant), a
-    model off the CPU or not float32, or no build (one warning)."""
+    or None (its passes attend with sdpa): not ``enabled``, no lean forward, one that does not multiply with the
+    stream kernel (only then is a whole pass batch-invariant), a model off the CPU or not float32, or no build (one
+    warning). ``"auto"``: as True where the kernel runs vectorised (AVX-512 and a head width it takes: what was
+    measured faster than sdpa, docs/pass-cost.md), else sdpa; True: the kernel wherever it builds (the scalar loop
+    too: batch-invariant, slower)."""
+    if enabled not in (True, False, "auto"):
+        raise ValueError(f"native_attention must be True, False or 'auto', got {enabled!r}")
     if not enabled or lean is None:
         return None
     stream = stream_kernel().module
@@ -88,7 +92,18 @@ def attention_for(lean, enabled: bool = True) -> Callable[..., torch.Tensor] | N
         logger.debug("attention kernel not used: needs a float32 CPU lean forward multiplying with the stream kernel")
         return None
     module = attention_kernel()
-    return None if module is None else module.attend
+    if module is None:
+        return None
+    if enabled == "auto" and not vectorised(module, lean._layers[0].head_dim):
+        logger.debug("attention kernel not used by default: it would run its scalar loop here (native_attention=True "
+                     "asks for it)")
+        return None
+    return module.attend
+
+
+def vectorised(module: ModuleType, head_dim: int) -> bool:
+    """The kernel runs its AVX-512 loops for heads ``head_dim`` wide (a multiple of 16, at most 128) on this CPU."""
+    return module.isa() == "avx512" and head_dim % 16 == 0 and head_dim <= 128
 
 
 def kernel_visible(mask: torch.Tensor | None, q_len: int) -> tuple[bool, torch.Tensor | None]:

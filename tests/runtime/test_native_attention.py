@@ -230,3 +230,15 @@ def test_other_matmul_kinds_attend_with_sdpa():
     model = _model()
     assert Target(model, matmul="exact", native_attention=True).lean.attention is None
     assert Target(model, matmul="stream", native_attention=False).lean.attention is None
+    with pytest.raises(ValueError, match="native_attention must be True, False or 'auto', got 'yes'"):
+        Target(model, matmul="stream", native_attention="yes")
+
+
+@needs_kernel
+def test_auto_takes_the_kernel_where_it_runs_vectorised():
+    """The default: the kernel where its AVX-512 loops run (the measured case), sdpa where it would run its scalar
+    loop (8-wide heads here; any head width on a CPU without AVX-512)."""
+    wide, narrow = Target(_model(head_dim=16), matmul="stream"), Target(_model(head_dim=8), matmul="stream")
+    avx512 = attention_build().module.isa() == "avx512"
+    assert (wide.lean.attention is not None) == avx512 and narrow.lean.attention is None
+    assert Target(_model(head_dim=8), matmul="stream", native_attention=True).lean.attention is not None
