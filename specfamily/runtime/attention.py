@@ -78,9 +78,9 @@ def attention_for(lean, enabled: bool | str = "auto") -> Callable[..., torch.Ten
     """The kernel (the module's ``attend``: a builtin function, shared by deep copies) for ``lean`` (a ``LeanLlama``),
     or None (its passes attend with sdpa): not ``enabled``, no lean forward, one that does not multiply with the
     stream kernel (only then is a whole pass batch-invariant), a model off the CPU or not float32, or no build (one
-    warning). ``"auto"``: as True where the kernel runs vectorised (AVX-512 and a head width it takes: what was
-    measured faster than sdpa, docs/pass-cost.md), else sdpa; True: the kernel wherever it builds (the scalar loop
-    too: batch-invariant, slower)."""
+    warning). ``"auto"``: as True where the kernel runs its AVX-512 loops (a head width they take: what was measured
+    faster than sdpa, docs/pass-cost.md), else sdpa; True: the kernel wherever it builds (AVX2's loops and the scalar
+    one too: batch-invariant, slower than sdpa on verify passes)."""
     if enabled not in (True, False, "auto"):
         raise ValueError(f"native_attention must be True, False or 'auto', got {enabled!r}")
     if not enabled or lean is None:
@@ -95,7 +95,7 @@ def attention_for(lean, enabled: bool | str = "auto") -> Callable[..., torch.Ten
     if module is None:
         return None
     if enabled == "auto" and not vectorised(module, lean._layers[0].head_dim):
-        logger.debug("attention kernel not used by default: it would run its scalar loop here (native_attention=True "
+        logger.debug("attention kernel not used by default: its AVX-512 loops do not run here (native_attention=True "
                      "asks for it)")
         return None
     return module.attend

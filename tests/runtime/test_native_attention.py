@@ -2,8 +2,8 @@
 
 What is bit-identical to what (``torch.equal``), with ``Target(..., matmul="stream", native_attention=True)``:
 - a fed row's logits in a chain or a tree pass equal those of the plain decode pass that would have fed that token
-  (tiny Llama and Qwen2 models with 16-wide heads (AVX-512 where it runs) and 8-wide heads (the scalar loop), and
-  zoo:smollm2);
+  (tiny Llama and Qwen2 models with 16-wide heads (AVX-512 where it runs) and 8-wide heads (AVX2 where it runs), and
+  zoo:smollm2; the scalar loop on the kernel's own tests);
 - the C++ layer loop equals the Python loop, both attending with the kernel;
 - greedy text with prompt lookup and an EAGLE tree equals plain decoding's on the code target.
 The kernel itself is close to sdpa (not equal: another order of the same sums). A failed build warns once and the
@@ -87,7 +87,7 @@ def _rows_equal_plain_passes(target: Target, prompt: torch.Tensor) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("isa", ["avx512", "scalar"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 def test_the_kernel_is_sdpa_up_to_rounding_and_batch_invariant(isa):
     module = attention_build().module
     if isa not in module.supported_isas():
@@ -237,7 +237,7 @@ def test_other_matmul_kinds_attend_with_sdpa():
 @needs_kernel
 def test_auto_takes_the_kernel_where_it_runs_vectorised():
     """The default: the kernel where its AVX-512 loops run (the measured case), sdpa where it would run its scalar
-    loop (8-wide heads here; any head width on a CPU without AVX-512)."""
+    loop or AVX2's (8-wide heads here; any head width on a CPU without AVX-512)."""
     wide, narrow = Target(_model(head_dim=16), matmul="stream"), Target(_model(head_dim=8), matmul="stream")
     avx512 = attention_build().module.isa() == "avx512"
     assert (wide.lean.attention is not None) == avx512 and narrow.lean.attention is None
