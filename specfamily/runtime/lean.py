@@ -327,7 +327,7 @@ class LeanLlama:
         cos, sin = rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
                                 pack_queries=self.pack_queries,
-                                kernel=self.attention)
+                                kernel=None if torch.is_grad_enabled() else self.attention)  # no autograd
         if self.rotate is not None:
             attend = replace(attend, rotate=self.rotate)
         return hidden, cos, sin, attend

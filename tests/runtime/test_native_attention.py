@@ -115,6 +115,19 @@ def test_the_kernel_is_sdpa_up_to_rounding_and_batch_invariant(isa):
             assert torch.equal(out[0, r], alone[0, 0])
 
 
+@needs_kernel
+def test_passes_under_autograd_attend_with_sdpa():
+    """The kernel has no backward: a lean pass with gradients on plans sdpa (the Python loop; the native one declines
+    gradients too), one in inference mode the kernel."""
+    target = _target(_model(), native_layers=False)
+    ids, positions = torch.tensor([[1, 2]]), torch.tensor([[0, 1]])
+    mask = torch.zeros(1, 1, 2, 2)
+    with torch.enable_grad():
+        assert target.lean._prepare(ids, positions, mask, target.cache)[3].kernel is None
+    with torch.inference_mode():
+        assert target.lean._prepare(ids, positions, mask, target.cache)[3].kernel is target.lean.attention
+
+
 def test_kernel_visible_takes_hidden_or_seen_masks_only():
     hidden = torch.finfo(torch.float32).min
     mask = torch.zeros(1, 1, 2, 6)
