@@ -21,6 +21,7 @@ from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_id
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
+from specfamily.runtime.attention import attention_for
 from specfamily.runtime.compiled_pass import CompiledPass, compile_kind, compiled_pass
 from specfamily.runtime.kv_cache import BufferedLayer, KVArena, shared_arena
 from specfamily.runtime.lean import LeanLlama
@@ -58,7 +59,8 @@ class Target:
     """A causal LM with a KV cache that can score a draft tree in one pass and roll back to the accepted path."""
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, fast: bool = True, matmul: str = "exact",
-                 compile: bool | str = False, native_layers: bool = True) -> None:
+                 compile: bool | str = False, native_layers: bool = True,
+                 native_attention: bool | str = "auto") -> None:
         """``fast``: use the lean forward (``specfamily.runtime.kv_cache``) where it reproduces the model exactly.
 
         ``matmul`` (lean forward only): ``exact`` multiplies as transformers does (bit-identical logits), ``skinny``
@@ -67,7 +69,9 @@ class Target:
         ``self.matmul_choice`` the choice with auto's timings. ``compile`` (lean forward only, off by default):
         ``torch.compile`` the rope (``specfamily.runtime.compiled``), or with ``"pass"`` the decode and verify passes
         (``specfamily.runtime.compiled_pass``), eager where it does not apply or fails. ``native_layers`` (with the
-        stream kernel): the layer loop in C++, bit-identical (``specfamily.runtime.native_layers``)."""
+        stream kernel): the layer loop in C++, bit-identical (``specfamily.runtime.native_layers``).
+        ``native_attention`` (with the stream kernel; ``"auto"``: where it runs vectorised): decode and verify passes
+        attend with a batch-invariant C++ kernel in both loops (``specfamily.runtime.attention``)."""
         check_supported(model)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -91,6 +95,7 @@ class Target:
         self.lean: LeanLlama | None = LeanLlama(model, linear_for(self.matmul), rope_only) if lean else None
         self.compiled_pass: CompiledPass | None = compiled_pass(self.lean, compile)  # compile="pass"
         if self.lean is not None:
+            self.lean.attention = attention_for(self.lean, native_attention)
             self.lean.native = attach_native(self.lean, native_layers)
         self.reset()
 

@@ -21,6 +21,7 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 
+from specfamily.runtime.attention import kernel_visible
 from specfamily.runtime.compiled import Compiled
 from specfamily.runtime.lean_support import blocking, global_hooks, lean_unsupported
 from specfamily.runtime.matmul import Linear as LinearFn
@@ -55,11 +56,13 @@ class Attend:
     pack: bool  # grouped heads, a mask, one query (or several, ``pack_queries``): query heads folded onto key heads
     groups: int  # query heads per key/value head; keys and values are repeated when none of the above applies
     rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rotate_pair  # or its compiled version
+    kernel: Callable[..., torch.Tensor] | None = None  # the batch-invariant attention (runtime.attention), or sdpa
+    visible: torch.Tensor | None = None  # (q, keys) bool: the keys each fed row sees (None: all), for ``kernel``
 
 
 def plan_attention(
     mask: torch.Tensor | None, q_len: int, groups: int, probe: torch.Tensor, masked_gqa: bool = False,
-    pack_queries: bool = False,
+    pack_queries: bool = False, kernel: Callable[..., torch.Tensor] | None = None,
 ) -> Attend:
     """The sdpa branch for a pass of ``q_len`` queries (``probe``: a tensor shaped like one key row).
 
@@ -69,7 +72,15 @@ def plan_attention(
     docs/bandwidth-smollm2.md. With ``pack_queries`` too (the target's lean forward, batch 1), such a pass folds the
     ``groups`` query heads of each key head into its rows instead, as the single-query branch does (the mask's rows
     repeated once per group, here, once per pass): sdpa then runs ``groups * q_len`` rows against each key head,
-    cheaper on the CPU than its grouped indexing (docs/pass-cost.md) and bit-identical to it where tested."""
+    cheaper on the CPU than its grouped indexing (docs/pass-cost.md) and bit-identical to it where tested.
+
+    ``kernel`` (``specfamily.runtime.attention``'s ``attend``): every pass it takes (``kernel_visible``: one row, or
+    a 0 / hidden mask over at most 64 rows) attends with it instead of sdpa, batch-invariant; others take sdpa's
+    branch."""
+    if kernel is not None:
+        taken, visible = kernel_visible(mask, q_len)
+        if taken:
+            return Attend(mask, False, gqa=False, pack=False, groups=groups, kernel=kernel, visible=visible)
     causal = q_len > 1 and mask is None
     if groups == 1:
         return Attend(mask, causal, gqa=False, pack=False, groups=1)
@@ -206,6 +217,8 @@ class LeanLayer:
         query, key = attend.rotate(query, key, cos, sin)
         if cache is not None:
             key, value = cache.update(key, value, self.index)
+        if attend.kernel is not None:  # (B, q, heads * D), batch-invariant (runtime.attention)
+            return self.linear(attend.kernel(query, key, value, attend.visible, self.scaling), *self.o)
         if attend.causal and key.shape[2] > q_len:  # transformers' sdpa keeps the first q keys of a causal pass
             key, value = key[:, :, :q_len], value[:, :, :q_len]
         if attend.pack:  # (B, kv heads, groups * q, D): each key head's query heads as rows
@@ -249,6 +262,7 @@ class LeanLlama:
         self.pack_queries = True  # plan_attention's packing of masked verify passes (False: sdpa's grouped indexing)
         self.native = None  # the layers in C++ (specfamily.runtime.native_layers.NativeLayers), set by the caller
         self._rope = RopeTable(rope)  # the rope's cos and sin by position, computed once (bit-identical)
+        self.attention = None  # the batch-invariant attention (specfamily.runtime.attention's attend), set by caller
 
     def ready(self) -> bool:
         """True when the lean forward reproduces the model's forward right now."""
@@ -314,7 +328,8 @@ class LeanLlama:
         hidden = self._embed(input_ids)  # (1, q, H)
         cos, sin = self._rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
-                                pack_queries=self.pack_queries)
+                                pack_queries=self.pack_queries,
+                                kernel=None if torch.is_grad_enabled() else self.attention)  # no autograd
         if self.rotate is not None:
             attend = replace(attend, rotate=self.rotate)
         return hidden, cos, sin, attend

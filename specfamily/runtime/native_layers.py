@@ -32,6 +32,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from specfamily.runtime.attention import attention_build
 from specfamily.runtime.kernel import (
     Extension,
     KernelUnavailable,
@@ -110,8 +111,10 @@ class NativeLayers:
     def __init__(self, lean: LeanLlama, module: ModuleType) -> None:
         self.lean = lean
         self.count = lean._config.num_hidden_layers
+        attention = attention_build().module if lean.attention is not None else None
+        self._attend = None if attention is None else attention.attend  # the kernel its passes may be planned with
         self._native = module.NativeLayers(stream_kernel().module, [_fields(layer) for layer in
-                                                                      lean._layers[: self.count]])
+                                                                      lean._layers[: self.count]], attention)
         self.reason: str | None = None  # why the Python loop runs for good, after a native pass failed
 
     def __deepcopy__(self, memo: dict) -> NativeLayers | None:
@@ -138,7 +141,8 @@ class NativeLayers:
         layers = getattr(cache, "layers", None)
         if (self.reason is not None or attend.rotate is not rotate_pair or hidden.shape[0] != 1
                 or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not torch.is_inference_mode_enabled()
-                or torch.is_grad_enabled() or layers is None or len(layers) != self.count):
+                or torch.is_grad_enabled() or layers is None or len(layers) != self.count
+                or (attend.kernel is not None and attend.kernel is not self._attend)):
             return None
         starts = [_kept(layer) for layer in layers]
         if 0 in starts:
@@ -148,7 +152,7 @@ class NativeLayers:
         try:
             out = self._native.forward(hidden, cos, sin, attend.mask, attend.causal, attend.gqa, attend.pack,
                                        attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts,
-                                       list(inputs))
+                                       list(inputs), attend.kernel is not None, attend.visible)
         except Exception as error:  # noqa: BLE001 - any failure: the Python loop from now on, this pass's too
             # no layer was exposed: the cache keeps its entries (the Python loop rewrites the buffers' tails)
             self.reason = short_error(error)

@@ -22,6 +22,10 @@ using LinearFn = at::Tensor (*)(const at::Tensor&, const py::handle&, const c10:
 using NormFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
 constexpr const char* kLinearCapsule = "specfamily.stream_linear.v1";
 constexpr const char* kNormCapsule = "specfamily.rms_norm.v1";
+// The batch-invariant attention's entry point (csrc/attention/attention.cpp exports it as a capsule of this name).
+using AttendFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const c10::optional<at::Tensor>&, double);
+constexpr const char* kAttendCapsule = "specfamily.attention.v1";
 
 template <typename Fn>
 Fn from_capsule(const py::handle& module, const char* attr, const char* name) {
@@ -59,6 +63,8 @@ struct Plan {
   c10::optional<at::Tensor> mask;
   bool causal, gqa, pack;
   int64_t groups;
+  bool kernel;  // attend with the attention kernel (visible: each fed row's keys, None: all) instead of sdpa
+  c10::optional<at::Tensor> visible;
 };
 
 // One (1, heads, q, D) float32 tensor's rows as the loops below read or write them: the last dimension contiguous.
@@ -108,9 +114,11 @@ class NativeLayers {
   // `module`: the stream kernel's module; `layers`: one tuple per layer, LeanLayer's fields in this order:
   // (norm1 weight, eps1, q, k, v, o, norm2 weight, eps2, gate, up, down, head_dim, scaling), each product a
   // (weight, bias or None) pair.
-  NativeLayers(const py::object& module, const py::list& layers)
+  // `attention`: the attention kernel's module, or None (passes planned with the kernel are then refused).
+  NativeLayers(const py::object& module, const py::list& layers, const py::object& attention)
       : linear_(from_capsule<LinearFn>(module, "_linear_capsule", kLinearCapsule)),
-        norm_(from_capsule<NormFn>(module, "_norm_capsule", kNormCapsule)) {
+        norm_(from_capsule<NormFn>(module, "_norm_capsule", kNormCapsule)),
+        attend_(attention.is_none() ? nullptr : from_capsule<AttendFn>(attention, "_attend_capsule", kAttendCapsule)) {
     for (const py::handle item : layers) {
       const py::tuple f = item.cast<py::tuple>();
       TORCH_CHECK(f.size() == 13, "native_layers: a layer is 13 fields, got ", f.size());
@@ -127,12 +135,14 @@ class NativeLayers {
   std::tuple<at::Tensor, std::vector<at::Tensor>> forward(
       at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const c10::optional<at::Tensor>& mask,
       bool causal, bool gqa, bool pack, int64_t groups, const std::vector<at::Tensor>& keys,
-      const std::vector<at::Tensor>& values, const std::vector<int64_t>& starts, const std::vector<int64_t>& inputs) {
+      const std::vector<at::Tensor>& values, const std::vector<int64_t>& starts, const std::vector<int64_t>& inputs,
+      bool kernel, const c10::optional<at::Tensor>& visible) {
     const size_t n = layers_.size();
     TORCH_CHECK(keys.size() == n && values.size() == n && starts.size() == n, "native_layers: ", n,
                 " layers need as many key buffers, value buffers and starts, got ", keys.size(), ", ", values.size(),
                 ", ", starts.size());
-    const Plan plan{mask, causal, gqa, pack, groups};
+    TORCH_CHECK(!kernel || attend_ != nullptr, "native_layers: built without the attention kernel");
+    const Plan plan{mask, causal, gqa, pack, groups, kernel, visible};
     std::vector<at::Tensor> kept;
     size_t next = 0;  // the next entry of `inputs` to keep
     for (size_t i = 0; i < n; ++i) {
@@ -194,6 +204,7 @@ class NativeLayers {
     }
     key = key_buffer.narrow(2, 0, start + q_len);
     value = value_buffer.narrow(2, 0, start + q_len);
+    if (plan.kernel) return linear(attend_(query, key, value, plan.visible, layer.scaling), layer.o);  // (1, q, H)
     if (plan.causal && key.size(2) > q_len) {
       key = key.narrow(2, 0, q_len);
       value = value.narrow(2, 0, q_len);
@@ -234,6 +245,7 @@ class NativeLayers {
 
   LinearFn linear_;
   NormFn norm_;
+  AttendFn attend_;
   std::vector<Layer> layers_;
   int64_t calls_ = 0;
   mutable int64_t fused_ = 0;  // layers whose rope and cache writes ran as rotate_into / copy_into
@@ -244,10 +256,12 @@ class NativeLayers {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "The lean forward's layer loop in C++, bit-identical to the Python loop (specfamily.runtime.native_layers)";
   py::class_<NativeLayers>(m, "NativeLayers")
-      .def(py::init<const py::object&, const py::list&>(), py::arg("module"), py::arg("layers"))
+      .def(py::init<const py::object&, const py::list&, const py::object&>(), py::arg("module"), py::arg("layers"),
+           py::arg("attention") = py::none())
       .def("forward", &NativeLayers::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"), py::arg("mask"),
            py::arg("causal"), py::arg("gqa"), py::arg("pack"), py::arg("groups"), py::arg("keys"), py::arg("values"),
-           py::arg("starts"), py::arg("inputs") = std::vector<int64_t>{})
+           py::arg("starts"), py::arg("inputs") = std::vector<int64_t>{}, py::arg("kernel") = false,
+           py::arg("visible") = py::none())
       .def_property_readonly("calls", &NativeLayers::calls)
       .def_property_readonly("fused_layers", &NativeLayers::fused_layers)
       .def("__len__", &NativeLayers::size);

@@ -1,0 +1,37 @@
+"""benchmarks/attention.py on the shipped code target: the check and the table's plumbing, not its numbers."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specfamily.runtime.attention import attention_build
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def script(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("attention", "pass_cost", "bandwidth"):
+        sys.modules.pop(name, None)
+    threads = torch.get_num_threads()
+    yield importlib.import_module("attention")
+    torch.set_num_threads(threads)  # the script fixes its own thread count
+    sys.modules.pop("attention", None)
+
+
+@pytest.mark.skipif(not attention_build().available, reason=f"no attention kernel: {attention_build().reason}")
+def test_tiny_run_checks_the_rows_and_times_every_arm_and_kind(script, capsys):
+    results = script.main(["--model", "zoo:code-target", "--lengths", "16,40", "--repeats", "1", "--rounds", "1",
+                           "--threads", "1"])
+    assert sorted(results) == [16, 40]
+    runs = {(arm, kind) for arm in script.ARMS for kind in ("plain", "chain", "tree")}
+    assert all(set(by_run) == runs and min(by_run.values()) > 0 for by_run in results.values())
+    printed = capsys.readouterr().out
+    assert printed.count("chain rows == plain passes (kernel), bit for bit") == 2
+    assert "| cache L | plain sdpa ms | plain kernel ms | plain kernel / sdpa |" in printed
