@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specfamily.core.target import Target, TargetOutput, _check_draft_tokens, _check_path
+from specfamily.core.target import Target, TargetOutput
+from specfamily.core.target_cache import check_draft_tokens, check_path
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.runtime.batch_cache import BatchCache
@@ -64,7 +65,7 @@ class BatchTarget:
         parents = [tuple(feed.draft.parents.tolist()) for feed in feeds]
         for feed, tree in zip(feeds, parents, strict=True):
             if tree:
-                _check_draft_tokens(feed.draft.tokens, target.vocab_size)
+                check_draft_tokens(feed.draft.tokens, target.vocab_size)
         m = [feed.pending.numel() for feed in feeds]
         fed = [mi + len(tree) for mi, tree in zip(m, parents, strict=True)]
         width, hi = max(fed), lo + len(feeds)
@@ -158,7 +159,7 @@ class BatchTarget:
             raise RuntimeError(f"slot {slot} has no forward to commit")
         base, parents = self._last.pop(slot)
         accepted = list(accepted_nodes)
-        _check_path(accepted, parents)
+        check_path(accepted, parents)
         self.cache.keep(slot, base, accepted)
 
     @torch.inference_mode()

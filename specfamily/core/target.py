@@ -18,12 +18,16 @@ from transformers import DynamicCache, PreTrainedModel
 from specfamily import zoo
 from specfamily.core.side_rows import SideRows, side_key, side_layout
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
+from specfamily.core.target_cache import check_draft_tokens as _check_draft_tokens
+from specfamily.core.target_cache import check_path as _check_path
+from specfamily.core.target_cache import gather_tail as _gather_tail
+from specfamily.core.target_cache import truncate as _truncate
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
 from specfamily.runtime.attention import attention_for
 from specfamily.runtime.compiled_pass import CompiledPass, compile_kind, compiled_pass
-from specfamily.runtime.kv_cache import BufferedLayer, KVArena, shared_arena
+from specfamily.runtime.kv_cache import KVArena
 from specfamily.runtime.lean import LeanLlama
 from specfamily.runtime.lean_support import lean_unsupported
 from specfamily.runtime.matmul import MatmulChoice, choose_matmul, linear_for
@@ -284,70 +288,6 @@ class Target:
             f"Target({type(self.model).__name__}, vocab_size={self.vocab_size}, layers={self.num_layers}, "
             f"device={self.device}, dtype={self.dtype}, cached_length={self.cached_length})"
         )
-
-
-def _check_path(accepted: list[int], parents: tuple[int, ...]) -> None:
-    """``accepted`` must be a path from the root down the last draft."""
-    previous = -1
-    for node in accepted:
-        if not 0 <= node < len(parents) or parents[node] != previous:
-            raise ValueError(f"accepted nodes {accepted} are not a path from the root of the draft {list(parents)}")
-        previous = node
-
-
-def _check_draft_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
-    """Draft token ids must lie in the target's vocabulary (an embedding lookup would fail, or read garbage)."""
-    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-        raise TypeError(f"draft tokens must be integer ids, got dtype {tokens.dtype}")
-    if not tokens.numel():
-        return
-    if tokens.device.type == "cpu" and tokens.numel() <= 256:  # a draft's few ids: read on the host, no tensor ops
-        ids = tokens.tolist()
-        low, high = min(ids), max(ids)
-    else:
-        low, high = (int(v) for v in torch.aminmax(tokens))
-    if low >= 0 and high < vocab_size:  # the offending id is searched for only when there is one
-        return
-    bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
-    if bad.numel():
-        raise ValueError(f"draft token id {int(bad[0])} is outside the target's vocabulary [0, {vocab_size})")
-
-
-def _gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
-    """Move the cache entries at ``src`` (k,) to ``base .. base + k - 1`` in every layer.
-
-    A cache spread over several devices (``device_map="auto"``) is indexed on each layer's own device.
-    """
-    arena = shared_arena(cache.layers)
-    if arena is not None and arena.data.device == src.device:
-        arena.move(base, src)  # every layer in one gather and one copy
-        return
-    k = src.numel()
-    on_device = {src.device: src}
-    for layer in cache.layers:
-        if layer.keys is None or layer.keys.numel() == 0:
-            continue
-        device = layer.keys.device
-        if device not in on_device:
-            on_device[device] = src.to(device, non_blocking=True)
-        index = on_device[device]
-        layer.keys[:, :, base : base + k] = layer.keys.index_select(2, index)
-        layer.values[:, :, base : base + k] = layer.values.index_select(2, index)
-
-
-def _truncate(cache: DynamicCache, length: int) -> None:
-    """Drop every cache entry at or after ``length`` in every layer (a view's length change: nothing is copied)."""
-    arena = shared_arena(cache.layers)
-    if arena is not None and arena.cut(length):
-        return
-    for layer in cache.layers:
-        if type(layer) is BufferedLayer:
-            layer.cut(length)
-            continue
-        if layer.keys is None or layer.keys.numel() == 0:
-            continue
-        layer.keys = layer.keys[:, :, :length]
-        layer.values = layer.values[:, :, :length]
 
 
 def load_target(
