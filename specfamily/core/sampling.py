@@ -1,6 +1,7 @@
 """Logits -> probabilities: temperature, top-k, softmax, top-p (the order transformers uses).
 
-The same function warps the target's p and a drafter's q. Top-p reads only the head of each row: a bounded
+The same function warps the target's p and a drafter's q. Top-p reads only the head of each row: on the CPU first
+the tokens within a fraction of the row's maximum (:mod:`specfamily.core.top_p_head`), else a bounded
 ``torch.topk``, widened (x4, up to the whole vocabulary) until the kept mass has been crossed for good; the kept
 set is the one a full descending sort gives (ties in token order), with no full-vocabulary sort on the CPU.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from specfamily.core.top_p_head import threshold_head
 from specfamily.core.types import SamplingConfig
 
 TOP_P_START = 64  # how many of the most probable tokens top-p reads first
@@ -53,19 +55,35 @@ def top_p_keep(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> t
 
 def top_p_rows(probs: torch.Tensor, top_p: float, start: int, values: bool) -> torch.Tensor:
     """(B, V) -> (B, V): what top-p keeps of each row, as bools (``values`` False) or as the kept probabilities
-    with 0 elsewhere (``values`` True; exactly ``probs * top_p_keep(probs)``), per :func:`top_p_keep`'s rule."""
+    with 0 elsewhere (``values`` True; exactly ``probs * top_p_keep(probs)``), per :func:`top_p_keep`'s rule. On the
+    CPU each row first tries its threshold head (:func:`specfamily.core.top_p_head.threshold_head`); the rows it does
+    not settle read a ``topk`` head of ``start`` tokens, widened until settled."""
     vocab = probs.shape[-1]
     k = vocab if probs.device.type != "cpu" else min(max(start, 1), vocab)
-    kept, done = head_keep(probs, k, top_p, values)
-    if k == vocab or bool(done.all()):
-        return kept  # every row settled by its first head: the common case
-    pending = (~done).nonzero().view(-1)  # the rows not settled yet; kept's other rows are final
-    while pending.numel():
-        k = min(WIDEN * k, vocab)
+    if k == vocab:
+        return head_keep(probs, k, top_p, values)[0]
+    kept, pending = threshold_rows(probs, top_p, values)
+    while pending.numel():  # the rows not settled yet; kept's other rows are final
         head, done = head_keep(probs[pending], k, top_p, values)
         kept[pending] = head
         pending = pending[~done]
+        k = min(WIDEN * k, vocab)
     return kept
+
+
+def threshold_rows(probs: torch.Tensor, top_p: float, values: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, V) on the CPU -> (B, V) kept (as :func:`top_p_rows`) for the rows their threshold head settles, 0 / False
+    in the others, and (P,) the indices of those other rows."""
+    kept = probs.new_zeros(probs.shape) if values else torch.zeros(probs.shape, dtype=torch.bool)
+    pending = []
+    for row in range(probs.shape[0]):
+        head = threshold_head(probs[row], top_p)
+        if head is None:
+            pending.append(row)
+            continue
+        head_values, indices, keep = head
+        kept[row].scatter_(0, indices, head_values.masked_fill(~keep, 0.0) if values else keep)
+    return kept, torch.tensor(pending, dtype=torch.long)
 
 
 def head_keep(probs: torch.Tensor, k: int, top_p: float, values: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
