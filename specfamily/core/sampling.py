@@ -82,8 +82,8 @@ def threshold_rows(probs: torch.Tensor, top_p: float, values: bool) -> tuple[tor
             pending.append(row)
             continue
         head_values, indices, keep = head
-        kept[row].scatter_(0, indices, head_values.masked_fill(~keep, 0.0) if values else keep)
-    return kept, torch.tensor(pending, dtype=torch.long)
+        kept[row].index_put_((indices,), head_values * keep if values else keep)  # values >= 0: v * False is 0
+    return kept, torch.tensor(pending, dtype=torch.long) if pending else torch.empty(0, dtype=torch.long)
 
 
 def head_keep(probs: torch.Tensor, k: int, top_p: float, values: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

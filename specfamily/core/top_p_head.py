@@ -22,36 +22,34 @@ def threshold_head(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, tor
     """For one row of probabilities (V,) on the CPU: (values (k,) descending, ties in token order; their token
     indices (k,); keep (k,) bool: what top-p keeps of them) when the head of the tokens within RATIOS of the row's
     maximum decides top-p's kept set; None when no such head does (V not a multiple of BLOCK, a flat row, NaN)."""
-    vocab = probs.shape[-1]
-    if vocab % BLOCK or probs.dim() != 1:
+    if probs.shape[-1] % BLOCK or probs.dim() != 1:
         return None
     blocks = probs.view(-1, BLOCK)
     tops = blocks.amax(dim=1)  # (V / BLOCK,)
     largest = float(tops.max())
+    margin = top_p + 16 * torch.finfo(probs.dtype).eps
     for ratio in RATIOS:
         head = _head_above(blocks, tops, largest * ratio)
         if head is None:
             return None
-        values, indices = head
-        cumulative = values.cumsum(dim=0)
-        if bool(cumulative[-1] >= top_p + 16 * torch.finfo(values.dtype).eps):
-            return values, indices, (cumulative - values) < top_p  # the mass before each token
+        values, cumulative, chosen, where = head
+        if float(cumulative[-1]) >= margin:  # every token after the head has a mass before it >= top_p
+            return values, chosen[where[:, 0]] * BLOCK + where[:, 1], (cumulative - values) < top_p
     return None
 
 
-def _head_above(blocks: torch.Tensor, tops: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The tokens of p >= c (c > 0), sorted by value descending with ties in token order, or None when there are
-    none (a NaN row) or more than MOST."""
+def _head_above(blocks: torch.Tensor, tops: torch.Tensor, c: float) -> tuple[torch.Tensor, ...] | None:
+    """The tokens of p >= c (c > 0): (their values (k,) sorted descending with ties in token order, the values'
+    cumsum (k,), the blocks read (b,), each value's (block of those, offset) (k, 2)); None when there are none (a
+    NaN row) or more than MOST."""
     if not c > 0:
         return None
     chosen = (tops >= c).nonzero().view(-1)  # the blocks holding such a token, in token order
     if chosen.numel() == 0 or chosen.numel() * BLOCK > 16 * MOST:
         return None
     rows = blocks[chosen]  # (b, BLOCK)
-    above = rows >= c
-    values = rows.masked_select(above)  # in token order
-    if values.numel() > MOST:
+    where = (rows >= c).nonzero()  # (k, 2), in token order
+    if where.shape[0] > MOST:
         return None
-    indices = (chosen.view(-1, 1) * BLOCK + torch.arange(BLOCK)).masked_select(above)
-    values, order = values.sort(descending=True, stable=True)  # ties keep token order
-    return values, indices[order]
+    values, order = rows[where[:, 0], where[:, 1]].sort(descending=True, stable=True)  # ties keep token order
+    return values, values.cumsum(dim=0), chosen, where[order]
