@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specfamily.core.top_p_head import threshold_head
+from specfamily.core.top_p_head import threshold_head, threshold_heads
 from specfamily.core.types import SamplingConfig
 
 TOP_P_START = 64  # how many of the most probable tokens top-p reads first
@@ -56,7 +56,7 @@ def top_p_keep(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> t
 def top_p_rows(probs: torch.Tensor, top_p: float, start: int, values: bool) -> torch.Tensor:
     """(B, V) -> (B, V): what top-p keeps of each row, as bools (``values`` False) or as the kept probabilities
     with 0 elsewhere (``values`` True; exactly ``probs * top_p_keep(probs)``), per :func:`top_p_keep`'s rule. On the
-    CPU each row first tries its threshold head (:func:`specfamily.core.top_p_head.threshold_head`); the rows it does
+    CPU each row first tries its threshold head (:func:`specfamily.core.top_p_head.threshold_heads`); the rows it does
     not settle read a ``topk`` head of ``start`` tokens, widened until settled."""
     vocab = probs.shape[-1]
     k = vocab if probs.device.type != "cpu" else min(max(start, 1), vocab)
@@ -72,18 +72,18 @@ def top_p_rows(probs: torch.Tensor, top_p: float, start: int, values: bool) -> t
 
 
 def threshold_rows(probs: torch.Tensor, top_p: float, values: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, V) on the CPU -> (B, V) kept (as :func:`top_p_rows`) for the rows their threshold head settles, 0 / False
-    in the others, and (P,) the indices of those other rows."""
+    """(B, V) on the CPU -> (B, V) kept (as :func:`top_p_rows`) for the rows their threshold heads settle, 0 / False
+    in the others, and (P,) the indices of those other rows, ascending."""
     kept = probs.new_zeros(probs.shape) if values else torch.zeros(probs.shape, dtype=torch.bool)
-    pending = []
-    for row in range(probs.shape[0]):
-        head = threshold_head(probs[row], top_p)
-        if head is None:
-            pending.append(row)
-            continue
-        head_values, indices, keep = head
-        kept[row].index_put_((indices,), head_values * keep if values else keep)  # values >= 0: v * False is 0
-    return kept, torch.tensor(pending, dtype=torch.long) if pending else torch.empty(0, dtype=torch.long)
+    heads = (threshold_head if probs.shape[0] == 1 else threshold_heads)(probs, top_p)
+    if heads is None:
+        return kept, torch.arange(probs.shape[0])  # every row to the topk path
+    kept.index_put_((heads.row, heads.token), heads.value * heads.keep if values else heads.keep)  # v * False: 0
+    if heads.settled.numel() == probs.shape[0]:
+        return kept, heads.settled[:0]
+    pending = torch.ones(probs.shape[0], dtype=torch.bool)
+    pending[heads.settled] = False
+    return kept, pending.nonzero().view(-1)
 
 
 def head_keep(probs: torch.Tensor, k: int, top_p: float, values: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

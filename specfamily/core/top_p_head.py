@@ -1,55 +1,111 @@
-"""Top-p's head by a threshold instead of ``torch.topk``: every token within a factor of the row's largest probability.
+"""Top-p's head by a threshold instead of ``torch.topk``: every token within a factor of its row's largest probability.
 
 On the CPU ``torch.topk`` of a 64-token head over a 49,152-token row costs about three softmaxes (it builds a queue
 of every (value, index) pair). The tokens with p >= c, for c a fixed fraction of the row's maximum, are found from
-the maxima of 64-token blocks (one reduction over the row; only the blocks whose maximum reaches c are read again).
+the maxima of 64-token blocks (one reduction over the rows; only the blocks whose maximum reaches c are read again).
 They are exactly the head a full descending sort puts first: every other token is smaller than each of them, so no
 tie crosses the head's edge, and their sequential cumsum is the full sorted cumsum's prefix, bit for bit. When their
 mass passes top_p (by the same rounding margin as :func:`specfamily.core.sampling.settled`), every token after them
 has a mass before it >= top_p: the head decides the row. Otherwise the caller falls back to the bounded ``topk``.
+A single row (what the lazy walk warps) takes :func:`threshold_head`, the fewest ops; a batch :func:`threshold_heads`,
+all its rows in the same few ops (no per-row Python).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 BLOCK = 64  # tokens per block whose maximum is read first; rows whose length it does not divide are not tried
-RATIOS = (2.0**-8, 2.0**-16)  # thresholds tried, as fractions of the row's maximum
+RATIOS = (2.0**-10, 2.0**-16)  # thresholds tried on a batch, as fractions of each row's maximum; one row: the first
 MOST = 4096  # a threshold head with more tokens than this is not sorted: the caller's topk path takes the row
 
 
-def threshold_head(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """For one row of probabilities (V,) on the CPU: (values (k,) descending, ties in token order; their token
-    indices (k,); keep (k,) bool: what top-p keeps of them) when the head of the tokens within RATIOS of the row's
-    maximum decides top-p's kept set; None when no such head does (V not a multiple of BLOCK, a flat row, NaN)."""
-    if probs.shape[-1] % BLOCK or probs.dim() != 1:
+@dataclass
+class Heads:
+    """The kept-set decisions of the rows of a batch that their threshold heads settle, one entry per head token:
+    ``row`` (k,) its row in the batch, ``token`` (k,), ``value`` (k,) its probability, ``keep`` (k,) whether top-p
+    keeps it; ``settled`` (R,) those rows (every other token of a settled row is not kept)."""
+
+    row: torch.Tensor
+    token: torch.Tensor
+    value: torch.Tensor
+    keep: torch.Tensor
+    settled: torch.Tensor
+
+
+def threshold_head(probs: torch.Tensor, top_p: float) -> Heads | None:
+    """:func:`threshold_heads` of one row (1, V) with RATIOS[0] only, in the fewest ops; None when it does not settle
+    the row."""
+    if probs.shape[-1] % BLOCK or probs.shape[0] != 1:
         return None
     blocks = probs.view(-1, BLOCK)
     tops = blocks.amax(dim=1)  # (V / BLOCK,)
-    largest = float(tops.max())
-    margin = top_p + 16 * torch.finfo(probs.dtype).eps
-    for ratio in RATIOS:
-        head = _head_above(blocks, tops, largest * ratio)
-        if head is None:
-            return None
-        values, cumulative, chosen, where = head
-        if float(cumulative[-1]) >= margin:  # every token after the head has a mass before it >= top_p
-            return values, chosen[where[:, 0]] * BLOCK + where[:, 1], (cumulative - values) < top_p
-    return None
-
-
-def _head_above(blocks: torch.Tensor, tops: torch.Tensor, c: float) -> tuple[torch.Tensor, ...] | None:
-    """The tokens of p >= c (c > 0): (their values (k,) sorted descending with ties in token order, the values'
-    cumsum (k,), the blocks read (b,), each value's (block of those, offset) (k, 2)); None when there are none (a
-    NaN row) or more than MOST."""
-    if not c > 0:
+    c = float(tops.max()) * RATIOS[0]
+    if not c > 0:  # NaN or an all-zero row
         return None
-    chosen = (tops >= c).nonzero().view(-1)  # the blocks holding such a token, in token order
-    if chosen.numel() == 0 or chosen.numel() * BLOCK > 16 * MOST:
+    chosen = (tops >= c).nonzero().view(-1)  # the blocks holding a token p >= c, in token order
+    if chosen.numel() * BLOCK > 16 * MOST:
         return None
-    rows = blocks[chosen]  # (b, BLOCK)
-    where = (rows >= c).nonzero()  # (k, 2), in token order
+    picked = blocks[chosen]  # (b, BLOCK)
+    where = (picked >= c).nonzero()  # (k, 2), in token order
     if where.shape[0] > MOST:
         return None
-    values, order = rows[where[:, 0], where[:, 1]].sort(descending=True, stable=True)  # ties keep token order
-    return values, values.cumsum(dim=0), chosen, where[order]
+    values, order = picked[where[:, 0], where[:, 1]].sort(descending=True, stable=True)  # ties keep token order
+    cumulative = values.cumsum(dim=0)  # sequential: the full sorted cumsum's prefix
+    if not float(cumulative[-1]) >= top_p + 16 * torch.finfo(values.dtype).eps:
+        return None
+    where = where[order]
+    tokens = chosen[where[:, 0]] * BLOCK + where[:, 1]
+    return Heads(tokens.new_zeros(tokens.shape), tokens, values, (cumulative - values) < top_p, tokens.new_zeros(1))
+
+
+def threshold_heads(probs: torch.Tensor, top_p: float) -> Heads | None:
+    """For probabilities (B, V) on the CPU: the heads of the rows that a threshold head settles (the others are not
+    in ``settled``); None when V is not a multiple of BLOCK."""
+    if probs.shape[-1] % BLOCK or probs.dim() != 2:
+        return None
+    blocks = probs.view(probs.shape[0], -1, BLOCK)  # (B, V / BLOCK, BLOCK)
+    tops = blocks.amax(dim=2)
+    largest = tops.amax(dim=1, keepdim=True)  # (B, 1)
+    rows, found = None, []  # None: every row of the batch
+    for ratio in RATIOS:
+        if rows is None:
+            heads = _heads_above(blocks, tops, largest * ratio, top_p)
+            rows = torch.arange(probs.shape[0])
+        else:
+            heads = _heads_above(blocks[rows], tops[rows], largest[rows] * ratio, top_p)
+            heads.row, heads.settled = rows[heads.row], rows[heads.settled]
+        found.append(heads)
+        rows = rows[~torch.isin(rows, heads.settled)]
+        if rows.numel() == 0:
+            break
+    return Heads(*(torch.cat([getattr(h, name) for h in found]) for name in ("row", "token", "value", "keep",
+                                                                             "settled")))
+
+
+def _heads_above(blocks: torch.Tensor, tops: torch.Tensor, c: torch.Tensor, top_p: float) -> Heads:
+    """The heads p >= c (c (R, 1), per row) of the rows (R, V / BLOCK, BLOCK) that they settle; rows local to these.
+    A row whose head is longer than MOST (a flat row: the topk path reads it faster) or empty (NaN) is not settled."""
+    chosen = (tops >= c).nonzero()  # (b, 2): (row, block), rows ascending, blocks in token order
+    picked = blocks[chosen[:, 0], chosen[:, 1]]  # (b, BLOCK)
+    where = (picked >= c[chosen[:, 0]]).nonzero()  # (k, 2): (picked block, offset), in (row, token) order
+    row = chosen[where[:, 0], 0]
+    counts = torch.bincount(row, minlength=blocks.shape[0])
+    if where.shape[0] and int(counts.max()) > MOST:
+        short = counts[row] <= MOST
+        where, row, counts = where[short], row[short], counts.masked_fill(counts > MOST, 0)
+    values = picked[where[:, 0], where[:, 1]]
+    tokens = chosen[where[:, 0], 1] * BLOCK + where[:, 1]
+    order = values.sort(descending=True, stable=True).indices  # ties keep (row, token) order
+    order = order[row[order].sort(stable=True).indices]  # grouped by row, each row descending
+    row, values, tokens = row[order], values[order], tokens[order]
+    slot = torch.arange(row.numel()) - (counts.cumsum(0) - counts)[row]  # each value's place in its row's head
+    head = values.new_zeros(blocks.shape[0], int(counts.max()) if row.numel() else 0)
+    head[row, slot] = values
+    cumulative = head.cumsum(dim=1)  # per row, sequential: the full sorted cumsum's prefix (padding adds 0 after it)
+    done = (counts > 0) & (cumulative[:, -1] >= top_p + 16 * torch.finfo(head.dtype).eps) if row.numel() else counts > 0
+    keep = (cumulative - head)[row, slot] < top_p  # the mass before each token
+    mine = done[row]
+    return Heads(row[mine], tokens[mine], values[mine], keep[mine], done.nonzero().view(-1))
