@@ -40,7 +40,7 @@ def threshold_head(probs: torch.Tensor, top_p: float) -> Heads | None:
     the row."""
     if probs.shape[-1] % BLOCK or probs.shape[0] != 1:
         return None
-    blocks = probs.view(-1, BLOCK)
+    blocks = probs.reshape(-1, BLOCK)
     tops = blocks.amax(dim=1)  # (V / BLOCK,)
     c = float(tops.max()) * RATIOS[0]
     if not c > 0:  # NaN or an all-zero row
@@ -66,7 +66,7 @@ def threshold_heads(probs: torch.Tensor, top_p: float) -> Heads | None:
     in ``settled``); None when V is not a multiple of BLOCK."""
     if probs.shape[-1] % BLOCK or probs.dim() != 2:
         return None
-    blocks = probs.view(probs.shape[0], -1, BLOCK)  # (B, V / BLOCK, BLOCK)
+    blocks = probs.reshape(probs.shape[0], -1, BLOCK)  # (B, V / BLOCK, BLOCK)
     tops = blocks.amax(dim=2)
     largest = tops.amax(dim=1, keepdim=True)  # (B, 1)
     rows, found = None, []  # None: every row of the batch

@@ -154,3 +154,15 @@ def test_rows_that_need_the_second_threshold_in_a_batch(monkeypatch):
     fallbacks = _fallbacks(monkeypatch)
     assert torch.equal(top_p_filter(probs, 0.9), _full_sort(probs, 0.9))
     assert fallbacks == []
+
+
+def test_a_strided_batch_is_read_as_its_values():
+    """Rows that are not contiguous (every other row of a batch, a column-major matrix) give the full sort's result on
+    their values (the full sort of a column-major matrix sums its rows in another order: the same kept set, sums
+    that may differ in the last place)."""
+    probs = torch.softmax(5 * torch.randn(8, 1024, generator=torch.Generator().manual_seed(8)), dim=-1)
+    for strided in (probs[::2], probs.t().contiguous().t()):
+        assert not strided.is_contiguous()
+        assert torch.equal(top_p_filter(strided, 0.9), _full_sort(strided.contiguous(), 0.9))
+        assert torch.equal(top_p_keep(strided, 0.9), _full_sort(strided, 0.9) > 0)
+        assert torch.equal(top_p_filter(strided[:1], 0.9), _full_sort(strided[:1].contiguous(), 0.9))
