@@ -1,24 +1,27 @@
 """The sampled verification of one pass, before against now, at SmolLM2's vocabulary (V = 49152).
 
-before: ``verify_draft`` as it was before the kept head was written into a zero row: the same lazy rows and walk,
-but top-p builds a vocabulary-wide bool mask from the head and multiplies the row by it (the same tensor, bit for
-bit), and the walk's residuals are not updated in place.
-now: ``verify_draft`` as the loop calls it: the rows the walk reads warped lazily (top-p over a bounded ``torch.topk``
-head, its kept values scattered into a zero row), q's quick check, the final token by inversion of one uniform.
-device walk (CPU): every row warped at once, then the device walk (``verify_tree(device_walk=True)``: trees in one
-branch-free sweep, chains in one vectorised block, one host synchronisation) on CPU tensors: what an accelerator
-runs, timed here on the CPU to show whether it would pay there.
+before: ``verify_draft`` as session 19 left it (main at 62fccdb): the rows the walk reads warped lazily, top-p over a
+bounded ``torch.topk`` head, each read row of p copied to float64 whole, the final token inverted through a cumsum of
+the whole row.
+now: ``verify_draft`` as the loop calls it: top-p's head by a threshold (``core/top_p_head.py``: the tokens within
+2^-8 of the row's maximum, from 64-token block maxima; topk only for rows it does not settle), p's rows read in
+their own dtype (float64 only for a rejection's residual and the final draw), the final inversion over the row's
+blocks with mass.
+batched: every fed row warped in one call (one softmax, one division over all of them), then the same host walk.
+device walk (CPU): every row warped at once, then the device walk (``verify_tree(device_walk=True)``) on CPU tensors:
+what an accelerator runs, timed here on the CPU.
 old: the warp before the bounded head (a full descending sort of every row) on all n + 1 rows, then the walk with
-multinomial: the first baseline. Each pass has its own generator (seeded by its index): old, before and now must take
-the same paths (their tries read the same uniforms), and before and now the same next tokens: both are checked.
+multinomial: the first baseline. Each pass has its own generator (seeded by its index): every arm takes the same
+paths (old's final token comes from another stream), before, now and batched the same next tokens: all checked.
 Times are CPU seconds of this process (``time.process_time``; one thread), the median of ``--repeats`` interleaved
-repeats. Also the warp alone (before and now checked equal, bit for bit).
+repeats (the arms in turn within each). Also the warp alone (before and now checked equal, bit for bit).
 
 Logits are random (``--scale`` times a standard normal) or, with ``--model zoo:smollm2``, the target's own rows
 over its sampled answers to Spec-Bench questions (n + 1 consecutive rows a pass); the kept nucleus sizes are
 printed. Drafts are chains and trees of n = 0, 4, 12 nodes whose tokens are drawn from q = warp(logits + ``--tilt``
 noise), or from q = p (``--tilt 0``: every node accepted, the walk reads every row: the worst case for warping
-lazily).
+lazily); and ``det`` chains and trees of 4: q = None, each token the argmax of its parent's row (the target's greedy
+continuation: the deterministic drafts of prompt lookup, suffix, Medusa and EAGLE, as benchmarks/pass_goals.py feeds).
 
     python benchmarks/warp.py --threads 1
     python benchmarks/warp.py --threads 1 --model zoo:smollm2
@@ -38,9 +41,9 @@ import torch
 from specfamily.core import host
 from specfamily.core import verify as verify_module
 from specfamily.core.acceptance import verify_draft
-from specfamily.core.sampling import TOP_P_START, top_k_filter, top_p_keep, warp
+from specfamily.core.sampling import TOP_P_START, WIDEN, head_keep, top_k_filter, warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import _children, _walk, check_q, verify_tree, verify_tree_rows
+from specfamily.core.verify import _children, _walk, check_q, verify_tree
 
 TREES = {  # n -> parents: root with two branches, and for 12 a wider, deeper tree
     4: [-1, -1, 0, 1],
@@ -79,46 +82,49 @@ def old_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, gen
     return _walk(_children(draft.parents.tolist()), draft.tokens.tolist(), q64, p.double(), draws)
 
 
-def mask_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """The warp before the kept head was scattered into a zero row: a vocabulary-wide mask, then a product."""
+def topk_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The warp before the threshold head: top-p over a ``torch.topk`` head of every row, widened until settled."""
     scaled = logits.float() / sampling.temperature
     probs = torch.softmax(top_k_filter(scaled, sampling.top_k), dim=-1)
     if sampling.top_p >= 1.0:
         return probs
-    start = sampling.top_k + 1 if sampling.top_k > 0 else TOP_P_START
-    kept = probs * top_p_keep(probs.reshape(-1, probs.shape[-1]), sampling.top_p, start).view(probs.shape)
-    return kept / kept.sum(dim=-1, keepdim=True)
+    rows = probs.reshape(-1, probs.shape[-1])
+    k = min(sampling.top_k + 1 if sampling.top_k > 0 else TOP_P_START, rows.shape[-1])
+    kept, done = head_keep(rows, k, sampling.top_p, values=True)
+    pending = (~done).nonzero().view(-1)
+    while pending.numel():
+        k = min(WIDEN * k, rows.shape[-1])
+        head, done = head_keep(rows[pending], k, sampling.top_p, values=True)
+        kept[pending] = head
+        pending = pending[~done]
+    return kept.div_(kept.sum(dim=-1, keepdim=True)).view(probs.shape)
 
 
-def _walk_out_of_place(residual: torch.Tensor, token: int, q_row, draws, node: int = 0):
-    """``verify._try_child`` before the in-place residual."""
-    if q_row is None:
-        return verify_module._try_child(residual, token, q_row, draws, node)
-    q_x = q_row[token].item()
-    if q_x <= 0:
-        raise verify_module._zero_q_error(token, node)
-    if draws.uniform() < min(1.0, residual[token].item() / q_x):
-        return True, residual
-    return False, torch.clamp(residual - q_row, min=0.0)
+class WholeRowDraws(host.HostDraws):
+    """The final token by inversion through a float64 cumsum of the whole row (before the blocks with mass)."""
+
+    def sample(self, probs: torch.Tensor) -> int:
+        cdf = probs.double().cumsum(0)
+        index = int(torch.searchsorted(cdf, cdf.new_tensor([self.uniform() * cdf[-1].item()]), right=True))
+        return index if index < probs.numel() else int(torch.nonzero(probs).max())
 
 
 def before_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
-    """verify_draft before this work: the same lazy rows, warped with the mask and product, out-of-place residuals."""
-    def p_row(i: int) -> torch.Tensor:
-        return mask_warp(logits[i : i + 1], sampling)[0]
+    """verify_draft as session 19 left it: lazy rows warped over a topk head, each copied to float64 whole, the final
+    token inverted through the whole row."""
+    tokens, parents, q = draft.tokens, draft.parents, draft.q
+    verify_module._check_shapes(tokens.numel(), tuple(logits.shape), q)
+    q64 = None
+    if q is not None:
+        check_q(q)
+        q64 = verify_module.Rows(lambda i: q[i].double())
+    p64 = verify_module.Rows(lambda i: topk_warp(logits[i : i + 1], sampling)[0].double())
+    return _walk(_children(parents.tolist()), tokens.tolist(), q64, p64, WholeRowDraws(generator))
 
-    try_child, normalise = verify_module._try_child, verify_module._normalise
-    verify_module._try_child = _walk_out_of_place
-    verify_module._normalise = _normalise_out_of_place
-    try:
-        return verify_tree_rows(draft.tokens, draft.parents, draft.q, p_row, tuple(logits.shape), generator)
-    finally:
-        verify_module._try_child, verify_module._normalise = try_child, normalise
 
-
-def _normalise_out_of_place(rejected: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
-    total = rejected.sum()
-    return verify_module._all_zero_fallback(current) if total <= 0 else rejected / total
+def batched_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
+    """Every fed row warped in one call, then the host walk."""
+    return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator, device_walk=False)
 
 
 def device_verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[list[int], int]:
@@ -152,14 +158,15 @@ def prompt_ids(target, turn: str) -> list[int]:
 
 
 def decode_ms(name: str, path: str, count: int, tokens: int, sampling: SamplingConfig, repeats: int) -> None:
-    """Plain decoding's CPU ms per new token: greedy, sampled with the mask-and-product warp (before), sampled now
-    (the same texts); interleaved, ``repeats`` rounds over the first ``count`` questions, ``tokens`` new tokens each."""
+    """Plain decoding's CPU ms per new token: greedy, sampled with the topk-head warp (before; the walk of now),
+    sampled now (the same texts); interleaved, ``repeats`` rounds over the first ``count`` questions, ``tokens`` new
+    tokens each."""
     import specfamily as sf
     from specfamily.core import acceptance
 
     target = sf.load_target(name)
     prompts = [prompt_ids(target, turn) for turn in questions(path, count)]
-    settings = {"greedy": (SamplingConfig(), warp), "sampled, before": (sampling, mask_warp),
+    settings = {"greedy": (SamplingConfig(), warp), "sampled, before": (sampling, topk_warp),
                 "sampled, now": (sampling, warp)}
     seconds, made = dict.fromkeys(settings, 0.0), dict.fromkeys(settings, 0)
     for _ in range(repeats):
@@ -183,10 +190,11 @@ def decode_ms(name: str, path: str, count: int, tokens: int, sampling: SamplingC
 
 def make_drafts(n: int, shape: str, count: int, pool: torch.Tensor | None, vocab: int, scale: float, tilt: float,
                 sampling: SamplingConfig) -> list[tuple[Draft, torch.Tensor]]:
-    """``count`` (draft, logits (n + 1, V)) pairs; tokens drawn from their q rows; logits n + 1 consecutive rows of
+    """``count`` (draft, logits (n + 1, V)) pairs; tokens drawn from their q rows (shapes ``chain``, ``tree``), or
+    q = None and each token its parent row's argmax (``det chain``, ``det tree``); logits n + 1 consecutive rows of
     ``pool`` (R, V), or random."""
     gen = torch.Generator().manual_seed(n * 100 + len(shape))
-    parents = torch.tensor(list(range(-1, n - 1)) if shape == "chain" else TREES[n], dtype=torch.long)
+    parents = torch.tensor(list(range(-1, n - 1)) if shape.endswith("chain") else TREES[n], dtype=torch.long)
     out = []
     for i in range(count):
         if pool is None:
@@ -194,8 +202,9 @@ def make_drafts(n: int, shape: str, count: int, pool: torch.Tensor | None, vocab
         else:
             at = (i * 7) % (pool.shape[0] - n)
             logits = pool[at : at + n + 1]
-        if n == 0:
-            out.append((Draft(tokens=torch.zeros(0, dtype=torch.long), parents=parents, q=None), logits))
+        if n == 0 or shape.startswith("det"):
+            tokens = logits[parents + 1].argmax(dim=-1) if n else torch.zeros(0, dtype=torch.long)
+            out.append((Draft(tokens=tokens, parents=parents, q=None), logits))
             continue
         q = warp(logits[parents + 1] + tilt * torch.randn(n, vocab, generator=gen), sampling)  # (n, V)
         tokens = torch.multinomial(q, 1, generator=gen).view(-1)
@@ -265,25 +274,27 @@ def main(argv: list[str] | None = None) -> None:
     for rows in (1, 13):
         times = {name: [] for name in ("old", "before", "now")}
         for _ in range(args.repeats):  # interleaved
-            for name, fn in (("old", old_warp), ("before", mask_warp), ("now", warp)):
+            for name, fn in (("old", old_warp), ("before", topk_warp), ("now", warp)):
                 times[name].append(warp_ms(fn, logits[:rows], sampling, 10))
         old, before, new = (statistics.median(times[name]) for name in ("old", "before", "now"))
-        if not torch.equal(mask_warp(logits[:rows], sampling), warp(logits[:rows], sampling)):
+        if not torch.equal(topk_warp(logits[:rows], sampling), warp(logits[:rows], sampling)):
             raise SystemExit("the warp changed its values")
         print(f"| per call | {rows} | {old:.3f} | {before:.3f} | {new:.3f} | {before / new:.2f}x |")
 
-    verifiers = {"old": old_verify, "before": before_verify, "now": verify_draft, "device": device_verify}
-    print("\n| pass | n | accepted (mean) | old ms | before ms | now ms | device walk (CPU) ms | before / now |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for n, shape in ((0, "chain"), (4, "chain"), (4, "tree"), (12, "chain"), (12, "tree")):
+    verifiers = {"old": old_verify, "before": before_verify, "now": verify_draft, "batched": batched_verify,
+                 "device": device_verify}
+    print("\n| pass | n | accepted (mean) | old ms | before ms | now ms | batched ms | device walk (CPU) ms | "
+          "before / now |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    shapes = ((0, "chain"), (4, "det chain"), (4, "det tree"), (4, "chain"), (4, "tree"), (12, "chain"), (12, "tree"))
+    for n, shape in shapes:
         cases = make_drafts(n, shape, args.passes, pool, args.vocab, args.scale, args.tilt, sampling)
         ms, out = per_pass_ms(verifiers, cases, sampling, args.repeats)
         paths = {name: [path for path, _ in outputs] for name, outputs in out.items()}
-        if not paths["old"] == paths["before"] == paths["now"] or out["before"] != out["now"]:
+        if not paths["old"] == paths["now"] or not out["before"] == out["now"] == out["batched"]:
             raise SystemExit(f"paths differ at n = {n} ({shape})")
         accepted = statistics.mean(len(path) for path in paths["now"])
         print(f"| {shape} | {n} | {accepted:.2f} | {ms['old']:.2f} | {ms['before']:.2f} | {ms['now']:.2f} | "
-              f"{ms['device']:.2f} | {ms['before'] / ms['now']:.2f}x |")
+              f"{ms['batched']:.2f} | {ms['device']:.2f} | {ms['before'] / ms['now']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -26,16 +26,30 @@ def verify_draft(
 ) -> tuple[list[int], int]:
     """Warp the target's logits (n+1, V) into p and accept a path of ``draft``: (accepted nodes, next token).
 
-    On the CPU only the rows the walk reads are warped, each when first reached (the same rows, bit for bit, as
-    warping all of them); on an accelerator all rows are warped there in one call and cross to the host once."""
+    On the CPU only the rows the walk reads are warped, when first reached (:func:`lazy_rows`; the same rows, bit for
+    bit, as warping all of them); on an accelerator all rows are warped there in one call and cross to the host
+    once."""
     if sampling.greedy:
         return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
     if logits.device.type == "cpu" and (generator is None or generator.device.type == "cpu"):
-        def p_row(i: int) -> torch.Tensor:
-            return warp(logits[i : i + 1], sampling)[0]  # (V,)
-
+        p_row = lazy_rows(logits, sampling, draft.parents.tolist() == list(range(-1, draft.tokens.numel() - 1)))
         return verify_tree_rows(draft.tokens, draft.parents, draft.q, p_row, tuple(logits.shape), generator)
     return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
+
+
+def lazy_rows(logits: torch.Tensor, sampling: SamplingConfig, chain: bool) -> Callable[[int], torch.Tensor]:
+    """Row i of warp(logits) (n + 1, V) -> (V,), warped when first asked for: the root's alone; past the root, a
+    ``chain``'s rows from i to its end in one call (a chain whose first draft is accepted reads on down it, and one
+    call over several rows costs less than a call per row), a tree's row alone."""
+    rows: dict[int, torch.Tensor] = {}
+
+    def p_row(i: int) -> torch.Tensor:
+        if i not in rows:
+            block = warp(logits[i:] if chain and i > 0 else logits[i : i + 1], sampling)
+            rows.update((i + j, row) for j, row in enumerate(block))
+        return rows[i]
+
+    return p_row
 
 
 def acceptance(hooks: Hooks | None, ctx: DecodeContext) -> AcceptRule:

@@ -2,9 +2,9 @@
 per device (``to_host``), and where the walk's uniforms come from (``HostDraws``: one per try from a CPU generator;
 ``BlockDraws``: one block per pass drawn on the accelerator's generator and moved with p and q).
 
-Every final token is drawn by inversion (:func:`inverse_cdf`) from one uniform: one cumulative sum over the row, no
-draw per vocabulary entry (``torch.multinomial`` draws V exponentials). Tokens without mass are never picked, so the
-draw reads only the kept support of a warped row."""
+Every final token is drawn by inversion (:func:`inverse_cdf`) from one uniform: one cumulative sum over the row's
+blocks with mass, no draw per vocabulary entry (``torch.multinomial`` draws V exponentials). Tokens without mass are
+never picked, so the draw reads only the kept support of a warped row."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 _CPU = torch.device("cpu")
+BLOCK = 64  # inverse_cdf skips the all-zero blocks of this many tokens of a row
 
 
 def uniform(generator: torch.Generator | None, device: torch.device) -> float:
@@ -20,14 +21,26 @@ def uniform(generator: torch.Generator | None, device: torch.device) -> float:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """A token of probs (V,) (any scale, float64 sums): inversion of one uniform from ``generator`` (its device's
-    stream; torch's default one on probs' device when None)."""
-    return inverse_cdf(probs.double(), uniform(generator, draw_device(probs, generator)))
+    """A token of probs (V,) (any scale and float dtype, float64 sums): inversion of one uniform from ``generator``
+    (its device's stream; torch's default one on probs' device when None)."""
+    return inverse_cdf(probs, uniform(generator, draw_device(probs, generator)))
 
 
 def inverse_cdf(probs: torch.Tensor, u: float) -> int:
-    """The token whose cumulative-probability interval holds u * total; never one of probability 0."""
-    cdf = probs.cumsum(0)  # (V,)
+    """The token whose cumulative-probability interval holds u * total (the cumulative sum in float64, whatever
+    probs' float dtype); never one of probability 0. A row of whole BLOCKs sums only its blocks with mass: a zero
+    adds nothing to a sequential sum, so the token and the sums are those of the whole row's cumsum, bit for bit."""
+    if probs.numel() % BLOCK == 0 and probs.device.type == "cpu":
+        blocks = probs.reshape(-1, BLOCK)
+        live = (blocks.amax(dim=1) != 0).nonzero().view(-1)  # the blocks with mass (or a NaN), in token order
+        if live.numel():
+            index = _inverse(blocks[live].view(-1).double(), u)
+            return int(live[index // BLOCK]) * BLOCK + index % BLOCK
+    return _inverse(probs.double(), u)
+
+
+def _inverse(probs: torch.Tensor, u: float) -> int:
+    cdf = probs.cumsum(0)  # (V,) float64, sequential
     at = cdf.new_tensor([u * cdf[-1].item()])
     index = int(torch.searchsorted(cdf, at, right=True))
     if index >= probs.numel():  # u * total rounded up to the total: the last token with mass

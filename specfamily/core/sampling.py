@@ -1,6 +1,7 @@
 """Logits -> probabilities: temperature, top-k, softmax, top-p (the order transformers uses).
 
-The same function warps the target's p and a drafter's q. Top-p reads only the head of each row: a bounded
+The same function warps the target's p and a drafter's q. Top-p reads only the head of each row: on the CPU first
+the tokens within a fraction of the row's maximum (:mod:`specfamily.core.top_p_head`), else a bounded
 ``torch.topk``, widened (x4, up to the whole vocabulary) until the kept mass has been crossed for good; the kept
 set is the one a full descending sort gives (ties in token order), with no full-vocabulary sort on the CPU.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from specfamily.core.top_p_head import threshold_head, threshold_heads
 from specfamily.core.types import SamplingConfig
 
 TOP_P_START = 64  # how many of the most probable tokens top-p reads first
@@ -53,19 +55,35 @@ def top_p_keep(probs: torch.Tensor, top_p: float, start: int = TOP_P_START) -> t
 
 def top_p_rows(probs: torch.Tensor, top_p: float, start: int, values: bool) -> torch.Tensor:
     """(B, V) -> (B, V): what top-p keeps of each row, as bools (``values`` False) or as the kept probabilities
-    with 0 elsewhere (``values`` True; exactly ``probs * top_p_keep(probs)``), per :func:`top_p_keep`'s rule."""
+    with 0 elsewhere (``values`` True; exactly ``probs * top_p_keep(probs)``), per :func:`top_p_keep`'s rule. On the
+    CPU each row first tries its threshold head (:func:`specfamily.core.top_p_head.threshold_heads`); the rows it does
+    not settle read a ``topk`` head of ``start`` tokens, widened until settled."""
     vocab = probs.shape[-1]
     k = vocab if probs.device.type != "cpu" else min(max(start, 1), vocab)
-    kept, done = head_keep(probs, k, top_p, values)
-    if k == vocab or bool(done.all()):
-        return kept  # every row settled by its first head: the common case
-    pending = (~done).nonzero().view(-1)  # the rows not settled yet; kept's other rows are final
-    while pending.numel():
-        k = min(WIDEN * k, vocab)
+    if k == vocab:
+        return head_keep(probs, k, top_p, values)[0]
+    kept, pending = threshold_rows(probs, top_p, values)
+    while pending.numel():  # the rows not settled yet; kept's other rows are final
         head, done = head_keep(probs[pending], k, top_p, values)
         kept[pending] = head
         pending = pending[~done]
+        k = min(WIDEN * k, vocab)
     return kept
+
+
+def threshold_rows(probs: torch.Tensor, top_p: float, values: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, V) on the CPU -> (B, V) kept (as :func:`top_p_rows`) for the rows their threshold heads settle, 0 / False
+    in the others, and (P,) the indices of those other rows, ascending."""
+    kept = probs.new_zeros(probs.shape) if values else torch.zeros(probs.shape, dtype=torch.bool)
+    heads = (threshold_head if probs.shape[0] == 1 else threshold_heads)(probs, top_p)
+    if heads is None:
+        return kept, torch.arange(probs.shape[0])  # every row to the topk path
+    kept.index_put_((heads.row, heads.token), heads.value * heads.keep if values else heads.keep)  # v * False: 0
+    if heads.settled.numel() == probs.shape[0]:
+        return kept, heads.settled[:0]
+    pending = torch.ones(probs.shape[0], dtype=torch.bool)
+    pending[heads.settled] = False
+    return kept, pending.nonzero().view(-1)
 
 
 def head_keep(probs: torch.Tensor, k: int, top_p: float, values: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,8 +15,9 @@ child, the final token by inversion of one more. With an accelerator's generator
 reads u[i], the final token u[n]), chains in one vectorised step, and one host synchronisation for the accepted path
 and the next token. The law is the same; the streams differ.
 
-Only the rows the walk reaches are read (the root's, then each accepted node's; q's for each tried child), each
-converted to float64 once; :func:`verify_tree_rows` takes p row by row, so that its caller warps no other row.
+Only the rows the walk reaches are read (the root's, then each accepted node's; q's for each tried child): q's
+converted to float64 once, p's read in their own dtype (an accepted try reads one entry; a rejection's residual and the
+final draw are computed in float64); :func:`verify_tree_rows` takes p row by row, so that its caller warps no other row.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def _zero_q_error(token: int, node: int) -> DraftProbabilityError:
 
 
 class Rows:
-    """The rows of a (m, V) matrix that the walk reads, each computed on its first read (``row(i)``) and kept:
-    p and q in float64, with no work for the rows of nodes the walk never reaches."""
+    """The rows of a (m, V) matrix that the walk reads, each computed on its first read (``row(i)``) and kept, with
+    no work for the rows of nodes the walk never reaches: q in float64, p in its own dtype (an accepted try reads one
+    entry of it, exact as a Python float; a rejection's residual and the final draw are float64)."""
 
     def __init__(self, row: Callable[[int], torch.Tensor]) -> None:
         self.row, self.read = row, {}
@@ -115,6 +117,7 @@ def _all_zero_fallback(current: torch.Tensor) -> torch.Tensor:
     """max(r - q, 0) is all zero only when the current residual r is q up to rounding (a rejection then has
     probability ~0): keep sampling from r, which already excludes every rejected sibling, never from the
     node's original p (which would bring rejected tokens back)."""
+    current = current.double()
     return current / current.sum()
 
 
@@ -124,7 +127,7 @@ def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, d
     if q_row is None:
         if draws.uniform() < residual[token].item():
             return True, residual
-        rejected = residual.clone()
+        rejected = residual.to(torch.float64, copy=True)  # p's row is read in its own dtype until a rejection
         rejected[token] = 0.0
         return False, rejected
     q_x = q_row[token].item()
@@ -137,7 +140,8 @@ def _try_child(residual: torch.Tensor, token: int, q_row: torch.Tensor | None, d
 
 def _walk(children: dict[int, list[int]], tokens: list[int], q64: Rows | None, p64: Rows,
           draws) -> tuple[list[int], int]:
-    """Recursive rejection sampling down the tree, on host tensors: p64[i] / q64[i] is row i of p / q in float64."""
+    """Recursive rejection sampling down the tree, on host tensors: p64[i] is row i of p (any float dtype: the
+    residuals it makes are float64), q64[i] row i of q in float64."""
     path: list[int] = []
     node, residual = -1, p64[0]
     while True:
@@ -163,7 +167,8 @@ def _check_shapes(n: int, p_shape: tuple[int, ...], q: torch.Tensor | None) -> N
 
 def _host_walk(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor | None,
                p_row: Callable[[int], torch.Tensor], draws) -> tuple[list[int], int]:
-    """The walk over host tensors, p row i read as ``p_row(i)`` and q's rows in float64, each when first needed."""
+    """The walk over host tensors, p row i read as ``p_row(i)`` (its dtype kept) and q's rows in float64, each when
+    first needed."""
     q64 = None
     if q is not None:
         check_q(q)
@@ -195,7 +200,7 @@ def verify_tree(
     block = None if device.type == "cpu" else host.uniform_block(n + 1, generator, device)  # n tries at most, 1 token
     tokens, parents, q, p, block = host.to_host([tokens, parents, q, p, block])
     draws = host.HostDraws(generator) if block is None else host.BlockDraws(block.tolist())
-    return _host_walk(tokens, parents, q, lambda i: p[i].double(), draws)
+    return _host_walk(tokens, parents, q, lambda i: p[i], draws)
 
 
 def verify_tree_rows(
@@ -215,7 +220,7 @@ def verify_tree_rows(
     if generator is not None and generator.device.type != "cpu":
         raise ValueError(f"verify_tree_rows draws on the host; got a generator on {generator.device}")
     tokens, parents, q = host.to_host([tokens, parents, q])
-    return _host_walk(tokens, parents, q, lambda i: p_row(i).double(), host.HostDraws(generator))
+    return _host_walk(tokens, parents, q, p_row, host.HostDraws(generator))
 
 
 def device_verify_tree(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,

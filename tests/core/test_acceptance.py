@@ -65,10 +65,18 @@ def test_only_the_rows_the_walk_reads_are_warped(monkeypatch):
     monkeypatch.setattr(acceptance, "warp", counting)
     logits = torch.full((5, 10), -10.0)
     logits[:, 3] = 10.0  # p is (almost) one-hot at token 3 in every row
-    chain = Draft(tokens=torch.tensor([3, 3, 7, 3]), parents=torch.tensor([-1, 0, 1, 2]), q=None)
-    path, _ = verify_draft(chain, logits, sampling, torch.Generator().manual_seed(0))
+    tree = Draft(tokens=torch.tensor([3, 3, 7, 3]), parents=torch.tensor([-1, 0, 1, 0]), q=None)
+    path, _ = verify_draft(tree, logits, sampling, torch.Generator().manual_seed(0))
     assert path == [0, 1]  # token 7 is rejected at depth 3
     assert warped == [1, 1, 1]  # the root's row and the two accepted nodes' rows, once each; not the last two
+    warped.clear()
+    chain = Draft(tokens=torch.tensor([3, 3, 7, 3]), parents=torch.tensor([-1, 0, 1, 2]), q=None)
+    assert verify_draft(chain, logits, sampling, torch.Generator().manual_seed(0))[0] == [0, 1]
+    assert warped == [1, 4]  # a chain: the root's row, then past its accepted first draft the rest in one call
+    warped.clear()
+    rejected = Draft(tokens=torch.tensor([7, 3, 3, 3]), parents=torch.tensor([-1, 0, 1, 2]), q=None)
+    assert verify_draft(rejected, logits, sampling, torch.Generator().manual_seed(0))[0] == []
+    assert warped == [1]  # rejected at the root: no other row warped
 
 
 def test_logits_without_n_plus_one_rows_are_refused():

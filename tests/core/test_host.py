@@ -231,3 +231,31 @@ def test_sample_draws_one_uniform_from_the_generator():
     host.sample(row, gen)
     torch.rand((), generator=twin, dtype=torch.float64)
     assert torch.equal(gen.get_state(), twin.get_state())
+
+
+def _whole_row_inverse(probs: torch.Tensor, u: float) -> int:
+    """inverse_cdf as it was: one float64 cumsum over the whole row."""
+    cdf = probs.double().cumsum(0)
+    index = int(torch.searchsorted(cdf, cdf.new_tensor([u * cdf[-1].item()]), right=True))
+    return index if index < probs.numel() else int(torch.nonzero(probs).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_inverse_cdf_over_the_blocks_with_mass_is_the_whole_rows(dtype):
+    """A row of whole blocks is inverted through its blocks with mass only: the same token as the whole row's
+    cumsum for every u, on sparse rows (a warped nucleus), rows with mass in the last block and a dense row."""
+    gen = torch.Generator().manual_seed(12)
+    vocab = 64 * host.BLOCK
+    rows = []
+    for kept in (1, 3, 17, 200, vocab):
+        row = torch.zeros(vocab, dtype=dtype)
+        at = torch.randperm(vocab, generator=gen)[:kept]
+        row[at] = torch.rand(kept, generator=gen, dtype=torch.float64).to(dtype) ** 4
+        rows.append(row)
+    last = torch.zeros(vocab, dtype=dtype)
+    last[[5, vocab - 1]] = torch.tensor([0.25, 0.75], dtype=dtype)
+    rows.append(last)
+    us = [0.0, 1 - 2**-53, 0.25, 0.2499999, *torch.rand(300, generator=gen, dtype=torch.float64).tolist()]
+    for row in rows:
+        assert [host.inverse_cdf(row, u) for u in us] == [_whole_row_inverse(row, u) for u in us]
+    assert host.inverse_cdf(last, 1 - 2**-53) == vocab - 1 and host.inverse_cdf(last * 3, 1.0) == vocab - 1
