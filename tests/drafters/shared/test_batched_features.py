@@ -94,3 +94,28 @@ def test_a_gpt2_eagle_drafts_in_batches_what_it_drafts_alone(mode, monkeypatch):
     sf.generate_batch(target, drafter, prompts, max_new_tokens=15, max_batch=3, sampling=T1)
     assert log.sampled == log.drafts >= 3 * 4 and log.widest == 3
     assert drafter.model.parts.positions is not None  # GPT-2's position table: the module path
+
+
+@pytest.mark.parametrize(("name", "options"), [("eagle", {}), ("eagle3", {"weights": "random"})])
+def test_a_batch_that_plans_no_draft_runs_no_draft_layer(name, options, code_target, prompts, monkeypatch):
+    """Idle passes (every length the batch's policy plans is 0) cost the drafter only ``observe``: the catch-up
+    waits for a pass that drafts, so the layer is never called, and the text is plain batched decoding's."""
+    from specfamily.core.batch_lengths import LengthPolicy
+
+    monkeypatch.setattr(LengthPolicy, "lengths", lambda self, prospects, proposed=False, together=False:
+                        [0] * len(prospects))
+    calls, queued = [], []
+    step, observe = EagleFamilyDrafter._step, EagleFamilyDrafter.observe
+
+    def spy_observe(self, outcome):
+        observe(self, outcome)
+        queued.append(self.state.pending_rows)
+
+    monkeypatch.setattr(EagleFamilyDrafter, "_step", lambda self, *args: calls.append(1) or step(self, *args))
+    monkeypatch.setattr(EagleFamilyDrafter, "observe", spy_observe)
+    plain = sf.generate_batch(code_target, None, prompts, max_new_tokens=12, max_batch=4)
+    idle = sf.generate_batch(code_target, sf.create_drafter(name, code_target, **options), prompts,
+                             max_new_tokens=12, max_batch=4)
+    assert [r.tokens for r in idle] == [r.tokens for r in plain]
+    assert calls == [] and len(queued) >= len(prompts) * 10
+    assert max(queued) >= min(len(p) for p in prompts) + 10  # the prompt's and every pass's features, still queued
