@@ -45,6 +45,7 @@ KINDS = ("plain", "chain", "tree")
 COMPILED = " compiled"  # the suffix of the compiled whole pass's timings
 NATIVE = " native"  # the suffix of the native layer loop's timings
 GROUPS = {  # profiler op name fragment -> section (first match wins)
+    "specfamily::attention": "attention",  # the batch-invariant attention kernel (runtime/attention.py)
     "stream_linear": "matmul", "linear": "matmul", "addmm": "matmul", "mm": "matmul",
     "scaled_dot_product": "attention", "_flash_attention": "attention", "bmm": "attention",
     "softmax": "attention", "baddbmm": "attention",
