@@ -18,10 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specfamily import zoo
 from specfamily.core.side_rows import SideRows, side_key, side_layout
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
-from specfamily.core.target_cache import check_draft_tokens as _check_draft_tokens
-from specfamily.core.target_cache import check_path as _check_path
-from specfamily.core.target_cache import gather_tail as _gather_tail
-from specfamily.core.target_cache import truncate as _truncate
+from specfamily.core.target_cache import check_draft_tokens, check_path, gather_tail, truncate
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
@@ -164,7 +161,7 @@ class Target:
         n = len(parents)
         side = draft.side if draft is not None else None
         if n:
-            _check_draft_tokens(draft.tokens, self.vocab_size)
+            check_draft_tokens(draft.tokens, self.vocab_size)
         ids = pending.to(self._device)
         if n:
             ids = torch.cat((ids, draft.tokens.to(self._device, non_blocking=True)))  # (m + n,)
@@ -181,7 +178,7 @@ class Target:
         try:
             logits, hidden = self._model_call(ids[None], positions[None], mask, n + 1, features)
         except BaseException:
-            _truncate(self.cache, start)  # a failed pass (bad id, out of memory) leaves the cache as it was
+            truncate(self.cache, start)  # a failed pass (bad id, out of memory) leaves the cache as it was
             raise
         self._last = _Pass(start, m, parents)
         feats = hidden[0] if features else None  # (m + n, H) after the final norm, or (m + n, k * H)
@@ -191,7 +188,7 @@ class Target:
                    features: bool | tuple[int, ...]) -> TargetOutput:
         """``forward`` for a draft with side rows (``specfamily.core.side_rows``): fed after the tree, masked off it,
         their logits returned apart and their cache entries dropped by ``commit``."""
-        _check_draft_tokens(side.tokens, self.vocab_size)
+        check_draft_tokens(side.tokens, self.vocab_size)
         n, s = len(parents), len(side)
         ids = torch.cat((ids, side.tokens.to(self._device, non_blocking=True)))  # (m + n + s,)
         layout = self._layout(m, parents, side)
@@ -199,7 +196,7 @@ class Target:
             logits, hidden = self._model_call(ids[None], (layout.offsets + start)[None], layout.mask(start), n + 1 + s,
                                               features)
         except BaseException:
-            _truncate(self.cache, start)
+            truncate(self.cache, start)
             raise
         self._last = _Pass(start, m, parents, s)
         feats = hidden[0, : m + n] if features else None
@@ -244,14 +241,14 @@ class Target:
         if last is None:
             raise RuntimeError("commit() needs a forward() first")
         accepted = list(accepted_nodes)
-        _check_path(accepted, last.parents)
+        check_path(accepted, last.parents)
         base, k = last.start + last.m, len(accepted)
         kept = next((i for i, node in enumerate(accepted) if node != i), k)  # the path's prefix already in place
         if kept < k:  # rewrite only the entries that move: accepted[kept:] to base + kept ...
             src = torch.tensor(accepted[kept:], dtype=torch.long).to(self._device, non_blocking=True) + base
-            _gather_tail(self.cache, base + kept, src)
+            gather_tail(self.cache, base + kept, src)
         if k < len(last.parents) or last.side:  # else the cache holds exactly the pending tokens and the whole draft
-            _truncate(self.cache, base + k)
+            truncate(self.cache, base + k)
         self.cached_length = base + k
         self._last = None
 
@@ -261,7 +258,7 @@ class Target:
             raise RuntimeError("commit() the last forward before rolling back")
         if not 0 <= length <= self.cached_length:
             raise ValueError(f"cannot roll back to {length} tokens: {self.cached_length} are cached")
-        _truncate(self.cache, length)
+        truncate(self.cache, length)
         self.cached_length = length
 
     def _layout(self, m: int, parents: tuple[int, ...], side: SideRows | None = None) -> TreeLayout:

@@ -61,7 +61,7 @@ def test_tree_commit_indexes_each_layer_on_its_own_device():
         layers = [_Layer("cpu"), _Layer("meta"), _Layer("meta")]
 
     cache = Cache()
-    target_module._gather_tail(cache, 2, torch.tensor([3, 5]))
+    target_module.gather_tail(cache, 2, torch.tensor([3, 5]))
     for layer in cache.layers:
         assert layer.keys.index_devices == [layer.keys.device] and layer.values.index_devices == [layer.keys.device]
     assert cache.layers[0].keys.data.view(-1).tolist() == [0, 1, 3, 5, 4, 5]
@@ -92,8 +92,8 @@ def test_commit_rewrites_only_the_entries_that_move(tiny_model, monkeypatch):
     target.forward(torch.arange(6))
     target.commit([])
     moves = []
-    real = target_module._gather_tail
-    monkeypatch.setattr(target_module, "_gather_tail",
+    real = target_module.gather_tail
+    monkeypatch.setattr(target_module, "gather_tail",
                         lambda cache, base, src: (moves.append((base, src.tolist())), real(cache, base, src)))
     target.forward(torch.tensor([7]), Draft(torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([-1, -1, 0, 0, 1, 2])))
     before = [(layer.keys.clone(), layer.values.clone()) for layer in target.cache.layers]
