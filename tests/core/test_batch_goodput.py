@@ -4,7 +4,11 @@ tied longest requests together (they all advance, or the batch does not end soon
 import math
 
 import pytest
+import torch
+from batch_clock import priced_run
+from flawed_oracle import FlawedOracle
 
+from specfamily.core import batch_loop
 from specfamily.core.batch_goodput import (
     Realized,
     backoff,
@@ -15,7 +19,8 @@ from specfamily.core.batch_goodput import (
     realized_gain,
 )
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, finishing, plan_lengths
-from specfamily.testing import tiny_target
+from specfamily.core.types import Draft
+from specfamily.testing import OracleDrafter, tiny_target
 
 SURE = Prospect([0.9] * 4, [1] * 4)
 NONE = Prospect((), ())  # a request with nothing to propose (prompt lookup without a match)
@@ -102,3 +107,132 @@ def test_the_last_wave_values_the_slots_projected_to_end_last():
     assert last_wave([], 0, 8) == []
     with pytest.raises(ValueError, match="a last wave has at most one waiting request a slot: 3 for 2"):
         last_wave([1, 2], 3, 8)
+
+
+# The correction through the length policy and the batched loop (LengthPolicy.settle, kept across runs)
+
+def test_a_realized_gain_is_goodput_over_a_plain_passes_and_the_correction_sums_a_window():
+    assert realized_gain(8.0, 2.0, 4.0, 1.0) == pytest.approx(1.0)
+    assert realized_gain(4.0, 2.0, 4.0, 1.0) == pytest.approx(0.5)
+    assert realized_gain(0.0, 0.0, 4.0, 1.0) == 1.0  # an untimed pass says nothing
+    assert Realized().correction() == pytest.approx(0.95)  # no evidence: the doubtful prior
+    window = Realized(window=4, least=3, doubt=0.95, weight=2.0)
+    window.add(2.0, 1.0)
+    assert window.correction() == pytest.approx((0.5 + 1.9) / 3)  # one unlucky pass, weighed against the prior
+    window.add(2.0, 1.0)
+    assert window.correction() == pytest.approx((2 * 0.5 + 1.9) / 4)
+    window.add(2.0, 3.0)  # one lucky pass among losing ones: the ratio counts in full from 3 passes on
+    assert window.correction() == pytest.approx(5.0 / 6.0)
+    assert Realized(passes=[(1.0, 3.0)] * 3).correction() == 1.0  # never above 1: it only holds back
+    assert Realized(passes=[(1.0, 1.0)] * 3).correction() == pytest.approx((3 + 1.9) / 5)  # borne out by 3: not yet 1
+    for _ in range(4):
+        window.add(2.0, 0.5)
+    assert window.correction() == pytest.approx(0.25)  # only the latest 4 count
+    assert window.correction(borrowed=[(1.0, 1.0)] * 4) == pytest.approx(6 / 12)  # a neighbour's passes pooled
+
+
+def cheap(batch: int, rows: int) -> float:
+    """A pass costs 1 plus a little a row: drafts that are accepted pay, drafts that are not lose ~15% a pass."""
+    return 1.0 + 0.01 * rows
+
+
+def _settled(policy: LengthPolicy, batch: int, passes: int, accepts) -> list[int]:
+    """Draft rows on each of ``passes`` passes at ``batch`` whose plans predict 0.9 per depth, 4 deep; a drafted pass
+    accepts ``accepts(i, depth)`` tokens of each request's draft on pass i, and is settled at ``cheap``'s cost."""
+    drafted = []
+    for i in range(passes):
+        lengths = policy.lengths([Prospect.planned([0.9] * 4, 1.0, 4)] * batch)
+        rows = batch + sum(lengths)
+        policy.timed(batch, rows, max(lengths), 0.0, cheap(batch, rows))
+        policy.settle([1 + accepts(i, g) for g in lengths], cheap(batch, rows))
+        drafted.append(sum(lengths))
+    return drafted
+
+
+def test_drafts_predicted_to_pay_that_are_never_accepted_stop_but_for_probes():
+    """Without the realized check the plan drafts on every pass (but for refreshes): nothing it predicts changes."""
+    policy = LengthPolicy(probe_every=4, max_backoff=2)
+    drafted = _settled(policy, 4, 80, lambda i, depth: 0)
+    first = [i for i, r in enumerate(drafted) if r > 0]
+    assert first[:4] == [1, 2, 3, 4]  # exploring, then the 3 passes the correction needs before it judges
+    probes = [i for i in first if i > 4]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps[0] == 8 and set(gaps[1:]) == {16}  # the back-off, as before
+    assert policy.correction(4) < 0.5 and policy.losing[4] == len(probes)
+    unchecked = LengthPolicy(probe_every=4, max_backoff=2)
+    unchecked.settle = lambda committed, seconds: None
+    assert sum(r > 0 for r in _settled(unchecked, 4, 80, lambda i, depth: 0)) >= 75
+
+
+def test_drafts_that_start_paying_after_a_losing_stretch_are_drafted_again_within_the_backoff():
+    policy = LengthPolicy(probe_every=4, max_backoff=2)
+    start = 40
+    drafted = _settled(policy, 4, 100, lambda i, depth: depth if i >= start else 0)
+    assert sum(r > 0 for r in drafted[20:start]) <= 3  # stopped but for probes
+    back = next(i for i in range(start, len(drafted)) if drafted[i] > 0)
+    assert back - start <= 4 * 2**2  # the first probe after the drafts pay comes within the longest back-off
+    assert sum(r > 0 for r in drafted[-30:]) >= 28  # drafting on (but for a refresh), the correction recovered
+    assert policy.correction(4) > 0.8
+
+
+class WrongOracle(OracleDrafter):
+    """The target's greedy continuation with every token wrong: never a token accepted."""
+
+    def propose(self, ctx, gamma):
+        return Draft.chain([(t + 1) % 64 for t in super().propose(ctx, gamma).tokens.tolist()])
+
+
+def _hopeful(monkeypatch):
+    """Every request's acceptance estimate stays at 0.9 a depth whatever its passes accepted: a plan that keeps
+    predicting drafts to pay (as prompt lookup's seen drafts did at B=8, docs/batching.md)."""
+    monkeypatch.setattr(batch_loop._Batch, "_alpha", lambda self, request, pooled=None: [0.9] * 4)
+
+
+def test_generate_batch_stops_drafts_that_never_pay_and_keeps_plain_speed(monkeypatch):
+    _hopeful(monkeypatch)
+    arrivals = [0.0] * 4
+    seen = []
+    priced_run(monkeypatch, cheap, lambda t: WrongOracle(t, gamma=4, policy="auto", horizon=200), arrivals, seen,
+                max_new_tokens=120)
+    steady = [sum(d) > 0 for batch, d, s in seen if s and batch == 4]
+    assert len(steady) >= 100 and sum(steady[:6]) >= 3  # it did draft, as predicted, at first
+    assert sum(steady[6:]) <= 5  # then only probes
+    drafted_time = sum(cheap(b, b + sum(d)) for b, d, _ in seen)
+    plain = []
+    priced_run(monkeypatch, cheap, lambda t: None, arrivals, plain, max_new_tokens=120)
+    plain_time = sum(cheap(b, b + sum(d)) for b, d, _ in plain)
+    assert plain_time / drafted_time >= 0.98  # the same tokens: tokens per second against the plain run's
+
+
+def test_generate_batch_keeps_drafting_accepted_drafts_as_often_as_without_the_check(monkeypatch):
+    def share(settle: bool) -> float:
+        if not settle:
+            monkeypatch.setattr(batch_loop.LengthPolicy, "settle", lambda self, committed, seconds: None)
+        seen = []
+        priced_run(monkeypatch, cheap, lambda t: FlawedOracle(t, gamma=4, policy="auto", horizon=200), [0.0] * 4,
+                    seen, max_new_tokens=120)
+        steady = [sum(d) > 0 for batch, d, s in seen if s and batch == 4]
+        return sum(steady) / len(steady)
+
+    checked = share(True)
+    assert checked == share(False) and checked > 0.9
+
+
+def test_a_later_run_starts_from_what_earlier_runs_realized(monkeypatch):
+    """What drafted passes realized is kept on the target per drafter class and B: a second run of drafts that never
+    pay (a fresh drafter, as a sweep creates one a run) starts backed off instead of relearning, and a run at a
+    neighbouring B borrows the losing window."""
+    _hopeful(monkeypatch)
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafted = []
+    for arrivals in ([0.0] * 4, [0.0] * 4, [0.0] * 3):
+        seen = []
+        priced_run(monkeypatch, cheap, lambda t: WrongOracle(t, gamma=4, policy="auto", horizon=200), arrivals, seen,
+                    max_new_tokens=60, target=target)
+        drafted.append([sum(d) > 0 for batch, d, s in seen if s and batch == len(arrivals)])
+    first, second, neighbour = drafted
+    assert sum(first[:6]) >= 3  # the first run drafts as predicted until its window says otherwise
+    assert sum(second) <= 1  # the same load again: a probe at most, where the first run drafted until it had learned
+    assert sum(neighbour) <= 3 < sum(first)  # a neighbouring load: B=4's correction borrowed, its back-off too
+    kept = target.batch_realized["WrongOracle"]
+    assert kept[4].correction() < 0.5 and kept[4].losing >= 1 and kept[3].correction() < 0.5

@@ -5,26 +5,24 @@ import re
 
 import pytest
 import torch
+from batch_clock import priced_run
 from flawed_oracle import FlawedOracle
 
 import specfamily as sf
 from specfamily.core import batch_loop
-from specfamily.core.arrivals import LoopClock
 from specfamily.core.batch_goodput import last_wave
 from specfamily.core.batch_lengths import (
     LengthPolicy,
     Prospect,
-    Realized,
     RowCosts,
     Tally,
     finishing,
     plan_lengths,
     proposing,
-    realized_gain,
     truncated,
 )
 from specfamily.core.types import Draft
-from specfamily.testing import OracleDrafter, tiny_target
+from specfamily.testing import tiny_target
 
 
 def test_row_costs_are_medians_where_measured_and_a_curve_over_rows_elsewhere():
@@ -117,7 +115,7 @@ def test_generate_batch_drafts_for_every_request_while_many_wait_then_for_the_sl
 
     monkeypatch.setattr(batch_loop._Batch, "_step", recorded)
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
-    _, seen = _priced_run(monkeypatch, flat, drafter_of, [0.0] * 12, max_batch=4, max_new_tokens=24)
+    _, seen = priced_run(monkeypatch, flat, drafter_of, [0.0] * 12, max_batch=4, max_new_tokens=24)
     assert len(states) == len(seen)
     shorter = {True: 0, False: 0}  # drafted passes in which a slot with fewer tokens left than another drafted
     drafted = {True: 0, False: 0}
@@ -203,46 +201,12 @@ def test_a_probe_that_pays_resets_the_backoff():
     assert policy.losing[16] == 0 and policy.idle[16] == 0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-
-
-def _priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None, max_batch=None, max_new_tokens=60, target=None):
-    """generate_batch on a fake clock where each target pass costs cost(B, N) (N: the rows fed); the greedy texts,
-    and (B, each slot's draft length, steady) of every pass."""
-    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32) if target is None else target
-    clock, seen = FakeClock(), [] if passes is None else passes
-    forward = batch_loop.BatchTarget.forward
-
-    def priced(self, lo, feeds, features=False):
-        rows = sum(feed.pending.numel() + len(feed.draft) for feed in feeds)
-        seen.append((len(feeds), [len(feed.draft) for feed in feeds], all(f.pending.numel() == 1 for f in feeds)))
-        clock.t += cost(len(feeds), rows)
-        return forward(self, lo, feeds, features)
-
-    monkeypatch.setattr(batch_loop.BatchTarget, "forward", priced)
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 64, (3 + i,), generator=gen).tolist() for i in range(len(arrivals))]
-    results = sf.generate_batch(target, drafter_of(target), prompts, max_new_tokens=max_new_tokens, arrivals=arrivals,
-                                clock=LoopClock(clock.now, clock.sleep), max_batch=max_batch)
-    greedy = [sf.generate(target, None, p, max_new_tokens=max_new_tokens).tokens for p in prompts]
-    assert [r.tokens for r in results] == greedy
-    return results, seen
-
-
 @pytest.mark.parametrize("cost", [steep, flat])
 def test_generate_batch_plans_each_requests_length_from_what_its_passes_cost(monkeypatch, cost):
     """Request 0 runs alone, then 7 arrive together: with the steep cost it drafts alone and decodes plainly at B=7
     (but for probes); with the flat one it drafts at both. The texts are greedy's."""
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
-    results, seen = _priced_run(monkeypatch, cost, drafter_of, [0.0] + [1000.0] * 7)
+    results, seen = priced_run(monkeypatch, cost, drafter_of, [0.0] + [1000.0] * 7)
     alone = [sum(d) for batch, d, steady in seen if batch == 1 and steady]
     loaded = [d for batch, d, steady in seen if batch == 7 and steady]
     assert len(alone) >= 8 and len(loaded) >= 8
@@ -274,7 +238,7 @@ def test_cheap_deterministic_drafts_are_proposed_whole_then_cut_to_the_plan(monk
 
     monkeypatch.setattr(batch_loop, "propose_batch", spy)
     seen = []
-    _priced_run(monkeypatch, lambda b, n: 1.0 + 0.01 * n, lambda t: sf.create_drafter("prompt_lookup", t),
+    priced_run(monkeypatch, lambda b, n: 1.0 + 0.01 * n, lambda t: sf.create_drafter("prompt_lookup", t),
                 [0.0] * 4, seen)
     steady = [d for batch, d, s in seen if s and batch == 4]
     assert any(0 in d and max(d) > 0 for d in steady)  # one request fed its root alone beside drafting ones
@@ -292,130 +256,3 @@ def test_pass_costs_are_kept_on_the_target_across_runs():
     assert RowCosts.of(target).known(3, 3)  # the next run (another drafter) starts from what this one measured
     assert all(isinstance(b, int) and isinstance(n, int) for b, n in target.batch_pass_costs)
     assert not RowCosts.of(object()).passes  # a target without the attribute: the run's own costs
-
-
-def test_a_realized_gain_is_goodput_over_a_plain_passes_and_the_correction_sums_a_window():
-    assert realized_gain(8.0, 2.0, 4.0, 1.0) == pytest.approx(1.0)
-    assert realized_gain(4.0, 2.0, 4.0, 1.0) == pytest.approx(0.5)
-    assert realized_gain(0.0, 0.0, 4.0, 1.0) == 1.0  # an untimed pass says nothing
-    assert Realized().correction() == pytest.approx(0.95)  # no evidence: the doubtful prior
-    window = Realized(window=4, least=3, doubt=0.95, weight=2.0)
-    window.add(2.0, 1.0)
-    assert window.correction() == pytest.approx((0.5 + 1.9) / 3)  # one unlucky pass, weighed against the prior
-    window.add(2.0, 1.0)
-    assert window.correction() == pytest.approx((2 * 0.5 + 1.9) / 4)
-    window.add(2.0, 3.0)  # one lucky pass among losing ones: the ratio counts in full from 3 passes on
-    assert window.correction() == pytest.approx(5.0 / 6.0)
-    assert Realized(passes=[(1.0, 3.0)] * 3).correction() == 1.0  # never above 1: it only holds back
-    assert Realized(passes=[(1.0, 1.0)] * 3).correction() == pytest.approx((3 + 1.9) / 5)  # borne out by 3: not yet 1
-    for _ in range(4):
-        window.add(2.0, 0.5)
-    assert window.correction() == pytest.approx(0.25)  # only the latest 4 count
-    assert window.correction(borrowed=[(1.0, 1.0)] * 4) == pytest.approx(6 / 12)  # a neighbour's passes pooled
-
-
-def cheap(batch: int, rows: int) -> float:
-    """A pass costs 1 plus a little a row: drafts that are accepted pay, drafts that are not lose ~15% a pass."""
-    return 1.0 + 0.01 * rows
-
-
-def _settled(policy: LengthPolicy, batch: int, passes: int, accepts) -> list[int]:
-    """Draft rows on each of ``passes`` passes at ``batch`` whose plans predict 0.9 per depth, 4 deep; a drafted pass
-    accepts ``accepts(i, depth)`` tokens of each request's draft on pass i, and is settled at ``cheap``'s cost."""
-    drafted = []
-    for i in range(passes):
-        lengths = policy.lengths([Prospect.planned([0.9] * 4, 1.0, 4)] * batch)
-        rows = batch + sum(lengths)
-        policy.timed(batch, rows, max(lengths), 0.0, cheap(batch, rows))
-        policy.settle([1 + accepts(i, g) for g in lengths], cheap(batch, rows))
-        drafted.append(sum(lengths))
-    return drafted
-
-
-def test_drafts_predicted_to_pay_that_are_never_accepted_stop_but_for_probes():
-    """Without the realized check the plan drafts on every pass (but for refreshes): nothing it predicts changes."""
-    policy = LengthPolicy(probe_every=4, max_backoff=2)
-    drafted = _settled(policy, 4, 80, lambda i, depth: 0)
-    first = [i for i, r in enumerate(drafted) if r > 0]
-    assert first[:4] == [1, 2, 3, 4]  # exploring, then the 3 passes the correction needs before it judges
-    probes = [i for i in first if i > 4]
-    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
-    assert gaps[0] == 8 and set(gaps[1:]) == {16}  # the back-off, as before
-    assert policy.correction(4) < 0.5 and policy.losing[4] == len(probes)
-    unchecked = LengthPolicy(probe_every=4, max_backoff=2)
-    unchecked.settle = lambda committed, seconds: None
-    assert sum(r > 0 for r in _settled(unchecked, 4, 80, lambda i, depth: 0)) >= 75
-
-
-def test_drafts_that_start_paying_after_a_losing_stretch_are_drafted_again_within_the_backoff():
-    policy = LengthPolicy(probe_every=4, max_backoff=2)
-    start = 40
-    drafted = _settled(policy, 4, 100, lambda i, depth: depth if i >= start else 0)
-    assert sum(r > 0 for r in drafted[20:start]) <= 3  # stopped but for probes
-    back = next(i for i in range(start, len(drafted)) if drafted[i] > 0)
-    assert back - start <= 4 * 2**2  # the first probe after the drafts pay comes within the longest back-off
-    assert sum(r > 0 for r in drafted[-30:]) >= 28  # drafting on (but for a refresh), the correction recovered
-    assert policy.correction(4) > 0.8
-
-
-class WrongOracle(OracleDrafter):
-    """The target's greedy continuation with every token wrong: never a token accepted."""
-
-    def propose(self, ctx, gamma):
-        return Draft.chain([(t + 1) % 64 for t in super().propose(ctx, gamma).tokens.tolist()])
-
-
-def _hopeful(monkeypatch):
-    """Every request's acceptance estimate stays at 0.9 a depth whatever its passes accepted: a plan that keeps
-    predicting drafts to pay (as prompt lookup's seen drafts did at B=8, docs/batching.md)."""
-    monkeypatch.setattr(batch_loop._Batch, "_alpha", lambda self, request, pooled=None: [0.9] * 4)
-
-
-def test_generate_batch_stops_drafts_that_never_pay_and_keeps_plain_speed(monkeypatch):
-    _hopeful(monkeypatch)
-    arrivals = [0.0] * 4
-    seen = []
-    _priced_run(monkeypatch, cheap, lambda t: WrongOracle(t, gamma=4, policy="auto", horizon=200), arrivals, seen,
-                max_new_tokens=120)
-    steady = [sum(d) > 0 for batch, d, s in seen if s and batch == 4]
-    assert len(steady) >= 100 and sum(steady[:6]) >= 3  # it did draft, as predicted, at first
-    assert sum(steady[6:]) <= 5  # then only probes
-    drafted_time = sum(cheap(b, b + sum(d)) for b, d, _ in seen)
-    plain = []
-    _priced_run(monkeypatch, cheap, lambda t: None, arrivals, plain, max_new_tokens=120)
-    plain_time = sum(cheap(b, b + sum(d)) for b, d, _ in plain)
-    assert plain_time / drafted_time >= 0.98  # the same tokens: tokens per second against the plain run's
-
-
-def test_generate_batch_keeps_drafting_accepted_drafts_as_often_as_without_the_check(monkeypatch):
-    def share(settle: bool) -> float:
-        if not settle:
-            monkeypatch.setattr(batch_loop.LengthPolicy, "settle", lambda self, committed, seconds: None)
-        seen = []
-        _priced_run(monkeypatch, cheap, lambda t: FlawedOracle(t, gamma=4, policy="auto", horizon=200), [0.0] * 4,
-                    seen, max_new_tokens=120)
-        steady = [sum(d) > 0 for batch, d, s in seen if s and batch == 4]
-        return sum(steady) / len(steady)
-
-    checked = share(True)
-    assert checked == share(False) and checked > 0.9
-
-
-def test_a_later_run_starts_from_what_earlier_runs_realized(monkeypatch):
-    """What drafted passes realized is kept on the target per drafter class and B: a second run of drafts that never
-    pay (a fresh drafter, as a sweep creates one a run) starts backed off instead of relearning, and a run at a
-    neighbouring B borrows the losing window."""
-    _hopeful(monkeypatch)
-    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
-    drafted = []
-    for arrivals in ([0.0] * 4, [0.0] * 4, [0.0] * 3):
-        seen = []
-        _priced_run(monkeypatch, cheap, lambda t: WrongOracle(t, gamma=4, policy="auto", horizon=200), arrivals, seen,
-                    max_new_tokens=60, target=target)
-        drafted.append([sum(d) > 0 for batch, d, s in seen if s and batch == len(arrivals)])
-    first, second, neighbour = drafted
-    assert sum(first[:6]) >= 3  # the first run drafts as predicted until its window says otherwise
-    assert sum(second) <= 1  # the same load again: a probe at most, where the first run drafted until it had learned
-    assert sum(neighbour) <= 3 < sum(first)  # a neighbouring load: B=4's correction borrowed, its back-off too
-    kept = target.batch_realized["WrongOracle"]
-    assert kept[4].correction() < 0.5 and kept[4].losing >= 1 and kept[3].correction() < 0.5
