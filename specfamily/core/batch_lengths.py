@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specfamily.core.batch_goodput import Realized, backoff, correction, plan_together, realized_gain
+from specfamily.core.batch_goodput import Realized, backoff, correction, last_wave, plan_together, realized_gain
 from specfamily.core.types import Draft
 
 __all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
@@ -343,14 +343,16 @@ def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
     return lengths, gain
 
 
-def finishing(prospects: Sequence[Prospect], remaining: Sequence[int]) -> list[Prospect]:
-    """The prospects valued for a batch that is finishing (no request waits for a slot): the batch's remaining time
-    is the passes its longest request still needs, so only the requests with the most tokens ``remaining`` keep
-    their value (1); a shorter request's tokens would end it sooner but not the batch, and a narrower batch costs
-    about as much a pass, so its draft rows are worth nothing (value 0: it drafts nothing). Re-decided every pass:
-    once the longest has gained, the next longest counts."""
-    most = max(remaining, default=0)
-    return [replace(p, value=1.0 if left == most else 0.0) for p, left in zip(prospects, remaining, strict=True)]
+def finishing(prospects: Sequence[Prospect], remaining: Sequence[int], waiting: int = 0,
+              budget: int = 0) -> list[Prospect]:
+    """The prospects valued for a batch in its last wave (:func:`~specfamily.core.batch_goodput.last_wave`: the
+    ``waiting`` requests of ``budget`` tokens each go to the slots that free first). With none waiting the batch's
+    remaining time is the passes its longest request still needs, so only the requests with the most tokens
+    ``remaining`` keep their value (1); a shorter request's tokens would end it sooner but not the batch, and a
+    narrower batch costs about as much a pass, so its draft rows are worth nothing (value 0: it drafts nothing).
+    Re-decided every pass: once the longest has gained, the next longest counts."""
+    values = last_wave(remaining, waiting, budget)
+    return [replace(p, value=v) for p, v in zip(prospects, values, strict=True)]
 
 
 def truncated(draft: Draft, depth: int) -> Draft:

@@ -26,8 +26,8 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_goodput import kept_realized, last_wave
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, proposing, truncated
+from specfamily.core.batch_goodput import kept_realized
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -300,8 +300,7 @@ class _Batch:
         then draft together or not at all."""
         if self.wave is None:
             return prospects
-        values = last_wave([self.budget - len(r.new_tokens) for r in group], self.wave, self.budget)
-        return [replace(p, value=v) for p, v in zip(prospects, values, strict=True)]
+        return finishing(prospects, [self.budget - len(r.new_tokens) for r in group], self.wave, self.budget)
 
     def _pooled(self) -> list[float]:
         """The batch's pooled per-depth acceptance over the drafter's prior (the prototype's policy, which never
