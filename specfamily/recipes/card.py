@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedTokenizerFast
 
+from specfamily.core.target_cache import truncate
 from specfamily.io.files import write_text_atomically
 from specfamily.train.tokens import fixed_windows
 
@@ -164,13 +165,6 @@ def greedy_agreement(target, draft, prompts: list[list[int]], new_tokens: int) -
     return pooled_rate(hits, counts)
 
 
-def _truncate(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer of a DynamicCache."""
-    for layer in cache.layers:
-        if layer.keys is not None and layer.keys.numel():
-            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
-
-
 @torch.no_grad()
 def forward_ms(model, context: torch.Tensor, n: int, repeats: int, warmup: int = 3) -> float:
     """Median ms of one forward of ``n`` tokens on top of a KV cache of ``context`` (1, L)."""
@@ -184,7 +178,7 @@ def forward_ms(model, context: torch.Tensor, n: int, repeats: int, warmup: int =
         started = time.perf_counter()
         model(input_ids=step, use_cache=True, **{cache_kw: cache})
         elapsed = time.perf_counter() - started
-        _truncate(cache, length)
+        truncate(cache, length)
         if i >= warmup:
             times.append(elapsed * 1000)
     return statistics.median(times)
