@@ -26,6 +26,10 @@ verifier's own tests) can assert "one synchronisation a pass" in CI:
                               nonzero, masked_select, unique*, bincount,
                               repeat_interleave without output_size, a boolean index (nonzero), equal, mode
                               (some, unique, may wait inside thrust, which the debug mode does not flag)
+  ``read inside an op``       reads an aten op makes inside itself (no dispatch mode sees them; CUDA's kernels share
+                              them): multinomial without replacement or of one sample, 2 (its probabilities checked,
+                              Distributions.cpp), searchsorted with a sorter, 2 (the sorter's range,
+                              BucketizationUtils.h), normal with a tensor std, 1 (std >= 0, DistributionTemplates.h)
   ==========================  =========================================================================================
 
   Non-blocking copies are listed in ``queued`` and not counted (CUDA's debug mode does not flag them either).
@@ -153,6 +157,7 @@ class SyncCounter(TorchDispatchMode):
         kind, queued = classify(func, args, kwargs)
         if kind is not None:
             (self.queued if queued else self.syncs).append(Sync(kind, str(func), caller()))
+        self.syncs += [Sync("read inside an op", str(func), caller()) for _ in range(reads_inside(func, args, kwargs))]
         return execute(func, args, kwargs)
 
 
@@ -208,6 +213,22 @@ def classify(func, args: tuple, kwargs: dict) -> tuple[str | None, bool]:
     if func is _aten.where.self and any(not isinstance(t, StandIn) and t.dim() == 0 for t in args[:3]):
         return "copy to device", False
     return None, False
+
+
+def reads_inside(func, args: tuple, kwargs: dict) -> int:
+    """How many values ``func`` reads back inside itself on these operands (0 unless a stand-in is one of them):
+    the ``read inside an op`` row of the module docstring's table."""
+    if not any(isinstance(leaf, StandIn) for leaf in tree_flatten((args, kwargs))[0]):
+        return 0
+    if func is _aten.multinomial.default:
+        samples, replacement = args[1], args[2] if len(args) > 2 else kwargs.get("replacement", False)
+        return 2 if args[0].numel() and (not replacement or samples == 1) else 0
+    if func in (_aten.searchsorted.Tensor, _aten.searchsorted.Scalar):
+        sorter = kwargs.get("sorter")
+        return 2 if sorter is not None and sorter.numel() else 0
+    if func in (_aten.normal.Tensor_Tensor, _aten.normal.float_Tensor):
+        return 1 if args[1].numel() else 0
+    return 0
 
 
 def _transfer(func, args: tuple, kwargs: dict) -> tuple[str | None, bool]:

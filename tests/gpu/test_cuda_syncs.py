@@ -46,6 +46,12 @@ CATALOGUE = {  # name: fn(x, device) -> anything, x a float64 (6,) tensor on the
     "arithmetic, views, python scalars": lambda x, d: torch.where(x > 2, 3, x).cumsum(0).div_(2)[1:],
     "write through a view": lambda x, d: x.clone().__setitem__(0, x[5]),
     "searchsorted, argmax, cat": lambda x, d: torch.cat([torch.searchsorted(x, x[2:3]), x.argmax().view(1)]),
+    # reads inside one op (the counter's "read inside an op"): 2, 2, 0, 2, 1
+    "multinomial, one sample": lambda x, d: torch.multinomial(x + 1, 1),
+    "multinomial without replacement": lambda x, d: torch.multinomial(x + 1, 3),
+    "multinomial with replacement": lambda x, d: torch.multinomial(x + 1, 3, replacement=True),
+    "searchsorted with a sorter": lambda x, d: torch.searchsorted(x, x[2:3], sorter=torch.arange(6, device=d)),
+    "normal, tensor std": lambda x, d: torch.normal(x, x + 1),
 }
 
 

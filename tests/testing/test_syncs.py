@@ -230,3 +230,25 @@ def test_the_raw_debug_mode_count_leaves_the_notice_out(fresh_process):
 def test_the_debug_modes_own_warning_tells_a_flagged_call_from_the_notice():
     assert is_sync_warning(FLAGGED) and is_sync_warning("called a synchronizing CUDA operation")
     assert not is_sync_warning(NOTICE) and not is_sync_warning("an unrelated warning")
+
+
+@pytest.mark.parametrize(("call", "reads"), [
+    (lambda p, g: torch.multinomial(p, 1, generator=g), 2),  # the drafters' draw of one token
+    (lambda p, g: torch.multinomial(p, 3, replacement=False, generator=g), 2),
+    (lambda p, g: torch.multinomial(p, 3, replacement=True, generator=g), 0),  # checked inside the kernel
+    (lambda p, g: torch.searchsorted(p[0], p[1, :3], sorter=p[0].argsort()), 2),
+    (lambda p, g: torch.searchsorted(p[0], p[1, :3]), 0),
+    (lambda p, g: torch.normal(p, p, generator=g), 1),
+    (lambda p, g: torch.normal(0.0, p, generator=g), 1),
+    (lambda p, g: torch.normal(p, 1.0, generator=g), 0),
+], ids=["multinomial-1", "multinomial-3-without", "multinomial-3-with", "searchsorted-sorter", "searchsorted",
+        "normal-tensors", "normal-float-mean", "normal-float-std"])
+def test_reads_inside_an_op_are_counted(call, reads):
+    """Reads torch makes inside one aten op, below anything a dispatch mode sees (CUDA's kernels share them):
+    multinomial's two checks of its probabilities (without replacement or for one sample: Distributions.cpp), the
+    sorter's range in searchsorted (BucketizationUtils.h), a tensor std's sign in normal (DistributionTemplates.h)."""
+    p = torch.softmax(torch.randn(2, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    with SyncCounter() as syncs:
+        out = call(on_device(p), torch.Generator().manual_seed(1))
+    assert [s.kind for s in syncs.syncs] == ["read inside an op"] * reads, syncs
+    assert torch.equal(on_host(out), call(p, torch.Generator().manual_seed(1)))
