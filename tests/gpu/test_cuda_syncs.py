@@ -75,7 +75,7 @@ print(repr([str(w.message) for w in caught]))
 """
 
 
-def test_a_fresh_processs_first_count_is_one_item_one_synchronisation():
+def test_the_first_count_in_a_fresh_process_sees_one_synchronisation_for_one_item():
     """Session 15 counted 2 a pass in a pass that makes 1: in a fresh process, one .item() under the debug mode
     warns the flagged call and the notice of the process's first switch, whose text also says "synchronizing".
     Only the flagged call counts (specfamily.testing.syncs.is_sync_warning); the messages print when this fails."""
