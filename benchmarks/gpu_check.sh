@@ -9,8 +9,10 @@
 #      uniforms, one host synchronisation a pass, the textbook law), a tree commit on a cache split over CPU and
 #      GPU, a training step of each trainer in fp32 and bf16. The whole CUDA matrix (every drafter x mode x sampling setting): pytest -m cuda tests/gpu.
 #  1c. host synchronisations per verification pass (benchmarks/gpu_syncs.py): each one named by its aten op and
-#      line under torch.cuda's sync debug mode, beside the CPU stand-in count (specfamily.testing.syncs); the
-#      counter itself is checked against the debug mode op by op in tests/gpu/test_cuda_syncs.py (step 1);
+#      file:line under torch.cuda's sync debug mode, beside the CPU stand-in count (specfamily.testing.syncs); the
+#      debug mode's one-time notice shows on the first pass, not counted (session 15's tests counted it: their "2 a
+#      pass", docs/gpu-h200.md); the counter itself is checked against the debug mode op by op in
+#      tests/gpu/test_cuda_syncs.py (step 1);
 #   2. the verifier's time per pass on CUDA tensors (informational): the device walk (one host sync a pass)
 #      against the host walk (p and q copied to the host once), and verify_draft (warp + walk), V 4096 / 49152;
 #   3. one benchmark: benchmarks/peer.py on zoo:code-target (shipped in the repository) on the GPU in float32;

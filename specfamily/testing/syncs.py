@@ -26,6 +26,10 @@ verifier's own tests) can assert "one synchronisation a pass" in CI:
                               nonzero, masked_select, unique*, bincount,
                               repeat_interleave without output_size, a boolean index (nonzero), equal, mode
                               (some, unique, may wait inside thrust, which the debug mode does not flag)
+  ``read inside an op``       reads an aten op makes inside itself (no dispatch mode sees them; CUDA's kernels share
+                              them): multinomial without replacement or of one sample, 2 (its probabilities checked,
+                              Distributions.cpp), searchsorted with a sorter, 2 (the sorter's range,
+                              BucketizationUtils.h), normal with a tensor std, 1 (std >= 0, DistributionTemplates.h)
   ==========================  =========================================================================================
 
   Non-blocking copies are listed in ``queued`` and not counted (CUDA's debug mode does not flag them either).
@@ -52,7 +56,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 STAND_IN = torch.device("meta")  # the device stand-ins report
-_SYNC_WARNING = "synchronizing"  # in torch.cuda's debug-mode warning: "called a synchronizing CUDA operation"
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch.cuda's debug mode, at each flagged call (c10/cuda)
+DEBUG_MODE_NOTICE = "Synchronization debug mode is a prototype feature"  # once a process: no synchronisation
 
 _aten = torch.ops.aten
 _DATA_DEPENDENT = {
@@ -152,6 +157,7 @@ class SyncCounter(TorchDispatchMode):
         kind, queued = classify(func, args, kwargs)
         if kind is not None:
             (self.queued if queued else self.syncs).append(Sync(kind, str(func), caller()))
+        self.syncs += [Sync("read inside an op", str(func), caller()) for _ in range(reads_inside(func, args, kwargs))]
         return execute(func, args, kwargs)
 
 
@@ -207,6 +213,22 @@ def classify(func, args: tuple, kwargs: dict) -> tuple[str | None, bool]:
     if func is _aten.where.self and any(not isinstance(t, StandIn) and t.dim() == 0 for t in args[:3]):
         return "copy to device", False
     return None, False
+
+
+def reads_inside(func, args: tuple, kwargs: dict) -> int:
+    """How many values ``func`` reads back inside itself on these operands (0 unless a stand-in is one of them):
+    the ``read inside an op`` row of the module docstring's table."""
+    if not any(isinstance(leaf, StandIn) for leaf in tree_flatten((args, kwargs))[0]):
+        return 0
+    if func is _aten.multinomial.default:
+        samples, replacement = args[1], args[2] if len(args) > 2 else kwargs.get("replacement", False)
+        return 2 if args[0].numel() and (not replacement or samples == 1) else 0
+    if func in (_aten.searchsorted.Tensor, _aten.searchsorted.Scalar):
+        sorter = kwargs.get("sorter")
+        return 2 if sorter is not None and sorter.numel() else 0
+    if func in (_aten.normal.Tensor_Tensor, _aten.normal.float_Tensor):
+        return 1 if args[1].numel() else 0
+    return 0
 
 
 def _transfer(func, args: tuple, kwargs: dict) -> tuple[str | None, bool]:
@@ -269,11 +291,13 @@ def caller() -> str:
 class CudaSyncOps(TorchDispatchMode):
     """On a CUDA machine: which aten ops torch.cuda's sync debug mode flagged while the code inside ran, each with
     the caller's file:line (``syncs``, kind ``"cuda"``); a flagged call outside any aten op is listed as op
-    ``"(outside aten)"``. For tracing what :class:`SyncCounter` may not model (tests/gpu, benchmarks/gpu_check.sh)."""
+    ``"(outside aten)"``. For tracing what :class:`SyncCounter` may not model (tests/gpu, benchmarks/gpu_check.sh).
+    ``notices``: the debug mode's one-time notice, when this count got it (not counted: :func:`is_sync_warning`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.syncs: list[Sync] = []
+        self.notices: list[str] = []
 
     def __enter__(self):
         self._outer = warnings.catch_warnings(record=True)
@@ -290,10 +314,12 @@ class CudaSyncOps(TorchDispatchMode):
             torch.cuda.set_sync_debug_mode("default")
             self._outer.__exit__(None, None, None)
             for w in self._caught:  # flagged outside any op: counted; the others go on to the caller's filters
-                if _SYNC_WARNING in str(w.message):
+                if is_sync_warning(w.message):
                     self.syncs.append(Sync("cuda", "(outside aten)", f"{w.filename}:{w.lineno}"))
-                else:
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                    continue
+                if DEBUG_MODE_NOTICE in str(w.message):
+                    self.notices.append(str(w.message))
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     @property
     def count(self) -> int:
@@ -306,9 +332,31 @@ class CudaSyncOps(TorchDispatchMode):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = func(*args, **(kwargs or {}))
-        flagged = [w for w in caught if _SYNC_WARNING in str(w.message)]
+        flagged = [w for w in caught if is_sync_warning(w.message)]
         self.syncs += [Sync("cuda", str(func), caller()) for _ in flagged]
         for w in caught:  # everything else goes on to the code's own filters
             if w not in flagged:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return out
+
+
+def is_sync_warning(message: Warning | str) -> bool:
+    """Whether a warning is torch.cuda's sync debug mode flagging a synchronising call (c10's warn_or_error_on_sync:
+    "called a synchronizing CUDA operation"). Not the notice the first ``set_sync_debug_mode`` of a process warns
+    (torch/csrc/cuda/Module.cpp, TORCH_WARN_ONCE: "... does not yet detect all synchronizing operations"): a filter
+    on "synchronizing" took it for a flagged call, one more in the first count of each process (session 15's 2)."""
+    return SYNC_WARNING in str(message)
+
+
+def debug_mode_syncs(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """On a CUDA machine: fn()'s result and the file:line of each call torch.cuda's sync debug mode flagged while it
+    ran, with no dispatch mode in between (tests/gpu counts with it; :class:`CudaSyncOps` names the ops)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return result, [f"{w.filename}:{w.lineno}" for w in caught if is_sync_warning(w.message)]

@@ -5,8 +5,6 @@ calls). tests/core/test_device_verify.py runs the same code on CPU tensors.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import device_verify_tree, verify_tree
 from specfamily.testing.power import DEFAULT_SIGNIFICANCE
 from specfamily.testing.stats import chi_square
+from specfamily.testing.syncs import debug_mode_syncs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
@@ -48,16 +47,9 @@ class Syncs(int):
 
 
 def _syncs(fn) -> tuple[object, Syncs]:
-    """fn()'s result and how many synchronising CUDA calls it made (with the file:line of each)."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            result = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    where = [f"{w.filename}:{w.lineno}" for w in caught if "synchronizing" in str(w.message)]
+    """fn()'s result and how many synchronising CUDA calls it made (with the file:line of each), by torch.cuda's
+    sync debug mode (not counting the notice its first switch in a process warns: session 15 counted it, 2 a pass)."""
+    result, where = debug_mode_syncs(fn)
     count = Syncs(len(where))
     count.where = where
     return result, count
