@@ -152,9 +152,11 @@ void block(const Problem& p, int64_t q) {
       const float* line = w + r * stride + t * kPanel;  // one 64-byte line: 16 outputs' weights for input t
       if constexpr (Ahead > 0) _mm_prefetch(reinterpret_cast<const char*>(line + Ahead * kPanel), _MM_HINT_T0);
       wv[r] = _mm512_loadu_ps(line);
-      // From 2 rows on, in a register, loaded once: GCC would otherwise fold the load into each of the line's K FMAs
-      // (K loads of one line where P = 1 or K <= 3, seen in the disassembly), and the load ports would set the pace.
-      if constexpr (K > 1) asm("" : "+v"(wv[r]));
+      // At 2-3 rows, in a register, loaded once: GCC would otherwise fold the load into each of the line's K FMAs
+      // (K loads of one line, seen in the disassembly), and the load ports would set the pace. Elsewhere GCC's own
+      // choice measured as fast or faster (1 row: one FMA per line; 4 rows on: registers, or at 13-16 rows one panel
+      // whose folded loads beat 16 embedded broadcasts by ~2%: docs/bandwidth-smollm2.md).
+      if constexpr (K == 2 || K == 3) asm("" : "+v"(wv[r]));
     }
 #pragma GCC unroll 16
     for (int j = 0; j < K; ++j) {
