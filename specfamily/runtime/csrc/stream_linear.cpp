@@ -152,6 +152,11 @@ void block(const Problem& p, int64_t q) {
       const float* line = w + r * stride + t * kPanel;  // one 64-byte line: 16 outputs' weights for input t
       if constexpr (Ahead > 0) _mm_prefetch(reinterpret_cast<const char*>(line + Ahead * kPanel), _MM_HINT_T0);
       wv[r] = _mm512_loadu_ps(line);
+      // At 2-3 rows, in a register, loaded once: GCC would otherwise fold the load into each of the line's K FMAs
+      // (K loads of one line, seen in the disassembly), and the load ports would set the pace. Elsewhere GCC's own
+      // choice measured as fast or faster (1 row: one FMA per line; 4 rows on: registers, or at 13-16 rows one panel
+      // whose folded loads beat 16 embedded broadcasts by ~2%: docs/bandwidth-smollm2.md).
+      if constexpr (K == 2 || K == 3) asm("" : "+v"(wv[r]));
     }
 #pragma GCC unroll 16
     for (int j = 0; j < K; ++j) {
@@ -170,15 +175,15 @@ void block(const Problem& p, int64_t q) {
   }
 }
 
-// Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 4 rows, 3 up to 8, 2 up to 12, 1 past
-// (3 x 8 rows: 24 accumulators, each weight load and x broadcast feeding more FMAs than 2 x 8). The
-// more rows, the longer the FMAs hold up each line's load, and the further ahead the next lines are fetched
-// (what the fetch distance gained and cost when it was tuned: docs/bandwidth-smollm2.md).
+// Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 6 rows (4 x 6: 24 accumulators), 3
+// up to 8 (4 x 8 would spill), 2 up to 12, 1 past; each weight load and x broadcast feeds more FMAs the more panels
+// go at once. From 2 rows on the FMAs hold up each line's load, and the more rows, the further ahead the next lines
+// are fetched (what the choices gained and cost where they were measured: docs/bandwidth-smollm2.md).
 template <int K>
 void panels_of(const Problem& p, int64_t q0, int64_t q1) {
-  constexpr int P = K <= 4 ? 4 : (K <= 8 ? 3 : (K <= 12 ? 2 : 1));
+  constexpr int P = K <= 6 ? 4 : (K <= 8 ? 3 : (K <= 12 ? 2 : 1));
   // inputs (64-byte lines of each panel) fetched ahead
-  constexpr int Ahead = K <= 2 ? 0 : (K <= 4 ? 16 : (K <= 8 ? 32 : (K <= 12 ? 64 : 256)));
+  constexpr int Ahead = K <= 1 ? 0 : (K <= 4 ? 16 : (K <= 8 ? 32 : (K <= 12 ? 64 : 256)));
   int64_t q = q0;
   for (; q + P <= q1; q += P) block<P, K, Ahead>(p, q);
   for (; q < q1; ++q) block<1, K, Ahead>(p, q);
