@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specfamily import zoo
 from specfamily.core.side_rows import SideRows, side_key, side_layout
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
-from specfamily.core.target_cache import check_draft_tokens, check_path, gather_tail, truncate
+from specfamily.core.target_cache import check_draft_tokens, check_path, keep_path, truncate
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
@@ -244,11 +244,11 @@ class Target:
         check_path(accepted, last.parents)
         base, k = last.start + last.m, len(accepted)
         kept = next((i for i, node in enumerate(accepted) if node != i), k)  # the path's prefix already in place
-        if kept < k:  # rewrite only the entries that move: accepted[kept:] to base + kept ...
-            src = torch.tensor(accepted[kept:], dtype=torch.long).to(self._device, non_blocking=True) + base
-            gather_tail(self.cache, base + kept, src)
-        if k < len(last.parents) or last.side:  # else the cache holds exactly the pending tokens and the whole draft
-            truncate(self.cache, base + k)
+        # rewrite only the entries that move (accepted[kept:] to base + kept ...), then crop unless the cache holds
+        # exactly the pending tokens and the whole draft
+        crop = k < len(last.parents) or last.side
+        if kept < k or crop:
+            keep_path(self.cache, base + kept, [base + node for node in accepted[kept:]], base + k if crop else None)
         self.cached_length = base + k
         self._last = None
 
