@@ -24,6 +24,7 @@ the same logits bit for bit: an A/B of a change to the loop in one process.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections import defaultdict
@@ -126,13 +127,18 @@ def profiled(target: Target, arm: tuple) -> tuple[dict[str, float], list]:
     """item -> ms of one pass of ``arm`` (profiled alone), and its ops (name, calls, ms)."""
     root, draft, path = arm
     length, greedy = target.cached_length, SamplingConfig(temperature=0.0)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        out = target.forward(root, draft)
-        verify_draft(draft, out.logits, greedy, torch.Generator().manual_seed(0))
-        target.commit(path)
-        target.rollback(length)  # one crop, the same in every arm
-        wall = time.perf_counter() - start
+    gc.collect()  # a collection inside the pass (the profiler's events feed it) would land in "host", a few ms
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            out = target.forward(root, draft)
+            verify_draft(draft, out.logits, greedy, torch.Generator().manual_seed(0))
+            target.commit(path)
+            target.rollback(length)  # one crop, the same in every arm
+            wall = time.perf_counter() - start
+    finally:
+        gc.enable()
     items: dict[str, float] = defaultdict(float)
     ops = []
     for event in prof.key_averages():
