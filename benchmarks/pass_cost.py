@@ -46,6 +46,8 @@ COMPILED = " compiled"  # the suffix of the compiled whole pass's timings
 NATIVE = " native"  # the suffix of the native layer loop's timings
 GROUPS = {  # profiler op name fragment -> section (first match wins)
     "specfamily::attention": "attention",  # the batch-invariant attention kernel (runtime/attention.py)
+    "specfamily::product": "matmul", "specfamily::norm": "norm",  # the C++ layer loop's stream-kernel calls
+    "specfamily::rope_cache": "rope",  # its fused rope and cache write
     "stream_linear": "matmul", "linear": "matmul", "addmm": "matmul", "mm": "matmul",
     "scaled_dot_product": "attention", "_flash_attention": "attention", "bmm": "attention",
     "softmax": "attention", "baddbmm": "attention",
@@ -270,7 +272,8 @@ def section(name: str) -> str:
 
 def profile(target: Target, shapes: Shapes, kind: str, length: int, passes: int = 10) -> tuple[dict[str, float], list]:
     """Section -> ms per pass of ``kind`` at ``length`` (self CPU time by op; the stream kernel's products and norms
-    are no aten ops: they fall in "kernel calls, Python and dispatch", the pass's wall time outside every op), and
+    are no aten ops: the C++ layer loop names them to the profiler, the lean forward's head and final norm fall in
+    "kernel calls, Python and dispatch", the pass's wall time outside every op), and
     the top ops."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile

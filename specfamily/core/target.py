@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specfamily import zoo
 from specfamily.core.side_rows import SideRows, side_key, side_layout
 from specfamily.core.support import SUPPORTED_ATTENTION, check_supported, eos_ids
-from specfamily.core.target_cache import check_draft_tokens, check_path, gather_tail, truncate
+from specfamily.core.target_cache import check_draft_tokens, check_path, keep_path, truncate
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
 from specfamily.io.sources import is_local, unreachable_model
@@ -167,16 +167,19 @@ class Target:
             ids = torch.cat((ids, draft.tokens.to(self._device, non_blocking=True)))  # (m + n,)
         if side is not None:
             return self._side_pass(ids, m, start, parents, side, features)
+        visible = None  # where the mask is 0, for the lean forward's attention kernel (built from the layout)
         if n or start:
             layout = self._layout(m, parents)
             # one fed token sees every cached position and itself: no mask, as transformers decodes
             mask = layout.mask(start) if m + n > 1 else None  # (1, 1, m + n, start + m + n), a buffer's view
             positions = layout.offsets + start  # (m + n,)
+            if mask is not None and self.lean is not None and self.lean.attention is not None:
+                visible = layout.visible(start)
         else:  # prefill without a draft: plain causal, which transformers may hand to sdpa as is_causal
             mask = None
             positions = torch.arange(m, device=self.device)
         try:
-            logits, hidden = self._model_call(ids[None], positions[None], mask, n + 1, features)
+            logits, hidden = self._model_call(ids[None], positions[None], mask, n + 1, features, visible)
         except BaseException:
             truncate(self.cache, start)  # a failed pass (bad id, out of memory) leaves the cache as it was
             raise
@@ -214,12 +217,13 @@ class Target:
                              f"of {self.num_layers} layers")
         return layers
 
-    def _model_call(self, ids, positions, mask, keep: int, features: bool | tuple[int, ...]):
+    def _model_call(self, ids, positions, mask, keep: int, features: bool | tuple[int, ...],
+                    visible: torch.Tensor | None = None):
         """(logits (1, >= keep, V), last hidden state after the final norm (1, q, H) or the layers' (1, q, k * H),
-        or None): lean or the model."""
+        or None): lean or the model. ``visible``: where ``mask`` is 0 (``TreeLayout.visible``), or None."""
         if self.lean is not None and self.lean.ready():
             taken = self.compiled_pass and self.compiled_pass(ids, positions, mask, self.cache, keep, features)
-            return taken or self.lean(ids, positions, mask, self.cache, keep, features)
+            return taken or self.lean(ids, positions, mask, self.cache, keep, features, visible)
         extra = {"logits_to_keep": keep} if self._keep_logits else {}
         out = self.model(
             input_ids=ids,
@@ -244,11 +248,11 @@ class Target:
         check_path(accepted, last.parents)
         base, k = last.start + last.m, len(accepted)
         kept = next((i for i, node in enumerate(accepted) if node != i), k)  # the path's prefix already in place
-        if kept < k:  # rewrite only the entries that move: accepted[kept:] to base + kept ...
-            src = torch.tensor(accepted[kept:], dtype=torch.long).to(self._device, non_blocking=True) + base
-            gather_tail(self.cache, base + kept, src)
-        if k < len(last.parents) or last.side:  # else the cache holds exactly the pending tokens and the whole draft
-            truncate(self.cache, base + k)
+        # rewrite only the entries that move (accepted[kept:] to base + kept ...), then crop unless the cache holds
+        # exactly the pending tokens and the whole draft
+        crop = k < len(last.parents) or last.side
+        if kept < k or crop:
+            keep_path(self.cache, base + kept, [base + node for node in accepted[kept:]], base + k if crop else None)
         self.cached_length = base + k
         self._last = None
 

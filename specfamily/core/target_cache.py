@@ -2,7 +2,7 @@
 
 A draft's ids must lie in the vocabulary, an accepted path must run from the root; a commit keeps the accepted rows
 (``gather_tail``: a tree's rewrite) and drops the rest (``truncate``: a crop), on the shared arena when the layers
-have one (runtime.kv_cache), layer by layer otherwise.
+have one (runtime.kv_cache), layer by layer otherwise; ``keep_path`` does both for a commit.
 """
 
 from __future__ import annotations
@@ -60,6 +60,22 @@ def gather_tail(cache: DynamicCache, base: int, src: torch.Tensor) -> None:
         index = on_device[device]
         layer.keys[:, :, base : base + k] = layer.keys.index_select(2, index)
         layer.values[:, :, base : base + k] = layer.values.index_select(2, index)
+
+
+def keep_path(cache: DynamicCache, base: int, src: list[int], length: int | None) -> None:
+    """A commit's cache moves: the entries at ``src`` (ascending host positions, each >= its target) to ``base ..``,
+    then (``length`` not None) every entry at or after ``length`` dropped. On a shared arena both in one look at the
+    layers (``shared_arena``) and the moves without an index tensor; else as ``gather_tail`` and ``truncate``."""
+    arena = shared_arena(cache.layers)
+    if arena is not None:
+        if src:
+            arena.move_rows(base, src)
+        if length is None or arena.cut(length):
+            return
+    elif src:
+        gather_tail(cache, base, torch.tensor(src, dtype=torch.long))
+    if length is not None:
+        truncate(cache, length)
 
 
 def truncate(cache: DynamicCache, length: int) -> None:

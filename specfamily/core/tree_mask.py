@@ -128,6 +128,17 @@ class TreeLayout:
     offsets: torch.Tensor  # (m + n,) long: position of each fed token minus the first pending position
     chain: bool
     mask: PrefixMask  # the pass's whole mask by cached length, from a buffer kept with the layout
+    seen: torch.Tensor | None = None  # (m + n, m + n) bool: where ``local`` is 0 (None: not kept)
+
+    def visible(self, prefix_len: int) -> torch.Tensor | None:
+        """(q, prefix_len + q) contiguous bool: every cached position, then ``seen``: where ``mask(prefix_len)`` is
+        0, as the attention kernel takes it (``runtime.attention.kernel_visible``), without reading the mask back."""
+        if self.seen is None:
+            return None
+        rows = self.seen.shape[0]
+        out = torch.ones(rows, prefix_len + rows, dtype=torch.bool, device=self.seen.device)
+        out[:, prefix_len:] = self.seen
+        return out
 
 
 def tree_layout(
@@ -138,4 +149,4 @@ def tree_layout(
     local = local_mask(m, tree, dtype)
     offsets = torch.cat((torch.arange(m), m - 1 + tree_positions(tree)))
     local = local.to(device)
-    return TreeLayout(local, offsets.to(device), is_chain(parents), PrefixMask(local))
+    return TreeLayout(local, offsets.to(device), is_chain(parents), PrefixMask(local), local == 0)

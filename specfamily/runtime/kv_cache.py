@@ -9,6 +9,8 @@ Anything the lean forward does not cover exactly is left to the model's forward 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -198,6 +200,13 @@ class KVArena:
         """Every layer's entries at ``src`` (k,) to ``base .. base + k - 1`` (``src`` ascending, each >= its target)."""
         data = self.data
         data.narrow(4, base, src.numel()).copy_(data.index_select(4, src))
+
+    def move_rows(self, base: int, src: Sequence[int]) -> None:
+        """``move`` for positions on the host (a tree's accepted path: a few): one copy per entry, in ascending order,
+        so no entry is overwritten before it is read (each target lies below every later source); no index tensor."""
+        data = self.data
+        for offset, position in enumerate(src):
+            data.narrow(4, base + offset, 1).copy_(data.narrow(4, position, 1))
 
 
 def shared_arena(layers) -> KVArena | None:

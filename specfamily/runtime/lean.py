@@ -21,7 +21,7 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 
-from specfamily.runtime.attention import kernel_visible
+from specfamily.runtime.attention import MAX_ROWS, kernel_visible
 from specfamily.runtime.compiled import Compiled
 from specfamily.runtime.lean_support import blocking, global_hooks, lean_unsupported
 from specfamily.runtime.matmul import Linear as LinearFn
@@ -63,6 +63,7 @@ class Attend:
 def plan_attention(
     mask: torch.Tensor | None, q_len: int, groups: int, probe: torch.Tensor, masked_gqa: bool = False,
     pack_queries: bool = False, kernel: Callable[..., torch.Tensor] | None = None,
+    visible: torch.Tensor | None = None,
 ) -> Attend:
     """The sdpa branch for a pass of ``q_len`` queries (``probe``: a tensor shaped like one key row).
 
@@ -76,9 +77,13 @@ def plan_attention(
 
     ``kernel`` (``specfamily.runtime.attention``'s ``attend``): every pass it takes (``kernel_visible``: one row, or
     a 0 / hidden mask over at most 64 rows) attends with it instead of sdpa, batch-invariant; others take sdpa's
-    branch."""
+    branch. ``visible``: the caller's (q, keys) bool of where ``mask`` is 0 (a target's tree layout,
+    ``TreeLayout.visible``), taken as ``kernel_visible``'s without reading the mask back (a dozen tensor ops a pass)."""
     if kernel is not None:
-        taken, visible = kernel_visible(mask, q_len)
+        if visible is not None and mask is not None and q_len <= MAX_ROWS:
+            taken = visible.shape == (q_len, mask.shape[-1])
+        else:
+            taken, visible = kernel_visible(mask, q_len)
         if taken:
             return Attend(mask, False, gqa=False, pack=False, groups=groups, kernel=kernel, visible=visible)
     causal = q_len > 1 and mask is None
@@ -274,16 +279,17 @@ class LeanLlama:
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache, keep: int,
-        features: bool | tuple[int, ...] = False,
+        features: bool | tuple[int, ...] = False, visible: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits (1, keep, V) of the last ``keep`` positions, last hidden state after the norm (1, q, H) or None).
 
         ``mask``: a 4D mask over the cached and fed positions, or None for one token (it sees the whole cache) or
         a causal pass over an empty cache. ``features`` a tuple of layer ids: the hidden states of those layers
         (transformers' ``hidden_states`` indexing: i < L the input of layer i, L after the final norm)
-        concatenated, (1, q, k * H).
+        concatenated, (1, q, k * H). ``visible``: where ``mask`` is 0, (q, keys) bool, if the caller has it
+        (``plan_attention``).
         """
-        hidden, cos, sin, attend = self._prepare(input_ids, position_ids, mask, cache)
+        hidden, cos, sin, attend = self._prepare(input_ids, position_ids, mask, cache, visible)
         count = self._config.num_hidden_layers
         layer_ids = tuple(sorted({i for i in features if i < count})) if isinstance(features, tuple) else ()
         native = None if self.native is None else self.native(hidden, cos, sin, attend, cache, layer_ids)
@@ -320,7 +326,8 @@ class LeanLlama:
         """(..., V) logits of final-normed hidden states, multiplied as the target's own passes are."""
         return self._linear(hidden, *self._head)
 
-    def _prepare(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache):
+    def _prepare(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache,
+                 visible: torch.Tensor | None = None):
         """The embedded ids (1, q, H), rope's cos and sin, and the pass's attention plan."""
         q_len = input_ids.shape[1]
         if mask is None and q_len > 1 and cache.get_seq_length() > 0:
@@ -329,7 +336,8 @@ class LeanLlama:
         cos, sin = self._rope(self._rotary, hidden, position_ids)
         attend = plan_attention(mask, q_len, self._groups, self._probe, masked_gqa=self._linear is not F.linear,
                                 pack_queries=self.pack_queries,
-                                kernel=None if torch.is_grad_enabled() else self.attention)  # no autograd
+                                kernel=None if torch.is_grad_enabled() else self.attention,  # no autograd
+                                visible=visible)
         if self.rotate is not None:
             attend = replace(attend, rotate=self.rotate)
         return hidden, cos, sin, attend

@@ -8,6 +8,7 @@ import torch
 
 from specfamily.core import target as target_module
 from specfamily.core.target import Target
+from specfamily.core.target_cache import gather_tail
 from specfamily.core.types import Draft
 
 TREE = [-1, -1, 0, 0, 1, 2]
@@ -61,7 +62,7 @@ def test_tree_commit_indexes_each_layer_on_its_own_device():
         layers = [_Layer("cpu"), _Layer("meta"), _Layer("meta")]
 
     cache = Cache()
-    target_module.gather_tail(cache, 2, torch.tensor([3, 5]))
+    gather_tail(cache, 2, torch.tensor([3, 5]))
     for layer in cache.layers:
         assert layer.keys.index_devices == [layer.keys.device] and layer.values.index_devices == [layer.keys.device]
     assert cache.layers[0].keys.data.view(-1).tolist() == [0, 1, 3, 5, 4, 5]
@@ -92,9 +93,14 @@ def test_commit_rewrites_only_the_entries_that_move(tiny_model, monkeypatch):
     target.forward(torch.arange(6))
     target.commit([])
     moves = []
-    real = target_module.gather_tail
-    monkeypatch.setattr(target_module, "gather_tail",
-                        lambda cache, base, src: (moves.append((base, src.tolist())), real(cache, base, src)))
+    real = target_module.keep_path
+
+    def recorded(cache, base, src, length):
+        if src:
+            moves.append((base, list(src)))
+        real(cache, base, src, length)
+
+    monkeypatch.setattr(target_module, "keep_path", recorded)
     target.forward(torch.tensor([7]), Draft(torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([-1, -1, 0, 0, 1, 2])))
     before = [(layer.keys.clone(), layer.values.clone()) for layer in target.cache.layers]
     target.commit([0, 2, 5])

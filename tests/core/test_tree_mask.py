@@ -34,3 +34,18 @@ def test_wide_passes_build_their_mask_per_call():
     local = local_mask(BUFFER_MAX_ROWS + 1, [], torch.float32)
     masks = PrefixMask(local)
     assert torch.equal(masks(7), attention_mask(7, local)) and masks.buffer is None
+
+
+def test_a_layouts_visibility_is_where_its_mask_is_zero():
+    """``TreeLayout.visible``: what ``kernel_visible`` reads back from the pass's mask, contiguous, at every length
+    (the buffer's growths included), for pending tokens then a chain or a tree."""
+    from specfamily.runtime.attention import kernel_visible
+
+    for m, parents in ((1, [-1, 0, 1, 2]), (1, [-1, -1, 0, 1]), (3, [-1, 0, 0, 1, 2]), (2, [])):
+        layout = tree_layout(m, parents, torch.float32)
+        q = m + len(parents)
+        for start in (0, 1, 17, 64, 200):
+            taken, want = kernel_visible(layout.mask(start), q)
+            got = layout.visible(start)
+            assert taken and got.is_contiguous() and got.dtype == torch.bool
+            assert torch.equal(got, want), (m, parents, start)

@@ -88,6 +88,27 @@ def test_arena_layers_hold_what_separate_layers_hold_in_one_tensor():
 
 
 @torch.inference_mode()
+def test_host_moves_match_the_gather_even_where_sources_follow_their_targets():
+    """``move_rows`` (a commit's path on the host) gives what ``move``'s gather gives, for a scattered path and for
+    one whose sources sit one slot past their targets (a block copy or a descending loop would read overwritten
+    entries there)."""
+    for src in ([141, 144, 149], [141, 142, 143, 144], [140, 142]):
+        arenas = []
+        for _ in range(2):
+            arena = KVArena()
+            layers = [arena.layer() for _ in range(3)]
+            for i, layer in enumerate(layers):
+                layer.update(*_entries(150, 0, seed=10 * i))
+            arenas.append((arena, layers))
+        (gathered, want), (moved, got) = arenas
+        gathered.move(140, torch.tensor(src))
+        moved.move_rows(140, src)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert torch.equal(got[1].keys[:, :, 140 : 140 + len(src)], _entries(150, 0, seed=10)[0][:, :, src])
+
+
+@torch.inference_mode()
 def test_an_arena_layer_with_a_replaced_tensor_or_another_shape_keeps_its_entries():
     arena = KVArena()
     layers = [arena.layer() for _ in range(2)]

@@ -153,6 +153,32 @@ def test_fed_rows_equal_the_plain_passes_that_would_feed_them(family, head_dim, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("native_layers", [True, False], ids=["native-loop", "python-loop"])
+def test_a_targets_drafted_pass_takes_its_layouts_visibility(native_layers, monkeypatch):
+    """The target hands the lean forward its tree layout's visibility: the mask is not read back (``kernel_visible``
+    is not called for a drafted pass), and the logits equal those of a pass that reads it back, bit for bit."""
+    import specfamily.runtime.lean as lean_module
+    from specfamily.core.tree_mask import TreeLayout
+
+    target = _target(_model(), native_layers)
+    prompt, draft = torch.arange(20) % VOCAB, Draft(torch.tensor([4, 5, 6, 7]), torch.tensor([-1, -1, 0, 1]))
+    target.forward(prompt)
+    target.commit([])
+    with monkeypatch.context() as patch:  # no visibility from the layout: the lean forward reads the mask back
+        patch.setattr(TreeLayout, "visible", lambda self, start: None)
+        read_back = target.forward(torch.tensor([1]), draft).logits
+    target.commit([])
+    target.rollback(20)
+    with monkeypatch.context() as patch:
+        patch.setattr(lean_module, "kernel_visible", lambda mask, q: pytest.fail("the mask was read back"))
+        hinted = target.forward(torch.tensor([1]), draft).logits
+    assert torch.equal(hinted, read_back)
+    target.commit([1, 3])
+    if native_layers:
+        assert target.lean.native.calls == 2
+
+
+@needs_kernel
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_the_native_loop_equals_the_python_loop_with_the_kernel(family):
     model = _model(family)

@@ -7,6 +7,7 @@
 // so the hidden state and every cache entry are bit-identical to the Python loop's. The cache is written in place
 // into each layer's buffers (BufferedLayer.reserve) at the layer's kept length, as BufferedLayer.update writes it.
 
+#include <ATen/record_function.h>
 #include <torch/extension.h>
 
 #include <cstdint>
@@ -83,20 +84,29 @@ struct Rows {
 
 // rotate_pair's (x * cos) + (roll(x, D / 2, -1) * sin) for every head and row of x into out, in float32 with each
 // product and the sum rounded as ATen's three elementwise ops round them (no fused multiply-add: bit-identical).
-// cos and sin: (q, D) contiguous.
-__attribute__((optimize("fp-contract=off"))) void rotate_into(const Rows& x, const float* cos, const float* sin,
-                                                               const Rows& out) {
-  const int64_t dim = x.dim, shift = dim / 2;
+// cos and sin: (q, D) contiguous. The roll's partner of element i is i + (D - D / 2) in the first half and i - D / 2
+// in the second: two loops without a modulo per element, which the compiler vectorises (one division an element
+// made this loop cost more than a row's norms).
+__attribute__((optimize("fp-contract=off"))) void rotate_row(const float* __restrict in, const float* __restrict c,
+                                                              const float* __restrict s, float* __restrict o,
+                                                              int64_t dim) {
+  const int64_t shift = dim / 2, back = dim - shift;
+  for (int64_t i = 0; i < shift; ++i) {
+    const float a = in[i] * c[i];
+    const float b = in[i + back] * s[i];
+    o[i] = a + b;
+  }
+  for (int64_t i = shift; i < dim; ++i) {
+    const float a = in[i] * c[i];
+    const float b = in[i - shift] * s[i];
+    o[i] = a + b;
+  }
+}
+
+void rotate_into(const Rows& x, const float* cos, const float* sin, const Rows& out) {
+  const int64_t dim = x.dim;
   for (int64_t h = 0; h < x.heads; ++h)
-    for (int64_t r = 0; r < x.rows; ++r) {
-      const float *in = x.row(h, r), *c = cos + r * dim, *s = sin + r * dim;
-      float* o = out.row(h, r);
-      for (int64_t i = 0; i < dim; ++i) {
-        const float a = in[i] * c[i];
-        const float b = in[(i - shift + dim) % dim] * s[i];
-        o[i] = a + b;
-      }
-    }
+    for (int64_t r = 0; r < x.rows; ++r) rotate_row(x.row(h, r), cos + r * dim, sin + r * dim, out.row(h, r), dim);
 }
 
 void copy_into(const Rows& x, const Rows& out) {
@@ -151,8 +161,9 @@ class NativeLayers {
         kept.push_back(hidden);  // every layer makes a new tensor: the kept one is never written again
         ++next;
       }
-      hidden = hidden + attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, plan, keys[i], values[i],
-                                  starts[i]);
+      // hidden + attention(...), summed into the attention's fresh output (a + b == b + a, bit for bit): no new tensor
+      hidden = attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, plan, keys[i], values[i], starts[i])
+                   .add_(hidden);
       hidden = mlp_block(layer, hidden);
     }
     TORCH_CHECK(next == inputs.size(), "native_layers: layer inputs must be ascending layer ids below ", n);
@@ -165,17 +176,25 @@ class NativeLayers {
   size_t size() const { return layers_.size(); }
 
  private:
-  at::Tensor linear(const at::Tensor& x, const Product& p) const { return linear_(x, p.weight, p.bias_tensor()); }
+  // The stream kernel's product and norm, named to the profiler (no ATen op of their own; a flag test when off).
+  at::Tensor linear(const at::Tensor& x, const Product& p) const {
+    RECORD_FUNCTION("specfamily::product", std::vector<c10::IValue>());
+    return linear_(x, p.weight, p.bias_tensor());
+  }
 
   at::Tensor norm(const at::Tensor& x, const py::object& weight, double eps) const {
+    RECORD_FUNCTION("specfamily::norm", std::vector<c10::IValue>());
     return norm_(x, weight.cast<at::Tensor>(), eps);
   }
 
-  // LeanLayer.mlp_block: hidden + down(silu(gate(x)) * up(x)), x = norm(hidden).
+  // LeanLayer.mlp_block: hidden + down(silu(gate(x)) * up(x)), x = norm(hidden). The activation, the product and
+  // the residual add run in place on the products' fresh outputs (the same kernels, the same bits; no allocation).
   at::Tensor mlp_block(const Layer& layer, const at::Tensor& hidden) const {
     const at::Tensor x = norm(hidden, layer.norm2, layer.eps2);
-    const at::Tensor gate = at::silu(linear(x, layer.gate));  // Python's order: gate, its activation, then up
-    return hidden + linear(gate * linear(x, layer.up), layer.down);
+    at::Tensor gate = linear(x, layer.gate);
+    at::silu_(gate);  // Python's order: gate, its activation, then up
+    gate.mul_(linear(x, layer.up));
+    return linear(gate, layer.down).add_(hidden);
   }
 
   // LeanLayer._attention with BufferedLayer.update's in-place write.
@@ -190,6 +209,7 @@ class NativeLayers {
     const at::Tensor key_slots = key_buffer.narrow(2, start, q_len), value_slots = value_buffer.narrow(2, start, q_len);
     if (fused(query, key, value, cos, sin, key_slots, value_slots)) {
       // rotate_pair and BufferedLayer.update's writes in one pass: the rotated key straight into its cache slots
+      RECORD_FUNCTION("specfamily::rope_cache", std::vector<c10::IValue>());
       at::Tensor rotated = at::empty_like(query);  // the strides the elementwise ops give their result
       rotate_into(Rows::of(query), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(rotated));
       rotate_into(Rows::of(key), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(key_slots));
