@@ -16,7 +16,7 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import AcceptRule, Hooks
 from specfamily.core.processors import processors_for
-from specfamily.core.sampling import warp
+from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import greedy_tree, verify_tree, verify_tree_rows
 
@@ -30,7 +30,7 @@ def verify_draft(
     bit, as warping all of them); on an accelerator all rows are warped there in one call and cross to the host
     once."""
     if sampling.greedy:
-        return greedy_tree(draft.tokens, draft.parents, logits.argmax(dim=-1))
+        return greedy_tree(draft.tokens, draft.parents, greedy_tokens(logits))
     if logits.device.type == "cpu" and (generator is None or generator.device.type == "cpu"):
         p_row = lazy_rows(logits, sampling, draft.parents.tolist() == list(range(-1, draft.tokens.numel() - 1)))
         return verify_tree_rows(draft.tokens, draft.parents, draft.q, p_row, tuple(logits.shape), generator)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from specfamily.core import host
-from specfamily.core.sampling import warp
+from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.types import SamplingConfig
 from specfamily.core.verify import greedy_tree
 
@@ -60,7 +60,7 @@ def typical_accept(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Te
     logits (n + 1, V) as the target returned them; ``delta`` defaults to sqrt(epsilon) as in Medusa.
     """
     if sampling.greedy:
-        return greedy_tree(tokens, parents, logits.argmax(dim=-1))
+        return greedy_tree(tokens, parents, greedy_tokens(logits))
     delta = epsilon**0.5 if delta is None else delta
     parent_list = parents.tolist()
     scoring = sorted({parent + 1 for parent in parent_list})  # the rows that score some node

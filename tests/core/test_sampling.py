@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specfamily.core.sampling import top_k_filter, top_p_filter, warp
+from specfamily.core.sampling import greedy_tokens, top_k_filter, top_p_filter, warp
 from specfamily.core.types import SamplingConfig
 
 
@@ -55,3 +55,18 @@ def test_invalid_sampling_values(kwargs, message):
     with pytest.raises(ValueError) as info:
         SamplingConfig(**kwargs)
     assert str(info.value) == message
+
+
+def test_greedy_tokens_are_argmax_ties_and_nans_included():
+    """greedy_tokens goes through max(-1).indices for speed: it must give argmax's index on every row, the first of
+    tied maxima and the first NaN included, over the target's vocabulary size and a 1-D row."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 49_152, generator=generator)
+    logits[1, [7, 40_000]] = 50.0  # tied maxima: the first wins
+    logits[2, [3, 9]] = float("nan")  # NaN is the maximum, the first one
+    logits[3] = 1.0  # all tied
+    logits[4, 0] = float("inf")
+    logits[5, -1] = 99.0
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+    assert greedy_tokens(logits).tolist()[1:] == [7, 3, 0, 0, 49_151]
+    assert int(greedy_tokens(logits[5])) == 49_151
