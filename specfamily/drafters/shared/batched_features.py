@@ -19,6 +19,7 @@ import torch
 
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
+from specfamily.core.host import draw
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
@@ -122,7 +123,7 @@ def _chains(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.T
                 token = model.token_ids(row.argmax().view(1))
             else:
                 q = warp(row, ctx.sampling)
-                token = model.token_ids(torch.multinomial(q, 1, generator=ctx.generator))
+                token = model.token_ids(draw(q, ctx.generator))
                 qs[b].append(lead._full_q(q))
             tokens[b].append(token)
             if i + 1 < gamma:

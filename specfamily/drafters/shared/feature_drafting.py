@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
+from specfamily.core.host import draw
 from specfamily.core.sampling import warp
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import Draft, VerifyOutcome
@@ -152,7 +153,7 @@ class FeatureDrafter(BaseDrafter):
                 token = model.token_ids(logits.argmax().view(1))
             else:
                 q = warp(logits, sampling)
-                token = model.token_ids(torch.multinomial(q, 1, generator=ctx.generator))
+                token = model.token_ids(draw(q, ctx.generator))
                 qs.append(self._full_q(q))  # zero outside the draft vocabulary
             tokens.append(token)
             if i + 1 < gamma:
