@@ -109,7 +109,7 @@ def test_a_sampled_chain_waits_once_to_hand_its_tokens_over(monkeypatch, make, m
 
 def test_an_eagle_chain_waits_only_to_hand_its_tokens_and_q_over(monkeypatch):
     draft, syncs = _counted(*_eagle(monkeypatch))
-    assert _where(syncs) == [("copy to host", "feature_drafting.py")] * 2, syncs  # tokens, q: Draft.chain's line
+    assert _where(syncs) == [("copy to host", "host.py")], syncs  # tokens and q packed: to_host waits once
     _assert_drawn_from_q(draft)
 
 

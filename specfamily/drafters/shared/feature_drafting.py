@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
-from specfamily.core.host import draw
+from specfamily.core.host import draw, to_host
 from specfamily.core.sampling import warp
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import Draft, VerifyOutcome
@@ -159,7 +159,7 @@ class FeatureDrafter(BaseDrafter):
             if i + 1 < gamma:
                 position = torch.full((1, 1), self.state.real + i, dtype=torch.long, device=root.device)
                 hidden = self._step(token[None], hidden[None, None], position, None, self.state.cache)[0, 0]
-        return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs).cpu() if qs else None)
+        return Draft.chain(*to_host([torch.cat(tokens), torch.stack(qs) if qs else None]))  # one wait for both
 
     def _tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
         """EAGLE-2 dynamic tree over draft-vocabulary indices: top-k children scored at the sampling temperature
