@@ -4,7 +4,8 @@ per device (``to_host``), and where the walk's uniforms come from (``HostDraws``
 
 Every final token is drawn by inversion (:func:`inverse_cdf`) from one uniform: one cumulative sum over the row's
 blocks with mass, no draw per vocabulary entry (``torch.multinomial`` draws V exponentials). Tokens without mass are
-never picked, so the draw reads only the kept support of a warped row."""
+never picked, so the draw reads only the kept support of a warped row. A drafter's sampled token is drawn the same
+way on q's own device (:func:`draw`), with no host read."""
 
 from __future__ import annotations
 
