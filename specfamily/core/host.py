@@ -4,7 +4,8 @@ per device (``to_host``), and where the walk's uniforms come from (``HostDraws``
 
 Every final token is drawn by inversion (:func:`inverse_cdf`) from one uniform: one cumulative sum over the row's
 blocks with mass, no draw per vocabulary entry (``torch.multinomial`` draws V exponentials). Tokens without mass are
-never picked, so the draw reads only the kept support of a warped row."""
+never picked, so the draw reads only the kept support of a warped row. A drafter's sampled token is drawn the same
+way on q's own device (:func:`draw`), with no host read."""
 
 from __future__ import annotations
 
@@ -24,6 +25,34 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """A token of probs (V,) (any scale and float dtype, float64 sums): inversion of one uniform from ``generator``
     (its device's stream; torch's default one on probs' device when None)."""
     return inverse_cdf(probs, uniform(generator, draw_device(probs, generator)))
+
+
+def draw(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(1,) long on q's device: a token of q (V,) (any scale, float dtype; with mass) by inversion of one uniform
+    from ``generator``, the way a drafter draws its next token, with no host read of q: ``torch.multinomial(q, 1)``
+    checks q with two host reads on CUDA. A CPU q goes through :func:`sample`; any other is inverted on its device
+    (:func:`device_inverse_cdf`) from a uniform drawn on the generator's device: one from a CPU generator is a
+    Python float there (a kernel argument, nothing copied), one from an accelerator's stays a tensor."""
+    if q.device.type == "cpu":
+        return torch.tensor([sample(q, generator)])
+    device = draw_device(q, generator)
+    if device.type == "cpu":
+        return device_inverse_cdf(q, uniform(generator, device))
+    u = torch.rand((), generator=generator, device=device, dtype=torch.float64)
+    return device_inverse_cdf(q, u.to(q.device, non_blocking=True))
+
+
+def device_inverse_cdf(probs: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
+    """(1,) long: :func:`inverse_cdf`'s token of probs (V,) for u, computed without a branch or a host read. A token
+    without mass is never picked even where the device's cumulative sum is not sequential (a parallel scan may
+    round a zero's running sum up): the running sums of those tokens are replaced by the last sum with mass before
+    them (a running maximum), so the first sum above u * total is always a token's with mass; u * total rounded up
+    to the total (past every sum) gives the last token with mass. On the CPU: inverse_cdf's token, bit for bit."""
+    q64 = probs.double()
+    cdf = q64.cumsum(0).masked_fill(q64 <= 0, float("-inf")).cummax(0).values  # (V,) ascending, flat at zeros
+    index = torch.searchsorted(cdf, u * cdf[-1:], right=True)  # (1,)
+    last = probs.numel() - 1 - (q64.flip(0) > 0).long().argmax()  # () the last token with mass
+    return torch.minimum(index, last)
 
 
 def inverse_cdf(probs: torch.Tensor, u: float) -> int:

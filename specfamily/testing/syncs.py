@@ -97,7 +97,7 @@ class StandIn(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return execute(func, args, kwargs or {})  # outside a SyncCounter: computed, not counted
+        return execute(*as_copy(func, args, kwargs or {}))  # outside a SyncCounter: computed, not counted
 
 
 def on_device(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -153,7 +153,7 @@ class SyncCounter(TorchDispatchMode):
         return f"{self.count} synchronisation(s): {[str(sync) for sync in self.syncs]}"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        func, args, kwargs = as_copy(func, args, kwargs or {})
         kind, queued = classify(func, args, kwargs)
         if kind is not None:
             (self.queued if queued else self.syncs).append(Sync(kind, str(func), caller()))
@@ -213,6 +213,27 @@ def classify(func, args: tuple, kwargs: dict) -> tuple[str | None, bool]:
     if func is _aten.where.self and any(not isinstance(t, StandIn) and t.dim() == 0 for t in args[:3]):
         return "copy to device", False
     return None, False
+
+
+def as_copy(func, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    """``aten.to`` as inference mode dispatches it (whole, not as the ``_to_copy`` it makes) turned into that
+    ``_to_copy`` when it moves its tensor to another device (``.cpu()`` of a stand-in in a drafter's
+    ``torch.inference_mode``), so the copy is counted and its result is a host tensor; anything else unchanged."""
+    if func.overloadpacket is not _aten.to or func is _aten.to.dtype:
+        return func, args, kwargs
+    if func is _aten.to.dtype_layout:
+        device, dtype, non_blocking = kwargs.get("device"), kwargs.get("dtype"), kwargs.get("non_blocking", False)
+    elif func is _aten.to.other:
+        device, dtype = args[1].device, args[1].dtype
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    else:  # aten.to.device
+        device, dtype = args[1], args[2]
+        non_blocking = args[3] if len(args) > 3 else kwargs.get("non_blocking", False)
+    source = args[0]
+    if device is None or torch.device(device) == source.device:
+        return func, args, kwargs
+    copy = {"dtype": dtype or source.dtype, "device": torch.device(device), "non_blocking": bool(non_blocking)}
+    return _aten._to_copy.default, (source,), copy
 
 
 def reads_inside(func, args: tuple, kwargs: dict) -> int:

@@ -59,6 +59,22 @@ def test_a_blocking_copy_to_the_host_is_one_synchronisation_and_gives_host_value
     assert list(out) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
+@pytest.mark.parametrize("copy", [
+    lambda x: x.cpu(), lambda x: x.to("cpu"), lambda x: x.to(torch.device("cpu"), torch.float32),
+    lambda x: x.to(torch.zeros(1)), lambda x: x.tolist(),
+], ids=["cpu", "to-cpu", "to-device-dtype", "to-other", "tolist"])
+def test_inference_mode_copies_to_the_host_are_counted_too(copy):
+    """Inference mode (every drafter's propose) dispatches ``aten.to`` whole, not as the ``_to_copy`` it makes."""
+    x = _x()
+    with torch.inference_mode(), SyncCounter() as syncs:
+        out = copy(x)
+        x.to("cpu", non_blocking=True)
+        same = x.to(x.device)
+    assert [s.kind for s in syncs.syncs] == ["copy to host"] and [s.kind for s in syncs.queued] == ["copy to host"]
+    assert not isinstance(out, StandIn) and list(out) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert same is x
+
+
 def test_non_blocking_copies_are_queued_not_counted():
     x, host = _x(), torch.empty(6, dtype=torch.float64)
     with SyncCounter() as syncs:

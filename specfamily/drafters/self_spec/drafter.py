@@ -20,6 +20,7 @@ from specfamily import zoo
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
+from specfamily.core.host import draw
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, VerifyOutcome
@@ -203,7 +204,7 @@ class SelfSpecDrafter(BaseDrafter):
             confidence = torch.softmax(logits.float(), dim=-1).max() if self.exit is not None else None
             return token, None, confidence
         q = warp(logits, ctx.sampling)
-        token = torch.multinomial(q, 1, generator=ctx.generator)
+        token = draw(q, ctx.generator)
         return token, q, (q.max() if self.exit is not None else None)
 
     def observe(self, outcome: VerifyOutcome) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
+from specfamily.core.host import draw, to_host
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
@@ -122,7 +123,7 @@ def _chains(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.T
                 token = model.token_ids(row.argmax().view(1))
             else:
                 q = warp(row, ctx.sampling)
-                token = model.token_ids(torch.multinomial(q, 1, generator=ctx.generator))
+                token = model.token_ids(draw(q, ctx.generator))
                 qs[b].append(lead._full_q(q))
             tokens[b].append(token)
             if i + 1 < gamma:
@@ -135,8 +136,9 @@ def _chains(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.T
             for b, feed in enumerate(feeds):
                 if feed is not None:
                     hidden[b] = out[b, 0]
-    return [Draft.chain(torch.cat(t).cpu(), torch.stack(q).cpu() if q else None) for t, q in zip(tokens, qs,
-                                                                                               strict=True)]
+    n = len(slots)  # every slot's tokens, then every slot's q (None at temperature 0): one wait for them all
+    host = to_host([torch.cat(t) for t in tokens] + [torch.stack(q) if q else None for q in qs])
+    return [Draft.chain(host[b], host[n + b]) for b in range(n)]
 
 
 def _trees(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.Tensor) -> list[Draft]:

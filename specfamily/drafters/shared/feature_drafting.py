@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
+from specfamily.core.host import draw, to_host
 from specfamily.core.sampling import warp
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import Draft, VerifyOutcome
@@ -152,13 +153,13 @@ class FeatureDrafter(BaseDrafter):
                 token = model.token_ids(logits.argmax().view(1))
             else:
                 q = warp(logits, sampling)
-                token = model.token_ids(torch.multinomial(q, 1, generator=ctx.generator))
+                token = model.token_ids(draw(q, ctx.generator))
                 qs.append(self._full_q(q))  # zero outside the draft vocabulary
             tokens.append(token)
             if i + 1 < gamma:
                 position = torch.full((1, 1), self.state.real + i, dtype=torch.long, device=root.device)
                 hidden = self._step(token[None], hidden[None, None], position, None, self.state.cache)[0, 0]
-        return Draft.chain(torch.cat(tokens).cpu(), torch.stack(qs).cpu() if qs else None)
+        return Draft.chain(*to_host([torch.cat(tokens), torch.stack(qs) if qs else None]))  # one wait for both
 
     def _tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
         """EAGLE-2 dynamic tree over draft-vocabulary indices: top-k children scored at the sampling temperature

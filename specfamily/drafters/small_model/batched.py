@@ -18,6 +18,7 @@ import torch
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
+from specfamily.core.host import draw
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
@@ -96,7 +97,7 @@ def _sample(s: _Slot, logits: torch.Tensor, confidence: float) -> None:
         sure = confidence == 0.0 or torch.softmax(logits.float(), -1)[token].item() >= confidence
     else:
         q = warp(logits, s.ctx.sampling)
-        token = torch.multinomial(q, 1, generator=s.ctx.generator)
+        token = draw(q, s.ctx.generator)
         s.qs.append(q)
         sure = confidence == 0.0 or q[token].item() >= confidence
     s.tokens.append(token)

@@ -8,6 +8,7 @@ from specfamily import zoo
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
+from specfamily.core.host import draw
 from specfamily.core.sampling import warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, VerifyOutcome
@@ -75,7 +76,7 @@ class SmallModelDrafter(BaseDrafter):
                 sure = self.confidence == 0.0 or torch.softmax(logits.float(), -1)[token].item() >= self.confidence
             else:
                 q = warp(logits, ctx.sampling)
-                token = torch.multinomial(q, 1, generator=ctx.generator)
+                token = draw(q, ctx.generator)
                 qs.append(q)
                 sure = self.confidence == 0.0 or q[token].item() >= self.confidence
             tokens.append(token)

@@ -26,20 +26,22 @@ CASES = [  # (name, options, sampling, a q is reported)
 
 @pytest.mark.parametrize(("name", "options", "sampling", "sampled"), CASES)
 def test_each_slot_drafts_what_it_drafts_alone(name, options, sampling, sampled, code_target, prompts, monkeypatch):
-    """Every pass of a batch with admissions and ragged acceptance: tokens and parents equal, q to 2e-6 in float32
-    (the rounding of a call of another shape), the same generator draws."""
+    """Every pass of a batch with admissions and ragged acceptance: tokens and parents equal, q to 4e-6 in float32
+    (the rounding of a call of another shape: 2.1e-6 on the eagle chain's stream since drafters draw by inversion,
+    about 18 float32 ulps of 1; float64 holds 1e-12 below), the same generator draws."""
     cls = EagleDrafter if name == "eagle" else Eagle3Drafter
-    log = twin_check(monkeypatch, cls, code_target, atol=2e-6)
+    log = twin_check(monkeypatch, cls, code_target, atol=4e-6)
     drafter = sf.create_drafter(name, code_target, **options)
     sf.generate_batch(code_target, drafter, prompts, max_new_tokens=16, sampling=sampling, max_batch=3)
     assert log.calls >= 4 and log.widest == 3 and log.drafts >= 3 * 4
     assert log.sampled == (log.drafts if sampled else 0)
 
 
-def test_in_float64_a_sampled_tree_is_its_batch_1_tree_to_1e_12(prompts, monkeypatch):
+@pytest.mark.parametrize("options", [{"tree_sampling": "sampled"}, {"mode": "chain"}], ids=["tree", "chain"])
+def test_in_float64_a_sampled_draft_is_its_batch_1_draft_to_1e_12(options, prompts, monkeypatch):
     target = sf.load_target("zoo:code-target", dtype=torch.float64)
     log = twin_check(monkeypatch, EagleDrafter, target, atol=1e-12)
-    drafter = sf.create_drafter("eagle", target, gamma=4, tree_sampling="sampled")
+    drafter = sf.create_drafter("eagle", target, gamma=4, **options)
     sf.generate_batch(target, drafter, prompts, max_new_tokens=12, sampling=T1, max_batch=3)
     assert log.sampled >= 8 and log.widest == 3
 
