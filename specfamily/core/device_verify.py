@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specfamily.core.host import device_inverse_cdf
+
 
 @dataclass
 class WalkResult:
@@ -43,11 +45,9 @@ def positions(like: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """() long: the token of probs (V,) whose cumulative interval holds u * total; never one without mass."""
-    cdf = probs.cumsum(0)  # (V,)
-    index = torch.searchsorted(cdf, (u * cdf[-1]).view(1), right=True)[0]
-    last = probs.numel() - 1 - (probs.flip(0) > 0).long().argmax()  # the last token with mass
-    return torch.minimum(index, last)  # u * total rounded up to the total: that last token
+    """() long: the token of probs (V,) whose cumulative interval holds u * total; never one without mass, even where
+    a device's parallel cumulative sum rounds a zero's running sum up (:func:`host.device_inverse_cdf`)."""
+    return device_inverse_cdf(probs, u).view(())
 
 
 def normalised(rejected: torch.Tensor, current: torch.Tensor) -> torch.Tensor:

@@ -271,3 +271,20 @@ def test_a_cpu_generator_with_device_tensors_costs_a_copy_of_the_uniforms():
     with SyncCounter() as syncs:
         verify_tree(on_device(tokens), parents, on_device(q), on_device(p), torch.Generator(), device_walk=True)
     assert [s.kind for s in syncs.syncs] == ["copy to device", "copy to host"], syncs
+
+
+def test_the_walks_next_token_is_never_a_zero_whose_running_sum_rounds_up(monkeypatch):
+    """The device walk draws its next token through host.device_inverse_cdf's guard: a parallel scan that puts a
+    zero-mass token's running sum one ulp above its left neighbour's must not make that token drawable (the walk's
+    own inversion once searched the raw running sums and drew token 2 here)."""
+    from specfamily.core.device_verify import inverse_cdf
+
+    p = torch.tensor([0.25, 0.25, 0.0, 0.5], dtype=torch.float64)
+    scanned = torch.tensor([0.25, 0.5, torch.nextafter(torch.tensor(0.5), torch.tensor(1.0)).item(), 1.0],
+                           dtype=torch.float64)
+    real_cumsum = torch.Tensor.cumsum
+    monkeypatch.setattr(torch.Tensor, "cumsum",
+                        lambda self, dim: scanned if self.shape == p.shape else real_cumsum(self, dim))
+    assert int(torch.searchsorted(p.cumsum(0), torch.tensor([0.5], dtype=torch.float64), right=True)) == 2
+    token = inverse_cdf(p, torch.tensor(0.5, dtype=torch.float64))
+    assert token.shape == () and int(token) == 3
