@@ -174,7 +174,7 @@ class KVArena:
         data = key_states.new_empty(len(self.layers), 2, batch, heads, capacity, dim)
         if self.data is not None:
             data.narrow(4, 0, self.capacity).copy_(self.data)
-        self.data = data
+        self.data, self._slots = data, None  # the old tensor's buffers let go with it
         for index, layer in enumerate(self.layers):
             layer.adopt(data[index, 0], data[index, 1])
 
