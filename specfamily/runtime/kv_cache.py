@@ -145,6 +145,7 @@ class KVArena:
     def __init__(self) -> None:
         self.data: torch.Tensor | None = None
         self.layers: list[BufferedLayer] = []
+        self._slots: tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None = None  # (data, keys, values)
 
     def layer(self) -> BufferedLayer:
         """A new BufferedLayer whose buffers live here."""
@@ -173,7 +174,7 @@ class KVArena:
         data = key_states.new_empty(len(self.layers), 2, batch, heads, capacity, dim)
         if self.data is not None:
             data.narrow(4, 0, self.capacity).copy_(self.data)
-        self.data = data
+        self.data, self._slots = data, None  # the old tensor's buffers let go with it
         for index, layer in enumerate(self.layers):
             layer.adopt(data[index, 0], data[index, 1])
 
@@ -182,19 +183,31 @@ class KVArena:
         index = self.layers.index(layer)
         return self.data[index, 0], self.data[index, 1]
 
+    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's key and value buffers (B, H, capacity, D), made once per ``data`` (a pass writes its entries
+        into them in place: ``specfamily.runtime.native_layers``)."""
+        data = self.data
+        if self._slots is None or self._slots[0] is not data:
+            views = data.view(-1, *data.shape[2:]).unbind(0)  # keys, values of each layer
+            self._slots = (data, list(views[0::2]), list(views[1::2]))
+        return self._slots[1], self._slots[2]
+
     def cut(self, length: int) -> bool:
-        """Every layer's ``keys``/``values``: its first ``length`` entries, as views made by one narrow and one unbind
-        (two narrows a layer cost ~2 us each); False (nothing done) where a layer holds fewer. Needs every layer's
-        ``keys`` to be its own view of this arena (``shared_arena``)."""
-        layers = self.layers
-        if length > min(layer.keys.shape[-2] for layer in layers):
+        """Every layer's ``keys``/``values``: its first ``length`` entries (``expose``); False (nothing done) where a
+        layer holds fewer. Needs every layer's ``keys`` to be its own view of this arena (``shared_arena``)."""
+        if length > min(layer.keys.shape[-2] for layer in self.layers):
             return False
+        self.expose(length)
+        return True
+
+    def expose(self, length: int) -> None:
+        """Every layer's ``keys``/``values``: its buffers' first ``length`` entries (at most ``capacity``), as views
+        made by one narrow and one unbind (two narrows a layer cost ~2 us each)."""
         data = self.data
         views = iter(data.view(-1, *data.shape[2:]).narrow(3, 0, length).unbind(0))  # keys, values of each layer
-        for layer, keys, values in zip(layers, views, views, strict=False):
+        for layer, keys, values in zip(self.layers, views, views, strict=False):
             layer.keys = layer._own = keys
             layer.values = values
-        return True
 
     def move(self, base: int, src: torch.Tensor) -> None:
         """Every layer's entries at ``src`` (k,) to ``base .. base + k - 1`` (``src`` ascending, each >= its target)."""

@@ -13,11 +13,13 @@ on some CPUs; its logits then differ from the model's in the last bits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from itertools import repeat
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 from transformers.activations import SiLUActivation
 from transformers.integrations.sdpa_attention import pack_gqa, repeat_kv, use_gqa_in_sdpa
 
@@ -117,11 +119,6 @@ def _signed(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def _replaced(attributes: dict) -> bool:
-    """A module's ``__dict__`` shows an accelerate hook or a forward of its own."""
-    return "_hf_hook" in attributes or "forward" in attributes
-
-
 def _activation(act: nn.Module):
     """The MLP's activation as a function: ``F.silu`` for transformers' SiLU module, else the module itself."""
     return F.silu if type(act) is SiLUActivation else act
@@ -137,12 +134,20 @@ def rope(rotary: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) ->
     return cos.to(dtype=hidden.dtype).unsqueeze(1), _signed(sin.to(dtype=hidden.dtype).unsqueeze(1))
 
 
-@dataclass(frozen=True)
+@dataclass
 class ModuleWatch:
-    """The hook tables and ``__dict__`` of some modules: hooks or replaced forwards added after building show."""
+    """The hook tables and ``__dict__`` of some modules: hooks or replaced forwards added after building show.
+
+    A clean verdict on the hook tables is kept while torch hands out no new hook handle (``RemovableHandle.next_id``:
+    every ``register_forward_hook`` / ``register_forward_pre_hook``, global ones included, takes one), so a pass
+    after the first reads one counter instead of every module's hooks; a removed hook can only make the tables
+    cleaner, and a verdict of hooked is never kept. The ``__dict__`` check (a replaced forward, an accelerate hook)
+    and the global hook tables are read on every call.
+    """
 
     hooks: tuple[dict, ...]
     dicts: tuple[dict, ...]
+    _clean_at: int = field(default=-1, repr=False, compare=False)  # next_id when the hook tables were last clean
 
     @classmethod
     def of(cls, modules) -> ModuleWatch:
@@ -152,11 +157,23 @@ class ModuleWatch:
 
     def clean(self) -> bool:
         """No global hooks, no blocking hook on a watched module, no replaced forward or accelerate hook."""
-        return not (
-            global_hooks()
-            or (any(map(len, self.hooks)) and any(blocking(hooks) for hooks in self.hooks))
-            or any(map(_replaced, self.dicts))
-        )
+        return not (global_hooks() or self._replaced() or self._hooked())
+
+    def _replaced(self) -> bool:
+        """A watched module's ``__dict__`` holds a forward of its own or an accelerate hook (C-level lookups)."""
+        dicts = self.dicts
+        return any(map(dict.__contains__, dicts, repeat("forward"))) or any(
+            map(dict.__contains__, dicts, repeat("_hf_hook")))
+
+    def _hooked(self) -> bool:
+        """A blocking hook on a watched module; read again only after torch has handed out a new hook handle."""
+        stamp = RemovableHandle.next_id
+        if stamp == self._clean_at:
+            return False
+        hooked = any(map(len, self.hooks)) and any(blocking(hooks) for hooks in self.hooks)
+        if not hooked:
+            self._clean_at = stamp
+        return hooked
 
 
 def drafting_ready(model: nn.Module, attn_config, watch: ModuleWatch) -> bool:

@@ -42,7 +42,7 @@ from specfamily.runtime.kernel import (
     short_error,
     stream_kernel,
 )
-from specfamily.runtime.kv_cache import BufferedLayer
+from specfamily.runtime.kv_cache import BufferedLayer, KVArena, shared_arena
 from specfamily.runtime.lean import Attend, LeanLayer, LeanLlama, rotate_pair
 
 __all__ = ["DISABLE_ENV", "NativeBuild", "NativeLayers", "build_native", "native_build", "native_layers",
@@ -144,23 +144,55 @@ class NativeLayers:
                 or torch.is_grad_enabled() or layers is None or len(layers) != self.count
                 or (attend.kernel is not None and attend.kernel is not self._attend)):
             return None
-        starts = [_kept(layer) for layer in layers]
-        if 0 in starts:
-            return None
         q = hidden.shape[1]
-        buffers = [layer.reserve(start + q) for layer, start in zip(layers, starts, strict=True)]
+        arena = shared_arena(layers)
+        prepared = None if arena is None else _in_arena(arena, q)
+        if prepared is None:  # layer by layer: no shared arena, or its layers hold different lengths
+            arena, prepared = None, _per_layer(layers, q)
+        if prepared is None:
+            return None
+        keys, values, starts = prepared
         try:
             out = self._native.forward(hidden, cos, sin, attend.mask, attend.causal, attend.gqa, attend.pack,
-                                       attend.groups, [b[0] for b in buffers], [b[1] for b in buffers], starts,
-                                       list(inputs), attend.kernel is not None, attend.visible)
+                                       attend.groups, keys, values, starts, list(inputs), attend.kernel is not None,
+                                       attend.visible)
         except Exception as error:  # noqa: BLE001 - any failure: the Python loop from now on, this pass's too
             # no layer was exposed: the cache keeps its entries (the Python loop rewrites the buffers' tails)
             self.reason = short_error(error)
             logger.warning("the native layer loop failed, running the Python loop: %s", self.reason)
             return None
-        for layer, start in zip(layers, starts, strict=True):
-            layer.expose(start + q)
+        if arena is not None:
+            arena.expose(starts[0] + q)  # one narrow and one unbind for every layer
+        else:
+            for layer, start in zip(layers, starts, strict=True):
+                layer.expose(start + q)
         return out
+
+
+# keys buffers, values buffers, entries held: one a layer
+Prepared = tuple[list[torch.Tensor], list[torch.Tensor], list[int]]
+
+
+def _per_layer(layers, q: int) -> Prepared | None:
+    """Each layer's buffers reserved for ``q`` more entries, layer by layer; None where a layer holds none in place."""
+    starts = [_kept(layer) for layer in layers]
+    if 0 in starts:
+        return None
+    buffers = [layer.reserve(start + q) for layer, start in zip(layers, starts, strict=True)]
+    return [b[0] for b in buffers], [b[1] for b in buffers], starts
+
+
+def _in_arena(arena: KVArena, q: int) -> Prepared | None:
+    """``_per_layer`` on a shared arena whose layers hold as many entries each: grown once for all, its buffers made
+    once per arena tensor (``KVArena.buffers``); None where the layers hold different lengths, or none."""
+    layers = arena.layers
+    start = layers[0].keys.shape[-2]
+    if start == 0 or any(layer.keys.shape[-2] != start for layer in layers):
+        return None
+    if start + q > arena.capacity:
+        arena.grow(layers[0].keys, start + q)
+    keys, values = arena.buffers()
+    return keys, values, [start] * len(layers)
 
 
 def _kept(layer) -> int:

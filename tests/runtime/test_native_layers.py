@@ -321,3 +321,39 @@ def test_a_copy_shares_the_native_layers_only_with_the_weights():
     full = copy.deepcopy(native)
     assert full.lean.native is None and full.model is not native.model
     assert torch.equal(full.forward(torch.tensor([5])).logits, native.forward(torch.tensor([5])).logits)
+
+
+@needs_native
+def test_a_pass_on_the_arena_takes_its_buffers_once_for_every_layer(monkeypatch):
+    """On the shared arena a native pass reserves no layer one by one: it reads the arena's buffers, made once per
+    arena tensor, and exposes every layer with one call; bit-identical to the Python loop, growth included."""
+    native, python = _pair(_model())
+    native.forward(torch.arange(60) % VOCAB)
+    native.commit([])
+
+    def refuse(*args):
+        raise AssertionError("a layer reserved on its own")
+
+    monkeypatch.setattr(native_layers.BufferedLayer, "reserve", refuse)
+    arena = native.cache.layers[0].arena
+    before = arena.buffers()
+    steps = [(torch.tensor([i % VOCAB]), None, []) for i in range(3)]
+    for pending, draft, accepted in steps:
+        native.forward(pending, draft)
+        native.commit(accepted)
+    assert native.lean.native.calls == 3 and arena.buffers()[0] is before[0]  # made once, not per pass
+    monkeypatch.undo()
+    native, python = _pair(_model())
+    _assert_identical(native, python, _steps(prompt=60) + [(torch.tensor([i % VOCAB]), None, []) for i in range(70)])
+
+
+@needs_native
+def test_arena_layers_of_different_lengths_are_reserved_one_by_one():
+    native, python = _pair(_model())
+    for target in (native, python):
+        target.forward(torch.arange(11) % VOCAB)
+        target.commit([])
+        layer = target.cache.layers[1]
+        layer.cut(layer.keys.shape[2] - 3)  # the second layer drops its last 3 entries, the first keeps them
+    _assert_identical(native, python, [(torch.tensor([5]), None, []), (torch.tensor([7]), None, [])])
+    assert native.lean.native.calls == 2
