@@ -176,17 +176,35 @@ void block(const Problem& p, int64_t q) {
 }
 
 // Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 6 rows (4 x 6: 24 accumulators), 3
-// up to 8 (4 x 8 would spill), 2 up to 12, 1 past; each weight load and x broadcast feeds more FMAs the more panels
-// go at once. From 2 rows on the FMAs hold up each line's load, and the more rows, the further ahead the next lines
-// are fetched (what the choices gained and cost where they were measured: docs/bandwidth-smollm2.md).
+// up to 8 (4 x 8 would spill); each weight load and x broadcast feeds more FMAs the more panels go at once. From 2
+// rows on the FMAs hold up each line's load, and the more rows, the further ahead the next lines are fetched (what
+// the choices gained and cost where they were measured: docs/bandwidth-smollm2.md).
 template <int K>
 void panels_of(const Problem& p, int64_t q0, int64_t q1) {
-  constexpr int P = K <= 6 ? 4 : (K <= 8 ? 3 : (K <= 12 ? 2 : 1));
-  // inputs (64-byte lines of each panel) fetched ahead
-  constexpr int Ahead = K <= 1 ? 0 : (K <= 4 ? 16 : (K <= 8 ? 32 : (K <= 12 ? 64 : 256)));
+  constexpr int P = K <= 6 ? 4 : 3;
+  constexpr int Ahead = K <= 1 ? 0 : (K <= 4 ? 16 : 32);  // inputs (64-byte lines of each panel) fetched ahead
   int64_t q = q0;
   for (; q + P <= q1; q += P) block<P, K, Ahead>(p, q);
   for (; q < q1; ++q) block<1, K, Ahead>(p, q);
+}
+
+// 9-16 rows: two blocks of at most 8 rows (the first ceil(K / 2), then the rest) over each group of P panels, the
+// second while the group is still in L2, so each weight line comes from memory once; one block of 9-16 rows would
+// take one or two panels at a time (16 rows x 2 panels is all 32 registers) and spill its row pointers.
+template <int K>
+void halves_of(const Problem& p, int64_t q0, int64_t q1) {
+  constexpr int KA = (K + 1) / 2, KB = K / 2;
+  constexpr int P = KA <= 6 ? 4 : 3;  // the first block's choice; the second has as many rows or one fewer
+  const Problem rest{p.x + KA * p.d, p.w, p.b, p.y + KA * p.n, KB, p.d, p.n};
+  int64_t q = q0;
+  for (; q + P <= q1; q += P) {
+    block<P, KA, 32>(p, q);
+    block<P, KB, 0>(rest, q);
+  }
+  for (; q < q1; ++q) {
+    block<1, KA, 32>(p, q);
+    block<1, KB, 0>(rest, q);
+  }
 }
 
 void panels(const Problem& p, int64_t q0, int64_t q1) {
@@ -199,14 +217,14 @@ void panels(const Problem& p, int64_t q0, int64_t q1) {
     case 6: return panels_of<6>(p, q0, q1);
     case 7: return panels_of<7>(p, q0, q1);
     case 8: return panels_of<8>(p, q0, q1);
-    case 9: return panels_of<9>(p, q0, q1);
-    case 10: return panels_of<10>(p, q0, q1);
-    case 11: return panels_of<11>(p, q0, q1);
-    case 12: return panels_of<12>(p, q0, q1);
-    case 13: return panels_of<13>(p, q0, q1);
-    case 14: return panels_of<14>(p, q0, q1);
-    case 15: return panels_of<15>(p, q0, q1);
-    default: return panels_of<16>(p, q0, q1);
+    case 9: return halves_of<9>(p, q0, q1);
+    case 10: return halves_of<10>(p, q0, q1);
+    case 11: return halves_of<11>(p, q0, q1);
+    case 12: return halves_of<12>(p, q0, q1);
+    case 13: return halves_of<13>(p, q0, q1);
+    case 14: return halves_of<14>(p, q0, q1);
+    case 15: return halves_of<15>(p, q0, q1);
+    default: return halves_of<16>(p, q0, q1);
   }
 }
 
