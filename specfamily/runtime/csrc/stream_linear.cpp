@@ -136,16 +136,16 @@ namespace avx512 {
 
 // Panels [q, q + P) times all K rows of x: P x K accumulators (at most 24 of 32 registers), P loads per input, each
 // panel's line Ahead inputs on prefetched (0: none).
-template <int P, int K, int Ahead>
-void block(const Problem& p, int64_t q) {
+template <int P, int K, int Ahead, bool Span = false>
+void block(const Problem& p, int64_t q, int64_t t0 = 0, int64_t t1 = 0, __m512* kept = nullptr) {
   __m512 acc[P][K];
 #pragma GCC unroll 16
   for (int r = 0; r < P; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
-  const int64_t stride = p.d * kPanel;
+    for (int j = 0; j < K; ++j) acc[r][j] = Span ? kept[r * K + j] : _mm512_setzero_ps();
+  const int64_t stride = p.d * kPanel, end = Span ? t1 : p.d;
   const float* w = p.w + q * stride;
-  for (int64_t t = 0; t < p.d; ++t) {
+  for (int64_t t = Span ? t0 : 0; t < end; ++t) {
     __m512 wv[P];
 #pragma GCC unroll 16
     for (int r = 0; r < P; ++r) {
@@ -164,6 +164,13 @@ void block(const Problem& p, int64_t q) {
 #pragma GCC unroll 16
       for (int r = 0; r < P; ++r) acc[r][j] = _mm512_fmadd_ps(wv[r], xt, acc[r][j]);
     }
+  }
+  if (Span && end < p.d) {
+#pragma GCC unroll 16
+    for (int r = 0; r < P; ++r)
+#pragma GCC unroll 16
+      for (int j = 0; j < K; ++j) kept[r * K + j] = acc[r][j];
+    return;
   }
 #pragma GCC unroll 16
   for (int r = 0; r < P; ++r) {
@@ -188,6 +195,24 @@ void panels_of(const Problem& p, int64_t q0, int64_t q1) {
   for (; q < q1; ++q) block<1, K, Ahead>(p, q);
 }
 
+#ifndef SPAN
+#define SPAN 64
+#endif
+#ifndef BAHEAD
+#define BAHEAD 64
+#endif
+template <int P, int KA, int KB>
+void group(const Problem& a, const Problem& b, int64_t q) {
+  __m512 ka[P * KA], kb[P * KB];
+  for (auto& v : ka) v = _mm512_setzero_ps();
+  for (auto& v : kb) v = _mm512_setzero_ps();
+  for (int64_t t0 = 0; t0 < a.d; t0 += SPAN) {
+    const int64_t t1 = std::min<int64_t>(a.d, t0 + SPAN);
+    block<P, KA, 32, true>(a, q, t0, t1, ka);
+    block<P, KB, BAHEAD, true>(b, q, t0, t1, kb);
+  }
+}
+
 // 9-16 rows: two blocks of at most 8 rows (the first ceil(K / 2), then the rest) over each group of P panels, the
 // second while the group is still in L2, so each weight line comes from memory once; one block of 9-16 rows would
 // take one or two panels at a time (16 rows x 2 panels is all 32 registers) and spill its row pointers.
@@ -197,14 +222,8 @@ void halves_of(const Problem& p, int64_t q0, int64_t q1) {
   constexpr int P = KA <= 6 ? 4 : 3;  // the first block's choice; the second has as many rows or one fewer
   const Problem rest{p.x + KA * p.d, p.w, p.b, p.y + KA * p.n, KB, p.d, p.n};
   int64_t q = q0;
-  for (; q + P <= q1; q += P) {
-    block<P, KA, 32>(p, q);
-    block<P, KB, 0>(rest, q);
-  }
-  for (; q < q1; ++q) {
-    block<1, KA, 32>(p, q);
-    block<1, KB, 0>(rest, q);
-  }
+  for (; q + P <= q1; q += P) group<P, KA, KB>(p, rest, q);
+  for (; q < q1; ++q) group<1, KA, KB>(p, rest, q);
 }
 
 void panels(const Problem& p, int64_t q0, int64_t q1) {
