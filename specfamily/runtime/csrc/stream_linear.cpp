@@ -135,7 +135,8 @@ void panels(const Problem& p, int64_t q0, int64_t q1) {
 namespace avx512 {
 
 // Panels [q, q + P) times all K rows of x: P x K accumulators (at most 24 of 32 registers), P loads per input, each
-// panel's line Ahead inputs on prefetched (0: none).
+// panel's line Ahead inputs on prefetched (0: none). Span: inputs [t0, t1) only, the accumulators taken from `kept`
+// and, unless t1 is the last input, put back there (the outputs written after the last span).
 template <int P, int K, int Ahead, bool Span = false>
 void block(const Problem& p, int64_t q, int64_t t0 = 0, int64_t t1 = 0, __m512* kept = nullptr) {
   __m512 acc[P][K];
@@ -154,8 +155,7 @@ void block(const Problem& p, int64_t q, int64_t t0 = 0, int64_t t1 = 0, __m512* 
       wv[r] = _mm512_loadu_ps(line);
       // At 2-3 rows, in a register, loaded once: GCC would otherwise fold the load into each of the line's K FMAs
       // (K loads of one line, seen in the disassembly), and the load ports would set the pace. Elsewhere GCC's own
-      // choice measured as fast or faster (1 row: one FMA per line; 4 rows on: registers, or at 13-16 rows one panel
-      // whose folded loads beat 16 embedded broadcasts by ~2%: docs/bandwidth-smollm2.md).
+      // choice measured as fast or faster (1 row: one FMA per line; 4 rows on: registers; docs/bandwidth-smollm2.md).
       if constexpr (K == 2 || K == 3) asm("" : "+v"(wv[r]));
     }
 #pragma GCC unroll 16
@@ -195,27 +195,27 @@ void panels_of(const Problem& p, int64_t q0, int64_t q1) {
   for (; q < q1; ++q) block<1, K, Ahead>(p, q);
 }
 
-#ifndef SPAN
-#define SPAN 64
-#endif
-#ifndef BAHEAD
-#define BAHEAD 64
-#endif
+// Panels [q, q + P) times rows a (KA of them) and b (KB): the two blocks take turns over spans of kSpan inputs, the
+// accumulators kept in memory between turns (each output still one FMA chain over the inputs in order), so the
+// second reads each span's lines (P x 4 KB) from L1 just after the first brought them in; while it does, it fetches
+// the first block's next span.
 template <int P, int KA, int KB>
 void group(const Problem& a, const Problem& b, int64_t q) {
-  __m512 ka[P * KA], kb[P * KB];
-  for (auto& v : ka) v = _mm512_setzero_ps();
-  for (auto& v : kb) v = _mm512_setzero_ps();
-  for (int64_t t0 = 0; t0 < a.d; t0 += SPAN) {
-    const int64_t t1 = std::min<int64_t>(a.d, t0 + SPAN);
-    block<P, KA, 32, true>(a, q, t0, t1, ka);
-    block<P, KB, BAHEAD, true>(b, q, t0, t1, kb);
+  constexpr int64_t kSpan = 64;
+  __m512 kept_a[P * KA], kept_b[P * KB];
+  for (auto& v : kept_a) v = _mm512_setzero_ps();
+  for (auto& v : kept_b) v = _mm512_setzero_ps();
+  for (int64_t t0 = 0; t0 < a.d; t0 += kSpan) {
+    const int64_t t1 = std::min(a.d, t0 + kSpan);
+    block<P, KA, 32, true>(a, q, t0, t1, kept_a);
+    block<P, KB, kSpan, true>(b, q, t0, t1, kept_b);
   }
 }
 
-// 9-16 rows: two blocks of at most 8 rows (the first ceil(K / 2), then the rest) over each group of P panels, the
-// second while the group is still in L2, so each weight line comes from memory once; one block of 9-16 rows would
-// take one or two panels at a time (16 rows x 2 panels is all 32 registers) and spill its row pointers.
+// 9-16 rows: two blocks of at most 8 rows (the first ceil(K / 2), then the rest) over each group of P panels, a span
+// of inputs at a time (group), so each weight line comes from memory once and from L1 once. One block of 9-16 rows
+// takes one or two panels at a time (16 rows x 2 panels fill all 32 registers), spills its row pointers to the stack
+// and, in L2, ran 2.5x slower at 16 rows than at 8 (docs/bandwidth-smollm2.md, "9-16 rows").
 template <int K>
 void halves_of(const Problem& p, int64_t q0, int64_t q1) {
   constexpr int KA = (K + 1) / 2, KB = K / 2;
