@@ -78,8 +78,9 @@ def _layer(seed: int) -> tuple[torch.nn.Linear, torch.Tensor, torch.Generator]:
 
 
 def _equals_f_linear(module, x: torch.Tensor, layer: torch.nn.Linear) -> None:
-    torch.testing.assert_close(module.linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias),
-                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        module.linear(x, layer.weight, layer.bias), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4
+    )
 
 
 @torch.no_grad()
