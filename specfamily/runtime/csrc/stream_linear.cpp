@@ -214,8 +214,8 @@ void group(const Problem& a, const Problem& b, int64_t q) {
 
 // 9-16 rows: two blocks of at most 8 rows (the first ceil(K / 2), then the rest) over each group of P panels, a span
 // of inputs at a time (group), so each weight line comes from memory once and from L1 once. One block of 9-16 rows
-// takes one or two panels at a time (16 rows x 2 panels fill all 32 registers), spills its row pointers to the stack
-// and, in L2, ran 2.5x slower at 16 rows than at 8 (docs/bandwidth-smollm2.md, "9-16 rows").
+// took two panels at a time up to 12 rows and one past (16 rows x 2 panels would fill all 32 registers), spilled its
+// row pointers to the stack and, in L2, took ~2.6x 8 rows' time at 16 (docs/bandwidth-smollm2.md, "9-16 rows").
 template <int K>
 void halves_of(const Problem& p, int64_t q0, int64_t q1) {
   constexpr int KA = (K + 1) / 2, KB = K / 2;
