@@ -135,17 +135,18 @@ void panels(const Problem& p, int64_t q0, int64_t q1) {
 namespace avx512 {
 
 // Panels [q, q + P) times all K rows of x: P x K accumulators (at most 24 of 32 registers), P loads per input, each
-// panel's line Ahead inputs on prefetched (0: none).
-template <int P, int K, int Ahead>
-void block(const Problem& p, int64_t q) {
+// panel's line Ahead inputs on prefetched (0: none). Span: inputs [t0, t1) only, the accumulators taken from `kept`
+// and, unless t1 is the last input, put back there (the outputs written after the last span).
+template <int P, int K, int Ahead, bool Span = false>
+void block(const Problem& p, int64_t q, int64_t t0 = 0, int64_t t1 = 0, __m512* kept = nullptr) {
   __m512 acc[P][K];
 #pragma GCC unroll 16
   for (int r = 0; r < P; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < K; ++j) acc[r][j] = _mm512_setzero_ps();
-  const int64_t stride = p.d * kPanel;
+    for (int j = 0; j < K; ++j) acc[r][j] = Span ? kept[r * K + j] : _mm512_setzero_ps();
+  const int64_t stride = p.d * kPanel, end = Span ? t1 : p.d;
   const float* w = p.w + q * stride;
-  for (int64_t t = 0; t < p.d; ++t) {
+  for (int64_t t = Span ? t0 : 0; t < end; ++t) {
     __m512 wv[P];
 #pragma GCC unroll 16
     for (int r = 0; r < P; ++r) {
@@ -154,8 +155,7 @@ void block(const Problem& p, int64_t q) {
       wv[r] = _mm512_loadu_ps(line);
       // At 2-3 rows, in a register, loaded once: GCC would otherwise fold the load into each of the line's K FMAs
       // (K loads of one line, seen in the disassembly), and the load ports would set the pace. Elsewhere GCC's own
-      // choice measured as fast or faster (1 row: one FMA per line; 4 rows on: registers, or at 13-16 rows one panel
-      // whose folded loads beat 16 embedded broadcasts by ~2%: docs/bandwidth-smollm2.md).
+      // choice measured as fast or faster (1 row: one FMA per line; 4 rows on: registers; docs/bandwidth-smollm2.md).
       if constexpr (K == 2 || K == 3) asm("" : "+v"(wv[r]));
     }
 #pragma GCC unroll 16
@@ -164,6 +164,13 @@ void block(const Problem& p, int64_t q) {
 #pragma GCC unroll 16
       for (int r = 0; r < P; ++r) acc[r][j] = _mm512_fmadd_ps(wv[r], xt, acc[r][j]);
     }
+  }
+  if (Span && end < p.d) {
+#pragma GCC unroll 16
+    for (int r = 0; r < P; ++r)
+#pragma GCC unroll 16
+      for (int j = 0; j < K; ++j) kept[r * K + j] = acc[r][j];
+    return;
   }
 #pragma GCC unroll 16
   for (int r = 0; r < P; ++r) {
@@ -176,17 +183,47 @@ void block(const Problem& p, int64_t q) {
 }
 
 // Panels [q0, q1) in groups of P (the last ones alone): 4 panels at once up to 6 rows (4 x 6: 24 accumulators), 3
-// up to 8 (4 x 8 would spill), 2 up to 12, 1 past; each weight load and x broadcast feeds more FMAs the more panels
-// go at once. From 2 rows on the FMAs hold up each line's load, and the more rows, the further ahead the next lines
-// are fetched (what the choices gained and cost where they were measured: docs/bandwidth-smollm2.md).
+// up to 8 (4 x 8 would spill); each weight load and x broadcast feeds more FMAs the more panels go at once. From 2
+// rows on the FMAs hold up each line's load, and the more rows, the further ahead the next lines are fetched (what
+// the choices gained and cost where they were measured: docs/bandwidth-smollm2.md).
 template <int K>
 void panels_of(const Problem& p, int64_t q0, int64_t q1) {
-  constexpr int P = K <= 6 ? 4 : (K <= 8 ? 3 : (K <= 12 ? 2 : 1));
-  // inputs (64-byte lines of each panel) fetched ahead
-  constexpr int Ahead = K <= 1 ? 0 : (K <= 4 ? 16 : (K <= 8 ? 32 : (K <= 12 ? 64 : 256)));
+  constexpr int P = K <= 6 ? 4 : 3;
+  constexpr int Ahead = K <= 1 ? 0 : (K <= 4 ? 16 : 32);  // inputs (64-byte lines of each panel) fetched ahead
   int64_t q = q0;
   for (; q + P <= q1; q += P) block<P, K, Ahead>(p, q);
   for (; q < q1; ++q) block<1, K, Ahead>(p, q);
+}
+
+// Panels [q, q + P) times rows a (KA of them) and b (KB): the two blocks take turns over spans of kSpan inputs, the
+// accumulators kept in memory between turns (each output still one FMA chain over the inputs in order), so the
+// second reads each span's lines (P x 4 KB) from L1 just after the first brought them in; while it does, it fetches
+// the first block's next span.
+template <int P, int KA, int KB>
+void group(const Problem& a, const Problem& b, int64_t q) {
+  constexpr int64_t kSpan = 64;
+  __m512 kept_a[P * KA], kept_b[P * KB];
+  for (auto& v : kept_a) v = _mm512_setzero_ps();
+  for (auto& v : kept_b) v = _mm512_setzero_ps();
+  for (int64_t t0 = 0; t0 < a.d; t0 += kSpan) {
+    const int64_t t1 = std::min(a.d, t0 + kSpan);
+    block<P, KA, 32, true>(a, q, t0, t1, kept_a);
+    block<P, KB, kSpan, true>(b, q, t0, t1, kept_b);
+  }
+}
+
+// 9-16 rows: two blocks of at most 8 rows (the first ceil(K / 2), then the rest) over each group of P panels, a span
+// of inputs at a time (group), so each weight line comes from memory once and from L1 once. One block of 9-16 rows
+// took two panels at a time up to 12 rows and one past (16 rows x 2 panels would fill all 32 registers), spilled its
+// row pointers to the stack and, in L2, took ~2.6x 8 rows' time at 16 (docs/bandwidth-smollm2.md, "9-16 rows").
+template <int K>
+void halves_of(const Problem& p, int64_t q0, int64_t q1) {
+  constexpr int KA = (K + 1) / 2, KB = K / 2;
+  constexpr int P = KA <= 6 ? 4 : 3;  // the first block's choice; the second has as many rows or one fewer
+  const Problem rest{p.x + KA * p.d, p.w, p.b, p.y + KA * p.n, KB, p.d, p.n};
+  int64_t q = q0;
+  for (; q + P <= q1; q += P) group<P, KA, KB>(p, rest, q);
+  for (; q < q1; ++q) group<1, KA, KB>(p, rest, q);
 }
 
 void panels(const Problem& p, int64_t q0, int64_t q1) {
@@ -199,14 +236,14 @@ void panels(const Problem& p, int64_t q0, int64_t q1) {
     case 6: return panels_of<6>(p, q0, q1);
     case 7: return panels_of<7>(p, q0, q1);
     case 8: return panels_of<8>(p, q0, q1);
-    case 9: return panels_of<9>(p, q0, q1);
-    case 10: return panels_of<10>(p, q0, q1);
-    case 11: return panels_of<11>(p, q0, q1);
-    case 12: return panels_of<12>(p, q0, q1);
-    case 13: return panels_of<13>(p, q0, q1);
-    case 14: return panels_of<14>(p, q0, q1);
-    case 15: return panels_of<15>(p, q0, q1);
-    default: return panels_of<16>(p, q0, q1);
+    case 9: return halves_of<9>(p, q0, q1);
+    case 10: return halves_of<10>(p, q0, q1);
+    case 11: return halves_of<11>(p, q0, q1);
+    case 12: return halves_of<12>(p, q0, q1);
+    case 13: return halves_of<13>(p, q0, q1);
+    case 14: return halves_of<14>(p, q0, q1);
+    case 15: return halves_of<15>(p, q0, q1);
+    default: return halves_of<16>(p, q0, q1);
   }
 }
 
