@@ -154,7 +154,7 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
         times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0, float("nan"), 0))
     plain = None
     for name in ["plain", *names]:
-        drafter = None if name == "plain" else sf.create_drafter(name, target)  # loading is not timed
+        drafter = None if name == "plain" else make_drafter(name, target, args.gamma)  # loading is not timed
         start = clock()
         results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch, arrivals=arrivals)
         seconds = clock() - start
@@ -164,6 +164,12 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
         latency = statistics.median(r.metrics.finish_s - r.metrics.arrival_s for r in results)
         passes = sum(r.metrics.target_passes for r in results)
         times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched, latency, passes))
+
+
+def make_drafter(name: str, target, gamma: int | None):
+    """The drafter at its defaults, or, with ``gamma``, drafting ``gamma`` tokens on every pass (a constant policy:
+    the batch's length policy, which plans only cost-aware drafters, leaves it alone)."""
+    return sf.create_drafter(name, target) if gamma is None else sf.create_drafter(name, target, gamma=gamma)
 
 
 def sweep(args) -> Sweep:
@@ -182,7 +188,7 @@ def sweep(args) -> Sweep:
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:
-            sf.create_drafter(name, target)
+            make_drafter(name, target, args.gamma)
         except ValueError as err:  # no shipped weights for this target
             result.skipped[name] = str(err).split(";")[0]
             names.remove(name)
@@ -283,6 +289,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-category", type=int, default=3,
                         help="Spec-Bench questions per category (13 categories; the default run: 1)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--gamma", type=int, default=None,
+                        help="every drafter at this constant draft length (default: its own, cost-aware)")
     parser.add_argument("--arrival-rate", type=float, default=None,
                         help="requests per second, seeded Poisson arrivals (default: all at once); leaves hf out")
     parser.add_argument("--no-hf", action="store_true", help="leave transformers' generate out")

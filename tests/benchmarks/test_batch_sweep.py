@@ -71,3 +71,12 @@ def test_the_default_runs_workload_keeps_whole_prompts(sweep_module, monkeypatch
     cut = sweep_module.sweep(sweep_module.parse_args([*args, "--max-prompt-tokens", "32"]))
     assert seen["per_category"] == 3 and cut.prompt_tokens == [32, 32]
     assert {r.method for r in cut.rows} == {"plain", "prompt_lookup"} and all(r.passes > 0 for r in cut.rows)
+
+
+def test_gamma_gives_every_drafter_a_constant_length_the_length_policy_leaves_alone(sweep_module):
+    from specfamily.core.policy import AutoPolicy
+
+    target = tiny_target("llama", vocab_size=64)
+    assert isinstance(sweep_module.make_drafter("prompt_lookup", target, None).policy, AutoPolicy)
+    fixed = sweep_module.make_drafter("prompt_lookup", target, 2)
+    assert not isinstance(fixed.policy, AutoPolicy) and fixed.policy.next_gamma() == 2
