@@ -47,7 +47,8 @@ def propose_feature_batch(drafters: list[FeatureDrafter], ctxs: list[DecodeConte
     clock = device_clock(ctxs[live[0]].target.device)
     start = clock()
     states = [drafters[i].state for i in live]
-    cache = _Span(rows.cache, rows.rows_for(states))
+    held = rows.rows_for(states)  # may grow the pool: its cache is read after
+    cache = _Span(rows.cache, held)
     try:
         roots = _catch_up(lead, cache, [drafters[i] for i in live], [ctxs[i] for i in live])  # (B, H)
         catch_up_seconds = (clock() - start) / len(drafters)

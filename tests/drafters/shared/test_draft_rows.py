@@ -66,14 +66,15 @@ def test_rows_are_freed_by_release_and_by_a_dead_owner_and_the_pool_doubles_keep
         rows.check_in(FeatureState(real=2, held=rows, row=1))  # ... under a copy still pointing at the row
 
 
-@pytest.mark.parametrize(("name", "options"), [("eagle", {"mode": "chain", "gamma": 3}), ("eagle", {"gamma": 4}),
-                                               ("eagle3", {"weights": "random", "gamma": 3, "top_k": 4,
-                                                           "total_tokens": 12})])
-def test_a_batched_run_adopts_each_request_once_and_frees_its_row_at_the_end(name, options, code_target, prompts,
-                                                                             monkeypatch):
-    """Five requests at max_batch=3 (admissions into retired slots): every drafting request's pairs are copied into
-    the batch draft cache once however many passes it drafts, the pool stays at max_batch rows, every row is free
-    after the run, and the text is plain batched decoding's."""
+@pytest.mark.parametrize(("name", "options", "max_batch", "rows"), [
+    ("eagle", {"mode": "chain", "gamma": 3}, 3, FIRST_ROWS), ("eagle", {"gamma": 4}, 3, FIRST_ROWS),
+    ("eagle3", {"weights": "random", "gamma": 3, "top_k": 4, "total_tokens": 12}, 3, FIRST_ROWS),
+    ("eagle", {"mode": "chain", "gamma": 3}, 5, 2 * FIRST_ROWS)])
+def test_a_batched_run_adopts_each_request_once_and_frees_its_row_at_the_end(name, options, max_batch, rows,
+                                                                             code_target, prompts, monkeypatch):
+    """Five requests at max_batch=3 (admissions into retired slots) or 5 (more drafting slots than the pool's first
+    rows: it doubles): every drafting request's pairs are copied into the batch draft cache once however many passes
+    it drafts, every row is free after the run, and the text is plain batched decoding's."""
     adopted, proposals = [], []
     adopt, propose_batch = DraftRows.adopt, EagleFamilyDrafter.propose_batch
     monkeypatch.setattr(DraftRows, "adopt", lambda self, state: adopted.append(id(state)) or adopt(self, state))
@@ -85,10 +86,10 @@ def test_a_batched_run_adopts_each_request_once_and_frees_its_row_at_the_end(nam
 
     monkeypatch.setattr(EagleFamilyDrafter, "propose_batch", counted)
     drafter = sf.create_drafter(name, code_target, policy="constant", **options)
-    plain = sf.generate_batch(code_target, None, prompts, max_new_tokens=16, max_batch=3)
-    ours = sf.generate_batch(code_target, drafter, prompts, max_new_tokens=16, max_batch=3)
+    plain = sf.generate_batch(code_target, None, prompts, max_new_tokens=16, max_batch=max_batch)
+    ours = sf.generate_batch(code_target, drafter, prompts, max_new_tokens=16, max_batch=max_batch)
     assert [r.tokens for r in ours] == [r.tokens for r in plain]
     assert sum(proposals) >= 3 * len(prompts)  # requests drafted on many passes ...
     assert len(adopted) == len(set(adopted)) == len(prompts)  # ... each copied into the cache once
-    assert drafter.batch_rows.cache.slots == FIRST_ROWS >= 3
+    assert drafter.batch_rows.cache.slots == rows
     assert all(ref is None for ref in drafter.batch_rows.owners)  # end() released every row
