@@ -2,7 +2,7 @@
 
 Feature drafting in batches (``batched_features``) runs the draft layer over a ragged
 :class:`~specfamily.runtime.batch_cache.BatchCache`. :class:`DraftRows` keeps that cache from one proposal to the next:
-a request's :class:`~specfamily.drafters.shared.feature_drafting.FeatureState` is *adopted* the first time it drafts in
+a request's :class:`~specfamily.drafters.shared.feature_drafting.HeldState` is *adopted* the first time it drafts in
 a batch (its own committed pairs copied into a free row once, its own cache emptied), and from then on its row is its
 cache: the catch-up writes the new pairs there, the draft's entries are dropped by setting the row's length back to
 the committed pairs (``FeatureState.real``), nothing is copied or concatenated per pass. A state that proposes alone
@@ -16,17 +16,24 @@ when it checks in, without freeing it.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
 from specfamily.runtime.batch_cache import BatchCache, SlotLayer
 
-if TYPE_CHECKING:
-    from specfamily.drafters.shared.feature_drafting import FeatureState
+__all__ = ["DraftRows", "HeldState"]
 
-__all__ = ["DraftRows"]
+
+class HeldState(Protocol):
+    """What the pool reads and sets of a request's state (``feature_drafting.FeatureState``; a protocol here so the
+    two modules do not import each other)."""
+
+    cache: DynamicCache
+    real: int
+    held: DraftRows | None
+    row: int
 
 FIRST_ROWS = 4  # rows the pool starts with; it doubles when every row is owned
 
@@ -38,17 +45,17 @@ class DraftRows:
         self.cache = _one_layer(FIRST_ROWS, 0)
         self.owners: list[weakref.ref | None] = [None] * FIRST_ROWS
 
-    def rows_for(self, states: list[FeatureState]) -> list[int]:
+    def rows_for(self, states: list[HeldState]) -> list[int]:
         """Each state's row, adopting (one copy of its own cache) every state that holds none here."""
         for state in states:
             if not self.owns(state):
                 self.adopt(state)
         return [state.row for state in states]
 
-    def owns(self, state: FeatureState) -> bool:
+    def owns(self, state: HeldState) -> bool:
         return state.held is self and self._owner(state.row) is state
 
-    def adopt(self, state: FeatureState) -> None:
+    def adopt(self, state: HeldState) -> None:
         """Give ``state`` a row holding its committed pairs; its own cache is emptied (the row is its cache now)."""
         if state.held is not None:
             state.held.check_in(state)  # held by another pool, or a copy of a state that is: its pairs first
@@ -62,7 +69,7 @@ class DraftRows:
         self.owners[row] = weakref.ref(state)
         state.held, state.row, state.cache = self, row, DynamicCache()
 
-    def check_in(self, state: FeatureState) -> None:
+    def check_in(self, state: HeldState) -> None:
         """Copy ``state``'s committed pairs from its row back into its own cache (before a batch-1 proposal); free
         the row when ``state`` owns it (a copy of the owner leaves it to the owner)."""
         owner = self._owner(state.row)
@@ -76,18 +83,18 @@ class DraftRows:
         self.release(state)
         state.held, state.row = None, -1
 
-    def release(self, state: FeatureState) -> None:
+    def release(self, state: HeldState) -> None:
         """Free ``state``'s row if it owns one here (its request ended, or it starts another)."""
         if self.owns(state):
             self.owners[state.row] = None
             self.cache.lengths[state.row] = 0
 
-    def drop_drafts(self, states: list[FeatureState]) -> None:
+    def drop_drafts(self, states: list[HeldState]) -> None:
         """After a proposal: each row keeps its committed pairs only (the draft's entries are past them)."""
         for state in states:
             self.cache.lengths[state.row] = state.real
 
-    def _owner(self, row: int) -> FeatureState | None:
+    def _owner(self, row: int) -> HeldState | None:
         ref = self.owners[row] if 0 <= row < len(self.owners) else None
         return None if ref is None else ref()
 
