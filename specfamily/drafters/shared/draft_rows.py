@@ -2,7 +2,7 @@
 
 Feature drafting in batches (``batched_features``) runs the draft layer over a ragged
 :class:`~specfamily.runtime.batch_cache.BatchCache`. :class:`DraftRows` keeps that cache from one proposal to the next:
-a request's :class:`~specfamily.drafters.shared.feature_drafting.HeldState` is *adopted* the first time it drafts in
+a request's :class:`~specfamily.drafters.shared.feature_drafting.FeatureState` is *adopted* the first time it drafts in
 a batch (its own committed pairs copied into a free row once, its own cache emptied), and from then on its row is its
 cache: the catch-up writes the new pairs there, the draft's entries are dropped by setting the row's length back to
 the committed pairs (``FeatureState.real``), nothing is copied or concatenated per pass. A state that proposes alone
