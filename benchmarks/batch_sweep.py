@@ -1,27 +1,31 @@
 """Batched decoding by load: tokens/s of every drafter against plain batched decoding and transformers' generate.
 
 For each batch size B (``--batch-sizes``), the first R B prompts (Spec-Bench first turns through the chat template,
-cut to their last ``--max-prompt-tokens``; R = ``--requests-per-slot``) are decoded greedily, ``--max-new-tokens``
-each, at most B at once (``max_batch=B``: a request that finishes makes room for a waiting one, so with R > 1 the
-batch stays full until the queue runs dry, as a server at concurrency B; with R = 1 every request starts together and
-the batch runs as many passes as its slowest request needs), in one process at a fixed thread count and matmul kind
-(``--matmul``):
+``--per-category`` questions of each of its 13 categories, cut to their last ``--max-prompt-tokens``, 0: whole; R =
+``--requests-per-slot``) are decoded greedily, ``--max-new-tokens`` each, at most B at once (``max_batch=B``: a request
+that finishes makes room for a waiting one, so with R > 1 the batch stays full until the queue runs dry, as a server at
+concurrency B; with R = 1 every request starts together and the batch runs as many passes as its slowest request needs),
+in one process at a fixed thread count and matmul kind (``--matmul``):
 
 - ``hf``: transformers' ``generate`` on the same prompts in batches of B, left-padded with an attention mask (its
   tokens up to each row's EOS are counted);
 - ``plain``: ``sf.generate_batch`` without a drafter (one pass per step over every live request);
 - each drafter at its defaults (``sf.create_drafter(name, target)``), through ``sf.generate_batch``;
 
-methods interleaved within each round, ``--repeats`` rounds, the median time kept. Tokens/s counts each request's
-new tokens; every drafter's tokens are compared with plain batched decoding's, request by request. The table gives
-each method's tokens/s and its ratio to plain batched decoding at the same B, and each drafter's crossover (the
-smallest B at which it is slower than plain). Beside it, the method's own picture measured here: the time of one
-batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the batched cache's bytes per
-request at the capacity these runs preallocate. ``--plot`` writes speedup against B per drafter with the crossovers
-marked. Numbers are as quiet as the machine: the CPU clock (``--clock cpu``, one thread) is steadier where other
-processes share the cores.
+methods interleaved within each round, ``--repeats`` rounds, the median time kept. Tokens/s counts each request's new
+tokens; every drafter's tokens are compared with plain batched decoding's, request by request. The table gives each
+method's tokens/s and its ratio to plain batched decoding at the same B, and each drafter's crossover (the smallest B at
+which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill passes
+included) and tau (new tokens per pass, summed over the requests). Beside it, the method's own picture measured here:
+the time of one batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the batched
+cache's bytes per request at the capacity these runs preallocate. ``--plot`` writes speedup against B per drafter with
+the crossovers marked. Numbers are as quiet as the machine: the CPU clock (``--clock cpu``, one thread) is steadier
+where other processes share the cores.
 
     python benchmarks/batch_sweep.py --threads 1 --matmul stream --batch-sizes 1,2,4,8,16,32 --plot docs/batching.png
+
+The default run's workload (``configs/dataset/spec_bench.yaml``: one question a category, whole prompts, 128 new
+tokens): ``--per-category 1 --max-prompt-tokens 0 --max-new-tokens 128``.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ class Row:
     tokens: int  # new tokens over the batch
     mismatched: int = 0  # requests whose tokens differ from plain batched decoding's (drafters)
     latency: float = float("nan")  # median over rounds of the median request's latency, wall seconds (not hf)
+    passes: int = 0  # target passes over the batch's requests, prefill included (last round; not hf)
+
+    @property
+    def tau(self) -> float:
+        """New tokens per target pass over the requests (nan for hf, whose passes are not counted)."""
+        return self.tokens / self.passes if self.passes else float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -67,6 +77,9 @@ class Sweep:
     clock: str
     max_new_tokens: int
     matmul: str = "exact"
+    max_prompt_tokens: int = 0  # 0: whole prompts
+    per_category: int = 3
+    prompt_tokens: list[int] = field(default_factory=list)  # each prompt's length, in order
     requests_per_slot: int = 1
     arrival_rate: float | None = None  # requests per second (None: all at once)
     rows: list[Row] = field(default_factory=list)
@@ -138,10 +151,10 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
         start = clock()
         hf_rows = [row for i in range(0, len(prompts), batch)
                    for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids)]
-        times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0, float("nan")))
+        times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0, float("nan"), 0))
     plain = None
     for name in ["plain", *names]:
-        drafter = None if name == "plain" else sf.create_drafter(name, target)  # loading is not timed
+        drafter = None if name == "plain" else make_drafter(name, target, args.gamma)  # loading is not timed
         start = clock()
         results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch, arrivals=arrivals)
         seconds = clock() - start
@@ -149,7 +162,14 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
         plain = out if plain is None else plain
         mismatched = sum(a != b for a, b in zip(out, plain, strict=True))
         latency = statistics.median(r.metrics.finish_s - r.metrics.arrival_s for r in results)
-        times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched, latency))
+        passes = sum(r.metrics.target_passes for r in results)
+        times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched, latency, passes))
+
+
+def make_drafter(name: str, target, gamma: int | None):
+    """The drafter at its defaults, or, with ``gamma``, drafting ``gamma`` tokens on every pass (a constant policy:
+    the batch's length policy, which plans only cost-aware drafters, leaves it alone)."""
+    return sf.create_drafter(name, target) if gamma is None else sf.create_drafter(name, target, gamma=gamma)
 
 
 def sweep(args) -> Sweep:
@@ -157,17 +177,18 @@ def sweep(args) -> Sweep:
     quiet_transformers()
     clock = make_clock(args.clock)
     target = sf.load_target(args.target, matmul=args.matmul)
-    prompts, _ = spec_bench_prompts(3, target.tokenizer)
-    prompts = [p[-args.max_prompt_tokens:] for p in prompts]
+    prompts, _ = spec_bench_prompts(args.per_category, target.tokenizer)
+    if args.max_prompt_tokens > 0:
+        prompts = [p[-args.max_prompt_tokens:] for p in prompts]
     batches = [int(b) for b in args.batch_sizes.split(",")]
     if max(batches) * args.requests_per_slot > len(prompts):
         raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")
-    result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.requests_per_slot,
-                   args.arrival_rate)
+    result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.max_prompt_tokens,
+                   args.per_category, [len(p) for p in prompts], args.requests_per_slot, args.arrival_rate)
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:
-            sf.create_drafter(name, target)
+            make_drafter(name, target, args.gamma)
         except ValueError as err:  # no shipped weights for this target
             result.skipped[name] = str(err).split(";")[0]
             names.remove(name)
@@ -180,9 +201,11 @@ def sweep(args) -> Sweep:
             run_round(target, names, chosen, args, clock, times)
         for method, rounds in times.items():
             result.rows.append(Row(method, batch, statistics.median(r[0] for r in rounds), rounds[-1][1],
-                                   max(r[2] for r in rounds), statistics.median(r[3] for r in rounds)))
+                                   max(r[2] for r in rounds), statistics.median(r[3] for r in rounds),
+                                   rounds[-1][4]))
         result.pass_ratio[batch] = pass_ratio(target, chosen[0], batch, args.repeats * 3, clock)
         print(table(result, batches), flush=True)
+        print(passes_table(result, batches), flush=True)
     engine = BatchTarget(target, 1, cache_capacity([len(p) for p in prompts], args.max_new_tokens))
     engine.forward(0, [SlotFeed(torch.tensor(prompts[0]), Draft.empty())])
     engine.commit(0, [])
@@ -213,6 +236,18 @@ def table(result: Sweep, batches: list[int]) -> str:
     return "\n".join(lines)
 
 
+def passes_table(result: Sweep, batches: list[int]) -> str:
+    """Each arm's target passes over its requests (prefill included) and tau, per batch size (hf has none)."""
+    done = [b for b in batches if result.tps("plain", b) is not None]
+    methods = [m for m in dict.fromkeys(r.method for r in result.rows) if m != "hf"]
+    lines = ["| passes (tau) | " + " | ".join(f"B={b}" for b in done) + " |", "| --- |" + " --- |" * len(done)]
+    for method in methods:
+        rows = [next((r for r in result.rows if r.method == method and r.batch == b), None) for b in done]
+        lines.append(f"| {method} | " + " | ".join("-" if r is None else f"{r.passes} ({r.tau:.2f})" for r in rows)
+                     + " |")
+    return "\n".join(lines)
+
+
 def plot(result: Sweep, batches: list[int], path: str) -> None:
     import matplotlib
 
@@ -239,7 +274,7 @@ def plot(result: Sweep, batches: list[int], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="zoo:smollm2")
     parser.add_argument("--threads", type=int, default=1)
@@ -250,17 +285,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--drafters", default="", help="comma-separated (default: every registered drafter)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--max-prompt-tokens", type=int, default=96)
+    parser.add_argument("--max-prompt-tokens", type=int, default=96, help="keep each prompt's last N tokens; 0: whole")
+    parser.add_argument("--per-category", type=int, default=3,
+                        help="Spec-Bench questions per category (13 categories; the default run: 1)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--gamma", type=int, default=None,
+                        help="every drafter at this constant draft length (default: its own, cost-aware)")
     parser.add_argument("--arrival-rate", type=float, default=None,
                         help="requests per second, seeded Poisson arrivals (default: all at once); leaves hf out")
     parser.add_argument("--no-hf", action="store_true", help="leave transformers' generate out")
     parser.add_argument("--plot", default="")
     parser.add_argument("--json", default="")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     result = sweep(args)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     print(table(result, batches))
+    print(passes_table(result, batches))
+    print(f"prompt tokens: {result.prompt_tokens}")
     print(f"batched cache per request: {result.cache_bytes_per_request / 2**20:.1f} MiB at {result.cache_capacity} "
           f"entries ({result.cache_bytes_per_request // max(result.cache_capacity, 1) / 2**10:.1f} KiB per token); "
           f"matmul {args.matmul}; {args.requests_per_slot} request(s) per slot; skipped: {result.skipped}")

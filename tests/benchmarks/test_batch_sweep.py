@@ -45,3 +45,38 @@ def test_pass_ratio_and_crossover(sweep_module):
     assert result.crossover("suffix", [1, 2]) == 2
     table = sweep_module.table(result, [1, 2])
     assert "| suffix | 20.0 tok/s (2.00x) | 10.0 tok/s (0.50x) | 2 |" in table
+
+
+def test_passes_table_gives_each_arm_its_passes_and_tau(sweep_module):
+    result = sweep_module.Sweep(threads=1, clock="cpu", max_new_tokens=4)
+    Row = sweep_module.Row
+    result.rows += [Row("plain", 1, 1.0, 10, passes=11), Row("hf", 1, 1.0, 10), Row("suffix", 1, 0.5, 10, passes=8)]
+    table = sweep_module.passes_table(result, [1])
+    assert table.splitlines()[2:] == ["| plain | 11 (0.91) |", "| suffix | 8 (1.25) |"]  # hf counts no passes
+
+
+def test_the_default_runs_workload_keeps_whole_prompts(sweep_module, monkeypatch):
+    """--max-prompt-tokens 0 keeps each prompt whole; --per-category picks how many questions of each category."""
+    seen = {}
+
+    def fake_prompts(per_category, tokenizer):
+        seen["per_category"] = per_category
+        return [list(range(40)), list(range(50))], ["a", "b"]
+
+    monkeypatch.setattr(sweep_module, "spec_bench_prompts", fake_prompts)
+    monkeypatch.setattr(sweep_module.sf, "load_target", lambda *a, **k: tiny_target("llama", vocab_size=64))
+    args = ["--batch-sizes", "1", "--drafters", "prompt_lookup", "--no-hf", "--max-new-tokens", "2", "--clock", "wall"]
+    whole = sweep_module.sweep(sweep_module.parse_args([*args, "--per-category", "1", "--max-prompt-tokens", "0"]))
+    assert seen["per_category"] == 1 and whole.prompt_tokens == [40, 50]
+    cut = sweep_module.sweep(sweep_module.parse_args([*args, "--max-prompt-tokens", "32"]))
+    assert seen["per_category"] == 3 and cut.prompt_tokens == [32, 32]
+    assert {r.method for r in cut.rows} == {"plain", "prompt_lookup"} and all(r.passes > 0 for r in cut.rows)
+
+
+def test_gamma_gives_every_drafter_a_constant_length_the_length_policy_leaves_alone(sweep_module):
+    from specfamily.core.policy import AutoPolicy
+
+    target = tiny_target("llama", vocab_size=64)
+    assert isinstance(sweep_module.make_drafter("prompt_lookup", target, None).policy, AutoPolicy)
+    fixed = sweep_module.make_drafter("prompt_lookup", target, 2)
+    assert not isinstance(fixed.policy, AutoPolicy) and fixed.policy.next_gamma() == 2

@@ -96,7 +96,7 @@ class EagleFamilyDrafter(FeatureDrafter):
         slots of another drafter or model fall back to their own ``propose``."""
         if not all(type(d) is type(self) and d.model is self.model and d.mode == self.mode for d in drafters):
             return super().propose_batch(drafters, ctxs, gammas)
-        return propose_feature_batch(drafters, ctxs, gammas)
+        return propose_feature_batch(drafters, ctxs, gammas, self.batch_rows)
 
     def _step(self, tokens: torch.Tensor, inputs: torch.Tensor, positions: torch.Tensor,
               mask: torch.Tensor | None, cache: DynamicCache) -> torch.Tensor:

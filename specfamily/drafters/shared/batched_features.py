@@ -1,18 +1,22 @@
 """Feature drafting (the EAGLE family) in batches: one draft-layer call per draft step for every drafting slot.
 
 Each slot's drafter keeps its batch-1 state (:class:`~specfamily.drafters.shared.feature_drafting.FeatureState`), so
-``observe`` is unchanged. A batched proposal packs the slots' committed pairs into one ragged
-:class:`~specfamily.runtime.batch_cache.BatchCache` (one layer, per-slot lengths) and then, for all slots at once:
-the catch-up over each slot's queued features (ragged, causal within a slot), then per depth one layer call over every
-slot's fed rows (a chain's token, or the tree nodes its EAGLE-2 growth chose, ragged) and one head call over all of
-their outputs. Trees grow in lockstep through :func:`~specfamily.drafters.shared.dynamic_tree.grow_tree_steps`, each
-with its slot's own expansion rule and generator, so each slot's draft is the one its batch-1 ``propose`` gives, up to
-the float rounding of a call of another shape. The catch-up entries go back to each slot's cache; the draft's own
-entries are not kept (``observe`` drops them at batch 1 too).
+``observe`` is unchanged; its committed pairs live in a row of the prototype's batch draft cache
+(:class:`~specfamily.drafters.shared.draft_rows.DraftRows`, one ragged one-layer
+:class:`~specfamily.runtime.batch_cache.BatchCache` kept across proposals: a request's pairs are copied there once, when
+it first drafts in a batch). A batched proposal runs, for all slots at once over the span of their rows (rows of
+requests not drafting this pass are padding): the catch-up over each slot's queued features (ragged, causal within a
+slot), written to its row, then per depth one layer call over every slot's fed rows (a chain's token, or the tree nodes
+its EAGLE-2 growth chose, ragged) and one head call over all of their outputs. Trees grow in lockstep through
+:func:`~specfamily.drafters.shared.dynamic_tree.grow_tree_steps`, each with its slot's own expansion rule and generator,
+so each slot's draft is the one its batch-1 ``propose`` gives, up to the float rounding of a call of another shape. The
+catch-up entries stay in each slot's row; the draft's own entries are dropped by setting the row's length back
+(``observe`` drops them at batch 1 too).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -22,18 +26,20 @@ from specfamily.core.costs import device_clock
 from specfamily.core.host import draw, to_host
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft
+from specfamily.drafters.shared.draft_rows import DraftRows
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
-from specfamily.drafters.shared.feature_drafting import FeatureDrafter, TopkRows, TreeFeeder, crop, drawn_q
+from specfamily.drafters.shared.feature_drafting import FeatureDrafter, TopkRows, TreeFeeder, drawn_q
 from specfamily.drafters.shared.ragged import RowFeed, ragged_call
-from specfamily.runtime.batch_cache import BatchCache, SlotLayer
+from specfamily.runtime.batch_cache import BatchCache
 
 __all__ = ["propose_feature_batch"]
 
 
 def propose_feature_batch(drafters: list[FeatureDrafter], ctxs: list[DecodeContext], gammas: list[int],
-                          ) -> list[Draft]:
+                          rows: DraftRows) -> list[Draft]:
     """Each slot's draft (empty for gamma 0 or before its first features): the drafters' own chains or trees, one
-    layer call per step for all slots. ``drafters`` share one model (slot copies of one drafter)."""
+    layer call per step for all slots. ``drafters`` share one model (slot copies of one drafter); ``rows``: the
+    batch draft cache their committed pairs are kept in across proposals."""
     drafts = [Draft.empty() for _ in drafters]
     live = [i for i, g in enumerate(gammas) if g > 0 and drafters[i].state.pending_rows > 0]
     if not live:
@@ -41,51 +47,56 @@ def propose_feature_batch(drafters: list[FeatureDrafter], ctxs: list[DecodeConte
     lead = drafters[live[0]]
     clock = device_clock(ctxs[live[0]].target.device)
     start = clock()
-    cache = _pack([drafters[i] for i in live], max(gammas[i] for i in live) * max(lead.top_k, 1) + 1)
-    roots = _catch_up(lead, cache, [drafters[i] for i in live], [ctxs[i] for i in live])  # (B, H)
-    catch_up_seconds = (clock() - start) / len(drafters)
-    slots = [(i, drafters[i], ctxs[i], gammas[i]) for i in live]
-    if lead.mode == "chain":
-        made = _chains(lead, cache, slots, roots)
-    else:
-        made = _trees(lead, cache, slots, roots)
+    states = [drafters[i].state for i in live]
+    held = rows.rows_for(states)  # may grow the pool: its cache is read after
+    cache = _Span(rows.cache, held)
+    try:
+        roots = _catch_up(lead, cache, [drafters[i] for i in live], [ctxs[i] for i in live])  # (B, H)
+        catch_up_seconds = (clock() - start) / len(drafters)
+        slots = [(i, drafters[i], ctxs[i], gammas[i]) for i in live]
+        if lead.mode == "chain":
+            made = _chains(lead, cache, slots, roots)
+        else:
+            made = _trees(lead, cache, slots, roots)
+    finally:
+        rows.drop_drafts(states)
     for i, draft in zip(live, made, strict=True):
         draft.catch_up_seconds = catch_up_seconds
         drafts[i] = draft
     return drafts
 
 
-def _call(lead: FeatureDrafter, cache: BatchCache, feeds: list[RowFeed | None]) -> torch.Tensor:
-    """One call of the drafter's layer over the fed slots (the mask in its inputs' dtype)."""
+@dataclass
+class _Span:
+    """The drafting slots' rows of the batch draft cache: slot b is row ``rows[b]``; a call spans rows ``lo .. hi``."""
+
+    cache: BatchCache
+    rows: list[int]
+
+    def __post_init__(self) -> None:
+        self.lo, self.hi = min(self.rows), max(self.rows) + 1
+        self.index = torch.tensor([row - self.lo for row in self.rows])
+        self.ordered = self.rows == list(range(self.lo, self.hi))  # the call's outputs are already slot b's at b
+
+
+def _call(lead: FeatureDrafter, span: _Span, feeds: list[RowFeed | None]) -> torch.Tensor:
+    """One call of the drafter's layer over the fed slots (the mask in its inputs' dtype): outputs (B, width, H),
+    slot b's at row b (an unfed slot's row is meaningless). Rows of the span that no slot feeds are padding."""
     dtype = next(feed for feed in feeds if feed is not None).inputs.dtype
-    return ragged_call(lead._step, cache, feeds, dtype)
+    spread: list[RowFeed | None] = [None] * (span.hi - span.lo)
+    for row, feed in zip(span.rows, feeds, strict=True):
+        spread[row - span.lo] = feed
+    out = ragged_call(lead._step, span.cache, spread, dtype, span.lo)
+    if span.ordered:
+        return out
+    index = span.index.clamp(max=out.shape[0] - 1)  # the call ends at the last fed row: unfed slots read nothing
+    return out.index_select(0, index.to(out.device))
 
 
-def _pack(drafters: list[FeatureDrafter], room: int) -> BatchCache:
-    """A one-layer batch cache holding each slot's committed pairs (slot b = drafters[b]), with room to draft."""
-    for drafter in drafters:
-        crop(drafter.state.cache, drafter.state.real)
-    cache = BatchCache(None, len(drafters))
-    cache.cache.layers = [SlotLayer(cache)]
-    cache.capacity = max(d.state.real + d.state.pending_rows for d in drafters) + room
-    layer = cache.layers[0]
-    held = [d.state.cache.layers[0] for d in drafters if d.state.real]
-    if held:
-        keys, values = held[0].keys, held[0].values  # (1, heads, L, D)
-        layer.key_buffer = keys.new_zeros(len(drafters), keys.shape[1], cache.capacity, keys.shape[-1])
-        layer.value_buffer = values.new_zeros(len(drafters), values.shape[1], cache.capacity, values.shape[-1])
-    for b, drafter in enumerate(drafters):
-        real = cache.lengths[b] = drafter.state.real
-        if real:
-            own = drafter.state.cache.layers[0]
-            layer.key_buffer[b, :, :real], layer.value_buffer[b, :, :real] = own.keys[0], own.values[0]
-    return cache
-
-
-def _catch_up(lead: FeatureDrafter, cache: BatchCache, drafters: list[FeatureDrafter],
+def _catch_up(lead: FeatureDrafter, cache: _Span, drafters: list[FeatureDrafter],
               ctxs: list[DecodeContext]) -> torch.Tensor:
-    """Feed every slot's queued (feature, next token) pairs in one call (causal within a slot); append them to each
-    slot's own cache; return each slot's root output (B, H)."""
+    """Feed every slot's queued (feature, next token) pairs in one call (causal within a slot), kept in each slot's
+    row; return each slot's root output (B, H)."""
     blocks = [torch.cat(d.state.pending) if len(d.state.pending) > 1 else d.state.pending[0] for d in drafters]
     fused = lead._fuse(torch.cat(blocks)).split([b.shape[0] for b in blocks])  # (m_b, H) each
     feeds = []
@@ -98,16 +109,13 @@ def _catch_up(lead: FeatureDrafter, cache: BatchCache, drafters: list[FeatureDra
         causal = torch.ones(m, m, dtype=torch.bool, device=device).tril()
         feeds.append(RowFeed(ids, inputs, torch.arange(start, start + m, device=device), start, causal))
     out = _call(lead, cache, feeds)
-    layer = cache.layers[0]
-    for b, drafter in enumerate(drafters):
-        state, end = drafter.state, cache.lengths[b]
-        state.cache.update(layer.key_buffer[b : b + 1, :, state.real : end],
-                           layer.value_buffer[b : b + 1, :, state.real : end], 0)
-        state.real, state.pending, state.pending_rows = end, [], 0
+    for drafter, row in zip(drafters, cache.rows, strict=True):
+        state = drafter.state
+        state.real, state.pending, state.pending_rows = cache.cache.lengths[row], [], 0
     return torch.stack([out[b, feed.ids.numel() - 1] for b, feed in enumerate(feeds)])
 
 
-def _chains(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.Tensor) -> list[Draft]:
+def _chains(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor) -> list[Draft]:
     """Each slot's chain of its gamma tokens, as FeatureDrafter._chain draws it; one layer call per depth."""
     model = lead.model
     hidden = list(roots)
@@ -141,7 +149,7 @@ def _chains(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.T
     return [Draft.chain(host[b], host[n + b]) for b in range(n)]
 
 
-def _trees(lead: FeatureDrafter, cache: BatchCache, slots: list, roots: torch.Tensor) -> list[Draft]:
+def _trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor) -> list[Draft]:
     """Each slot's EAGLE-2 tree (top-k, or sampled as its drafter's ``tree_sampling`` says), grown in lockstep."""
     root_logits = lead._draft_logits(roots)  # (B, N)
     growing, feeders, sampled, trees = {}, [], [], [None] * len(slots)

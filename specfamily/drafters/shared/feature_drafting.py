@@ -26,6 +26,7 @@ from specfamily.core.host import draw, to_host
 from specfamily.core.sampling import warp
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import Draft, VerifyOutcome
+from specfamily.drafters.shared.draft_rows import DraftRows
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree, is_draw_prefix, sibling_q
 
 TREE_SAMPLING = ("topk", "sampled")  # how a tree's children are chosen at temperature > 0
@@ -45,12 +46,15 @@ class FeatureModel(Protocol):
 
 @dataclass
 class FeatureState:
-    """The drafter's per-request cache: committed pairs in ``cache``, observed features not yet fed."""
+    """The drafter's per-request cache: committed pairs in ``cache`` (or in row ``row`` of the batch draft cache
+    ``held`` while batched proposals hold them: ``draft_rows``), observed features not yet fed."""
 
     cache: DynamicCache = field(default_factory=DynamicCache)
     real: int = 0  # pairs (f[t], x[t + 1]) with target features in the cache: positions 0 .. real - 1
     pending: list[torch.Tensor] = field(default_factory=list)  # (m_i, W) blocks of target features
     pending_rows: int = 0
+    held: DraftRows | None = None  # the batch draft cache whose row holds the committed pairs (cache is empty)
+    row: int = -1
 
 
 def crop(cache: DynamicCache, length: int) -> None:
@@ -100,14 +104,26 @@ class FeatureDrafter(BaseDrafter):
     top_k: int
     total_tokens: int
     tree_sampling: str
+    batch_shared = ("batch_rows",)  # every slot copy's state is a row of the prototype's batch draft cache
 
     def __init__(self, gamma: int | None = None, policy: str | None = None) -> None:
         super().__init__(gamma, policy)
         self.state = FeatureState()
+        self.batch_rows = DraftRows()
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
+        self._release()
         self.state = FeatureState()
+
+    def end(self) -> None:
+        super().end()
+        self._release()
+
+    def _release(self) -> None:
+        """Free the batch draft cache's row of this request's state (its request is over)."""
+        if self.state.held is not None:
+            self.state.held.release(self.state)
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Roll back the last draft's entries and queue the target's features of the committed positions."""
@@ -141,6 +157,8 @@ class FeatureDrafter(BaseDrafter):
         return self.model.logits(hidden)
 
     def _catch_up(self, ctx: DecodeContext) -> torch.Tensor:
+        if self.state.held is not None:  # batched proposals held its pairs: back into its own cache
+            self.state.held.check_in(self.state)
         return catch_up(self.state, ctx.tokens, self._fuse, self._step)
 
     def _chain(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
