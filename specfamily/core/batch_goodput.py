@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Realized", "backoff", "correction", "kept_realized", "last_wave", "plan_together", "realized_gain"]
+__all__ = ["Realized", "backoff", "correction", "kept_realized", "last_wave", "plan_together", "projected_ends",
+           "realized_gain"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -129,11 +130,19 @@ def last_wave(remaining: Sequence[int], waiting: int, budget: int) -> list[float
     their tokens end the batch no sooner. With nothing waiting: the requests with the most tokens left."""
     if not remaining:
         return []
+    ends = projected_ends(remaining, waiting, budget)
+    latest = max(ends)
+    return [1.0 if end == latest else 0.0 for end in ends]
+
+
+def projected_ends(remaining: Sequence[int], waiting: int, budget: int) -> list[int]:
+    """Each slot's end in a last wave, in passes from now at one token a pass (:func:`last_wave`): its request's
+    ``remaining`` tokens, plus ``budget`` for the ``waiting`` slots that free first (a newcomer's prompt is prefilled
+    in the pass that decodes the others' roots, its first token with it)."""
     if not 0 <= waiting <= len(remaining):
         raise ValueError(f"a last wave has at most one waiting request a slot: {waiting} for {len(remaining)}")
     order = sorted(range(len(remaining)), key=lambda i: (remaining[i], i))
     ends = list(remaining)
     for i in order[:waiting]:
         ends[i] += budget
-    latest = max(ends)
-    return [1.0 if end == latest else 0.0 for end in ends]
+    return ends

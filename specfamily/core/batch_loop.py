@@ -4,9 +4,10 @@ Each pass: every live request's drafter proposes (:func:`specfamily.core.batch_s
 forward scores each request's root plus draft (:class:`specfamily.core.batch_target.BatchTarget`, ragged drafts and
 cache lengths), each request is verified on its own by the shared verifier with its own generator, and its cache
 rolls back on its own. A request that is done retires at once and, with ``max_batch``, a waiting one takes its place;
-a newly admitted request is prefilled in a pass of the newcomers only. Every request's law is the one ``generate``
-gives it (the verifier is exact per request); at temperature 0 its text is its batch-1 text, up to near-ties that a
-pass of another shape rounds differently.
+a newly admitted request is prefilled in the next pass, beside the other requests' roots (its prompt is its pending
+tokens; such a pass drafts only under each slot's own policy, never under draft length by load). Every request's law
+is the one ``generate`` gives it (the verifier is exact per request); at temperature 0 its text is its batch-1 text, up
+to near-ties that a pass of another shape rounds differently (none under the batch-invariant ``stream`` matmul).
 
 With ``arrivals`` request i is admitted no earlier than ``arrivals[i]`` seconds after the call (the loop waits when
 nothing is live); each result's metrics carry ``arrival_s``, ``first_token_s`` and ``finish_s`` (seconds since the
@@ -28,6 +29,7 @@ from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_goodput import kept_realized
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
+from specfamily.core.batch_log import SlotLine, log_pass
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -159,6 +161,7 @@ class _Batch:
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
         self.wave: int | None = None  # in the batch's last wave: the requests still waiting (batch_goodput.last_wave)
+        self.passes = 0  # target passes so far (the debug log's count: batch_log)
 
     def run(self, prompts: list[torch.Tensor], arrivals: list[float], trace: bool) -> list[GenerationResult]:
         self.origin, self.trace = self.clock(), trace
@@ -172,9 +175,8 @@ class _Batch:
                 if not self.live:  # nothing to decode until the next request arrives
                     self.loop_clock.wait_until(self.origin + arrivals[waiting[0]])
                     continue
-                lo = next((i for i, r in enumerate(self.live) if not r.prefilled), 0)
                 self.wave = self._last_wave(waiting, arrivals)
-                self._step(lo)
+                self._step()  # a newcomer's prompt rides beside the others' roots: no slot waits a pass for it
                 self._retire()
         finally:
             for request in self.live:
@@ -203,19 +205,21 @@ class _Batch:
             drafter.begin(ctx)
         self.live.append(request)
 
-    def _step(self, lo: int) -> None:
-        """One pass over live slots ``lo:``: propose, one target forward, then verify and commit each request."""
-        group = self.live[lo:]
-        steady = self.load is not None and all(r.prefilled for r in group)  # lo == 0: no newcomer's prefill
+    def _step(self) -> None:
+        """One pass over the live slots: propose, one target forward, then verify and commit each request."""
+        group = self.live
+        prefilled = all(r.prefilled for r in group)  # no newcomer's prompt in the pass
+        steady = self.load is not None and prefilled
+        left = [self.budget - len(r.new_tokens) for r in group]
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
         drafts = self._planned(group, gammas, proposed, c0) if steady else proposed
         c1, t1 = self.cost_clock(), self.clock()
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
-        outs = self.batch.forward(lo, feeds, self.features)
+        outs = self.batch.forward(0, feeds, self.features)
         verdicts = []
-        for slot, (request, draft, out) in enumerate(zip(group, drafts, outs, strict=True), start=lo):
+        for slot, (request, draft, out) in enumerate(zip(group, drafts, outs, strict=True)):
             accepted, next_token = _verified(request.accept, request.drafter, draft, out.logits, self.sampling,
                                              request.ctx.generator)
             self.batch.commit(slot, accepted)
@@ -227,6 +231,9 @@ class _Batch:
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
+        self.passes += 1
+        log_pass(self.passes, prefilled, self.wave, self.budget, [SlotLine(r.index, n, len(d), len(a)) for r, n, d, (
+            a, _) in zip(group, left, drafts, verdicts, strict=True)], self.batch.rows, c2 - c0)
 
     def _planned(self, group: list[_Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
         """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on

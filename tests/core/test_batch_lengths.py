@@ -109,9 +109,9 @@ def test_generate_batch_drafts_for_every_request_while_many_wait_then_for_the_sl
     states = []  # per pass: (waiting requests in the last wave or None, each slot's tokens left)
     step = batch_loop._Batch._step
 
-    def recorded(self, lo):
-        states.append((self.wave, [self.budget - len(r.new_tokens) for r in self.live[lo:]]))
-        return step(self, lo)
+    def recorded(self):
+        states.append((self.wave, [self.budget - len(r.new_tokens) for r in self.live]))
+        return step(self)
 
     monkeypatch.setattr(batch_loop._Batch, "_step", recorded)
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from batch_clock import priced_run
 from flawed_oracle import FlawedOracle
 
 import specfamily as sf
@@ -48,8 +49,8 @@ def test_random_trees_in_a_batch_equal_batch_1(family, max_batch):
 
 
 def test_continuous_batching_admits_as_requests_retire(monkeypatch):
-    """With max_batch=2 and budgets that end requests at different passes, the batch never holds more than 2 and a
-    waiting request is admitted in the pass after one retires (its prefill pass runs over the newcomers only)."""
+    """With max_batch=2 the batch never holds more than 2 and a waiting request is admitted in the pass after one
+    retires (here both retire together: the third is prefilled alone)."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     widths = []
     forward = batch_loop.BatchTarget.forward
@@ -67,6 +68,18 @@ def test_continuous_batching_admits_as_requests_retire(monkeypatch):
     assert widths[0] == (0, 2, [3, 2])  # both first requests prefilled together
     admitted = [w for w in widths if w[2] == [4]]
     assert len(admitted) == 1 and admitted[0][:2] == (0, 1)  # the third, alone, into the freed slot 0
+
+
+def test_a_newcomer_is_prefilled_beside_the_other_requests_roots(monkeypatch):
+    """max_batch 2, 4 requests whose drafts are accepted to different depths (prompts of different lengths), so their
+    first requests retire at different passes: each newcomer's prompt is fed in the pass that decodes the other
+    slot's root (no live slot waits a pass for a prefill); such a pass drafts nothing under draft length by load.
+    Greedy texts (priced_run checks them against generate)."""
+    drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
+    _, seen = priced_run(monkeypatch, lambda b, n: 1.0, drafter_of, [0.0] * 4, max_batch=2, max_new_tokens=24)
+    prefills = [(n, lengths) for n, lengths, steady in seen if not steady]
+    assert len(prefills) == 3  # the first two together, then each newcomer in a pass of its own admission
+    assert [n for n, _ in prefills] == [2, 2, 2] and not any(any(g) for _, g in prefills)
 
 
 def test_eos_inside_an_accepted_block_ends_only_that_request():
@@ -149,7 +162,8 @@ def _timed_passes(monkeypatch, clock: FakeClock, per_pass: float) -> list[tuple[
 
 def test_requests_are_admitted_when_they_arrive_and_the_loop_waits_for_them(monkeypatch):
     """Arrivals 0, 5, 1 (not sorted), passes of 0.5 s, 4 tokens each: request 0 runs alone until 1.0, request 2 joins
-    (prefilled alone, then in the same passes), both finish, the loop sleeps until 5.0 for request 1."""
+    (its prompt prefilled in the pass that decodes request 0's root), both finish, the loop sleeps until 5.0 for
+    request 1."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     clock = FakeClock()
     passes = _timed_passes(monkeypatch, clock, 0.5)
@@ -157,11 +171,11 @@ def test_requests_are_admitted_when_they_arrive_and_the_loop_waits_for_them(monk
     results = sf.generate_batch(target, None, prompts, max_new_tokens=4, arrivals=[0.0, 5.0, 1.0],
                                 clock=LoopClock(clock.now, clock.sleep))
     assert [r.tokens for r in results] == [_hf_greedy(target, p, 4) for p in prompts]
-    assert passes == [(0.0, 0, [2]), (0.5, 0, [1]), (1.0, 1, [8]), (1.5, 0, [1, 1]), (2.0, 0, [1, 1]),
+    assert passes == [(0.0, 0, [2]), (0.5, 0, [1]), (1.0, 0, [1, 8]), (1.5, 0, [1, 1]), (2.0, 0, [1]),
                       (2.5, 0, [1]), (5.0, 0, [5]), (5.5, 0, [1]), (6.0, 0, [1]), (6.5, 0, [1])]
     assert clock.sleeps == [pytest.approx(2.0)]  # from 3.0, when request 2 finished, to request 1's arrival
     timing = [(r.metrics.arrival_s, r.metrics.first_token_s, r.metrics.finish_s) for r in results]
-    assert timing == [(0.0, 0.5, 2.5), (5.0, 5.5, 7.0), (1.0, 1.5, 3.0)]
+    assert timing == [(0.0, 0.5, 2.0), (5.0, 5.5, 7.0), (1.0, 1.5, 3.0)]
     assert results[2].metrics.time_to_first_token == 0.5  # from its admission, as generate counts from its start
     assert results[2].metrics.total_seconds == 2.0
 
