@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Realized", "backoff", "behind_ends", "correction", "kept_realized", "last_wave", "plan_together",
-           "projected_ends", "realized_gain"]
+           "projected_ends", "realized_gain",
+           "wave_of"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -130,6 +131,18 @@ def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[in
         if rate > best_rate:
             best, best_rate = depth, rate
     return best, (best_rate / plain if best else 1.0)
+
+
+def wave_of(waiting: int, slots: int, live: int, arrived: bool) -> int | None:
+    """In a batch's last wave (every waiting request ``arrived``, at most one a slot: its remaining work is known and
+    its end is set by the slots that end last), the live slots still to free one for a waiting request; else None.
+    In a last wave the waiting requests are admitted together once a slot is free for each (the free slots are held
+    for them), so they are prefilled in one pass as plain decoding's are: the batch's projected end is unchanged (the
+    last of them cannot start before its slot frees, the others end no later), where admitting each as its slot
+    frees feeds its prompt rows in a pass of its own (docs/batching.md, session 21)."""
+    if waiting > slots or not arrived:
+        return None
+    return max(0, waiting - (slots - live))
 
 
 def last_wave(remaining: Sequence[int], waiting: int, budget: int) -> list[float]:

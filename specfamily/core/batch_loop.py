@@ -27,7 +27,7 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_goodput import kept_realized
+from specfamily.core.batch_goodput import kept_realized, wave_of
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
 from specfamily.core.batch_log import SlotLine, log_pass
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
@@ -169,7 +169,7 @@ class _Batch:
         try:
             while waiting or self.live:
                 while waiting and len(self.live) < self.batch.cache.slots and \
-                        arrivals[waiting[0]] <= self.clock() - self.origin:
+                        arrivals[waiting[0]] <= self.clock() - self.origin and not self._held(waiting, arrivals):
                     index = waiting.popleft()
                     self._admit(index, prompts[index], arrivals[index])
                 if not self.live:  # nothing to decode until the next request arrives
@@ -208,9 +208,8 @@ class _Batch:
     def _step(self) -> None:
         """One pass over the live slots: propose, one target forward, then verify and commit each request."""
         group = self.live
-        prefilled = all(r.prefilled for r in group)  # no newcomer's prompt in the pass
-        steady = self.load is not None and prefilled
-        left = [self.budget - len(r.new_tokens) for r in group]
+        prefilled, left = all(r.prefilled for r in group), [self.budget - len(r.new_tokens) for r in group]
+        steady = self.load is not None and prefilled  # no newcomer's prompt in the pass: lengths by load
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
@@ -263,18 +262,13 @@ class _Batch:
         cheap = plain is not None and statistics.median(self.proposal_seconds) <= _LOOKAHEAD_SHARE * plain
         self.lookahead = cheap and all(d.q is None and d.side is None for d in drafts)
 
-    def _gamma(self, request: _Request) -> int:
-        if request.drafter is None:
-            return 0
-        return self._capped(request, request.drafter.policy.next_gamma())
-
     def _prefill_gammas(self, group: list[_Request]) -> list[int]:
         """Draft lengths on a pass that prefills newcomers: each slot's own policy's, but none under draft length by
         load: nothing measured prices drafting beside a prefill, and under load the draft rows added to every
         newcomer's prompt rows cost more than the token or so each request gains (docs/batching.md)."""
         if self.load is not None:
             return [0] * len(group)
-        return [self._gamma(r) for r in group]
+        return [0 if r.drafter is None else self._capped(r, r.drafter.policy.next_gamma()) for r in group]
 
     def _capped(self, request: _Request, gamma: int) -> int:
         """``gamma``, cut so that no pass drafts past the request's token budget."""
@@ -294,11 +288,15 @@ class _Batch:
         return self.load.lengths(self._valued(group, prospects), together=self.wave is not None)
 
     def _last_wave(self, waiting: deque, arrivals: list[float]) -> int | None:
-        """The requests still waiting when the batch is in its last wave (all of them arrived, at most one a live
-        slot: the batch's remaining work is known and its end is set by the slots that end last), else None."""
-        if len(waiting) > len(self.live) or (waiting and arrivals[waiting[-1]] > self.clock() - self.origin):
-            return None
-        return len(waiting)
+        """``batch_goodput.wave_of``: the live slots still to free one for a waiting request, else None."""
+        arrived = not waiting or arrivals[waiting[-1]] <= self.clock() - self.origin
+        return wave_of(len(waiting), self.batch.cache.slots, len(self.live), arrived)
+
+    def _held(self, waiting: deque, arrivals: list[float]) -> bool:
+        """Whether the waiting requests wait for more free slots (``batch_goodput.wave_of``: in a last wave, once the
+        live requests are past their prefill; a newcomer admitted this pass is prefilled with them anyway)."""
+        return bool(self.live) and all(r.prefilled for r in self.live) and \
+            self.batch.cache.slots - len(self.live) < len(waiting) and self._last_wave(waiting, arrivals) is not None
 
     def _valued(self, group: list[_Request], prospects: list[Prospect]) -> list[Prospect]:
         """The prospects as the batch values them: every token alike while more requests wait than one a slot, or

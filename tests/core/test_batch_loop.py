@@ -70,16 +70,34 @@ def test_continuous_batching_admits_as_requests_retire(monkeypatch):
     assert len(admitted) == 1 and admitted[0][:2] == (0, 1)  # the third, alone, into the freed slot 0
 
 
-def test_a_newcomer_is_prefilled_beside_the_other_requests_roots(monkeypatch):
-    """max_batch 2, 4 requests whose drafts are accepted to different depths (prompts of different lengths), so their
-    first requests retire at different passes: each newcomer's prompt is fed in the pass that decodes the other
-    slot's root (no live slot waits a pass for a prefill); such a pass drafts nothing under draft length by load.
+def test_a_newcomer_is_prefilled_beside_the_other_requests_roots_and_a_last_wave_is_admitted_together(monkeypatch):
+    """max_batch 2, 6 requests whose drafts are accepted to different depths (prompts of different lengths), so
+    requests retire at different passes. While more requests wait than there are slots, each newcomer is admitted as
+    its slot frees and its prompt fed in the pass that decodes the other slot's root (no live slot waits a pass for a
+    prefill; such a pass drafts nothing under draft length by load). In the last wave (2 waiting for 2 slots) the
+    freed slot is held until the other frees, and both newcomers are prefilled in one pass, as plain decoding's are.
     Greedy texts (priced_run checks them against generate)."""
+    passes, admitted = [], []
+    admit = batch_loop._Batch._admit
+
+    def admitting(self, index, ids, arrival):
+        admitted.append((len(passes), index, len(self.live)))
+        return admit(self, index, ids, arrival)
+
+    monkeypatch.setattr(batch_loop._Batch, "_admit", admitting)
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
-    _, seen = priced_run(monkeypatch, lambda b, n: 1.0, drafter_of, [0.0] * 4, max_batch=2, max_new_tokens=24)
-    prefills = [(n, lengths) for n, lengths, steady in seen if not steady]
-    assert len(prefills) == 3  # the first two together, then each newcomer in a pass of its own admission
-    assert [n for n, _ in prefills] == [2, 2, 2] and not any(any(g) for _, g in prefills)
+    priced_run(monkeypatch, lambda b, n: 1.0, drafter_of, [0.0] * 6, passes=passes, max_batch=2, max_new_tokens=24)
+    prefills = [(at, n) for at, (n, _, steady) in enumerate(passes) if not steady]
+    assert all(n == 2 for _, n in prefills) and not any(any(g) for n, g, steady in passes if not steady)
+    by_pass = {}
+    for at, index, live in admitted:
+        by_pass.setdefault(at, []).append((index, live))
+    assert by_pass[0] == [(0, 0), (1, 1)]
+    singles = [at for at, joined in by_pass.items() if at and len(joined) == 1]
+    assert len(singles) >= 1 and all(by_pass[at][0][1] == 1 for at in singles)  # beside a live request's root
+    last = max(by_pass)
+    assert [index for index, _ in by_pass[last]] == [4, 5] and by_pass[last][0][1] == 0  # the last wave, together
+    assert len(prefills) == len(by_pass)  # one prefill pass per admission time
 
 
 def test_eos_inside_an_accepted_block_ends_only_that_request():
