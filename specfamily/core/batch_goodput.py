@@ -12,7 +12,9 @@ realized; :func:`correction` borrows the nearest batch size's passes where a loa
 longest requests, and k requests tied at the most tokens left all have to advance for a pass to end the batch sooner.
 A pass advances the batch by 1 + min over the tied requests of their accepted tokens, whose expectation is the sum
 over depths d of the probability that every tied request accepts d deep (independent requests: the product of their
-reaches). So the tied requests draft to one depth together, or none of them drafts; the other requests draft nothing.
+reaches). So the tied requests draft to one depth together, or none of them drafts. A slot whose end is b passes
+before the batch's joins from depth b + 1, drafting k - b levels where the tied ones draft k: without it, a tied
+slot's levels past b would end the batch no sooner (that slot would end it instead); the rest draft nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Realized", "backoff", "correction", "kept_realized", "last_wave", "plan_together", "realized_gain"]
+__all__ = ["Realized", "backoff", "behind_ends", "correction", "kept_realized", "last_wave", "plan_together",
+           "projected_ends", "realized_gain",
+           "wave_of"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -101,17 +105,25 @@ def backoff(realized: dict[int, Realized], batch: int) -> int:
 
 
 def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[int]], seconds: Sequence[float],
-                  step: float, batch: int, drafted: bool = False) -> tuple[int, float]:
-    """(the depth every tied request drafts to, the plan's goodput over a plain pass's) for the tied requests'
-    ``reaches`` (reach[d - 1]: the probability a request accepts d deep) and ``rows`` (rows[d - 1]: draft rows its
-    level d adds) in a pass of ``batch`` requests: the depth with the most expected batch advance, 1 + sum over d of
-    the product of the reaches, per second of t(B, B + rows) + depth * step (``drafted``: the best that drafts)."""
+                  step: float, batch: int, drafted: bool = False,
+                  behind: Sequence[int] | None = None) -> tuple[int, float]:
+    """(the depth k the slots projected to end last draft to, the plan's goodput over a plain pass's) for the
+    slots' ``reaches`` (reach[d - 1]: the probability a request accepts d deep) and ``rows`` (rows[d - 1]: draft rows
+    its level d adds) in a pass of ``batch`` requests. ``behind[i]``: the passes slot i's projected end is before the
+    batch's (:func:`behind_ends`; default all 0: every slot tied at the end). To end the batch k passes sooner every
+    slot less than k behind must accept k - behind[i] deep, so a slot drafts k - behind[i] levels (none from k <=
+    behind[i]): the depth with the most expected batch advance, 1 + sum over k of the product of those reaches, per
+    second of t(B, B + rows) + k step (``drafted``: the best that drafts). Levels that end no slot sooner than another
+    slot that stays put are never drafted."""
+    behind = [0] * len(reaches) if behind is None else behind
     plain = 1.0 / seconds[batch]
     best, best_rate = 0, (0.0 if drafted else plain)
     advance, fed = 1.0, batch
-    for depth in range(1, min((len(r) for r in reaches), default=0) + 1):
-        gain = math.prod(r[depth - 1] for r in reaches)
-        fed += sum(r[depth - 1] for r in rows)
+    deepest = min((b + len(r) for b, r in zip(behind, reaches, strict=True)), default=0)
+    for depth in range(1, deepest + 1):
+        levels = [(i, depth - b) for i, b in enumerate(behind) if b < depth]
+        gain = math.prod(reaches[i][level - 1] for i, level in levels)
+        fed += sum(rows[i][level - 1] for i, level in levels)
         if gain <= 0 or fed >= len(seconds):
             break
         advance += gain
@@ -121,19 +133,44 @@ def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[in
     return best, (best_rate / plain if best else 1.0)
 
 
+def wave_of(waiting: int, slots: int, live: int, arrived: bool) -> int | None:
+    """In a batch's last wave (every waiting request ``arrived``, at most one a slot: its remaining work is known and
+    its end is set by the slots that end last), the live slots still to free one for a waiting request; else None.
+    In a last wave the waiting requests are admitted together once a slot is free for each (the free slots are held
+    for them), so they are prefilled in one pass as plain decoding's are: the batch's projected end is unchanged (the
+    last of them cannot start before its slot frees, the others end no later), where admitting each as its slot
+    frees feeds its prompt rows in a pass of its own (docs/batching.md, session 21)."""
+    if waiting > slots or not arrived:
+        return None
+    return max(0, waiting - (slots - live))
+
+
 def last_wave(remaining: Sequence[int], waiting: int, budget: int) -> list[float]:
     """Each live request's value to a batch in its last wave (every waiting request has arrived, at most one per slot:
-    ``waiting`` <= the live requests): the batch ends when its last slot does, projected at one token a pass: the
-    ``waiting`` requests (``budget`` tokens each) go to the slots that free first, so a slot's end is its request's
-    ``remaining`` tokens plus ``budget`` if it takes one. Value 1 for the slots projected to end last, 0 for the rest:
-    their tokens end the batch no sooner. With nothing waiting: the requests with the most tokens left."""
+    ``waiting`` <= the live requests): the batch ends when its last slot does, projected at one token a pass
+    (:func:`projected_ends`). Value 1 for the slots projected to end last, 0 for the rest: alone, their tokens end
+    the batch no sooner (:func:`behind_ends` says how far behind they are). With nothing waiting: the requests with
+    the most tokens left."""
+    return [1.0 if b == 0 else 0.0 for b in behind_ends(remaining, waiting, budget)]
+
+
+def behind_ends(remaining: Sequence[int], waiting: int, budget: int) -> list[int]:
+    """Passes each slot's projected end (:func:`projected_ends`) is before the batch's: 0 for the slots that end it."""
     if not remaining:
         return []
+    ends = projected_ends(remaining, waiting, budget)
+    latest = max(ends)
+    return [latest - end for end in ends]
+
+
+def projected_ends(remaining: Sequence[int], waiting: int, budget: int) -> list[int]:
+    """Each slot's end in a last wave, in passes from now at one token a pass (:func:`last_wave`): its request's
+    ``remaining`` tokens, plus ``budget`` for the ``waiting`` slots that free first (a newcomer's prompt is prefilled
+    in the pass that decodes the others' roots, its first token with it)."""
     if not 0 <= waiting <= len(remaining):
         raise ValueError(f"a last wave has at most one waiting request a slot: {waiting} for {len(remaining)}")
     order = sorted(range(len(remaining)), key=lambda i: (remaining[i], i))
     ends = list(remaining)
     for i in order[:waiting]:
         ends[i] += budget
-    latest = max(ends)
-    return [1.0 if end == latest else 0.0 for end in ends]
+    return ends

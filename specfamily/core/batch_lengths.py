@@ -19,7 +19,8 @@ each B, one level for every request while a drafted pass cannot be predicted yet
 What each drafted pass realized is checked against what its plan predicted (:class:`Realized`, over a doubtful prior,
 kept across runs per drafter and B: ``core/batch_goodput.py``): a load whose drafts keep under-delivering has its
 predictions scaled down until it stops drafting but for probes. At the batch's end its tied longest requests draft
-together or not at all (:func:`~specfamily.core.batch_goodput.plan_together`).
+together or not at all, and a slot b passes behind them only the levels past b that keep pace with theirs
+(:func:`~specfamily.core.batch_goodput.plan_together`).
 A request whose draft is deterministic and seen before the plan (``Prospect.seen``: prompt lookup and suffix, asked
 for their longest draft first) is planned with what it actually proposed: no match, no rows. Lengths never change a
 greedy text, and are chosen before anything of the pass is drawn.
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specfamily.core.batch_goodput import Realized, backoff, correction, last_wave, plan_together, realized_gain
+from specfamily.core.batch_goodput import Realized, backoff, behind_ends, correction, plan_together, realized_gain
 from specfamily.core.types import Draft
 
 __all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
@@ -172,6 +173,7 @@ class Prospect:
     acceptance: Sequence[float]
     rows: Sequence[int]
     value: float = 1.0  # what one of its committed tokens is worth to the batch (0: nothing, see ``finishing``)
+    behind: int = 0  # in a last wave: passes its slot's projected end is before the batch's (``finishing``)
 
     @classmethod
     def planned(cls, acceptance: Sequence[float], width: float, limit: int) -> Prospect:
@@ -265,7 +267,7 @@ class LengthPolicy:
         step = 0.0 if proposed else self.costs.draft_step(batch)
         plan = _joint if together else plan_lengths
         lengths, gain = plan(prospects, seconds, step)
-        values = [p.value for p in prospects]
+        values = [p.behind for p in prospects] if together else [p.value for p in prospects]
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
             self.idle[batch] = 0
             self._lost(batch, 0)
@@ -302,8 +304,8 @@ class LengthPolicy:
         plain = self.costs.measured(batch, batch)
         if plain is None or len(committed) != batch:
             return
-        if together:
-            tokens, plain_tokens = min(c for v, c in zip(values, committed, strict=True) if v > 0), 1.0
+        if together:  # the batch's advance: its projected end moved by the least of behind + committed
+            tokens, plain_tokens = min(b + c for b, c in zip(values, committed, strict=True)), 1.0
         else:
             tokens, plain_tokens = sum(v * c for v, c in zip(values, committed, strict=True)), sum(values)
         realized = realized_gain(tokens, seconds, plain_tokens, plain)
@@ -330,17 +332,15 @@ class LengthPolicy:
 
 def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
            drafted: bool = False) -> tuple[list[int], float]:
-    """:func:`plan_lengths` for a batch's end: the valued requests (tied at the most tokens left) draft to one depth
-    together or not at all (:func:`~specfamily.core.batch_goodput.plan_together`)."""
-    tied = [i for i, p in enumerate(prospects) if p.value > 0]
-    if not tied:
+    """:func:`plan_lengths` for a batch's end: the valued requests (tied at the most tokens left) draft to one depth k
+    together or not at all, a request ``behind`` b passes drafts k - b levels
+    (:func:`~specfamily.core.batch_goodput.plan_together`)."""
+    if not any(p.value > 0 for p in prospects):
         return [0] * len(prospects), 1.0
-    reaches = [list(itertools.accumulate(prospects[i].acceptance, operator.mul)) for i in tied]
-    depth, gain = plan_together(reaches, [prospects[i].rows for i in tied], seconds, step, len(prospects), drafted)
-    lengths = [0] * len(prospects)
-    for i in tied:
-        lengths[i] = depth
-    return lengths, gain
+    reaches = [list(itertools.accumulate(p.acceptance, operator.mul)) for p in prospects]
+    behind = [p.behind for p in prospects]
+    depth, gain = plan_together(reaches, [p.rows for p in prospects], seconds, step, len(prospects), drafted, behind)
+    return [max(0, depth - b) for b in behind], gain
 
 
 def finishing(prospects: Sequence[Prospect], remaining: Sequence[int], waiting: int = 0,
@@ -349,10 +349,12 @@ def finishing(prospects: Sequence[Prospect], remaining: Sequence[int], waiting: 
     ``waiting`` requests of ``budget`` tokens each go to the slots that free first). With none waiting the batch's
     remaining time is the passes its longest request still needs, so only the requests with the most tokens
     ``remaining`` keep their value (1); a shorter request's tokens would end it sooner but not the batch, and a
-    narrower batch costs about as much a pass, so its draft rows are worth nothing (value 0: it drafts nothing).
+    narrower batch costs about as much a pass, so its draft rows are worth nothing alone (value 0: ``plan_lengths``
+    drafts nothing for it). Each prospect also carries how many passes its slot's end is before the batch's
+    (``behind``): the joint plan drafts a slot b behind only to keep pace with the last slots' levels past b.
     Re-decided every pass: once the longest has gained, the next longest counts."""
-    values = last_wave(remaining, waiting, budget)
-    return [replace(p, value=v) for p, v in zip(prospects, values, strict=True)]
+    behind = behind_ends(remaining, waiting, budget)
+    return [replace(p, value=float(b == 0), behind=b) for p, b in zip(prospects, behind, strict=True)]
 
 
 def truncated(draft: Draft, depth: int) -> Draft:

@@ -4,9 +4,10 @@ Each pass: every live request's drafter proposes (:func:`specfamily.core.batch_s
 forward scores each request's root plus draft (:class:`specfamily.core.batch_target.BatchTarget`, ragged drafts and
 cache lengths), each request is verified on its own by the shared verifier with its own generator, and its cache
 rolls back on its own. A request that is done retires at once and, with ``max_batch``, a waiting one takes its place;
-a newly admitted request is prefilled in a pass of the newcomers only. Every request's law is the one ``generate``
-gives it (the verifier is exact per request); at temperature 0 its text is its batch-1 text, up to near-ties that a
-pass of another shape rounds differently.
+a newly admitted request is prefilled in the next pass, beside the other requests' roots (its prompt is its pending
+tokens; such a pass drafts only under each slot's own policy, never under draft length by load). Every request's law
+is the one ``generate`` gives it (the verifier is exact per request); at temperature 0 its text is its batch-1 text, up
+to near-ties that a pass of another shape rounds differently (none under the batch-invariant ``stream`` matmul).
 
 With ``arrivals`` request i is admitted no earlier than ``arrivals[i]`` seconds after the call (the loop waits when
 nothing is live); each result's metrics carry ``arrival_s``, ``first_token_s`` and ``finish_s`` (seconds since the
@@ -26,8 +27,9 @@ import torch
 
 from specfamily.core import acceptance
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_goodput import kept_realized
+from specfamily.core.batch_goodput import kept_realized, wave_of
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
+from specfamily.core.batch_log import SlotLine, log_pass
 from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -159,6 +161,7 @@ class _Batch:
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
         self.wave: int | None = None  # in the batch's last wave: the requests still waiting (batch_goodput.last_wave)
+        self.passes = 0  # target passes so far (the debug log's count: batch_log)
 
     def run(self, prompts: list[torch.Tensor], arrivals: list[float], trace: bool) -> list[GenerationResult]:
         self.origin, self.trace = self.clock(), trace
@@ -166,15 +169,14 @@ class _Batch:
         try:
             while waiting or self.live:
                 while waiting and len(self.live) < self.batch.cache.slots and \
-                        arrivals[waiting[0]] <= self.clock() - self.origin:
+                        arrivals[waiting[0]] <= self.clock() - self.origin and not self._held(waiting, arrivals):
                     index = waiting.popleft()
                     self._admit(index, prompts[index], arrivals[index])
                 if not self.live:  # nothing to decode until the next request arrives
                     self.loop_clock.wait_until(self.origin + arrivals[waiting[0]])
                     continue
-                lo = next((i for i, r in enumerate(self.live) if not r.prefilled), 0)
                 self.wave = self._last_wave(waiting, arrivals)
-                self._step(lo)
+                self._step()  # a newcomer's prompt rides beside the others' roots: no slot waits a pass for it
                 self._retire()
         finally:
             for request in self.live:
@@ -203,19 +205,20 @@ class _Batch:
             drafter.begin(ctx)
         self.live.append(request)
 
-    def _step(self, lo: int) -> None:
-        """One pass over live slots ``lo:``: propose, one target forward, then verify and commit each request."""
-        group = self.live[lo:]
-        steady = self.load is not None and all(r.prefilled for r in group)  # lo == 0: no newcomer's prefill
+    def _step(self) -> None:
+        """One pass over the live slots: propose, one target forward, then verify and commit each request."""
+        group = self.live
+        prefilled, left = all(r.prefilled for r in group), [self.budget - len(r.new_tokens) for r in group]
+        steady = self.load is not None and prefilled  # no newcomer's prompt in the pass: lengths by load
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
         drafts = self._planned(group, gammas, proposed, c0) if steady else proposed
         c1, t1 = self.cost_clock(), self.clock()
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
-        outs = self.batch.forward(lo, feeds, self.features)
+        outs = self.batch.forward(0, feeds, self.features)
         verdicts = []
-        for slot, (request, draft, out) in enumerate(zip(group, drafts, outs, strict=True), start=lo):
+        for slot, (request, draft, out) in enumerate(zip(group, drafts, outs, strict=True)):
             accepted, next_token = _verified(request.accept, request.drafter, draft, out.logits, self.sampling,
                                              request.ctx.generator)
             self.batch.commit(slot, accepted)
@@ -227,6 +230,9 @@ class _Batch:
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
+        self.passes += 1
+        log_pass(self.passes, prefilled, self.wave, self.budget, [SlotLine(r.index, n, len(d), len(a)) for r, n, d, (
+            a, _) in zip(group, left, drafts, verdicts, strict=True)], self.batch.rows, c2 - c0)
 
     def _planned(self, group: list[_Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
         """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
@@ -256,18 +262,13 @@ class _Batch:
         cheap = plain is not None and statistics.median(self.proposal_seconds) <= _LOOKAHEAD_SHARE * plain
         self.lookahead = cheap and all(d.q is None and d.side is None for d in drafts)
 
-    def _gamma(self, request: _Request) -> int:
-        if request.drafter is None:
-            return 0
-        return self._capped(request, request.drafter.policy.next_gamma())
-
     def _prefill_gammas(self, group: list[_Request]) -> list[int]:
         """Draft lengths on a pass that prefills newcomers: each slot's own policy's, but none under draft length by
         load: nothing measured prices drafting beside a prefill, and under load the draft rows added to every
         newcomer's prompt rows cost more than the token or so each request gains (docs/batching.md)."""
         if self.load is not None:
             return [0] * len(group)
-        return [self._gamma(r) for r in group]
+        return [0 if r.drafter is None else self._capped(r, r.drafter.policy.next_gamma()) for r in group]
 
     def _capped(self, request: _Request, gamma: int) -> int:
         """``gamma``, cut so that no pass drafts past the request's token budget."""
@@ -287,11 +288,15 @@ class _Batch:
         return self.load.lengths(self._valued(group, prospects), together=self.wave is not None)
 
     def _last_wave(self, waiting: deque, arrivals: list[float]) -> int | None:
-        """The requests still waiting when the batch is in its last wave (all of them arrived, at most one a live
-        slot: the batch's remaining work is known and its end is set by the slots that end last), else None."""
-        if len(waiting) > len(self.live) or (waiting and arrivals[waiting[-1]] > self.clock() - self.origin):
-            return None
-        return len(waiting)
+        """``batch_goodput.wave_of``: the live slots still to free one for a waiting request, else None."""
+        arrived = not waiting or arrivals[waiting[-1]] <= self.clock() - self.origin
+        return wave_of(len(waiting), self.batch.cache.slots, len(self.live), arrived)
+
+    def _held(self, waiting: deque, arrivals: list[float]) -> bool:
+        """Whether the waiting requests wait for more free slots (``batch_goodput.wave_of``: in a last wave, once the
+        live requests are past their prefill; a newcomer admitted this pass is prefilled with them anyway)."""
+        return bool(self.live) and all(r.prefilled for r in self.live) and \
+            self.batch.cache.slots - len(self.live) < len(waiting) and self._last_wave(waiting, arrivals) is not None
 
     def _valued(self, group: list[_Request], prospects: list[Prospect]) -> list[Prospect]:
         """The prospects as the batch values them: every token alike while more requests wait than one a slot, or

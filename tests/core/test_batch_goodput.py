@@ -55,6 +55,28 @@ def test_the_joint_plan_stops_where_the_product_of_reaches_no_longer_pays_for_th
     assert plan_together([[0.9], []], [[1], []], seconds, 0.0, batch=2) == (0, 1.0)
 
 
+def test_a_slot_just_behind_the_last_drafts_only_the_levels_that_keep_pace():
+    """The last slot's levels past the gap to the next-latest end the batch no sooner unless that slot advances too:
+    a slot b passes behind drafts k - b levels where the last draft k, and a slot without a draft caps the plan at b.
+    (The rule before: the last slot alone drafted 4 deep, valued as if its every level ended the batch sooner.)"""
+    seconds = [1.0] * 40
+    assert plan_together([[0.9] * 4, [0.9] * 4], [[1] * 4] * 2, seconds, 0.0, batch=2, behind=[0, 1])[0] == 4
+    policy = LengthPolicy()
+    policy.timed(2, 2, 0, 0.0, 1.0)
+    policy.timed(2, 6, 0, 0.0, 1.0)
+    assert policy.lengths(finishing([SURE, SURE], [10, 9]), together=True) == [4, 3]  # keeps pace, 1 behind
+    gain = 1 + 0.9 + sum(0.9**k * 0.9 ** (k - 1) for k in range(2, 5))  # level k: the last k deep, the other k - 1
+    assert policy.predicted[1] == pytest.approx(gain)
+    policy.settle([3, 1], 1.0)  # the last accepted 2, the other none: its end (1 behind + 1) now ends the batch
+    assert list(policy.realized[2].passes)[-1] == (pytest.approx(gain), 2.0)
+    assert policy.lengths(finishing([SURE, NONE], [10, 9]), together=True) == [1, 0]  # 1 deep: the other cannot follow
+    three = finishing([SURE, NONE, SURE], [10, 8, 10])  # the draftless slot is 2 behind: the last two, 2 deep
+    assert [p.behind for p in three] == [0, 2, 0]
+    policy.timed(3, 3, 0, 0.0, 1.0)
+    policy.timed(3, 9, 0, 0.0, 1.0)
+    assert policy.lengths(three, together=True) == [2, 0, 2]
+
+
 def test_a_joint_pass_is_settled_on_the_batchs_advance():
     """Two tied requests drafted 4 deep together: one accepted 3, the other none; the batch advanced 1 token."""
     policy = LengthPolicy()

@@ -10,7 +10,7 @@ from flawed_oracle import FlawedOracle
 
 import specfamily as sf
 from specfamily.core import batch_loop
-from specfamily.core.batch_goodput import last_wave
+from specfamily.core.batch_goodput import behind_ends
 from specfamily.core.batch_lengths import (
     LengthPolicy,
     Prospect,
@@ -104,14 +104,15 @@ def test_a_finishing_batch_drafts_only_for_its_longest_requests():
 
 def test_generate_batch_drafts_for_every_request_while_many_wait_then_for_the_slots_that_end_last(monkeypatch):
     """12 requests at max_batch 4 with a flat cost (drafting pays): while more requests wait than one a slot, requests
-    with fewer tokens left draft too; in the last wave (at most one waiting a slot) only the slots projected to end
-    last draft (``last_wave``), all of them to one depth. Greedy texts."""
+    with fewer tokens left draft too; in the last wave (at most one waiting a slot) the slots projected to end last
+    draft to one depth k together, and a slot b passes behind them drafts k - b levels (none from k <= b): levels
+    that would end it no sooner than a slot that stays put are never drafted (``plan_together``). Greedy texts."""
     states = []  # per pass: (waiting requests in the last wave or None, each slot's tokens left)
     step = batch_loop._Batch._step
 
-    def recorded(self, lo):
-        states.append((self.wave, [self.budget - len(r.new_tokens) for r in self.live[lo:]]))
-        return step(self, lo)
+    def recorded(self):
+        states.append((self.wave, [self.budget - len(r.new_tokens) for r in self.live]))
+        return step(self)
 
     monkeypatch.setattr(batch_loop._Batch, "_step", recorded)
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
@@ -119,7 +120,7 @@ def test_generate_batch_drafts_for_every_request_while_many_wait_then_for_the_sl
     assert len(states) == len(seen)
     shorter = {True: 0, False: 0}  # drafted passes in which a slot with fewer tokens left than another drafted
     drafted = {True: 0, False: 0}
-    waves = set()
+    waves, keeping_pace = set(), 0
     for (wave, left), (_, lengths, steady) in zip(states, seen, strict=True):
         if steady and any(lengths):
             last = wave is not None
@@ -127,11 +128,14 @@ def test_generate_batch_drafts_for_every_request_while_many_wait_then_for_the_sl
             shorter[last] += any(g and n < max(left) for g, n in zip(lengths, left, strict=True))
             if last:
                 waves.add(wave)
-                valued = last_wave(left, wave, 24)
-                assert {g for g, v in zip(lengths, valued, strict=True) if v} == {max(lengths)}  # together
-                assert not any(g for g, v in zip(lengths, valued, strict=True) if not v)
+                behind = behind_ends(left, wave, 24)
+                k = max(lengths)
+                assert {g for g, b in zip(lengths, behind, strict=True) if b == 0} == {k}  # together
+                assert lengths == [min(max(0, k - b), n - 1) for b, n in zip(behind, left, strict=True)]
+                keeping_pace += any(0 < b < k for b in behind)
     assert drafted[False] >= 5 and shorter[False] >= 3  # while many requests wait, every request's tokens count
     assert drafted[True] >= 3 and 0 in waves and len(waves) >= 2  # in the last wave, the slots that end last
+    assert keeping_pace >= 2  # and slots just behind them, to keep pace
 
 
 def test_a_step_in_the_cost_does_not_stop_the_plan_short():

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from batch_clock import priced_run
 from flawed_oracle import FlawedOracle
 
 import specfamily as sf
@@ -48,8 +49,8 @@ def test_random_trees_in_a_batch_equal_batch_1(family, max_batch):
 
 
 def test_continuous_batching_admits_as_requests_retire(monkeypatch):
-    """With max_batch=2 and budgets that end requests at different passes, the batch never holds more than 2 and a
-    waiting request is admitted in the pass after one retires (its prefill pass runs over the newcomers only)."""
+    """With max_batch=2 the batch never holds more than 2 and a waiting request is admitted in the pass after one
+    retires (here both retire together: the third is prefilled alone)."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     widths = []
     forward = batch_loop.BatchTarget.forward
@@ -67,6 +68,36 @@ def test_continuous_batching_admits_as_requests_retire(monkeypatch):
     assert widths[0] == (0, 2, [3, 2])  # both first requests prefilled together
     admitted = [w for w in widths if w[2] == [4]]
     assert len(admitted) == 1 and admitted[0][:2] == (0, 1)  # the third, alone, into the freed slot 0
+
+
+def test_a_newcomer_is_prefilled_beside_the_other_requests_roots_and_a_last_wave_is_admitted_together(monkeypatch):
+    """max_batch 2, 6 requests whose drafts are accepted to different depths (prompts of different lengths), so
+    requests retire at different passes. While more requests wait than there are slots, each newcomer is admitted as
+    its slot frees and its prompt fed in the pass that decodes the other slot's root (no live slot waits a pass for a
+    prefill; such a pass drafts nothing under draft length by load). In the last wave (2 waiting for 2 slots) the
+    freed slot is held until the other frees, and both newcomers are prefilled in one pass, as plain decoding's are.
+    Greedy texts (priced_run checks them against generate)."""
+    passes, admitted = [], []
+    admit = batch_loop._Batch._admit
+
+    def admitting(self, index, ids, arrival):
+        admitted.append((len(passes), index, len(self.live)))
+        return admit(self, index, ids, arrival)
+
+    monkeypatch.setattr(batch_loop._Batch, "_admit", admitting)
+    drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
+    priced_run(monkeypatch, lambda b, n: 1.0, drafter_of, [0.0] * 6, passes=passes, max_batch=2, max_new_tokens=24)
+    prefills = [(at, n) for at, (n, _, steady) in enumerate(passes) if not steady]
+    assert all(n == 2 for _, n in prefills) and not any(any(g) for n, g, steady in passes if not steady)
+    by_pass = {}
+    for at, index, live in admitted:
+        by_pass.setdefault(at, []).append((index, live))
+    assert by_pass[0] == [(0, 0), (1, 1)]
+    singles = [at for at, joined in by_pass.items() if at and len(joined) == 1]
+    assert len(singles) >= 1 and all(by_pass[at][0][1] == 1 for at in singles)  # beside a live request's root
+    last = max(by_pass)
+    assert [index for index, _ in by_pass[last]] == [4, 5] and by_pass[last][0][1] == 0  # the last wave, together
+    assert len(prefills) == len(by_pass)  # one prefill pass per admission time
 
 
 def test_eos_inside_an_accepted_block_ends_only_that_request():
@@ -149,7 +180,8 @@ def _timed_passes(monkeypatch, clock: FakeClock, per_pass: float) -> list[tuple[
 
 def test_requests_are_admitted_when_they_arrive_and_the_loop_waits_for_them(monkeypatch):
     """Arrivals 0, 5, 1 (not sorted), passes of 0.5 s, 4 tokens each: request 0 runs alone until 1.0, request 2 joins
-    (prefilled alone, then in the same passes), both finish, the loop sleeps until 5.0 for request 1."""
+    (its prompt prefilled in the pass that decodes request 0's root), both finish, the loop sleeps until 5.0 for
+    request 1."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     clock = FakeClock()
     passes = _timed_passes(monkeypatch, clock, 0.5)
@@ -157,11 +189,11 @@ def test_requests_are_admitted_when_they_arrive_and_the_loop_waits_for_them(monk
     results = sf.generate_batch(target, None, prompts, max_new_tokens=4, arrivals=[0.0, 5.0, 1.0],
                                 clock=LoopClock(clock.now, clock.sleep))
     assert [r.tokens for r in results] == [_hf_greedy(target, p, 4) for p in prompts]
-    assert passes == [(0.0, 0, [2]), (0.5, 0, [1]), (1.0, 1, [8]), (1.5, 0, [1, 1]), (2.0, 0, [1, 1]),
+    assert passes == [(0.0, 0, [2]), (0.5, 0, [1]), (1.0, 0, [1, 8]), (1.5, 0, [1, 1]), (2.0, 0, [1]),
                       (2.5, 0, [1]), (5.0, 0, [5]), (5.5, 0, [1]), (6.0, 0, [1]), (6.5, 0, [1])]
     assert clock.sleeps == [pytest.approx(2.0)]  # from 3.0, when request 2 finished, to request 1's arrival
     timing = [(r.metrics.arrival_s, r.metrics.first_token_s, r.metrics.finish_s) for r in results]
-    assert timing == [(0.0, 0.5, 2.5), (5.0, 5.5, 7.0), (1.0, 1.5, 3.0)]
+    assert timing == [(0.0, 0.5, 2.0), (5.0, 5.5, 7.0), (1.0, 1.5, 3.0)]
     assert results[2].metrics.time_to_first_token == 0.5  # from its admission, as generate counts from its start
     assert results[2].metrics.total_seconds == 2.0
 
