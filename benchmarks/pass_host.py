@@ -118,14 +118,19 @@ def measure(target: Target, steps: Steps, length: int, shapes: Shapes, repeats: 
     return {kind: {step: statistics.median(v) for step, v in by.items()} for kind, by in times.items()}
 
 
-def table(length: int, medians: dict[str, dict[str, float]]) -> str:
-    rows = [f"cache {length}: ms per pass (median)", f"| step | {' | '.join(KINDS)} | chain - plain | tree - plain |",
-            "| --- |" + " ---: |" * 5]
-    for step in (*STEPS, "total"):
-        values = [sum(medians[k].values()) if step == "total" else medians[k][step] for k in KINDS]
-        rows.append(f"| {step} | " + " | ".join(f"{v:.3f}" for v in values)
+def arms_table(title: str, first: str, names: Sequence[str], value: Callable[[str, str], float]) -> str:
+    """Markdown under ``title``: a row per name, a column per arm (KINDS), then each drafted arm minus plain."""
+    rows = [title, f"| {first} | {' | '.join(KINDS)} | chain - plain | tree - plain |", "| --- |" + " ---: |" * 5]
+    for name in names:
+        values = [value(kind, name) for kind in KINDS]
+        rows.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in values)
                     + f" | {values[1] - values[0]:+.3f} | {values[2] - values[0]:+.3f} |")
     return "\n".join(rows)
+
+
+def table(length: int, medians: dict[str, dict[str, float]]) -> str:
+    return arms_table(f"cache {length}: ms per pass (median)", "step", (*STEPS, "total"),
+                      lambda k, step: sum(medians[k].values()) if step == "total" else medians[k][step])
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> dict:

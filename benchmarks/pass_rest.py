@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from common import set_threads
 from pass_cost import Shapes
+from pass_host import KINDS, arms_table
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from specfamily.core.acceptance import verify_draft
@@ -43,7 +44,6 @@ from specfamily.runtime.kernel import build_extension, build_folder
 from specfamily.runtime.matmul import linear_for
 from specfamily.runtime.native_layers import NativeLayers
 
-KINDS = ("plain", "chain", "tree")
 ALONE = "(products timed alone: not in the total)"
 ITEMS = {  # op name fragment -> item (first match wins)
     "specfamily::product": "products (layers)",
@@ -241,13 +241,8 @@ def ab_table(length: int, medians: dict[str, list[float]]) -> str:
 def table(length: int, medians: dict[str, dict[str, float]]) -> str:
     names = sorted({n for items in medians.values() for n in items} - {"total", ALONE},
                    key=lambda n: -(medians["chain"].get(n, 0.0) - medians["plain"].get(n, 0.0)))
-    rows = [f"cache {length}: ms per pass (profiler, medians over passes)",
-            f"| item | {' | '.join(KINDS)} | chain - plain | tree - plain |", "| --- |" + " ---: |" * 5]
-    for name in (*names, "total", ALONE):
-        values = [medians[k].get(name, 0.0) for k in KINDS]
-        rows.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in values)
-                    + f" | {values[1] - values[0]:+.3f} | {values[2] - values[0]:+.3f} |")
-    return "\n".join(rows)
+    return arms_table(f"cache {length}: ms per pass (profiler, medians over passes)", "item", (*names, "total", ALONE),
+                      lambda k, name: medians[k].get(name, 0.0))
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> dict:
