@@ -24,7 +24,7 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.host import draw, to_host
-from specfamily.core.sampling import warp
+from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.types import Draft
 from specfamily.drafters.shared.draft_rows import DraftRows
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
@@ -128,7 +128,7 @@ def _chains(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor
         for b, row in zip(active, logits, strict=True):
             _, drafter, ctx, gamma = slots[b]
             if ctx.sampling.greedy:
-                token = model.token_ids(row.argmax().view(1))
+                token = model.token_ids(greedy_tokens(row).view(1))
             else:
                 q = warp(row, ctx.sampling)
                 token = model.token_ids(draw(q, ctx.generator))

@@ -23,7 +23,7 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.host import draw, to_host
-from specfamily.core.sampling import warp
+from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.shared.draft_rows import DraftRows
@@ -168,7 +168,7 @@ class FeatureDrafter(BaseDrafter):
         for i in range(gamma):
             logits = self._draft_logits(hidden)  # (V,), or (N,) over a reduced draft vocabulary
             if sampling.greedy:
-                token = model.token_ids(logits.argmax().view(1))
+                token = model.token_ids(greedy_tokens(logits).view(1))
             else:
                 q = warp(logits, sampling)
                 token = model.token_ids(draw(q, ctx.generator))

@@ -19,7 +19,7 @@ from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.host import draw
-from specfamily.core.sampling import warp
+from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
 
@@ -93,7 +93,7 @@ def _feed(ctx: DecodeContext, runner: Target) -> torch.Tensor:
 def _sample(s: _Slot, logits: torch.Tensor, confidence: float) -> None:
     """The slot's next token from its row, as the batch-1 drafter draws it; ends the slot's draft when done."""
     if s.ctx.sampling.greedy:
-        token = logits.argmax().view(1)
+        token = greedy_tokens(logits).view(1)
         sure = confidence == 0.0 or torch.softmax(logits.float(), -1)[token].item() >= confidence
     else:
         q = warp(logits, s.ctx.sampling)

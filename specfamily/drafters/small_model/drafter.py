@@ -9,7 +9,7 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.host import draw
-from specfamily.core.sampling import warp
+from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.shared.quantize import Int8Linears, causal_lm_linears, check_bits
@@ -72,7 +72,7 @@ class SmallModelDrafter(BaseDrafter):
             logits = runner.forward(feed).logits[-1]
             runner.commit([])
             if ctx.sampling.greedy:
-                token = logits.argmax().view(1)
+                token = greedy_tokens(logits).view(1)
                 sure = self.confidence == 0.0 or torch.softmax(logits.float(), -1)[token].item() >= self.confidence
             else:
                 q = warp(logits, ctx.sampling)
