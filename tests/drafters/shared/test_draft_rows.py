@@ -3,6 +3,7 @@ into its row once, stay there across passes, come back exactly when it proposes 
 when its request ends."""
 
 import gc
+import itertools
 
 import pytest
 import torch
@@ -75,9 +76,14 @@ def test_a_batched_run_adopts_each_request_once_and_frees_its_row_at_the_end(nam
     """Five requests at max_batch=3 (admissions into retired slots) or 5 (more drafting slots than the pool's first
     rows: it doubles): every drafting request's pairs are copied into the batch draft cache once however many passes
     it drafts, every row is free after the run, and the text is plain batched decoding's."""
-    adopted, proposals = [], []
+    adopted, proposals, serials = [], [], itertools.count()
     adopt, propose_batch = DraftRows.adopt, EagleFamilyDrafter.propose_batch
-    monkeypatch.setattr(DraftRows, "adopt", lambda self, state: adopted.append(id(state)) or adopt(self, state))
+
+    def marked(self, state):  # a serial per state: id() is reused once a finished request's state is freed
+        adopted.append(vars(state).setdefault("test_serial", next(serials)))
+        return adopt(self, state)
+
+    monkeypatch.setattr(DraftRows, "adopt", marked)
 
     def counted(self, drafters, ctxs, gammas):
         drafts = propose_batch(self, drafters, ctxs, gammas)
