@@ -168,6 +168,23 @@ class NativeLayers:
                 layer.expose(start + q)
         return out
 
+    def slots_ready(self, lean: LeanLlama) -> bool:
+        """Whether ``forward_slots`` takes a batched pass of ``lean`` now: its kernel is the attention kernel this
+        loop was built with, the rope uncompiled, no earlier native failure, inference mode, no gradients."""
+        return (self.reason is None and lean.attention is not None and lean.attention is self._attend
+                and lean.rotate is None and torch.is_inference_mode_enabled() and not torch.is_grad_enabled())
+
+    def forward_slots(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffers: tuple[list, list],
+                      slots: list[int], lengths: list[int], counts: list[int], visible: list[torch.Tensor | None],
+                      inputs: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A batched pass's layers on its packed rows (1, N, H) (``csrc/layers/native_layers.cpp``'s
+        ``forward_slots``): slot ``slots[s]`` feeds ``counts[s]`` rows after its ``lengths[s]`` cached entries, its
+        keys and values written into ``buffers`` (each layer's (slots, kv heads, capacity, D) keys and values) and
+        its rows attending over them as a batch-1 pass with the attention kernel would. Raises on a failure."""
+        keys, values = buffers
+        return self._native.forward_slots(hidden, cos, sin, keys, values, slots, lengths, counts, visible,
+                                          list(inputs))
+
 
 # keys buffers, values buffers, entries held: one a layer
 Prepared = tuple[list[torch.Tensor], list[torch.Tensor], list[int]]
