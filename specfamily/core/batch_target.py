@@ -7,7 +7,11 @@ slot. Positions and the additive 4D mask are per slot: a fed token sees its slot
 fed ones, what :func:`specfamily.core.tree_mask.local_mask` lets it see; a padding row sees only itself. Where the
 lean forward runs and a pass has padding (ragged drafts), its products run on the fed rows only
 (:func:`specfamily.runtime.batch_lean.packed_forward`): a slot that drafts nothing costs its one row, and ``rows``
-says how many rows the latest pass computed.
+says how many rows the latest pass computed. Where the lean forward has its C++ layer loop and attends with the
+attention kernel (``matmul=stream``), a pass whose every slot a batch-1 pass would attend with the kernel (a cached
+prefix or one fed row, at most ``MAX_ROWS`` rows) runs as one call of that loop
+(:func:`specfamily.runtime.batch_lean.slot_forward`): no padding, no 4D mask, each slot attending over its own cache
+row, and every fed row's logits bit-identical to its batch-1 pass's.
 """
 
 from __future__ import annotations

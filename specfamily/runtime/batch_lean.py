@@ -9,6 +9,9 @@ query, key and value are zeros; the mask keeps every fed row from seeing one). E
 the same order as in :class:`specfamily.runtime.lean.LeanLlama`'s padded pass, so under a batch-invariant matmul kind
 (``stream``) its logits are bit-identical to that pass's; under BLAS kinds the products' row counts differ, so the
 last bits may.
+
+:func:`slot_forward` is the pass without any padding where the C++ layer loop and the attention kernel run: one
+native call for every layer, each slot's rows attending over its own cache row, bit-identical to batch-1 passes.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ It takes (``NativeLayers.__call__`` returns the hidden state; None: the Python l
 passes over a non-empty cache of ``BufferedLayer`` layers (decode and verify passes: chain and tree, masked or packed
 as ``plan_attention`` says), float32 on a CPU, batch 1, in inference mode, with the uncompiled rope. It is built only
 for a lean forward multiplying with the stream kernel, all of whose layers act with SiLU (``native_layers``); layer
-features (EAGLE-3's) come back as the inputs of the layers asked for; ``skipping`` (self-speculation) and the batched
-passes keep the Python loop.
+features (EAGLE-3's) come back as the inputs of the layers asked for; ``skipping`` (self-speculation) keeps the Python
+loop. Batched passes (``specfamily.core.batch_target``) run through ``forward_slots`` where the lean forward attends
+with the attention kernel (``specfamily.runtime.batch_lean.slot_forward``): the fed rows of every slot packed for the
+products, each slot's rope, cache writes and attention on its own buffer row, one call a pass.
 
 The extension is built like the stream kernel (``specfamily.runtime.kernel.build_extension``: the user's cache, one
 folder per sources, flags, CPU, torch and Python, a file lock), once per process. Where it cannot build (no
