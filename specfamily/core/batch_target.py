@@ -7,7 +7,11 @@ slot. Positions and the additive 4D mask are per slot: a fed token sees its slot
 fed ones, what :func:`specfamily.core.tree_mask.local_mask` lets it see; a padding row sees only itself. Where the
 lean forward runs and a pass has padding (ragged drafts), its products run on the fed rows only
 (:func:`specfamily.runtime.batch_lean.packed_forward`): a slot that drafts nothing costs its one row, and ``rows``
-says how many rows the latest pass computed.
+says how many rows the latest pass computed. Where the lean forward has its C++ layer loop and attends with the
+attention kernel (``matmul=stream``), a pass whose every slot a batch-1 pass would attend with the kernel (a cached
+prefix or one fed row, at most ``MAX_ROWS`` rows) runs as one call of that loop
+(:func:`specfamily.runtime.batch_lean.slot_forward`): no padding, no 4D mask, each slot attending over its own cache
+row, and every fed row's logits bit-identical to its batch-1 pass's.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from specfamily.core.target import Target, TargetOutput
 from specfamily.core.target_cache import check_draft_tokens, check_path
 from specfamily.core.tree_mask import TreeLayout, tree_layout
 from specfamily.core.types import Draft
+from specfamily.runtime.attention import MAX_ROWS
 from specfamily.runtime.batch_cache import BatchCache
-from specfamily.runtime.batch_lean import packed_forward
+from specfamily.runtime.batch_lean import SlotRows, packed_forward, slot_forward
 
 __all__ = ["BatchTarget", "SlotFeed"]
 
@@ -71,6 +76,8 @@ class BatchTarget:
         width, hi = max(fed), lo + len(feeds)
         plan = self.cache.plan_pass(lo, hi, width, device)
         lengths = self.cache.lengths[lo:hi]
+        if self._native(lengths, fed, parents):
+            return self._slots(lo, feeds, parents, lengths, m, features)
         ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
         positions = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
         mask = torch.full((len(feeds), 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
@@ -98,6 +105,47 @@ class BatchTarget:
         """Whether a pass runs packed: the lean forward is ready and the pass has padding."""
         lean = self.target.lean
         return batch > 1 and width > 1 and rows < batch * width and lean is not None and lean.ready()
+
+    def _native(self, lengths: list[int], fed: list[int], parents: list[tuple[int, ...]]) -> bool:
+        """Whether a pass runs as one call of the C++ layer loop (:func:`slot_forward`): the lean forward is ready
+        with its native loop and attention kernel, and every slot's rows are ones a batch-1 pass attends with the
+        kernel: at most ``MAX_ROWS``, and not a prompt of several tokens over an empty cache (sdpa's causal pass)."""
+        lean = self.target.lean
+        if lean is None or lean.native is None or max(fed) > MAX_ROWS:
+            return False
+        if any(length == 0 and f > 1 and not tree for length, f, tree in zip(lengths, fed, parents, strict=True)):
+            return False
+        return lean.native.slots_ready(lean) and lean.ready()
+
+    def _slots(self, lo: int, feeds: Sequence[SlotFeed], parents: list[tuple[int, ...]], lengths: list[int],
+               m: list[int], features: bool | tuple[int, ...]) -> list[TargetOutput]:
+        """The pass through :func:`slot_forward`: each slot's logits (root and draft rows), its fed rows' features."""
+        device = self.target.device
+        ids, positions, slots, heads, first = [], [], [], [], 0
+        for b, (feed, tree) in enumerate(zip(feeds, parents, strict=True)):
+            layout, f = self._layout(m[b], tree), m[b] + len(tree)
+            ids.append(feed.pending.to(device))
+            if tree:
+                ids.append(feed.draft.tokens.to(device))
+            positions.append(layout.offsets + lengths[b])
+            slots.append(SlotRows(lo + b, lengths[b], f, layout.visible(lengths[b]) if f > 1 else None))
+            heads.extend(range(first + m[b] - 1, first + f))
+            first += f
+        try:
+            logits, hidden = slot_forward(self.target.lean, torch.cat(ids), torch.cat(positions), self.cache, slots,
+                                          torch.tensor(heads, device=device), features)
+        except BaseException:
+            self.cache.end_pass()  # entries past each slot's length are never read: nothing to undo
+            raise
+        self.cache.end_pass()
+        self.rows = first
+        outputs, k, start = [], 0, 0
+        for b, rows in enumerate(slots):
+            n = len(parents[b]) + 1
+            outputs.append(TargetOutput(logits[k : k + n], hidden[start : start + rows.count] if features else None))
+            k, start = k + n, start + rows.count
+            self._last[lo + b] = (lengths[b] + m[b], parents[b])
+        return outputs
 
     def _packed(self, lo: int, feeds: Sequence[SlotFeed], parents: list[tuple[int, ...]], lengths: list[int],
                 m: list[int], fed: list[int], padded: tuple, features: bool | tuple[int, ...]) -> list[TargetOutput]:

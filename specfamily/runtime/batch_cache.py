@@ -52,6 +52,16 @@ class SlotLayer(DynamicLayer):
         self.keys, self.values = keys[:, :, : plan.extent], values[:, :, : plan.extent]
         return self.keys, self.values
 
+    def ensure(self, heads: int, dim: int, dtype: torch.dtype,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers (slots, heads, capacity, D), allocated or grown to the owner's capacity (a
+        pass that writes them itself: ``specfamily.runtime.batch_lean.slot_forward``)."""
+        probe = torch.empty(1, heads, 0, dim, dtype=dtype, device=device)
+        if not self.is_initialized:
+            self.lazy_initialization(probe, probe)
+        self._fit(probe, probe)
+        return self.key_buffer, self.value_buffer
+
     def _fit(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Allocate the buffers on first use, grow them when the plan runs past their capacity."""
         capacity = self.owner.capacity
@@ -93,6 +103,13 @@ class BatchCache:
         index = (lengths[:, None] + torch.arange(fed)).view(hi - lo, 1, fed, 1).to(device)
         self.plan = PassPlan(lo, hi, index, extent)
         return self.plan
+
+    def buffers(self, heads: int, dim: int, dtype: torch.dtype,
+                device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's key buffers and value buffers (``heads`` key/value heads ``dim`` wide), allocated or grown
+        to the capacity (``SlotLayer.ensure``)."""
+        pairs = [layer.ensure(heads, dim, dtype, device) for layer in self.layers]
+        return [k for k, _ in pairs], [v for _, v in pairs]
 
     def end_pass(self) -> None:
         self.plan = None

@@ -9,11 +9,14 @@ query, key and value are zeros; the mask keeps every fed row from seeing one). E
 the same order as in :class:`specfamily.runtime.lean.LeanLlama`'s padded pass, so under a batch-invariant matmul kind
 (``stream``) its logits are bit-identical to that pass's; under BLAS kinds the products' row counts differ, so the
 last bits may.
+
+:func:`slot_forward` is the pass without any padding where the C++ layer loop and the attention kernel run: one
+native call for every layer, each slot's rows attending over its own cache row, bit-identical to batch-1 passes.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +24,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 
 from specfamily.runtime.lean import Attend, LeanLayer, LeanLlama, plan_attention, rope
 
-__all__ = ["packed_forward"]
+__all__ = ["SlotRows", "packed_forward", "slot_forward"]
 
 
 def packed_forward(
@@ -96,3 +99,42 @@ def _attention(layer: LeanLayer, x, cos, sin, attend: Attend, cache, spread: _Sp
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attend.mask, dropout_p=0.0,
                                          scale=layer.scaling, is_causal=False, enable_gqa=attend.gqa)
     return layer.linear(spread.back(out).contiguous(), *layer.o)
+
+
+@dataclass(frozen=True)
+class SlotRows:
+    """One slot's part of a :func:`slot_forward` pass: its slot index, cached entries and fed rows' visibility."""
+
+    slot: int
+    length: int  # entries cached before this pass (> 0)
+    count: int  # rows fed (>= 1)
+    visible: torch.Tensor | None  # (count, length + count) bool, or None: every key (one fed row)
+
+
+def slot_forward(lean: LeanLlama, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, slots: list[SlotRows],
+                 heads: torch.Tensor, features: bool | tuple[int, ...] = False,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A batched pass as one call of the C++ layer loop (``NativeLayers.forward_slots``): every product on the N fed
+    rows packed (1, N, H), the rope by each row's position, each slot's keys and values written into its own buffer
+    row and its rows attending over that row with the attention kernel. Every row's logits and features are those of
+    a batch-1 lean pass over its own request with the same kernel (bit for bit). ``input_ids``, ``position_ids``
+    (N,) in the slots' order; ``cache`` a :class:`~specfamily.runtime.batch_cache.BatchCache` whose capacity covers
+    the pass (``plan_pass``); ``heads`` (K,) the packed rows whose logits are wanted. Returns as
+    :func:`packed_forward`. Call it only where ``lean.native.slots_ready(lean)``."""
+    layer = lean._layers[0]
+    buffers = cache.buffers(layer.k[0].shape[0] // layer.head_dim, layer.head_dim, layer.q[0].dtype,
+                            input_ids.device)
+    hidden = lean._embed(input_ids)[None]  # (1, N, H)
+    cos, sin = lean._rope(lean._rotary, hidden, position_ids[None])  # (1, 1, N, D)
+    count = lean._config.num_hidden_layers
+    layer_ids = tuple(sorted({i for i in features if i < count})) if isinstance(features, tuple) else ()
+    hidden, kept = lean.native.forward_slots(
+        hidden, cos[0, 0].contiguous(), sin[0, 0].contiguous(), buffers, [s.slot for s in slots],
+        [s.length for s in slots], [s.count for s in slots], [s.visible for s in slots], layer_ids)
+    hidden = lean._norm_fn(hidden, *lean._norm)
+    logits = lean._linear(hidden.index_select(1, heads), *lean._head)[0]  # (K, V)
+    if isinstance(features, tuple):
+        states = dict(zip(layer_ids, kept, strict=True))
+        states[count] = hidden
+        return logits, torch.cat([states[i] for i in features], dim=-1)[0]
+    return logits, (hidden[0] if features else None)

@@ -13,8 +13,10 @@ It takes (``NativeLayers.__call__`` returns the hidden state; None: the Python l
 passes over a non-empty cache of ``BufferedLayer`` layers (decode and verify passes: chain and tree, masked or packed
 as ``plan_attention`` says), float32 on a CPU, batch 1, in inference mode, with the uncompiled rope. It is built only
 for a lean forward multiplying with the stream kernel, all of whose layers act with SiLU (``native_layers``); layer
-features (EAGLE-3's) come back as the inputs of the layers asked for; ``skipping`` (self-speculation) and the batched
-passes keep the Python loop.
+features (EAGLE-3's) come back as the inputs of the layers asked for; ``skipping`` (self-speculation) keeps the Python
+loop. Batched passes (``specfamily.core.batch_target``) run through ``forward_slots`` where the lean forward attends
+with the attention kernel (``specfamily.runtime.batch_lean.slot_forward``): the fed rows of every slot packed for the
+products, each slot's rope, cache writes and attention on its own buffer row, one call a pass.
 
 The extension is built like the stream kernel (``specfamily.runtime.kernel.build_extension``: the user's cache, one
 folder per sources, flags, CPU, torch and Python, a file lock), once per process. Where it cannot build (no
@@ -167,6 +169,23 @@ class NativeLayers:
             for layer, start in zip(layers, starts, strict=True):
                 layer.expose(start + q)
         return out
+
+    def slots_ready(self, lean: LeanLlama) -> bool:
+        """Whether ``forward_slots`` takes a batched pass of ``lean`` now: its kernel is the attention kernel this
+        loop was built with, the rope uncompiled, no earlier native failure, inference mode, no gradients."""
+        return (self.reason is None and lean.attention is not None and lean.attention is self._attend
+                and lean.rotate is None and torch.is_inference_mode_enabled() and not torch.is_grad_enabled())
+
+    def forward_slots(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, buffers: tuple[list, list],
+                      slots: list[int], lengths: list[int], counts: list[int], visible: list[torch.Tensor | None],
+                      inputs: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A batched pass's layers on its packed rows (1, N, H) (``csrc/layers/native_layers.cpp``'s
+        ``forward_slots``): slot ``slots[s]`` feeds ``counts[s]`` rows after its ``lengths[s]`` cached entries, its
+        keys and values written into ``buffers`` (each layer's (slots, kv heads, capacity, D) keys and values) and
+        its rows attending over them as a batch-1 pass with the attention kernel would. Raises on a failure."""
+        keys, values = buffers
+        return self._native.forward_slots(hidden, cos, sin, keys, values, slots, lengths, counts, visible,
+                                          list(inputs))
 
 
 # keys buffers, values buffers, entries held: one a layer

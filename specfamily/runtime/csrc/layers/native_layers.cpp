@@ -171,6 +171,62 @@ class NativeLayers {
     return {hidden, kept};
   }
 
+  // Every layer on the packed fed rows of several batch slots (a batched pass, specfamily.core.batch_target): hidden
+  // (1, N, H), slot s's rows [first, first + counts[s]) in order; cos and sin (N, D) contiguous, by packed row;
+  // keys[i] / values[i] layer i's slot buffers (slots, kv heads, capacity, D): slot s writes its keys and values at
+  // lengths[s] onwards of buffer row slots[s] and attends (the attention kernel, one call a slot) over that row's
+  // first lengths[s] + counts[s] entries, visible[s] (counts[s], lengths[s] + counts[s]) bool or None (every key).
+  // Each row meets the products, norms, rope and attention of a batch-1 pass over its own slot (forward with the
+  // kernel), so its bits are that pass's. Returns as forward does.
+  std::tuple<at::Tensor, std::vector<at::Tensor>> forward_slots(
+      at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const std::vector<at::Tensor>& keys,
+      const std::vector<at::Tensor>& values, const std::vector<int64_t>& slots, const std::vector<int64_t>& lengths,
+      const std::vector<int64_t>& counts, const std::vector<c10::optional<at::Tensor>>& visible,
+      const std::vector<int64_t>& inputs) {
+    const size_t n = layers_.size();
+    TORCH_CHECK(attend_ != nullptr, "native_layers: built without the attention kernel");
+    TORCH_CHECK(keys.size() == n && values.size() == n, "native_layers: ", n,
+                " layers need as many key and value buffers, got ", keys.size(), ", ", values.size());
+    const size_t b = slots.size();
+    TORCH_CHECK(lengths.size() == b && counts.size() == b && visible.size() == b,
+                "native_layers: every slot needs a length, a row count and a visibility");
+    const int64_t rows = hidden.size(1);
+    int64_t total = 0;
+    for (size_t s = 0; s < b; ++s) {
+      TORCH_CHECK(counts[s] >= 1 && lengths[s] >= 0, "native_layers: a slot feeds at least one row");
+      total += counts[s];
+    }
+    TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && total == rows, "native_layers: hidden must be (1, ", total,
+                ", H), got ", hidden.sizes());
+    for (const at::Tensor* t : {&cos, &sin})
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows,
+                  "native_layers: cos and sin must be contiguous float32 (", rows, ", D)");
+    for (size_t i = 0; i < n; ++i)
+      for (const at::Tensor* t : {&keys[i], &values[i]})
+        TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->dim() == 4 && t->stride(3) == 1 &&
+                        t->size(3) == layers_[i].head_dim && t->size(3) == cos.size(1),
+                    "native_layers: a layer's slot buffers must be float32 CPU (slots, heads, capacity, D)");
+    for (size_t s = 0; s < b; ++s)
+      TORCH_CHECK(slots[s] >= 0 && slots[s] < keys[0].size(0) && lengths[s] + counts[s] <= keys[0].size(2),
+                  "native_layers: slot ", slots[s], " does not fit its buffers");
+    std::vector<at::Tensor> kept;
+    size_t next = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Layer& layer = layers_[i];
+      if (next < inputs.size() && inputs[next] == static_cast<int64_t>(i)) {
+        kept.push_back(hidden);
+        ++next;
+      }
+      hidden = slot_attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, keys[i], values[i], slots,
+                              lengths, counts, visible)
+                   .add_(hidden);
+      hidden = mlp_block(layer, hidden);
+    }
+    TORCH_CHECK(next == inputs.size(), "native_layers: layer inputs must be ascending layer ids below ", n);
+    ++calls_;
+    return {hidden, kept};
+  }
+
   int64_t calls() const { return calls_; }
   int64_t fused_layers() const { return fused_; }
   size_t size() const { return layers_.size(); }
@@ -244,6 +300,45 @@ class NativeLayers {
     return linear(out.reshape({batch, q_len, -1}).contiguous(), layer.o);
   }
 
+  // forward_slots' attention: the products on every packed row, then per slot the rope, the cache writes into the
+  // slot's buffer row and the attention kernel over that row; the slots' outputs in packed order, then o.
+  at::Tensor slot_attention(const Layer& layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& key_buffer, const at::Tensor& value_buffer,
+                            const std::vector<int64_t>& slots, const std::vector<int64_t>& lengths,
+                            const std::vector<int64_t>& counts,
+                            const std::vector<c10::optional<at::Tensor>>& visible) const {
+    const int64_t rows = x.size(1), dim = layer.head_dim;
+    const std::vector<int64_t> shape{1, rows, -1, dim};
+    const at::Tensor query = linear(x, layer.q).view(shape).transpose(1, 2);  // (1, heads, N, D)
+    const at::Tensor key = linear(x, layer.k).view(shape).transpose(1, 2);    // (1, kv heads, N, D)
+    const at::Tensor value = linear(x, layer.v).view(shape).transpose(1, 2);
+    TORCH_CHECK(Rows::fits(query) && Rows::fits(key) && Rows::fits(value),
+                "native_layers: a batched pass's products must be float32 CPU rows");
+    const at::Tensor rotated = at::empty_like(query);
+    std::vector<at::Tensor> outs;
+    outs.reserve(slots.size());
+    int64_t first = 0;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const int64_t count = counts[s], length = lengths[s];
+      const at::Tensor key_row = key_buffer.select(0, slots[s]).unsqueeze(0);  // (1, kv heads, capacity, D)
+      const at::Tensor value_row = value_buffer.select(0, slots[s]).unsqueeze(0);
+      const float* c = cos.data_ptr<float>() + first * dim;
+      const float* n = sin.data_ptr<float>() + first * dim;
+      const at::Tensor q = rotated.narrow(2, first, count);
+      {
+        RECORD_FUNCTION("specfamily::rope_cache", std::vector<c10::IValue>());
+        rotate_into(Rows::of(query.narrow(2, first, count)), c, n, Rows::of(q));
+        rotate_into(Rows::of(key.narrow(2, first, count)), c, n, Rows::of(key_row.narrow(2, length, count)));
+        copy_into(Rows::of(value.narrow(2, first, count)), Rows::of(value_row.narrow(2, length, count)));
+      }
+      outs.push_back(attend_(q, key_row.narrow(2, 0, length + count), value_row.narrow(2, 0, length + count),
+                             visible[s], layer.scaling));  // (1, count, heads * D)
+      first += count;
+    }
+    ++fused_;
+    return linear(outs.size() == 1 ? outs[0] : at::cat(outs, 1), layer.o);
+  }
+
   // The rope and cache writes can run as rotate_into and copy_into: float32 CPU rows, batch 1, cos and sin (1, 1, q,
   // D) contiguous, the buffers' slots not overlapping the inputs.
   static bool fused(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& cos,
@@ -282,6 +377,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("causal"), py::arg("gqa"), py::arg("pack"), py::arg("groups"), py::arg("keys"), py::arg("values"),
            py::arg("starts"), py::arg("inputs") = std::vector<int64_t>{}, py::arg("kernel") = false,
            py::arg("visible") = py::none())
+      .def("forward_slots", &NativeLayers::forward_slots, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
+           py::arg("keys"), py::arg("values"), py::arg("slots"), py::arg("lengths"), py::arg("counts"),
+           py::arg("visible"), py::arg("inputs") = std::vector<int64_t>{})
       .def_property_readonly("calls", &NativeLayers::calls)
       .def_property_readonly("fused_layers", &NativeLayers::fused_layers)
       .def("__len__", &NativeLayers::size);
