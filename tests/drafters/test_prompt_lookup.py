@@ -5,7 +5,7 @@ import torch
 
 import specfamily as sf
 from specfamily.core.plugins import get_registry
-from specfamily.drafters.prompt_lookup.config import PromptLookupConfig
+from specfamily.drafters.prompt_lookup.config import PromptLookupConfig, resolve_branches
 from specfamily.drafters.prompt_lookup.drafter import PromptLookupDrafter
 from specfamily.drafters.prompt_lookup.index import NgramIndex, build_trie
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, check_fit, tiny_model
@@ -232,6 +232,31 @@ def _eos_target():
 EOS_PROMPT = [1, 2, 3, 4, 5, 4, 5, 4, 0, 4, 5]  # "4 5" was last followed by "4 0"; the target says 4, 0 too
 
 
+def test_default_branches_are_one_greedy_and_two_when_sampling():
+    target = sf.testing.tiny_target("llama", vocab_size=8)
+    drafter = PromptLookupDrafter(target, gamma=2)
+    assert drafter.config.branches is None
+    for sampling, expected in [
+        (sf.SamplingConfig(), ([3, 1], [-1, 0])),  # greedy: the most recent match alone, a chain
+        (sf.SamplingConfig(temperature=0.7, top_p=0.9), ([3, 1, 2, 1], [-1, 0, -1, 2])),  # "1 3", then "1 2"
+    ]:
+        ctx = sf.DecodeContext(target, torch.tensor(TREE_PROMPT), sampling, torch.Generator(), list(TREE_PROMPT))
+        drafter.begin(ctx)
+        draft = drafter.propose(ctx, 2)
+        assert (draft.tokens.tolist(), draft.parents.tolist()) == expected
+    ctx = sf.DecodeContext(target, torch.tensor(TREE_PROMPT), sf.SamplingConfig(temperature=0.7), torch.Generator(),
+                           list(TREE_PROMPT))
+    chain = PromptLookupDrafter(target, gamma=2, branches=1)  # set explicitly: kept when sampling
+    chain.begin(ctx)
+    assert chain.propose(ctx, 2).parents.tolist() == [-1, 0]
+
+
+@pytest.mark.parametrize(("branches", "greedy", "expected"), [(None, True, 1), (None, False, 2), (3, True, 3),
+                                                               (1, False, 1)])
+def test_resolve_branches(branches, greedy, expected):
+    assert resolve_branches(branches, greedy) == expected
+
+
 def test_generation_stops_at_an_eos_inside_a_proposal():
     target = _eos_target()
     assert sf.generate(target, None, EOS_PROMPT, max_new_tokens=20).tokens == [4, 0]
@@ -287,6 +312,12 @@ def test_lossless_tree_from_the_first_pass():
     cls, factory = _recording(branches=3)
     fit = _assert_fit(factory, SAMPLING_MATRIX[1], TREE_PROMPT)
     assert cls.trees >= fit.samples  # every generation's first pass proposed a tree
+
+
+def test_lossless_with_the_default_branches_when_sampling():
+    cls, factory = _recording()  # branches unset: two when sampling
+    fit = _assert_fit(factory, SAMPLING_MATRIX[1], TREE_PROMPT)
+    assert cls.trees >= fit.samples  # the default proposed a tree in every generation's first pass
 
 
 @pytest.mark.slow

@@ -221,7 +221,7 @@ def test_arms_in_a_config_file_with_every_kind_of_arm(compose_config):
     assert [(label, name) for label, name, _ in arms] == [
         ("prompt_lookup", "prompt_lookup"), ("wide:pl", "prompt_lookup"), ("eagle:chain", "eagle")]
     assert (arms[0][2]["branches"], arms[1][2]["branches"], arms[2][2]["mode"], arms[2][2]["weights"]) == (
-        1, 3, "chain", "zoo:code-eagle")
+        None, 3, "chain", "zoo:code-eagle")  # None: the shipped default (1 greedy, 2 when sampling)
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,7 @@ class Case:
 
 CASES = [
     Case("small_model", "chain", {"gamma": DEPTH}),
-    Case("prompt_lookup", "chain", {"gamma": DEPTH}, lambda: lookup_prompts()["chain"]),
+    Case("prompt_lookup", "chain", {"gamma": DEPTH, "branches": 1}, lambda: lookup_prompts()["chain"]),
     Case("prompt_lookup", "tree", {"gamma": DEPTH, "branches": 3}, lambda: lookup_prompts()["tree"]),
     Case("self_spec", "chain", {"skip": ["mlp:1"], "gamma": DEPTH}),
     Case("medusa", "tree", {"weights": "random", "gamma": DEPTH, "tree": medusa_tree()}),

@@ -2,7 +2,8 @@
 
 Deterministic (q = None); the context is prompt + committed tokens, so the first pass drafts too. A
 :class:`NgramIndex` per request is extended with each pass's committed tokens. With ``branches`` > 1, distinct
-earlier matches are merged into a token tree (best match first).
+earlier matches are merged into a token tree (best match first); ``branches`` None takes one branch under greedy
+decoding and more when sampling (:func:`~specfamily.drafters.prompt_lookup.config.resolve_branches`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, VerifyOutcome
-from specfamily.drafters.prompt_lookup.config import PromptLookupConfig
+from specfamily.drafters.prompt_lookup.config import PromptLookupConfig, resolve_branches
 from specfamily.drafters.prompt_lookup.index import NgramIndex, build_trie
 
 
@@ -29,7 +30,7 @@ class PromptLookupDrafter(BaseDrafter):
         policy: str | None = None,
         min_ngram: int = 1,
         max_ngram: int = 3,
-        branches: int = 1,
+        branches: int | None = None,
     ) -> None:
         self.config = PromptLookupConfig(gamma, policy, min_ngram, max_ngram, branches)
         super().__init__(gamma, policy)
@@ -46,7 +47,8 @@ class PromptLookupDrafter(BaseDrafter):
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         self._sync(ctx.tokens)
-        paths = self.index.propose(gamma, self.config.branches, self.stop)
+        branches = resolve_branches(self.config.branches, ctx.sampling.greedy)
+        paths = self.index.propose(gamma, branches, self.stop)
         if not paths:
             return Draft.empty()
         if len(paths) == 1:
