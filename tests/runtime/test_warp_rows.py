@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +95,24 @@ def test_exact_top_p_boundaries_stop_there():
     for top_p in (0.75, 0.5, 0.8, 0.3):
         assert _settled_rows_match(logits, SamplingConfig(1.0, top_p=top_p)) == 3
     assert (warp(logits[:1], SamplingConfig(1.0, top_p=0.75)) > 0).sum() == 2
+
+
+@needs_kernel
+def test_the_mass_before_a_token_is_compared_with_top_p_in_float():
+    """top_p a quarter of a float ulp above the float mass of the first j tokens: torch compares the mass before each
+    token with top_p rounded to float (equal: token j is not kept); in double it would keep j + 1 tokens."""
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(40):
+        logits = 2 * torch.randn(1, 4096, generator=gen)
+        probs = torch.softmax(logits, dim=-1)[0]
+        ranked = probs.sort(descending=True).values
+        j = int(torch.randint(2, 30, (1,), generator=gen))
+        mass = float(ranked.cumsum(0)[j] - ranked[j])  # the float mass before the (j + 1)-th token
+        top_p = mass + float(np.spacing(np.float32(mass))) / 4  # rounds to mass in float
+        assert top_p > mass and float(np.float32(top_p)) == mass
+        config = SamplingConfig(1.0, top_p=top_p)
+        assert _settled_rows_match(logits, config) == 1
+        assert int((warp(logits, config) > 0).sum()) == j
 
 
 @needs_kernel
