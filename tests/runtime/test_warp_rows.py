@@ -52,8 +52,8 @@ def _settled_rows_match(logits: torch.Tensor, sampling_config: SamplingConfig) -
 @needs_kernel
 def test_settled_rows_are_the_torch_paths_bit_for_bit():
     settled = total = 0
-    for seed, config in itertools.product(range(2), CONFIGS):
-        for logits in _rows(seed):
+    for config in CONFIGS:
+        for logits in _rows(0):
             settled += _settled_rows_match(logits, config)
             total += logits.shape[0]
     assert settled >= 0.8 * total  # flat rows at top-p < 1 and rows of 1,000 tokens are the torch path's
