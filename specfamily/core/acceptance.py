@@ -16,7 +16,7 @@ import torch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import AcceptRule, Hooks
 from specfamily.core.processors import processors_for
-from specfamily.core.sampling import greedy_tokens, warp
+from specfamily.core.sampling import greedy_tokens, native_available, warp
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import greedy_tree, verify_tree, verify_tree_rows
 
@@ -38,14 +38,16 @@ def verify_draft(
 
 
 def lazy_rows(logits: torch.Tensor, sampling: SamplingConfig, chain: bool) -> Callable[[int], torch.Tensor]:
-    """Row i of warp(logits) (n + 1, V) -> (V,), warped when first asked for: the root's alone; past the root, a
-    ``chain``'s rows from i to its end in one call (a chain whose first draft is accepted reads on down it, and one
-    call over several rows costs less than a call per row), a tree's row alone."""
+    """Row i of warp(logits) (n + 1, V) -> (V,), warped when first asked for, alone: the rows past a rejection are
+    never warped. Without the C++ warp (:func:`specfamily.core.sampling.native_warp`), a ``chain``'s rows past the
+    root go from i to its end in one call (a chain whose first draft is accepted reads on down it, and one torch call
+    over several rows costs less than a torch call per row); a tree's row alone."""
     rows: dict[int, torch.Tensor] = {}
+    together = chain and not native_available()
 
     def p_row(i: int) -> torch.Tensor:
         if i not in rows:
-            block = warp(logits[i:] if chain and i > 0 else logits[i : i + 1], sampling)
+            block = warp(logits[i:] if together and i > 0 else logits[i : i + 1], sampling)
             rows.update((i + j, row) for j, row in enumerate(block))
         return rows[i]
 

@@ -4,6 +4,10 @@ The same function warps the target's p and a drafter's q. Top-p reads only the h
 the tokens within a fraction of the row's maximum (:mod:`specfamily.core.top_p_head`), else a bounded
 ``torch.topk``, widened (x4, up to the whole vocabulary) until the kept mass has been crossed for good; the kept
 set is the one a full descending sort gives (ties in token order), with no full-vocabulary sort on the CPU.
+
+On the CPU ``warp`` first hands the rows to the C++ warp (:mod:`specfamily.runtime.warp_rows`: the same dense ATen ops
+and the threshold head in one loop, the same probabilities bit for bit in one call instead of about thirty); the rows
+it does not settle, and every row where it is not built, take the torch path here (:func:`torch_warp`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch
 
 from specfamily.core.top_p_head import threshold_head, threshold_heads
 from specfamily.core.types import SamplingConfig
+from specfamily.runtime.warp_rows import warp_build, warp_rows
 
 TOP_P_START = 64  # how many of the most probable tokens top-p reads first
 WIDEN = 4  # how much the head grows when the first one did not settle a row
@@ -135,6 +140,34 @@ def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """(..., V) logits -> (..., V) float32 probabilities under ``sampling``."""
     if sampling.greedy:
         return greedy_probs(logits)
+    native = native_warp(logits, sampling)
+    return native if native is not None else torch_warp(logits, sampling)
+
+
+def native_available() -> bool:
+    """Whether the C++ warp is built here (``warp`` on the CPU then goes through it)."""
+    return warp_build().available
+
+
+def native_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor | None:
+    """:func:`torch_warp`'s result bit for bit through the C++ warp, its unsettled rows through torch_warp; None
+    for logits off the CPU, empty ones, or without the extension."""
+    if logits.device.type != "cpu" or logits.numel() == 0 or logits.dim() == 0:
+        return None
+    rows = logits.float().reshape(-1, logits.shape[-1])
+    result = warp_rows(rows, sampling.temperature, sampling.top_k, sampling.top_p)
+    if result is None:
+        return None
+    probs, settled = result
+    if not bool(settled.all()):
+        pending = (~settled).nonzero().view(-1)
+        probs[pending] = torch_warp(rows[pending], sampling)
+    return probs.view(logits.shape)
+
+
+def torch_warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """``warp`` in torch ops (sampled ``sampling`` only): what the C++ warp reproduces, and the path of the rows it
+    does not settle."""
     scaled = logits.float() / sampling.temperature
     probs = torch.softmax(top_k_filter(scaled, sampling.top_k), dim=-1)
     start = sampling.top_k + 1 if sampling.top_k > 0 else TOP_P_START

@@ -54,8 +54,13 @@ def test_same_paths_tokens_and_generator_state_as_warping_every_row(sampled, sam
     assert max(depths) >= 3  # the comparison reached deep walks
 
 
-def test_only_the_rows_the_walk_reads_are_warped(monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["c++ warp", "torch warp"])
+def test_only_the_rows_the_walk_reads_are_warped(monkeypatch, native):
     sampling = SamplingConfig(0.7, top_p=0.9)
+    if not native:
+        monkeypatch.setattr(acceptance, "native_available", lambda: False)
+    elif not acceptance.native_available():
+        pytest.skip("no warp kernel")
     warped = []
 
     def counting(logits, config):
@@ -72,7 +77,9 @@ def test_only_the_rows_the_walk_reads_are_warped(monkeypatch):
     warped.clear()
     chain = Draft(tokens=torch.tensor([3, 3, 7, 3]), parents=torch.tensor([-1, 0, 1, 2]), q=None)
     assert verify_draft(chain, logits, sampling, torch.Generator().manual_seed(0))[0] == [0, 1]
-    assert warped == [1, 4]  # a chain: the root's row, then past its accepted first draft the rest in one call
+    # a chain: the root's row, then each accepted node's alone with the C++ warp; with torch ops, past its accepted
+    # first draft the rest in one call
+    assert warped == ([1, 1, 1] if native else [1, 4])
     warped.clear()
     rejected = Draft(tokens=torch.tensor([7, 3, 3, 3]), parents=torch.tensor([-1, 0, 1, 2]), q=None)
     assert verify_draft(rejected, logits, sampling, torch.Generator().manual_seed(0))[0] == []
