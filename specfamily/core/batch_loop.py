@@ -30,7 +30,7 @@ from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_goodput import kept_realized, wave_of
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
 from specfamily.core.batch_log import SlotLine, log_pass
-from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
+from specfamily.core.batch_slots import SlotCopier, SlotTarget, propose_batch
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
@@ -98,7 +98,7 @@ def generate_batch(
     """Generate up to ``max_new_tokens`` after each prompt, at most ``max_batch`` requests at once (default: all):
     one GenerationResult per prompt, in order. Request i draws from its own generator seeded ``seed + i``, so its
     law (and, at temperature 0, its text) is what ``generate(..., seed=seed + i)`` gives it. ``drafter`` is the
-    prototype each batch slot copies (``slot_copy``); with ``max_batch=1`` the requests run one after the other
+    prototype each batch slot copies (``SlotCopier``); with ``max_batch=1`` the requests run one after the other
     through ``generate`` itself, with ``drafter``. ``arrivals``: request i's arrival, seconds after the call (None:
     all at once); ``trace``: keep every pass in ``result.trace``; ``clock``: the loop's clock (a fake one in tests)."""
     sampling = SamplingConfig() if sampling is None else sampling
@@ -160,6 +160,7 @@ class _Batch:
         self.live: list[_Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
+        self.copier = None if drafter is None else SlotCopier(drafter, target)  # each admission's slot_copy
         self.wave: int | None = None  # in the batch's last wave: the requests still waiting (batch_goodput.last_wave)
         self.passes = 0  # target passes so far (the debug log's count: batch_log)
 
@@ -191,7 +192,7 @@ class _Batch:
         ctx = DecodeContext(view, ids, self.sampling, generator, tokens=ids.tolist())
         drafter = own = None
         if self.prototype is not None:
-            drafter = slot_copy(self.prototype, self.target)
+            drafter = self.copier.copy()
             own = hooks(drafter)
         self.batch.reset_slot(slot)
         recorder = MetricsRecorder()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import specfamily as sf
-from specfamily.core.batch_slots import SlotTarget, propose_batch, slot_copy
+from specfamily.core.batch_slots import SlotCopier, SlotTarget, propose_batch, slot_copy
 from specfamily.core.context import DecodeContext
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.runtime.batch_cache import BatchCache
@@ -36,6 +36,23 @@ def test_slot_copies_share_weights_and_named_state_and_own_the_rest(code_target)
     suffix = sf.create_drafter("suffix", code_target)
     other = slot_copy(suffix, code_target)
     assert other.global_cache is suffix.global_cache  # batch_shared: learns across every slot's requests
+
+
+def test_slot_copies_see_a_hook_added_to_the_shared_draft_model_after_they_were_made(code_target):
+    """A slot copy's lean forward watches the draft model's own hook tables (shared with the module), not copies
+    made at admission that never see a hook added later: with one, the copy falls back to the model's forward."""
+    small = sf.create_drafter("small_model", code_target)
+    copier = SlotCopier(small, code_target)
+    first, second = copier.copy(), copier.copy()
+    assert first.runner is not second.runner and first.runner.cache is not second.runner.cache
+    assert first.runner.lean is not None and first.runner.lean.ready() and second.runner.lean.ready()
+    assert first.runner.lean._config is small.draft.config  # the module's config: shared, not copied
+    handle = small.draft.model.layers[0].register_forward_hook(lambda module, args, out: None)
+    try:
+        assert not first.runner.lean.ready() and not second.runner.lean.ready()
+    finally:
+        handle.remove()
+    assert first.runner.lean.ready()
 
 
 class BareDrafter:

@@ -1,0 +1,33 @@
+"""batch_one's plumbing on a tiny target: both paths decode each request's greedy text (no timing claims)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specfamily.testing import tiny_target
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def one_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("batch_one", "common", "pairs", "bench_report"):
+        sys.modules.pop(name, None)
+    yield importlib.import_module("batch_one")
+    sys.modules.pop("batch_one", None)
+
+
+@pytest.mark.parametrize("name", ["plain", "prompt_lookup"])
+def test_both_paths_decode_the_same_tokens(one_module, name):
+    target = tiny_target("llama", vocab_size=32, spread=1.0)
+    prompts = [[1, 2, 3, 1, 2, 3], [6, 7, 6, 7]]
+    seconds, one = one_module.run(target, name, "generate", prompts, 6, time.process_time)
+    _, batch = one_module.run(target, name, "generate_batch", prompts, 6, time.process_time)
+    assert seconds >= 0 and [len(t) for t in one] == [6, 6]
+    assert one == batch
