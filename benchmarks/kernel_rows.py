@@ -86,26 +86,30 @@ def resident_weights(weights: Sequence[torch.Tensor], shape: tuple[int, int] = R
 
 
 def baseline_module(revision: str) -> ModuleType:
-    """The kernel's sources (``kernel.kernel_sources()``'s file names) at ``revision``, built as an extension of its
-    own (a name and a build folder keyed on the revision's text)."""
+    """The kernel's sources at ``revision`` (every ``.cpp`` and ``.h`` of its folder then, the main source first),
+    built as an extension of its own (a name and a build folder keyed on the revision's text)."""
     root = Path(kernel.__file__).resolve().parents[2]
+    csrc = kernel.kernel_source().parent.relative_to(root)
     folder = Path(tempfile.gettempdir()) / f"kernel-rows-{re.sub(r'[^A-Za-z0-9]', '_', revision)}"
     folder.mkdir(exist_ok=True)
-    sources = []
-    for path in kernel.kernel_sources():
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", revision, f"{csrc}/"], cwd=root, check=True, capture_output=True, text=True
+    ).stdout.split()
+    copies = []
+    for name in listed:
+        if not name.endswith((".cpp", ".h")):
+            continue
         text = subprocess.run(
-            ["git", "show", f"{revision}:{path.relative_to(root)}"],
-            cwd=root,
-            check=True,
-            capture_output=True,
-            text=True,
+            ["git", "show", f"{revision}:{name}"], cwd=root, check=True, capture_output=True, text=True
         ).stdout
-        copy = folder / path.name
+        copy = folder / Path(name).name
         if not copy.is_file() or copy.read_text(encoding="utf-8") != text:
             copy.write_text(text, encoding="utf-8")
-        sources.append(copy)
+        copies.append(copy)
+    main = folder / kernel.kernel_source().name
+    sources = [main, *sorted(p for p in copies if p.suffix == ".cpp" and p != main)]
     name = f"{kernel.NAME}_{re.sub(r'[^A-Za-z0-9]', '_', revision)}"
-    return kernel.build_extension(name, sources, kernel.build_folder(sources[0], sources, prefix="kernel_rows"))
+    return kernel.build_extension(name, sources, kernel.build_folder(main, sorted(copies), prefix="kernel_rows"))
 
 
 def kernels(baseline: str | None) -> dict[str, Callable[..., torch.Tensor]]:

@@ -31,6 +31,7 @@ from specfamily.runtime.kernel import (
     KernelUnavailable,
     build_extension,
     build_folder,
+    kernel_headers,
     load_extension,
     stream_kernel,
 )
@@ -63,10 +64,12 @@ def build_attention(verbose: bool = False) -> ModuleType:
     source = attention_source()
     if not source.is_file():
         raise KernelUnavailable(f"the attention kernel's source {source} is missing from the installed package")
-    header = source.with_name("attention_head.h")  # included by the source: in the build's key, not compiled alone
-    if not header.is_file():
-        raise KernelUnavailable(f"the attention kernel's header {header} is missing from the installed package")
-    return build_extension(NAME, [source], build_folder(source, [source, header], "attention"), verbose)
+    for part in ("attention_head.h", "attention_avx512.h", "attention_avx2.h"):  # included: in the build's key
+        header = source.with_name(part)
+        if not header.is_file():
+            raise KernelUnavailable(f"the attention kernel's header {header} is missing from the installed package")
+    folder = build_folder(source, [source, *kernel_headers(source)], "attention")
+    return build_extension(NAME, [source], folder, verbose)
 
 
 def attention_kernel(enabled: bool = True) -> ModuleType | None:

@@ -41,8 +41,8 @@ from types import ModuleType
 import torch
 
 __all__ = ["DISABLE_ENV", "PACKED_ATTR", "Extension", "KernelUnavailable", "StreamKernel", "build_extension",
-           "drop_packed", "kernel_source", "kernel_sources", "load_extension", "packed_bytes", "short_error",
-           "stream_kernel"]
+           "drop_packed", "kernel_headers", "kernel_source", "kernel_sources", "load_extension", "packed_bytes",
+           "short_error", "stream_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,17 @@ def kernel_sources(source: Path | None = None) -> list[Path]:
     return [source, *sorted(p for p in source.parent.glob("*.cpp") if p != source)]
 
 
+def kernel_headers(source: Path) -> list[Path]:
+    """The headers ``source`` may include, for its build's key (a change to one builds anew): those beside it and the
+    instruction-set detection every kernel shares (``csrc/cpu_isa.h``). Raises ``KernelUnavailable`` when that one is
+    missing."""
+    shared = Path(__file__).resolve().parent / "csrc" / "cpu_isa.h"
+    if not shared.is_file():
+        raise KernelUnavailable(f"the kernels' header {shared} is missing from the installed package")
+    beside = sorted(source.parent.glob("*.h"))
+    return beside if shared in beside else [*beside, shared]
+
+
 @functools.cache
 def stream_kernel() -> Extension:
     """The kernel, built (or loaded from the cache) once per process; on failure one warning and the reason."""
@@ -139,11 +150,12 @@ def build_extension(name: str, sources: list[Path], folder: Path, verbose: bool 
 
 
 def build_folder(source: Path, sources: list[Path] | None = None, prefix: str = "stream_linear") -> Path:
-    """``<cache>/kernels/<prefix>-<digest>``: the digest of the sources (``sources``, by default every ``.cpp``
-    beside ``source``), the folder they lie in, the flags, the CPU, torch and Python: any change to one of them builds
-    anew. The folder is in the key because the build's ninja file names the sources by absolute path: two checkouts
-    sharing one build folder would rebuild it in turn, each waiting on the other's lock."""
-    texts = [f"{p.name}\n{p.read_text(encoding='utf-8')}" for p in (sources or kernel_sources(source))]
+    """``<cache>/kernels/<prefix>-<digest>``: the digest of the sources (``sources``, by default every ``.cpp`` beside
+    ``source`` and its ``kernel_headers``), the folder they lie in, the flags, the CPU, torch and Python: any change to
+    one of them builds anew. The folder is in the key because the build's ninja file names the sources by absolute
+    path: two checkouts sharing one build folder would rebuild it in turn, each waiting on the other's lock."""
+    sources = sources or [*kernel_sources(source), *kernel_headers(source)]
+    texts = [f"{p.name}\n{p.read_text(encoding='utf-8')}" for p in sources]
     where = str(source.resolve().parent)
     key = "\n".join((*texts, where, " ".join(CFLAGS), cpu_identity(), torch.__version__, sys.version))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

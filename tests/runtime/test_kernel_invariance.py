@@ -9,12 +9,16 @@ Where the kernel cannot build, the kernel tests skip (test_kernel.py's rule) and
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from specfamily.runtime import kernel, matmul
+from specfamily.runtime.attention import attention_source
+from specfamily.runtime.int8_matmul import int8_source
 from specfamily.runtime.kernel import KernelUnavailable
 
 # every block size the instruction sets' loops choose among (1-16 rows: the panels taken at once, the fetch distance,
@@ -146,13 +150,36 @@ def test_a_change_to_any_source_file_builds_anew(tmp_path, monkeypatch):
     assert sources[0] == kernel.kernel_source() and {p.name for p in sources} >= {"stream_linear.cpp", "rms_norm.cpp"}
     copies = tmp_path / "csrc"
     copies.mkdir()
-    for path in sources:
+    headers = sorted(kernel.kernel_source().parent.glob("*.h"))
+    assert {p.name for p in headers} >= {"cpu_isa.h", "stream_pack.h"}
+    for path in [*sources, *headers]:
         (copies / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
     main = copies / kernel.kernel_source().name
     first = kernel.build_folder(main)
     # keyed on where the sources lie too: the build's ninja file names them by absolute path
     assert first != kernel.build_folder(kernel.kernel_source()) and first == kernel.build_folder(main)
-    for path in sorted(copies.glob("*.cpp")):
+    for path in sorted([*copies.glob("*.cpp"), *copies.glob("*.h")]):
         path.write_text(path.read_text(encoding="utf-8") + "\n// changed\n", encoding="utf-8")
         assert kernel.build_folder(main) != first, f"a change to {path.name} would reuse the old build"
         first = kernel.build_folder(main)
+
+
+def quoted_includes(path: Path) -> set[Path]:
+    """Every file ``path`` includes with quotes, and those they include."""
+    found = set()
+    for name in re.findall(r'^#include "([^"]+)"', path.read_text(encoding="utf-8"), flags=re.MULTILINE):
+        included = (path.parent / name).resolve()
+        found |= {included, *quoted_includes(included)}
+    return found
+
+
+@pytest.mark.parametrize("source", [*kernel.kernel_sources(), attention_source(), int8_source()], ids=lambda p: p.name)
+def test_every_header_a_kernel_includes_is_in_its_build_key(source):
+    assert quoted_includes(source) <= {p.resolve() for p in kernel.kernel_headers(source)}
+
+
+def test_the_three_kernels_detect_instruction_sets_in_one_header():
+    shared = (kernel.kernel_source().parent / "cpu_isa.h").resolve()
+    for source in (kernel.kernel_source(), attention_source(), int8_source()):
+        assert shared in quoted_includes(source), source.name
+        assert "__builtin_cpu_supports" not in source.read_text(encoding="utf-8"), source.name

@@ -116,6 +116,27 @@ def test_the_kernel_is_sdpa_up_to_rounding_and_batch_invariant(isa):
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_threads_split_heads_and_fed_rows_without_changing_bits(threads):
+    # units of (key/value head, fed row) split among threads: 3 heads x 5 rows in runs of 8 and 7 (two threads),
+    # 5 each (three), 4 (four): a head's rows on two threads; every row's bits those of one thread
+    module = attention_build().module
+    gen = torch.Generator().manual_seed(1)
+    query, keys, values = (torch.randn(1, h, n, 64, generator=gen) for h, n in ((9, 5), (3, 200), (3, 200)))
+    visible = torch.ones(5, 200, dtype=torch.bool)
+    visible[:, 195:] = torch.ones(5, 5, dtype=torch.bool).tril()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = module.attend(query, keys, values, visible, 0.125)
+        torch.set_num_threads(threads)
+        split = module.attend(query, keys, values, visible, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(split, one) and not torch.equal(one, torch.zeros_like(one))
+
+
+@needs_kernel
 def test_passes_under_autograd_attend_with_sdpa():
     """The kernel has no backward: a lean pass with gradients on plans sdpa (the Python loop; the native one declines
     gradients too), one in inference mode the kernel."""

@@ -25,21 +25,19 @@
 #include <cstring>
 #include <string>
 
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__GNUC__) && !defined(__clang__)
-#define SF_X86_SIMD 1
-#include <immintrin.h>
-#endif
+#include "cpu_isa.h"
+#include "stream_pack.h"
 
 namespace {
 
 constexpr int64_t kMaxRows = 16;           // rows of x one call of the instruction set's panels multiplies
 constexpr int64_t kChunkBytes = 192 << 10;  // past kMaxRows rows: packed bytes each block of rows reuses in L2
 constexpr int64_t kMinChunk = 2;           // panels per chunk at least
-constexpr int64_t kPanel = 16;             // output rows (weight rows) per packed panel
-constexpr int64_t kLines = 4;              // runs of the weight's elements compared on each product (samples_of)
-constexpr int64_t kLine = 16;              // elements per run: one 64-byte line
 constexpr int64_t kGrainFloats = 1 << 15;  // weight elements per thread at least (smaller products run serially)
-constexpr const char* kPackedAttr = "_specfamily_packed";
+using specfamily::stream::kPackedAttr;
+using specfamily::stream::kPanel;
+using specfamily::stream::pack;
+using specfamily::stream::packed_for;
 
 struct Problem {
   const float* x;  // (k, d) contiguous
@@ -256,11 +254,9 @@ void panels(const Problem& p, int64_t q0, int64_t q1) {
 // The instruction sets this CPU runs, best first (always ending with "scalar").
 std::vector<std::string> supported_isas() {
   std::vector<std::string> isas;
-#ifdef SF_X86_SIMD
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) isas.push_back("avx512");
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isas.push_back("avx2");
-#endif
+  const specfamily::CpuSets cpu = specfamily::cpu_sets();
+  if (cpu.avx512f) isas.push_back("avx512");
+  if (cpu.avx2_fma) isas.push_back("avx2");
   isas.push_back("scalar");
   return isas;
 }
@@ -294,75 +290,6 @@ void check_inputs(const at::Tensor& x, const at::Tensor& weight, const c10::opti
                 "stream_linear: bias must be float32 on the CPU with ", weight.size(0), " elements, got ",
                 bias->scalar_type(), " of shape ", bias->sizes(), " on ", bias->device());
   }
-}
-
-// The weight (n, d) as panels (ceil(n / kPanel), d, kPanel), zero-padded past n.
-at::Tensor pack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
-              "stream_linear.pack: weight must be a 2-D float32 CPU tensor, got ", weight.scalar_type(), " of shape ",
-              weight.sizes(), " on ", weight.device());
-  at::NoGradGuard no_grad;
-  const int64_t n = weight.size(0), d = weight.size(1), panels = (n + kPanel - 1) / kPanel;
-  const at::Tensor padded = at::constant_pad_nd(weight, {0, 0, 0, panels * kPanel - n}).contiguous();
-  return padded.view({panels, kPanel, d}).transpose(1, 2).contiguous();
-}
-
-// What a cached packing was made from: the weight's storage, shape, strides and version counter.
-py::tuple pack_key(const at::Tensor& weight) {
-  return py::make_tuple(reinterpret_cast<intptr_t>(weight.data_ptr()), weight.size(0), weight.size(1),
-                        weight.stride(0), weight.stride(1), static_cast<int64_t>(weight._version()));
-}
-
-// Sampled elements of the weight (n, d): kLines runs of kLine inputs (or all d when fewer; one 64-byte line each
-// when contiguous), in rows first to last, the first and the last element among them; this is run s's first. A write
-// through `.data` moves a version counter of its own, not the weight's, so the key alone would miss it; the samples,
-// taken when the weight is packed and compared on every product (a few cache misses), see any such write that
-// changes one of them (a new set of weights, a scaled or shifted one), not one that leaves them all as they were.
-const float* sample_run(const at::Tensor& weight, int64_t s) {
-  const int64_t n = weight.size(0), d = weight.size(1), width = std::min(kLine, d);
-  const int64_t col = s == kLines - 1 ? d - width : s * (d - width) / (kLines - 1) / kLine * kLine;
-  return weight.data_ptr<float>() + s * (n - 1) / (kLines - 1) * weight.stride(0) + col * weight.stride(1);
-}
-
-using Samples = std::array<float, kLines * kLine>;
-
-// The sampled elements (zero past a run narrower than kLine).
-Samples samples_of(const at::Tensor& weight) {
-  Samples values{};
-  const int64_t width = std::min(kLine, weight.size(1)), step = weight.stride(1);
-  for (int64_t s = 0; s < kLines; ++s) {
-    const float* run = sample_run(weight, s);
-    for (int64_t u = 0; u < width; ++u) values[s * kLine + u] = run[u * step];
-  }
-  return values;
-}
-
-// Whether `kept` (the bytes of samples_of when the weight was packed) still holds, bit for bit, what it samples.
-bool same_samples(const py::handle& kept, const at::Tensor& weight) {
-  if (!PyBytes_Check(kept.ptr()) || PyBytes_GET_SIZE(kept.ptr()) != static_cast<Py_ssize_t>(sizeof(Samples)))
-    return false;
-  const Samples values = samples_of(weight);
-  return std::memcmp(PyBytes_AS_STRING(kept.ptr()), values.data(), sizeof(Samples)) == 0;
-}
-
-// The packed weight kept on the weight object (PACKED_ATTR) as (key, packed, samples), remade when either changed.
-// An inference tensor counts no versions (a write in place would go unseen): packed anew each product, slower.
-at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
-  if (weight.is_inference()) return pack(weight);
-  // The kernel reads the packed copy, so the weight is out of the caches: the samples' loads start now, under way
-  // while the key is built and the cached entry looked up.
-  for (int64_t s = 0; s < kLines; ++s) __builtin_prefetch(sample_run(weight, s));
-  const py::tuple key = pack_key(weight);
-  const py::object cached = py::getattr(owner, kPackedAttr, py::none());
-  if (py::isinstance<py::tuple>(cached) && py::len(cached) == 3) {
-    const auto entry = cached.cast<py::tuple>();
-    if (py::object(entry[0]).equal(key) && same_samples(entry[2], weight)) return entry[1].cast<at::Tensor>();
-  }
-  at::Tensor packed = pack(weight);
-  const Samples samples = samples_of(weight);
-  const py::bytes kept(reinterpret_cast<const char*>(samples.data()), sizeof(Samples));
-  py::setattr(owner, kPackedAttr, py::make_tuple(key, packed, kept));
-  return packed;
 }
 
 // y = x packed^T + b: each thread takes a range of panels, in chunks; each chunk multiplies every block of at most

@@ -37,19 +37,25 @@ __attribute__((optimize("fp-contract=off"))) inline float softmax_row(float* p, 
 
 // The end (exclusive) of the run of a row's visible places from `c` whose keys lie below `j1`.
 inline int64_t run_end(const int32_t* index, int64_t c, int64_t n, int64_t j1) {
+  if (c >= n || index[c] >= j1) return c;
+  // The common case in one look: every key from index[c] to j1 - 1 seen (the indices ascend without repeats, so
+  // j1 - index[c] of them ending at j1 - 1 are exactly those keys).
+  const int64_t full = c + (j1 - index[c]);
+  if (full <= n && index[full - 1] == j1 - 1) return full;
   while (c < n && index[c] < j1) ++c;
   return c;
 }
 
-// Key/value head h: for each fed row (its visible keys) and each tile of up to kTileRows of the group's query heads,
-// a block of kBlock keys at a time (the block stays in L1 across the fed rows and tiles), scores then values.
-void head(const Problem& pr, int64_t h, Work& w) {
+// Key/value head h for fed rows [r0, r1): for each fed row (its visible keys) and each tile of up to kTileRows of the
+// group's query heads, a block of kBlock keys at a time (the block stays in L1 across the fed rows and tiles), scores
+// then values. A tile's bits do not depend on the other tiles, so the fed rows may be split among threads.
+void head(const Problem& pr, int64_t h, int64_t r0, int64_t r1, Work& w) {
   const int64_t dim = pr.dim, pad = w.pad;
   const float* keys = pr.keys + h * pr.k_head;
   const float* values = pr.values + h * pr.v_head;
   std::vector<Tile> tiles;
   std::vector<int64_t> fed;  // each tile's fed row
-  for (int64_t r = 0; r < pr.rows; ++r)
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t g0 = 0; g0 < pr.groups; g0 += kTileRows) {
       Tile t{};
       t.rows = static_cast<int>(std::min<int64_t>(kTileRows, pr.groups - g0));
