@@ -70,8 +70,8 @@ def slot_copy(drafter: Drafter, target) -> Drafter:
 
 class SlotCopier:
     """:func:`slot_copy` for many slots of one prototype: what the copies share is found once (walking the
-    prototype, the target's model and its lean forward's tensors cost more than the copy itself: ~2 ms an admission
-    for small_model and medusa against ~0.7 ms), then each copy deep-copies the rest. The prototype must not gain
+    prototype, the target's model and its lean forward's tensors cost more than the copy itself: docs/batching.md,
+    session 22), then each copy deep-copies the rest. The prototype must not gain
     modules or ``batch_shared`` attributes while the copier is in use (the batched loop never runs it)."""
 
     def __init__(self, prototype: Drafter, target) -> None:
