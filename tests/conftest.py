@@ -112,12 +112,12 @@ def lean_calls(monkeypatch) -> list[int]:
 @pytest.fixture
 def int8_unbuilt(monkeypatch):
     """A session where the int8 weight-only kernel cannot build (the real build stays memoised for later tests)."""
-    from specfamily.runtime import int8_matmul
+    from specfamily.runtime import int8_matmul, kernel
 
     def fail(*args, **kwargs):
         raise RuntimeError("Error building extension 'specfamily_int8_linear'\nmore lines")
 
-    monkeypatch.setattr(int8_matmul, "build_extension", fail)
+    monkeypatch.setattr(kernel, "build_extension", fail)  # what kernel.build_source calls
     int8_matmul.int8_kernel.cache_clear()
     yield
     int8_matmul.int8_kernel.cache_clear()

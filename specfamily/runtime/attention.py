@@ -26,15 +26,7 @@ from types import ModuleType
 
 import torch
 
-from specfamily.runtime.kernel import (
-    Extension,
-    KernelUnavailable,
-    build_extension,
-    build_folder,
-    kernel_headers,
-    load_extension,
-    stream_kernel,
-)
+from specfamily.runtime.kernel import Extension, build_source, load_extension, stream_kernel
 
 __all__ = ["DISABLE_ENV", "MAX_ROWS", "attention_build", "attention_for", "attention_kernel", "attention_source",
            "build_attention", "kernel_visible", "vectorised"]
@@ -61,15 +53,8 @@ def attention_build() -> Extension:
 def build_attention(verbose: bool = False) -> ModuleType:
     """Compile (or reuse the cached build of) the extension and import it; raises ``KernelUnavailable`` or the
     build's own error."""
-    source = attention_source()
-    if not source.is_file():
-        raise KernelUnavailable(f"the attention kernel's source {source} is missing from the installed package")
-    for part in ("attention_head.h", "attention_avx512.h", "attention_avx2.h"):  # included: in the build's key
-        header = source.with_name(part)
-        if not header.is_file():
-            raise KernelUnavailable(f"the attention kernel's header {header} is missing from the installed package")
-    folder = build_folder(source, [source, *kernel_headers(source)], "attention")
-    return build_extension(NAME, [source], folder, verbose)
+    return build_source(NAME, attention_source(), "attention", "attention kernel", verbose,
+                        headers=("attention_head.h", "attention_avx512.h", "attention_avx2.h"))
 
 
 def attention_kernel(enabled: bool = True) -> ModuleType | None:

@@ -25,14 +25,7 @@ from types import ModuleType
 
 import torch
 
-from specfamily.runtime.kernel import (
-    Extension,
-    KernelUnavailable,
-    build_extension,
-    build_folder,
-    kernel_headers,
-    load_extension,
-)
+from specfamily.runtime.kernel import Extension, build_source, load_extension
 
 __all__ = ["DISABLE_ENV", "PANEL", "Int8Kernel", "Int8Weight", "dequantize", "int8_kernel", "int8_source",
            "pack_int8", "quantize_rows"]
@@ -61,10 +54,7 @@ def int8_kernel() -> Extension:
 
 
 def _build() -> ModuleType:
-    source = int8_source()
-    if not source.is_file():
-        raise KernelUnavailable(f"the kernel source {source} is missing from the installed package")
-    return build_extension(NAME, [source], build_folder(source, [source, *kernel_headers(source)], "int8_linear"))
+    return build_source(NAME, int8_source(), "int8_linear", "int8 kernel", headers=("int8_vnni.h",))
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,8 +41,8 @@ from types import ModuleType
 import torch
 
 __all__ = ["DISABLE_ENV", "PACKED_ATTR", "Extension", "KernelUnavailable", "StreamKernel", "build_extension",
-           "drop_packed", "kernel_headers", "kernel_source", "kernel_sources", "load_extension", "packed_bytes",
-           "short_error", "stream_kernel"]
+           "build_source", "drop_packed", "kernel_headers", "kernel_source", "kernel_sources", "load_extension",
+           "packed_bytes", "short_error", "stream_kernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,20 @@ def build_extension(name: str, sources: list[Path], folder: Path, verbose: bool 
         (folder / "lock").unlink(missing_ok=True)  # torch's own baton, left behind by a build that was killed
         return cpp_extension.load(name=name, sources=[str(path) for path in sources], extra_cflags=list(CFLAGS),
                                   extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=verbose)
+
+
+def build_source(name: str, source: Path, prefix: str, what: str, verbose: bool = False,
+                 headers: tuple[str, ...] | None = None) -> ModuleType:
+    """Compile (or reuse the cached build of) the one-source extension ``name`` from ``source`` and import it, its
+    build folder ``<prefix>-<digest>`` (:func:`build_folder`). ``headers``: the files beside ``source`` it includes,
+    checked present and, with every header beside it and the shared ``cpu_isa.h`` (:func:`kernel_headers`), in the
+    build's key; None: it includes none of the kernels' headers. Raises ``KernelUnavailable`` naming ``what`` and a
+    missing file, or the build's own error."""
+    missing = next((p for p in (source, *(source.with_name(h) for h in headers or ())) if not p.is_file()), None)
+    if missing is not None:
+        raise KernelUnavailable(f"the {what}'s file {missing} is missing from the installed package")
+    keyed = [source] if headers is None else [source, *kernel_headers(source)]
+    return build_extension(name, [source], build_folder(source, keyed, prefix), verbose)
 
 
 def build_folder(source: Path, sources: list[Path] | None = None, prefix: str = "stream_linear") -> Path:

@@ -38,8 +38,7 @@ from specfamily.runtime.attention import attention_build
 from specfamily.runtime.kernel import (
     Extension,
     KernelUnavailable,
-    build_extension,
-    build_folder,
+    build_source,
     load_extension,
     short_error,
     stream_kernel,
@@ -81,10 +80,7 @@ def _build_beside_stream() -> ModuleType:
 def build_native(verbose: bool = False) -> ModuleType:
     """Compile (or reuse the cached build of) the extension and import it; raises ``KernelUnavailable`` or the
     build's own error."""
-    source = native_source()
-    if not source.is_file():
-        raise KernelUnavailable(f"the native layers' source {source} is missing from the installed package")
-    return build_extension(NAME, [source], build_folder(source, [source], "native_layers"), verbose)
+    return build_source(NAME, native_source(), "native_layers", "native layer loop", verbose)
 
 
 def _fields(layer: LeanLayer) -> tuple:

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch
 
-from specfamily.runtime.kernel import Extension, KernelUnavailable, build_extension, build_folder, load_extension
+from specfamily.runtime.kernel import Extension, build_source, load_extension
 
 __all__ = ["DISABLE_ENV", "build_warp", "warp_build", "warp_rows", "warp_source"]
 
@@ -46,10 +46,7 @@ def warp_build() -> Extension:
 def build_warp(verbose: bool = False) -> ModuleType:
     """Compile (or reuse the cached build of) the extension and import it; raises ``KernelUnavailable`` or the
     build's own error."""
-    source = warp_source()
-    if not source.is_file():
-        raise KernelUnavailable(f"the warp kernel's source {source} is missing from the installed package")
-    return build_extension(NAME, [source], build_folder(source, [source], "warp_rows"), verbose)
+    return build_source(NAME, warp_source(), "warp_rows", "warp kernel", verbose)
 
 
 def warp_rows(

@@ -183,3 +183,15 @@ def test_the_three_kernels_detect_instruction_sets_in_one_header():
     for source in (kernel.kernel_source(), attention_source(), int8_source()):
         assert shared in quoted_includes(source), source.name
         assert "__builtin_cpu_supports" not in source.read_text(encoding="utf-8"), source.name
+
+
+def test_a_kernels_missing_file_is_named_before_any_build(tmp_path):
+    """``kernel.build_source`` checks the source and every header it includes before it compiles anything."""
+    source = tmp_path / "toy.cpp"
+    with pytest.raises(kernel.KernelUnavailable, match=re.escape(
+            f"the toy kernel's file {source} is missing from the installed package")):
+        kernel.build_source("toy", source, "toy", "toy kernel")
+    source.write_text("// a source whose header is gone\n")
+    with pytest.raises(kernel.KernelUnavailable, match=re.escape(
+            f"the toy kernel's file {tmp_path / 'toy.h'} is missing from the installed package")):
+        kernel.build_source("toy", source, "toy", "toy kernel", headers=("toy.h",))

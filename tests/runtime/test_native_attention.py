@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 import specfamily as sf
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
-from specfamily.runtime import attention
+from specfamily.runtime import attention, kernel
 from specfamily.runtime.attention import DISABLE_ENV, attention_build, kernel_visible
 from specfamily.runtime.native_layers import native_build
 from specfamily.testing.depth import DepthRecorder
@@ -251,7 +251,7 @@ def unbuilt(monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("Error building extension 'specfamily_attention'\nmore lines")
 
-    monkeypatch.setattr(attention, "build_extension", fail)
+    monkeypatch.setattr(kernel, "build_extension", fail)  # what kernel.build_source calls
     attention.build_attention.cache_clear()
     attention_build.cache_clear()
     yield

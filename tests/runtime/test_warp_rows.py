@@ -19,6 +19,7 @@ import torch
 from specfamily.core import sampling
 from specfamily.core.sampling import torch_warp, warp
 from specfamily.core.types import SamplingConfig
+from specfamily.runtime import kernel
 from specfamily.runtime import warp_rows as warp_module
 from specfamily.runtime.warp_rows import DISABLE_ENV, warp_build, warp_rows
 
@@ -148,7 +149,7 @@ def unbuilt(monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("Error building extension 'specfamily_warp_rows'\nmore lines")
 
-    monkeypatch.setattr(warp_module, "build_extension", fail)
+    monkeypatch.setattr(kernel, "build_extension", fail)  # what kernel.build_source calls
     warp_module.build_warp.cache_clear()
     warp_build.cache_clear()
     yield
