@@ -25,8 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Realized", "backoff", "behind_ends", "correction", "kept_realized", "last_wave", "plan_together",
-           "projected_ends", "realized_gain",
-           "wave_of"]
+           "projected_ends", "realized_gain", "wave_of"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from specfamily.core.batch_goodput import last_wave, projected_ends
 
-__all__ = ["SlotLine", "enabled", "log_pass"]
+__all__ = ["SlotLine", "enabled", "log_pass", "slot_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,12 @@ class SlotLine:
     remaining: int
     fed: int
     accepted: int
+
+
+def slot_lines(requests: Sequence[int], left: Sequence[int], drafts: Sequence, verdicts: Sequence) -> list[SlotLine]:
+    """Each slot's line from its request's index, its tokens left before the pass, its draft and its verdict
+    (accepted nodes, next token)."""
+    return [SlotLine(i, n, len(d), len(v[0])) for i, n, d, v in zip(requests, left, drafts, verdicts, strict=True)]
 
 
 def enabled() -> bool:

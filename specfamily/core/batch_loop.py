@@ -25,11 +25,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specfamily.core import acceptance
+from specfamily.core import acceptance, batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_goodput import kept_realized, wave_of
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
-from specfamily.core.batch_log import SlotLine, log_pass
 from specfamily.core.batch_slots import SlotCopier, SlotTarget, propose_batch
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
@@ -209,7 +208,8 @@ class _Batch:
     def _step(self) -> None:
         """One pass over the live slots: propose, one target forward, then verify and commit each request."""
         group = self.live
-        prefilled, left = all(r.prefilled for r in group), [self.budget - len(r.new_tokens) for r in group]
+        prefilled, logged = all(r.prefilled for r in group), batch_log.enabled()
+        left = [self.budget - len(r.new_tokens) for r in group] if logged else []  # tokens left, for the debug log
         steady = self.load is not None and prefilled  # no newcomer's prompt in the pass: lengths by load
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
@@ -232,8 +232,9 @@ class _Batch:
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
         self.passes += 1
-        log_pass(self.passes, prefilled, self.wave, self.budget, [SlotLine(r.index, n, len(d), len(a)) for r, n, d, (
-            a, _) in zip(group, left, drafts, verdicts, strict=True)], self.batch.rows, c2 - c0)
+        if logged:
+            lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
+            batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
 
     def _planned(self, group: list[_Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
         """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
