@@ -8,8 +8,6 @@ boundaries, and batches whose rows need different widths.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 
@@ -17,6 +15,7 @@ from specfamily.core import sampling
 from specfamily.core.sampling import top_p_filter, top_p_keep, warp
 from specfamily.core.types import SamplingConfig
 from specfamily.testing.law import reference_warp
+from specfamily.testing.tiny import single_thread
 
 
 def _full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -138,24 +137,12 @@ def test_warp_at_a_large_vocabulary_matches_the_full_sort_and_the_law(config):
     assert torch.equal(got > 0, law > 0) and torch.allclose(got.double(), law, atol=1e-6)
 
 
-@contextmanager
-def one_thread():
-    """torch at one thread inside: with more, ATen splits a lone row's reductions across threads (a batch's rows go
-    one to a thread), so the same row alone and in a batch may differ in the last bits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def test_one_row_warped_alone_is_its_row_of_the_batch():
-    """What the verifier relies on to warp only the rows it reads: a row's warp does not depend on the others (bit
-    for bit at one thread, as the suite's workers run; at more threads the last bits may differ: :func:`one_thread`,
-    the same law either way)."""
+    """What the verifier relies on to warp only the rows it reads: a row's warp does not depend on the others, bit
+    for bit at one thread (as the suite's workers run). At more threads ATen splits a lone row's reductions across
+    threads while a batch's rows go one a thread, so the last bits may differ: the same law either way."""
     logits = 3 * torch.randn(13, 49152, generator=torch.Generator().manual_seed(6))
-    with one_thread():
+    with single_thread():
         for config in (SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=20), SamplingConfig(1.0)):
             batch = warp(logits, config)
             assert all(torch.equal(warp(logits[i : i + 1], config)[0], batch[i]) for i in range(13))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sampling_top_p import _full_sort, one_thread
+from test_sampling_top_p import _full_sort
 
 from specfamily.core import sampling, top_p_head
 from specfamily.core.sampling import top_p_filter, top_p_keep, warp
 from specfamily.core.top_p_head import threshold_head, threshold_heads
 from specfamily.core.types import SamplingConfig
+from specfamily.testing.tiny import single_thread
 
 
 def _settles(row: torch.Tensor, top_p: float) -> bool:
@@ -138,7 +139,7 @@ def test_warp_at_smollm2s_vocabulary_matches_the_full_sort(monkeypatch):
     for config in (SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=50, top_p=0.95)):
         scaled = torch.softmax(sampling.top_k_filter(logits / config.temperature, config.top_k), dim=-1)
         assert torch.equal(warp(logits, config), _full_sort(scaled, config.top_p))
-        with one_thread():  # a lone row's reductions split across threads otherwise
+        with single_thread():  # a lone row's reductions split across threads otherwise
             assert all(torch.equal(warp(logits[i : i + 1], config)[0], warp(logits, config)[i]) for i in range(8))
     assert fallbacks == []
 
