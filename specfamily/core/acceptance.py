@@ -39,11 +39,11 @@ def verify_draft(
 
 def lazy_rows(logits: torch.Tensor, sampling: SamplingConfig, chain: bool) -> Callable[[int], torch.Tensor]:
     """Row i of warp(logits) (n + 1, V) -> (V,), warped when first asked for, alone: the rows past a rejection are
-    never warped. Without the C++ warp (:func:`specfamily.core.sampling.native_warp`), a ``chain``'s rows past the
-    root go from i to its end in one call (a chain whose first draft is accepted reads on down it, and one torch call
-    over several rows costs less than a torch call per row); a tree's row alone."""
+    never warped. Off the C++ warp (:func:`specfamily.core.sampling.native_warp`: not built, or rows off the CPU), a
+    ``chain``'s rows past the root go from i to its end in one call (a chain whose first draft is accepted reads on
+    down it, and one torch call over several rows costs less than a torch call per row); a tree's row alone."""
     rows: dict[int, torch.Tensor] = {}
-    together = chain and not native_available()
+    together = chain and not (logits.device.type == "cpu" and native_available())  # the C++ warp takes CPU rows only
 
     def p_row(i: int) -> torch.Tensor:
         if i not in rows:
