@@ -18,6 +18,8 @@ are the batch pass's: the proposal time shared among the slots that drafted, the
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -49,8 +51,14 @@ from specfamily.core.policy import AutoPolicy
 from specfamily.core.target import Target
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig
 
-__all__ = ["cache_capacity", "generate_batch"]
+__all__ = ["COMPILED_PASS_NOTE", "cache_capacity", "generate_batch"]
 
+logger = logging.getLogger(__name__)
+COMPILED_PASS_NOTE = (
+    "compile='pass' compiles batch-1 passes only: generate_batch's batched passes run the eager lean forward, so at "
+    "temperature 0 each request's text is its text under a Target without compile, and may differ from "
+    "sf.generate's compiled text at near-ties (max_batch=1 runs sf.generate's compiled passes)")
+_NOTED: weakref.WeakSet = weakref.WeakSet()  # targets whose compiled pass the batched loop has warned about
 
 _HEADROOM = 64  # cache entries past the longest prompt plus the budget: a pass's draft rows
 
@@ -85,6 +93,7 @@ def generate_batch(
     clock = LoopClock(device_clock(target.device)) if clock is None else clock
     if max_batch == 1 or len(ids) <= 1 or max_new_tokens == 0:
         return _one_by_one(target, drafter, ids, max_new_tokens, sampling, seed, arrived, trace, clock)
+    _note_compiled(target)
     capacity = cache_capacity([len(p) for p in ids], max_new_tokens)
     batch = _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity, clock,
                    planning or clock.now)
@@ -94,6 +103,15 @@ def generate_batch(
 def cache_capacity(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
     """Entries per slot the batched cache is preallocated with for these prompts (it grows if a pass needs more)."""
     return max(prompt_lengths) + max_new_tokens + _HEADROOM
+
+
+def _note_compiled(target: Target) -> None:
+    """Warn once per target that its compiled pass (``compile="pass"``) is a batch-1 path the batched passes do not
+    take (``COMPILED_PASS_NOTE``; docs/batching.md, "Lossless under batching")."""
+    compiled = target.compiled_pass
+    if compiled is not None and compiled.active and target not in _NOTED:
+        _NOTED.add(target)
+        logger.warning(COMPILED_PASS_NOTE)
 
 
 def _one_by_one(target: Target, drafter: Drafter | None, ids: list[torch.Tensor], max_new_tokens: int,
