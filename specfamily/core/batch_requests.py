@@ -11,6 +11,7 @@ from specfamily.core import acceptance
 from specfamily.core.batch_lengths import Tally
 from specfamily.core.batch_slots import SlotTarget
 from specfamily.core.context import DecodeContext
+from specfamily.core.costs import CostCurve
 from specfamily.core.drafter import Drafter, Hooks, hooks
 from specfamily.core.loop import _bind_costs
 from specfamily.core.metrics import MetricsRecorder
@@ -61,7 +62,7 @@ class BatchRequests:
         self.batch.reset_slot(slot)
         recorder = MetricsRecorder()
         if drafter is not None:
-            recorder.calibration_seconds = _bind_costs(policy_hooks(drafter.policy), self.target, ids, self.clock)
+            recorder.calibration_seconds = self._bind(drafter, ids)
         started = self.clock()
         tracer = TraceRecorder.start(self.clock, started, self.target.device, keep_passes=self.trace)
         request = Request(index, ctx, drafter, own, acceptance.acceptance(own, ctx), ids, arrival, started, tracer,
@@ -69,6 +70,22 @@ class BatchRequests:
         if drafter is not None:
             drafter.begin(ctx)
         self.live.append(request)
+
+    def _bind(self, drafter: Drafter, ids: torch.Tensor) -> float:
+        """Give the slot's policy a verify-cost curve where it plans with one; the seconds spent measuring it.
+
+        Under draft length by load the batch plans every length from the row costs its own passes measure (t(B, N),
+        ``batch_lengths.RowCosts``) and the slot's policy lends it only its acceptance: the batch-1 curve
+        t(g + 1) / t(1) (``costs.target_cost_curve``, ~2 s of passes at SmolLM2's size) would be measured for nothing
+        inside the first run's clock. The policy gets the curve when batch 1 has measured it on this target, and
+        nothing is measured. Else (a slot policy that plans its own lengths) as ``generate`` does: measured once per
+        target, shared with batch 1."""
+        bind = policy_hooks(drafter.policy).bind
+        if self.load is None:
+            return _bind_costs(policy_hooks(drafter.policy), self.target, ids, self.clock)
+        if bind is not None and self.target.verify_costs is not None:
+            bind(CostCurve.of(self.target.verify_costs))
+        return 0.0
 
 
     def _retire(self) -> None:

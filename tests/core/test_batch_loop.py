@@ -309,3 +309,28 @@ def test_a_compiled_pass_target_warns_once_that_its_batched_passes_run_eagerly(c
     assert [r.tokens for r in first] == [r.tokens for r in again] == expected
     assert compiled.compiled_pass.calls == 0  # no batched pass went through the graph
 
+
+def test_draft_length_by_load_measures_no_batch_1_cost_curve(monkeypatch):
+    """Under draft length by load the batch plans from the row costs its own passes time: the first run in a process
+    measures no batch-1 verify-cost curve (seconds inside its clock), and its greedy text is plain decoding's; a curve
+    batch 1 measured on the target is lent to the slots' policies as it is."""
+    from specfamily.core import costs
+    from specfamily.core.policy import AutoPolicy
+
+    model = tiny_model("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    target = sf.load_target(model)
+    prompts = _prompts(64, 4, seed=4)
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=12)]
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a verify-cost curve was measured")
+
+    monkeypatch.setattr(costs, "measure_pass_seconds", refused)
+    results = sf.generate_batch(target, OracleDrafter(target, gamma=3, policy="auto"), prompts, max_new_tokens=12)
+    assert [r.tokens for r in results] == plain
+    assert target.verify_costs is None and [r.metrics.calibration_seconds for r in results] == [0.0] * 4
+    target.verify_costs = {0: 1.0, 4: 3.0}  # as batch 1 would have left it
+    bound = []
+    monkeypatch.setattr(AutoPolicy, "bind", lambda self, curve: bound.append(curve(2.0)), raising=True)
+    sf.generate_batch(target, OracleDrafter(target, gamma=3, policy="auto"), prompts, max_new_tokens=12)
+    assert bound == [2.0] * 4
