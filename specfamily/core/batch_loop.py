@@ -18,24 +18,25 @@ are the batch pass's: the proposal time shared among the slots that drafted, the
 
 from __future__ import annotations
 
-import statistics
+import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
-from specfamily.core import acceptance, batch_log
+from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
-from specfamily.core.batch_goodput import kept_realized, wave_of
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally, finishing, proposing, truncated
-from specfamily.core.batch_slots import SlotCopier, SlotTarget, propose_batch
+from specfamily.core.batch_goodput import kept_realized
+from specfamily.core.batch_lengths import LengthPolicy, RowCosts, Tally
+from specfamily.core.batch_plan import BatchPlanning
+from specfamily.core.batch_requests import BatchRequests, Request
+from specfamily.core.batch_slots import SlotCopier, propose_batch
 from specfamily.core.batch_target import BatchTarget, SlotFeed
-from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
-from specfamily.core.drafter import Drafter, Hooks, hooks
+from specfamily.core.drafter import Drafter
 from specfamily.core.loop import (
-    _bind_costs,
     _check_request,
     _depth,
     _outcome,
@@ -46,41 +47,20 @@ from specfamily.core.loop import (
     generate,
     truncate,
 )
-from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.policy import AutoPolicy, policy_hooks
+from specfamily.core.policy import AutoPolicy
 from specfamily.core.target import Target
-from specfamily.core.trace import TraceRecorder
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig
 
-__all__ = ["cache_capacity", "generate_batch"]
+__all__ = ["COMPILED_PASS_NOTE", "cache_capacity", "generate_batch"]
+
+logger = logging.getLogger(__name__)
+COMPILED_PASS_NOTE = (
+    "compile='pass' compiles batch-1 passes only: generate_batch's batched passes run the eager lean forward, so at "
+    "temperature 0 each request's text is its text under a Target without compile, and may differ from "
+    "sf.generate's compiled text at near-ties (max_batch=1 runs sf.generate's compiled passes)")
+_NOTED: weakref.WeakSet = weakref.WeakSet()  # targets whose compiled pass the batched loop has warned about
 
 _HEADROOM = 64  # cache entries past the longest prompt plus the budget: a pass's draft rows
-_LOOKAHEAD_SHARE = 0.05  # proposing at full length first costs at most this share of a plain pass (see _learn)
-_POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to the batch's pool, the pool to a request
-
-
-@dataclass
-class _Request:
-    """One request's state while it is in the batch."""
-
-    index: int
-    ctx: DecodeContext
-    drafter: Drafter | None
-    own: Hooks | None
-    accept: object
-    pending: torch.Tensor  # (m,): the prompt before the prefill, then the root
-    arrival: float  # seconds after the call
-    started: float  # loop clock at admission
-    tracer: TraceRecorder
-    recorder: MetricsRecorder = field(default_factory=MetricsRecorder)
-    new_tokens: list[int] = field(default_factory=list)
-    prefilled: bool = False
-    asked: int = 0  # steady passes its drafter was asked for tokens, and of those
-    given: int = 0  # the ones it proposed some in (prompt lookup and suffix often find nothing to propose)
-    drafted_before: bool = False
-    done: bool = False
-    tally: Tally = field(default_factory=Tally)  # its drafted levels verified and accepted, per depth
-
 
 def generate_batch(
     target: Target,
@@ -113,6 +93,7 @@ def generate_batch(
     clock = LoopClock(device_clock(target.device)) if clock is None else clock
     if max_batch == 1 or len(ids) <= 1 or max_new_tokens == 0:
         return _one_by_one(target, drafter, ids, max_new_tokens, sampling, seed, arrived, trace, clock)
+    _note_compiled(target)
     capacity = cache_capacity([len(p) for p in ids], max_new_tokens)
     batch = _Batch(target, drafter, sampling, seed, max_new_tokens, min(max_batch, len(ids)), capacity, clock,
                    planning or clock.now)
@@ -122,6 +103,15 @@ def generate_batch(
 def cache_capacity(prompt_lengths: Sequence[int], max_new_tokens: int) -> int:
     """Entries per slot the batched cache is preallocated with for these prompts (it grows if a pass needs more)."""
     return max(prompt_lengths) + max_new_tokens + _HEADROOM
+
+
+def _note_compiled(target: Target) -> None:
+    """Warn once per target that its compiled pass (``compile="pass"``) is a batch-1 path the batched passes do not
+    take (``COMPILED_PASS_NOTE``; docs/batching.md, "Lossless under batching")."""
+    compiled = target.compiled_pass
+    if compiled is not None and compiled.active and target not in _NOTED:
+        _NOTED.add(target)
+        logger.warning(COMPILED_PASS_NOTE)
 
 
 def _one_by_one(target: Target, drafter: Drafter | None, ids: list[torch.Tensor], max_new_tokens: int,
@@ -140,8 +130,9 @@ def _one_by_one(target: Target, drafter: Drafter | None, ids: list[torch.Tensor]
     return [results[i] for i in range(len(ids))]
 
 
-class _Batch:
-    """The loop's state: the batch target, the live requests (slot = position in ``live``), the results."""
+class _Batch(BatchPlanning, BatchRequests):
+    """The loop's state: the batch target, the live requests (slot = position in ``live``), the results; its pass
+    here, its planning (:class:`BatchPlanning`) and its admissions and retirements (:class:`BatchRequests`) apart."""
 
     def __init__(self, target: Target, drafter: Drafter | None, sampling: SamplingConfig, seed: int, budget: int,
                  slots: int, capacity: int, clock: LoopClock, cost_clock: Callable[[], float]) -> None:
@@ -156,7 +147,7 @@ class _Batch:
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
         self.pooled = Tally()  # every request's drafted levels verified and accepted, per depth
-        self.live: list[_Request] = []
+        self.live: list[Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
         self.copier = None if drafter is None else SlotCopier(drafter, target)  # each admission's slot_copy
@@ -183,27 +174,6 @@ class _Batch:
                 if request.own is not None:
                     request.own.end()
         return [self.results[i] for i in range(len(prompts))]
-
-    def _admit(self, index: int, ids: torch.Tensor, arrival: float) -> None:
-        slot = len(self.live)
-        generator = torch.Generator(device=self.target.device).manual_seed(self.seed + index)
-        view = SlotTarget(self.target, self.batch.cache, slot)
-        ctx = DecodeContext(view, ids, self.sampling, generator, tokens=ids.tolist())
-        drafter = own = None
-        if self.prototype is not None:
-            drafter = self.copier.copy()
-            own = hooks(drafter)
-        self.batch.reset_slot(slot)
-        recorder = MetricsRecorder()
-        if drafter is not None:
-            recorder.calibration_seconds = _bind_costs(policy_hooks(drafter.policy), self.target, ids, self.clock)
-        started = self.clock()
-        tracer = TraceRecorder.start(self.clock, started, self.target.device, keep_passes=self.trace)
-        request = _Request(index, ctx, drafter, own, acceptance.acceptance(own, ctx), ids, arrival, started, tracer,
-                           recorder)
-        if drafter is not None:
-            drafter.begin(ctx)
-        self.live.append(request)
 
     def _step(self) -> None:
         """One pass over the live slots: propose, one target forward, then verify and commit each request."""
@@ -236,91 +206,7 @@ class _Batch:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
 
-    def _planned(self, group: list[_Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
-        """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
-        what they hold (exact: they are deterministic, nothing was drawn); else as proposed."""
-        for request, gamma, draft in zip(group, gammas, drafts, strict=True):
-            request.asked += gamma > 0
-            request.given += gamma > 0 and len(draft) > 0
-        if self.lookahead and any(gammas):
-            self._learn(group, drafts, self.cost_clock() - c0)
-            if any(d.q is not None or d.side is not None for d in drafts):
-                return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
-            pooled = self._pooled()
-            prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
-            lengths = self.load.lengths(self._valued(group, prospects), proposed=True, together=self.wave is not None)
-            return [truncated(d, g) for d, g in zip(drafts, lengths, strict=True)]
-        if self.lookahead is None and any(len(d) for d in drafts):
-            self._learn(group, drafts, self.cost_clock() - c0)
-        return drafts
-
-    def _learn(self, group: list[_Request], drafts: list[Draft], seconds: float) -> None:
-        """Whether to plan on the drafts themselves (lookahead): after the first steady pass that drafted, and again
-        on every lookahead pass, yes while every draft is deterministic and proposing (at full length, under
-        lookahead) measured at most ``_LOOKAHEAD_SHARE`` of a plain pass, median of the latest: prompt lookup and
-        suffix, whose proposals cost next to nothing whatever their length."""
-        self.proposal_seconds.append(seconds)
-        plain = self.load.costs.measured(len(group), len(group))
-        cheap = plain is not None and statistics.median(self.proposal_seconds) <= _LOOKAHEAD_SHARE * plain
-        self.lookahead = cheap and all(d.q is None and d.side is None for d in drafts)
-
-    def _prefill_gammas(self, group: list[_Request]) -> list[int]:
-        """Draft lengths on a pass that prefills newcomers: each slot's own policy's, but none under draft length by
-        load: nothing measured prices drafting beside a prefill, and under load the draft rows added to every
-        newcomer's prompt rows cost more than the token or so each request gains (docs/batching.md)."""
-        if self.load is not None:
-            return [0] * len(group)
-        return [0 if r.drafter is None else self._capped(r, r.drafter.policy.next_gamma()) for r in group]
-
-    def _capped(self, request: _Request, gamma: int) -> int:
-        """``gamma``, cut so that no pass drafts past the request's token budget."""
-        return max(0, min(gamma, self.budget - len(request.new_tokens) - 1))
-
-    def _load_gammas(self, group: list[_Request]) -> list[int]:
-        """Each request's draft length for this pass: under lookahead its longest (cut once the drafts are seen),
-        else planned for the batch's goodput from its own acceptance estimate and the measured row costs."""
-        if self.lookahead:
-            if self.load.may_draft(len(group)):
-                return [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
-            return self.load.lengths([Prospect((), ())] * len(group))
-        prospects, pooled = [], self._pooled()
-        for r in group:
-            alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
-            prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
-        return self.load.lengths(self._valued(group, prospects), together=self.wave is not None)
-
-    def _last_wave(self, waiting: deque, arrivals: list[float]) -> int | None:
-        """``batch_goodput.wave_of``: the live slots still to free one for a waiting request, else None."""
-        arrived = not waiting or arrivals[waiting[-1]] <= self.clock() - self.origin
-        return wave_of(len(waiting), self.batch.cache.slots, len(self.live), arrived)
-
-    def _held(self, waiting: deque, arrivals: list[float]) -> bool:
-        """Whether the waiting requests wait for more free slots (``batch_goodput.wave_of``: in a last wave, once the
-        live requests are past their prefill; a newcomer admitted this pass is prefilled with them anyway)."""
-        return bool(self.live) and all(r.prefilled for r in self.live) and \
-            self.batch.cache.slots - len(self.live) < len(waiting) and self._last_wave(waiting, arrivals) is not None
-
-    def _valued(self, group: list[_Request], prospects: list[Prospect]) -> list[Prospect]:
-        """The prospects as the batch values them: every token alike while more requests wait than one a slot, or
-        some have yet to arrive (throughput); in the last wave only the tokens of the slots projected to end last
-        (``batch_goodput.last_wave``; with none waiting, the longest requests: ``batch_lengths.finishing``), which
-        then draft together or not at all."""
-        if self.wave is None:
-            return prospects
-        return finishing(prospects, [self.budget - len(r.new_tokens) for r in group], self.wave, self.budget)
-
-    def _pooled(self) -> list[float]:
-        """The batch's pooled per-depth acceptance over the drafter's prior (the prototype's policy, which never
-        drafts; worth ``_POOL_WEIGHT`` passes): computed once a pass, shared by its requests."""
-        return self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
-
-    def _alpha(self, request: _Request, pooled: list[float] | None = None) -> list[float]:
-        """The request's per-depth acceptance: its own counts over ``pooled`` (:meth:`_pooled`, worth
-        ``_OWN_WEIGHT`` passes), so a new request starts from what the run's requests accepted rather than from
-        the prior."""
-        return request.tally.alpha(self._pooled() if pooled is None else pooled, _OWN_WEIGHT)
-
-    def _propose(self, group: list[_Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
+    def _propose(self, group: list[Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
         if self.prototype is None or not any(gammas):
             return [Draft.empty() for _ in group], [0.0] * len(group)
@@ -329,7 +215,7 @@ class _Batch:
         share = (self.clock() - t0) / len(group)
         return drafts, [share if gamma else 0.0 for gamma in gammas]
 
-    def _commit(self, request: _Request, draft: Draft, out, accepted: list[int], next_token: int,
+    def _commit(self, request: Request, draft: Draft, out, accepted: list[int], next_token: int,
                 draft_seconds: float, verify_seconds: float, end: float) -> None:
         """Record the pass for ``request``, append its new tokens, tell its drafter."""
         depth = _depth(draft)
@@ -357,44 +243,3 @@ class _Batch:
         request.pending = torch.tensor([next_token], dtype=torch.long, device=self.target.device)
         request.drafted_before = depth > 0
 
-    def _retire(self) -> None:
-        """Finish the done requests and keep the live ones packed in slots 0.. (the last moves into a hole)."""
-        slot = 0
-        while slot < len(self.live):
-            request = self.live[slot]
-            if not request.done:
-                slot += 1
-                continue
-            self._finish(request)
-            last = len(self.live) - 1
-            if slot != last:
-                self.batch.move(last, slot)
-                self.live[slot] = self.live[last]
-                self.live[slot].ctx.target.slot = slot
-            self.live.pop()
-
-    def _note(self, request: _Request) -> str:
-        """What planned this request's drafts: the batch's length policy (the slot's own policy only lent it its
-        acceptance estimate) or, without one, the slot's own policy."""
-        if request.drafter is None:
-            return ""
-        if self.load is None:
-            return policy_hooks(request.drafter.policy).describe()
-        alpha = ", ".join(f"{a:.2f}" for a in self._alpha(request)[:4])
-        return (f"{self.load.describe()} (the batch's length policy planned every pass; this request's drafter "
-                f"proposed in {request.given} of the {request.asked} passes it was asked to, acceptance at depths 1-4 "
-                f"[{alpha}])")
-
-    def _finish(self, request: _Request) -> None:
-        if request.own is not None:
-            request.own.end()
-        drafter = request.drafter
-        lossy = bool(drafter is not None and drafter.lossy)
-        note = self._note(request)
-        now = self.clock()
-        metrics = request.recorder.finish(len(request.new_tokens), now - request.started, lossy=lossy,
-                                          policy_note=note)
-        metrics, passes = request.tracer.finish(metrics)
-        metrics = replace(metrics, arrival_s=request.arrival, finish_s=now - self.origin,
-                          first_token_s=request.started - self.origin + metrics.time_to_first_token)
-        self.results[request.index] = GenerationResult(request.new_tokens, metrics, lossy, passes)

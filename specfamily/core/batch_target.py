@@ -11,11 +11,15 @@ says how many rows the latest pass computed. Where the lean forward has its C++ 
 attention kernel (``matmul=stream``), a pass whose every slot a batch-1 pass would attend with the kernel (a cached
 prefix or one fed row, at most ``MAX_ROWS`` rows) runs as one call of that loop
 (:func:`specfamily.runtime.batch_lean.slot_forward`): no padding, no 4D mask, each slot attending over its own cache
-row, and every fed row's logits bit-identical to its batch-1 pass's.
+row, and every fed row's logits bit-identical to its batch-1 pass's. If that call fails, one warning names why and the
+target's batched passes take the padded or packed path from then on (:func:`native_failure`), the failed pass's too:
+the call wrote only entries past each slot's kept length, which the fallback's pass writes again.
 """
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,10 +33,21 @@ from specfamily.core.types import Draft
 from specfamily.runtime.attention import MAX_ROWS
 from specfamily.runtime.batch_cache import BatchCache
 from specfamily.runtime.batch_lean import SlotRows, packed_forward, slot_forward
+from specfamily.runtime.kernel import short_error
 
-__all__ = ["BatchTarget", "SlotFeed"]
+__all__ = ["BatchTarget", "SlotFeed", "native_failure"]
+
+logger = logging.getLogger(__name__)
 
 _LAYOUTS_KEPT = 64
+_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # native layer loop -> why its batched call failed
+
+
+def native_failure(target: Target) -> str | None:
+    """Why ``target``'s batched passes no longer run as one native call (its ``forward_slots`` failed), or None."""
+    lean = target.lean
+    native = None if lean is None else lean.native
+    return None if native is None else _FAILED.get(native)
 
 
 @dataclass(frozen=True)
@@ -77,7 +92,10 @@ class BatchTarget:
         plan = self.cache.plan_pass(lo, hi, width, device)
         lengths = self.cache.lengths[lo:hi]
         if self._native(lengths, fed, parents):
-            return self._slots(lo, feeds, parents, lengths, m, features)
+            outputs = self._slots(lo, feeds, parents, lengths, m, features)
+            if outputs is not None:
+                return outputs
+            plan = self.cache.plan_pass(lo, hi, width, device)  # the failed call ended its pass: the fallback's
         ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
         positions = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
         mask = torch.full((len(feeds), 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
@@ -111,15 +129,16 @@ class BatchTarget:
         with its native loop and attention kernel, and every slot's rows are ones a batch-1 pass attends with the
         kernel: at most ``MAX_ROWS``, and not a prompt of several tokens over an empty cache (sdpa's causal pass)."""
         lean = self.target.lean
-        if lean is None or lean.native is None or max(fed) > MAX_ROWS:
+        if lean is None or lean.native is None or max(fed) > MAX_ROWS or lean.native in _FAILED:
             return False
         if any(length == 0 and f > 1 and not tree for length, f, tree in zip(lengths, fed, parents, strict=True)):
             return False
         return lean.native.slots_ready(lean) and lean.ready()
 
     def _slots(self, lo: int, feeds: Sequence[SlotFeed], parents: list[tuple[int, ...]], lengths: list[int],
-               m: list[int], features: bool | tuple[int, ...]) -> list[TargetOutput]:
-        """The pass through :func:`slot_forward`: each slot's logits (root and draft rows), its fed rows' features."""
+               m: list[int], features: bool | tuple[int, ...]) -> list[TargetOutput] | None:
+        """The pass through :func:`slot_forward`: each slot's logits (root and draft rows), its fed rows' features;
+        None where the native call failed (one warning, and the other paths for good: :func:`native_failure`)."""
         device = self.target.device
         ids, positions, slots, heads, first = [], [], [], [], 0
         for b, (feed, tree) in enumerate(zip(feeds, parents, strict=True)):
@@ -134,6 +153,12 @@ class BatchTarget:
         try:
             logits, hidden = slot_forward(self.target.lean, torch.cat(ids), torch.cat(positions), self.cache, slots,
                                           torch.tensor(heads, device=device), features)
+        except Exception as error:  # noqa: BLE001 - any failure: the padded or packed path from now on, this pass's too
+            # it wrote at most each slot's fed entries, past its kept length: the fallback's pass writes them again
+            self.cache.end_pass()
+            _FAILED[self.target.lean.native] = reason = short_error(error)
+            logger.warning("the batched native layer loop failed, running the batched Python passes: %s", reason)
+            return None
         except BaseException:
             self.cache.end_pass()  # entries past each slot's length are never read: nothing to undo
             raise

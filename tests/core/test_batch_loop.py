@@ -1,5 +1,7 @@
 """The batched decode loop: every request's greedy text equals its batch-1 text, continuous batching, budgets."""
 
+import logging
+
 import pytest
 import torch
 from batch_clock import priced_run
@@ -288,3 +290,47 @@ def test_plain_batched_decoding_under_the_stream_kernel_is_each_requests_generat
     for max_batch in (None, 4):
         results = sf.generate_batch(target, None, prompts, max_new_tokens=10, max_batch=max_batch)
         assert [r.tokens for r in results] == alone
+
+
+def test_a_compiled_pass_target_warns_once_that_its_batched_passes_run_eagerly(caplog):
+    """compile="pass" compiles batch-1 passes; the batched ones run the eager lean forward: one warning per target
+    says so, and each request's greedy text is the one a Target without compile gives it."""
+    model = tiny_model("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    compiled, eager = sf.load_target(model, compile="pass"), sf.load_target(model)
+    assert compiled.compiled_pass is not None and compiled.compiled_pass.active
+    prompts = _prompts(64, 4, seed=3)
+    with caplog.at_level(logging.WARNING, logger="specfamily.core.batch_loop"):
+        first = sf.generate_batch(compiled, None, prompts, max_new_tokens=8)
+        again = sf.generate_batch(compiled, None, prompts, max_new_tokens=8, max_batch=2)
+        sf.generate_batch(eager, None, prompts, max_new_tokens=8)
+    notes = [r.getMessage() for r in caplog.records if r.name == "specfamily.core.batch_loop"]
+    assert notes == [batch_loop.COMPILED_PASS_NOTE]
+    expected = [r.tokens for r in sf.generate_batch(eager, None, prompts, max_new_tokens=8)]
+    assert [r.tokens for r in first] == [r.tokens for r in again] == expected
+    assert compiled.compiled_pass.calls == 0  # no batched pass went through the graph
+
+
+def test_draft_length_by_load_measures_no_batch_1_cost_curve(monkeypatch):
+    """Under draft length by load the batch plans from the row costs its own passes time: the first run in a process
+    measures no batch-1 verify-cost curve (seconds inside its clock), and its greedy text is plain decoding's; a curve
+    batch 1 measured on the target is lent to the slots' policies as it is."""
+    from specfamily.core import costs
+    from specfamily.core.policy import AutoPolicy
+
+    model = tiny_model("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    target = sf.load_target(model)
+    prompts = _prompts(64, 4, seed=4)
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=12)]
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a verify-cost curve was measured")
+
+    monkeypatch.setattr(costs, "measure_pass_seconds", refused)
+    results = sf.generate_batch(target, OracleDrafter(target, gamma=3, policy="auto"), prompts, max_new_tokens=12)
+    assert [r.tokens for r in results] == plain
+    assert target.verify_costs is None and [r.metrics.calibration_seconds for r in results] == [0.0] * 4
+    target.verify_costs = {0: 1.0, 4: 3.0}  # as batch 1 would have left it
+    bound = []
+    monkeypatch.setattr(AutoPolicy, "bind", lambda self, curve: bound.append(curve(2.0)), raising=True)
+    sf.generate_batch(target, OracleDrafter(target, gamma=3, policy="auto"), prompts, max_new_tokens=12)
+    assert bound == [2.0] * 4

@@ -4,17 +4,20 @@ Where the target's lean forward multiplies with the stream kernel and attends wi
 kernel, every fed row of a batched pass (B = 2..8 slots, ragged caches, ragged chains, trees, slots that draft nothing)
 gets exactly the logits and features (``torch.equal``) of the batch-1 pass over its own request, and greedy batched
 text equals batch-1 text token for token with random trees; passes the kernel does not take (a prompt over an empty
-cache, no attention kernel) keep the Python path. Skipped where the native loop or the attention kernel cannot build.
+cache, no attention kernel) keep the Python path, and so does every batched pass after a native call failed (that pass
+run again, greedy text unchanged). Skipped where the native loop or the attention kernel cannot build.
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specfamily as sf
-from specfamily.core.batch_target import BatchTarget, SlotFeed
+from specfamily.core.batch_target import BatchTarget, SlotFeed, native_failure
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
 from specfamily.runtime.attention import attention_build
@@ -156,3 +159,61 @@ def test_greedy_batched_text_with_random_trees_equals_batch_1(max_batch):
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16, max_batch=max_batch)
     assert [r.tokens for r in results] == reference
     assert target.lean.native.calls > calls  # batched passes ran natively
+
+
+def _failing(native, calls: list[int]):
+    """``native.forward_slots`` that runs, then leaves NaN in every entry it wrote (each slot's fed entries, past its
+    kept length) and raises: a native call that fails half-way through its cache writes."""
+    real = native.forward_slots
+
+    def forward_slots(hidden, cos, sin, buffers, slots, lengths, counts, *rest):
+        real(hidden, cos, sin, buffers, slots, lengths, counts, *rest)
+        calls.append(len(slots))
+        for buffer in (*buffers[0], *buffers[1]):
+            for slot, length, count in zip(slots, lengths, counts, strict=True):
+                buffer[slot, :, length : length + count] = float("nan")
+        raise RuntimeError("forward_slots: out of luck\nsecond line")
+
+    return forward_slots
+
+
+def test_a_failing_native_call_reruns_its_pass_on_the_python_path_and_warns_once(monkeypatch, caplog):
+    target = _target()
+    prompts, trees = _prompts(4), TREES[:4]
+    batch = BatchTarget(target, slots=4, capacity=8)
+    for slot, prompt in enumerate(prompts):
+        _fill(batch, slot, prompt)
+    kept = [layer.key_buffer.clone() for layer in batch.cache.layers]
+    calls: list[int] = []
+    monkeypatch.setattr(target.lean.native, "forward_slots", _failing(target.lean.native, calls))
+    with caplog.at_level(logging.WARNING, logger="specfamily.core.batch_target"):
+        outs = batch.forward(0, [SlotFeed(p[-1:], d) for p, d in zip(prompts, trees, strict=True)])
+        for slot, tree in enumerate(trees):
+            batch.commit(slot, list(range(min(len(tree), 1))))
+        batch.forward(0, [SlotFeed(torch.tensor([5]), Draft.chain([6])) for _ in prompts])
+    assert calls == [4]  # the one-call path was tried once, never after it failed
+    assert native_failure(target) == "RuntimeError: forward_slots: out of luck"
+    assert [r.getMessage() for r in caplog.records] == [
+        "the batched native layer loop failed, running the batched Python passes: "
+        "RuntimeError: forward_slots: out of luck"]
+    for layer, before in zip(batch.cache.layers, kept, strict=True):
+        for slot, p in enumerate(prompts):  # the committed entries are as they were
+            assert torch.equal(layer.key_buffer[slot, :, : len(p) - 1], before[slot, :, : len(p) - 1])
+    for out, prompt, tree in zip(outs, prompts, trees, strict=True):  # the failed pass, run again, is batch 1's
+        assert not out.logits.isnan().any()
+        torch.testing.assert_close(out.logits, _batch_1(target, prompt, tree, False).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_batched_text_after_a_failing_native_call_equals_batch_1(monkeypatch):
+    target = _target()
+    drafter = RandomTreeDrafter(target, gamma=3, nodes=6)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, VOCAB, (2 + 3 * (i % 5),), generator=gen).tolist() for i in range(5)]
+    reference = [sf.generate(target, drafter, p, max_new_tokens=16, seed=i).tokens for i, p in enumerate(prompts)]
+    calls: list[int] = []
+    monkeypatch.setattr(target.lean.native, "forward_slots", _failing(target.lean.native, calls))
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16, max_batch=3)
+    assert [r.tokens for r in results] == reference
+    assert len(calls) == 1
+    again = sf.generate_batch(target, drafter, prompts, max_new_tokens=16, max_batch=3)  # the target remembers
+    assert [r.tokens for r in again] == reference and len(calls) == 1

@@ -1,0 +1,114 @@
+"""How the batched loop plans each pass's draft lengths (a part of :class:`specfamily.core.batch_loop._Batch`).
+
+On a pass that prefills newcomers, each slot's own policy's length (none under draft length by load); on a steady pass
+under draft length by load, the lengths :class:`~specfamily.core.batch_lengths.LengthPolicy` plans for the batch's
+goodput from each request's acceptance (its own counts over the batch's pool over the drafter's prior) and the
+measured row costs, valued as the batch's last wave values them (:mod:`specfamily.core.batch_goodput`); with cheap
+deterministic drafters (lookahead, learned) proposed at full length first and planned on the drafts themselves.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from specfamily.core.batch_goodput import wave_of
+from specfamily.core.batch_lengths import Prospect, finishing, proposing, truncated
+from specfamily.core.batch_requests import Request
+from specfamily.core.types import Draft
+
+__all__ = ["BatchPlanning"]
+
+_LOOKAHEAD_SHARE = 0.05  # proposing at full length first costs at most this share of a plain pass (see _learn)
+_POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to the batch's pool, the pool to a request
+
+
+class BatchPlanning:
+    """The planning half of the batched loop: its methods read the loop's ``load`` (LengthPolicy or None),
+    ``lookahead``, ``proposal_seconds``, ``pooled``, ``prototype``, ``wave``, ``budget``, ``batch``, ``live``,
+    ``cost_clock``, ``clock`` and ``origin``."""
+
+    def _planned(self, group: list[Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
+        """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
+        what they hold (exact: they are deterministic, nothing was drawn); else as proposed."""
+        for request, gamma, draft in zip(group, gammas, drafts, strict=True):
+            request.asked += gamma > 0
+            request.given += gamma > 0 and len(draft) > 0
+        if self.lookahead and any(gammas):
+            self._learn(group, drafts, self.cost_clock() - c0)
+            if any(d.q is not None or d.side is not None for d in drafts):
+                return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
+            pooled = self._pooled()
+            prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
+            lengths = self.load.lengths(self._valued(group, prospects), proposed=True, together=self.wave is not None)
+            return [truncated(d, g) for d, g in zip(drafts, lengths, strict=True)]
+        if self.lookahead is None and any(len(d) for d in drafts):
+            self._learn(group, drafts, self.cost_clock() - c0)
+        return drafts
+
+    def _learn(self, group: list[Request], drafts: list[Draft], seconds: float) -> None:
+        """Whether to plan on the drafts themselves (lookahead): after the first steady pass that drafted, and again
+        on every lookahead pass, yes while every draft is deterministic and proposing (at full length, under
+        lookahead) measured at most ``_LOOKAHEAD_SHARE`` of a plain pass, median of the latest: prompt lookup and
+        suffix, whose proposals cost next to nothing whatever their length."""
+        self.proposal_seconds.append(seconds)
+        plain = self.load.costs.measured(len(group), len(group))
+        cheap = plain is not None and statistics.median(self.proposal_seconds) <= _LOOKAHEAD_SHARE * plain
+        self.lookahead = cheap and all(d.q is None and d.side is None for d in drafts)
+
+    def _prefill_gammas(self, group: list[Request]) -> list[int]:
+        """Draft lengths on a pass that prefills newcomers: each slot's own policy's, but none under draft length by
+        load: nothing measured prices drafting beside a prefill, and under load the draft rows added to every
+        newcomer's prompt rows cost more than the token or so each request gains (docs/batching.md)."""
+        if self.load is not None:
+            return [0] * len(group)
+        return [0 if r.drafter is None else self._capped(r, r.drafter.policy.next_gamma()) for r in group]
+
+    def _capped(self, request: Request, gamma: int) -> int:
+        """``gamma``, cut so that no pass drafts past the request's token budget."""
+        return max(0, min(gamma, self.budget - len(request.new_tokens) - 1))
+
+    def _load_gammas(self, group: list[Request]) -> list[int]:
+        """Each request's draft length for this pass: under lookahead its longest (cut once the drafts are seen),
+        else planned for the batch's goodput from its own acceptance estimate and the measured row costs."""
+        if self.lookahead:
+            if self.load.may_draft(len(group)):
+                return [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
+            return self.load.lengths([Prospect((), ())] * len(group))
+        prospects, pooled = [], self._pooled()
+        for r in group:
+            alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
+            prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
+        return self.load.lengths(self._valued(group, prospects), together=self.wave is not None)
+
+    def _last_wave(self, waiting: deque, arrivals: list[float]) -> int | None:
+        """``batch_goodput.wave_of``: the live slots still to free one for a waiting request, else None."""
+        arrived = not waiting or arrivals[waiting[-1]] <= self.clock() - self.origin
+        return wave_of(len(waiting), self.batch.cache.slots, len(self.live), arrived)
+
+    def _held(self, waiting: deque, arrivals: list[float]) -> bool:
+        """Whether the waiting requests wait for more free slots (``batch_goodput.wave_of``: in a last wave, once the
+        live requests are past their prefill; a newcomer admitted this pass is prefilled with them anyway)."""
+        return bool(self.live) and all(r.prefilled for r in self.live) and \
+            self.batch.cache.slots - len(self.live) < len(waiting) and self._last_wave(waiting, arrivals) is not None
+
+    def _valued(self, group: list[Request], prospects: list[Prospect]) -> list[Prospect]:
+        """The prospects as the batch values them: every token alike while more requests wait than one a slot, or
+        some have yet to arrive (throughput); in the last wave only the tokens of the slots projected to end last
+        (``batch_goodput.last_wave``; with none waiting, the longest requests: ``batch_lengths.finishing``), which
+        then draft together or not at all."""
+        if self.wave is None:
+            return prospects
+        return finishing(prospects, [self.budget - len(r.new_tokens) for r in group], self.wave, self.budget)
+
+    def _pooled(self) -> list[float]:
+        """The batch's pooled per-depth acceptance over the drafter's prior (the prototype's policy, which never
+        drafts; worth ``_POOL_WEIGHT`` passes): computed once a pass, shared by its requests."""
+        return self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
+
+    def _alpha(self, request: Request, pooled: list[float] | None = None) -> list[float]:
+        """The request's per-depth acceptance: its own counts over ``pooled`` (:meth:`_pooled`, worth
+        ``_OWN_WEIGHT`` passes), so a new request starts from what the run's requests accepted rather than from
+        the prior."""
+        return request.tally.alpha(self._pooled() if pooled is None else pooled, _OWN_WEIGHT)
+
