@@ -72,6 +72,7 @@ ITEMS = {  # op name fragment -> item (first match wins)
     "aten::item": "mask -> visible",
     "aten::_local_scalar_dense": "mask -> visible",
     "aten::is_nonzero": "mask -> visible",
+    "pass::greedy_rows": "verification ops",
     "aten::argmax": "verification ops",
     "aten::max": "verification ops",
 }
@@ -104,7 +105,8 @@ def item(name: str) -> str:
 
 
 def name_lean(target: Target) -> None:
-    """The lean forward's head and final norm (Python calls of the stream kernel) named to the profiler."""
+    """The lean forward's head and final norm (Python calls of the stream kernel) and greedy verification's C++ argmax
+    (``sampling.greedy_rows``) named to the profiler."""
     lean = target.lean
 
     def named(inner: Callable, label: str) -> Callable:
@@ -116,6 +118,7 @@ def name_lean(target: Target) -> None:
 
     lean._linear = named(lean._linear, "pass::head")
     lean._norm_fn = named(lean._norm_fn, "pass::final_norm")
+    sampling.greedy_rows = named(sampling.greedy_rows, "pass::greedy_rows")
 
 
 def arms(target: Target, length: int, shapes: Shapes) -> dict[str, tuple]:
@@ -281,7 +284,15 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     args = parse_args(argv)
     set_threads(args.threads)
     target = load_target(args.model, matmul=args.matmul)
+    kept = sampling.greedy_rows
     name_lean(target)
+    try:
+        return run(args, target, out)
+    finally:
+        sampling.greedy_rows = kept  # name_lean's profiler label, off again
+
+
+def run(args: argparse.Namespace, target: Target, out: Callable[[str], None]) -> dict:
     shapes = Shapes(args.nodes)
     base = None
     if args.base is not None or args.base_csrc is not None:
