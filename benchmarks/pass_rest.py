@@ -16,14 +16,20 @@ column does not add up exactly); run it on one thread for steadier numbers on a 
 ``--base FILE`` (a ``native_layers.cpp``, e.g. ``git show main:specfamily/runtime/csrc/layers/native_layers.cpp``)
 builds that source as a second extension and times whole passes (CPU time of this process: one thread) of each arm
 with this checkout's C++ layer loop and with the base's, interleaved pass by pass, after checking that both give
-the same logits bit for bit: an A/B of a change to the loop in one process.
+the same logits bit for bit: an A/B of a change to the loop in one process. ``--base-csrc DIR`` (a checkout's
+``specfamily/runtime/csrc``, e.g. ``git archive main specfamily/runtime/csrc | tar -x -C /tmp/base``) does the same
+with that checkout's layer loop and stream kernel (its products and norms), and ``--base-argmax`` has the base arm
+pick greedy tokens with ``max(-1).indices`` (not the C++ warp's ``greedy_rows``), as main did before session 23.
 
     python benchmarks/pass_rest.py --threads 1 --lengths 400 --passes 30 [--base /tmp/base/native_layers.cpp]
+    python benchmarks/pass_rest.py --threads 1 --lengths 200,700 --passes 40 \
+        --base-csrc /tmp/base/specfamily/runtime/csrc --base-argmax
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import time
@@ -37,10 +43,11 @@ from pass_cost import Shapes
 from pass_host import KINDS, arms_table
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from specfamily.core import sampling
 from specfamily.core.acceptance import verify_draft
 from specfamily.core.target import Target, load_target
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.runtime.kernel import build_extension, build_folder
+from specfamily.runtime.kernel import build_extension, build_folder, kernel_sources
 from specfamily.runtime.matmul import linear_for
 from specfamily.runtime.native_layers import NativeLayers
 
@@ -65,6 +72,7 @@ ITEMS = {  # op name fragment -> item (first match wins)
     "aten::item": "mask -> visible",
     "aten::_local_scalar_dense": "mask -> visible",
     "aten::is_nonzero": "mask -> visible",
+    "pass::greedy_rows": "verification ops",
     "aten::argmax": "verification ops",
     "aten::max": "verification ops",
 }
@@ -83,6 +91,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--passes", type=int, default=30, help="profiled passes per arm")
     parser.add_argument("--top", type=int, default=0, help="also print each arm's top ops")
     parser.add_argument("--base", type=Path, help="a native_layers.cpp to A/B this checkout's layer loop against")
+    parser.add_argument("--base-csrc", type=Path, help="a checkout's runtime/csrc: A/B its loop and stream kernel")
+    parser.add_argument("--base-argmax", action="store_true", help="the base arm's greedy tokens by max(-1).indices")
     return parser.parse_args(argv)
 
 
@@ -95,7 +105,8 @@ def item(name: str) -> str:
 
 
 def name_lean(target: Target) -> None:
-    """The lean forward's head and final norm (Python calls of the stream kernel) named to the profiler."""
+    """The lean forward's head and final norm (Python calls of the stream kernel) and greedy verification's C++ argmax
+    (``sampling.greedy_rows``) named to the profiler."""
     lean = target.lean
 
     def named(inner: Callable, label: str) -> Callable:
@@ -107,6 +118,7 @@ def name_lean(target: Target) -> None:
 
     lean._linear = named(lean._linear, "pass::head")
     lean._norm_fn = named(lean._norm_fn, "pass::final_norm")
+    sampling.greedy_rows = named(sampling.greedy_rows, "pass::greedy_rows")
 
 
 def arms(target: Target, length: int, shapes: Shapes) -> dict[str, tuple]:
@@ -197,36 +209,59 @@ def measure(target: Target, length: int, shapes: Shapes, passes: int, top: int,
     return {kind: {name: statistics.median(v) for name, v in items.items()} for kind, items in by.items()}
 
 
-def base_layers(target: Target, source: Path) -> NativeLayers:
-    """``source`` built as its own extension (another name and folder), over the target's lean forward."""
+def base_layers(target: Target, source: Path, csrc: Path | None = None) -> NativeLayers:
+    """``source`` built as its own extension (another name and folder), over the target's lean forward; with
+    ``csrc`` (a checkout's ``runtime/csrc``), its layer loop calling its own stream kernel's products and norms."""
+    stream = None
+    if csrc is not None:
+        source = csrc / "layers" / "native_layers.cpp"
+        kernel = csrc / "stream_linear.cpp"
+        sources = kernel_sources(kernel)
+        stream = build_extension("specfamily_stream_linear_base", sources,
+                                 build_folder(kernel, [*sources, *sorted(csrc.glob("*.h"))], "stream_base"))
     module = build_extension("specfamily_native_layers_base", [source], build_folder(source, [source], "native_base"))
-    return NativeLayers(target.lean, module)
+    return NativeLayers(target.lean, module, stream)
+
+
+@contextlib.contextmanager
+def max_indices(on: bool):
+    """While ``on``: greedy tokens by ``max(-1).indices`` (``sampling.greedy_tokens`` without the C++ warp)."""
+    kept = sampling.greedy_rows
+    if on:
+        sampling.greedy_rows = lambda logits: None
+    try:
+        yield
+    finally:
+        sampling.greedy_rows = kept
 
 
 @torch.inference_mode()
-def ab(target: Target, length: int, shapes: Shapes, base: NativeLayers, passes: int) -> dict[str, list[float]]:
+def ab(target: Target, length: int, shapes: Shapes, base: NativeLayers, passes: int,
+       base_argmax: bool = False) -> dict[str, list[float]]:
     """arm -> [median CPU ms of a whole pass (forward, greedy verification, commit) with this checkout's loop, with
-    the base's]; raises where the two loops' logits differ."""
+    the base's (``base_argmax``: its greedy tokens by ``max(-1).indices``)]; raises where the two loops' logits or
+    accepted paths differ."""
     cases, ours, greedy = arms(target, length, shapes), target.lean.native, SamplingConfig(temperature=0.0)
     loops = (ours, base)
     times: dict[str, list[list[float]]] = {k: [[], []] for k in KINDS}
     for round_ in range(passes + 2):
         for kind in KINDS[round_ % 3 :] + KINDS[: round_ % 3]:
             root, draft, path = cases[kind]
-            logits = []
+            logits, verdicts = [], []
             for which in ((0, 1) if round_ % 2 else (1, 0)):
                 target.lean.native = loops[which]
-                start = time.process_time()
-                out = target.forward(root, draft)
-                verify_draft(draft, out.logits, greedy, torch.Generator().manual_seed(0))
-                target.commit(path)
-                elapsed = time.process_time() - start
+                with max_indices(base_argmax and which == 1):
+                    start = time.process_time()
+                    out = target.forward(root, draft)
+                    verdicts.append(verify_draft(draft, out.logits, greedy, torch.Generator().manual_seed(0)))
+                    target.commit(path)
+                    elapsed = time.process_time() - start
                 target.rollback(length)
                 logits.append(out.logits)
                 if round_ >= 2:
                     times[kind][which].append(elapsed * 1e3)
-            if not torch.equal(*logits):
-                raise AssertionError(f"{kind}: the two layer loops' logits differ")
+            if not torch.equal(*logits) or verdicts[0] != verdicts[1]:
+                raise AssertionError(f"{kind}: the two layer loops' logits or verdicts differ")
     target.lean.native = ours
     return {kind: [statistics.median(v) for v in pair] for kind, pair in times.items()}
 
@@ -249,13 +284,23 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     args = parse_args(argv)
     set_threads(args.threads)
     target = load_target(args.model, matmul=args.matmul)
+    kept = sampling.greedy_rows
     name_lean(target)
+    try:
+        return run(args, target, out)
+    finally:
+        sampling.greedy_rows = kept  # name_lean's profiler label, off again
+
+
+def run(args: argparse.Namespace, target: Target, out: Callable[[str], None]) -> dict:
     shapes = Shapes(args.nodes)
-    base = None if args.base is None else base_layers(target, args.base)
+    base = None
+    if args.base is not None or args.base_csrc is not None:
+        base = base_layers(target, args.base, args.base_csrc)
     result = {}
     for length in (int(v) for v in args.lengths.split(",")):
         if base is not None:
-            out(ab_table(length, ab(target, length, shapes, base, args.passes)))
+            out(ab_table(length, ab(target, length, shapes, base, args.passes, args.base_argmax)))
             continue
         result[length] = measure(target, length, shapes, args.passes, args.top, out)
         out(table(length, result[length]))

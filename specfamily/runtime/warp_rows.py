@@ -23,7 +23,7 @@ import torch
 
 from specfamily.runtime.kernel import Extension, build_source, load_extension
 
-__all__ = ["DISABLE_ENV", "build_warp", "warp_build", "warp_rows", "warp_source"]
+__all__ = ["DISABLE_ENV", "build_warp", "greedy_rows", "warp_build", "warp_rows", "warp_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def warp_build() -> Extension:
 def build_warp(verbose: bool = False) -> ModuleType:
     """Compile (or reuse the cached build of) the extension and import it; raises ``KernelUnavailable`` or the
     build's own error."""
-    return build_source(NAME, warp_source(), "warp_rows", "warp kernel", verbose)
+    return build_source(NAME, warp_source(), "warp_rows", "warp kernel", verbose, headers=())
 
 
 def warp_rows(
@@ -58,3 +58,19 @@ def warp_rows(
     if module is None:
         return None
     return module.warp_rows(logits, float(temperature), int(top_k), float(top_p))
+
+
+def greedy_rows(logits: torch.Tensor) -> torch.Tensor | None:
+    """(B, V) float32 CPU logits -> (B,) int64: each row's ``max(-1).indices`` (the first of tied maxima, the first
+    NaN where there is one), in two vectorised passes over each row; None without the extension or for other
+    logits."""
+    module = warp_build().module
+    if (
+        module is None
+        or logits.dim() != 2
+        or logits.dtype != torch.float32
+        or logits.device.type != "cpu"
+        or logits.shape[1] == 0
+    ):
+        return None
+    return module.greedy_rows(logits)

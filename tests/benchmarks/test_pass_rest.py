@@ -49,3 +49,18 @@ def test_every_arm_is_booked_with_the_layer_loops_named_products(pass_rest, caps
     assert by_kind["tree"]["copies"] > 0 and by_kind["plain"].get("copies", 0.0) == 0
     printed = capsys.readouterr().out
     assert "cache 40: ms per pass (profiler, medians over passes)" in printed and "| total |" in printed
+
+
+def test_the_base_arm_can_pick_greedy_tokens_by_max_indices(pass_rest, monkeypatch):
+    from specfamily.core import sampling
+
+    calls = []
+    monkeypatch.setattr(sampling, "greedy_rows", lambda logits: calls.append(logits.shape))
+    logits = torch.randn(3, 50)
+    with pass_rest.max_indices(True):
+        assert torch.equal(sampling.greedy_tokens(logits), logits.max(-1).indices) and calls == []
+    with pass_rest.max_indices(False):
+        sampling.greedy_tokens(logits)
+    assert calls == [(3, 50)]
+    sampling.greedy_tokens(logits)
+    assert calls == [(3, 50), (3, 50)]  # restored after the base's passes

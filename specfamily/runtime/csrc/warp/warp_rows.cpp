@@ -15,8 +15,14 @@
 //
 // A row this does not settle (a NaN or +inf among its scores, a head over 4,096 tokens, a head whose mass does not
 // reach top_p, a vocabulary not a multiple of 64) is reported so, and the caller warps it the torch way.
+//
+// greedy_rows: each row's argmax as max(-1).indices gives it (the first of tied maxima; the first NaN where there is
+// one), in two vectorised passes over the row (its maximum and whether it holds a NaN, then the first index equal to
+// it) instead of ATen's scalar compare-and-keep loop: the greedy verification of a drafted pass's rows.
 
 #include <torch/extension.h>
+
+#include "../cpu_isa.h"
 
 #include <algorithm>
 #include <cmath>
@@ -170,10 +176,86 @@ std::tuple<torch::Tensor, torch::Tensor> warp_rows(const torch::Tensor& logits, 
   return {top_p_rows(probs, top_p, done), settled};
 }
 
+// The first index of row (n floats) holding its maximum, or its first NaN: max(-1).indices of one row.
+int64_t first_max_scalar(const float* row, int64_t n) {
+  float best = row[0];
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(row[i])) return i;
+    if (row[i] > best) {
+      best = row[i];
+      at = i;
+    }
+  }
+  return at;
+}
+
+#ifdef SF_X86_SIMD
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+// first_max_scalar's index: the maximum and a NaN's presence over 16-float vectors, then the first vector holding
+// the maximum (or a NaN), its first such lane. Vectors compare -0 and +0 equal, as the scalar loop keeps the first.
+int64_t first_max_avx512(const float* row, int64_t n) {
+  const int64_t whole = n - n % 16;
+  if (whole == 0) return first_max_scalar(row, n);
+  __m512 top = _mm512_loadu_ps(row);
+  __mmask16 nan = 0;
+  for (int64_t i = 0; i < whole; i += 16) {
+    const __m512 v = _mm512_loadu_ps(row + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    top = _mm512_max_ps(top, v);
+  }
+  float best = _mm512_reduce_max_ps(top);
+  for (int64_t i = whole; i < n; ++i) {
+    if (std::isnan(row[i])) nan = 1;
+    best = row[i] > best ? row[i] : best;
+  }
+  if (nan) return first_max_scalar(row, n);  // the first NaN
+  const __m512 wanted = _mm512_set1_ps(best);
+  for (int64_t i = 0; i < whole; i += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), wanted, _CMP_EQ_OQ);
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  for (int64_t i = whole; i < n; ++i)
+    if (row[i] == best) return i;
+  return 0;  // not reached: best is one of the row's values
+}
+#pragma GCC pop_options
+#endif
+
+// (B, V) float32 CPU logits -> (B,) int64: each row's max(-1).indices.
+torch::Tensor greedy_rows(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat32 && logits.device().is_cpu() &&
+                  logits.size(1) > 0,
+              "greedy_rows takes (B, V) float32 CPU logits, V > 0");
+  const torch::Tensor rows = logits.contiguous();
+  const int64_t count = rows.size(0), vocab = rows.size(1);
+  torch::Tensor out = torch::empty({count}, torch::kInt64);
+  const float* x = rows.data_ptr<float>();
+  int64_t* at = out.data_ptr<int64_t>();
+#ifdef SF_X86_SIMD
+  static const bool wide = specfamily::cpu_sets().avx512f;
+#else
+  static const bool wide = false;
+#endif
+  for (int64_t r = 0; r < count; ++r) {
+#ifdef SF_X86_SIMD
+    if (wide) {
+      at[r] = first_max_avx512(x + r * vocab, vocab);
+      continue;
+    }
+#endif
+    at[r] = first_max_scalar(x + r * vocab, vocab);
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Temperature, top-k, softmax and top-p's threshold head of a few rows (specfamily.runtime.warp_rows)";
   m.def("warp_rows", &warp_rows, "(B, V) float32 logits -> (probabilities (B, V), settled (B,) bool)",
         py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"));
+  m.def("greedy_rows", &greedy_rows, "(B, V) float32 logits -> (B,) int64: each row's max(-1).indices",
+        py::arg("logits"));
 }
