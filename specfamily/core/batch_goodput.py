@@ -15,6 +15,11 @@ over depths d of the probability that every tied request accepts d deep (indepen
 reaches). So the tied requests draft to one depth together, or none of them drafts. A slot whose end is b passes
 before the batch's joins from depth b + 1, drafting k - b levels where the tied ones draft k: without it, a tied
 slot's levels past b would end the batch no sooner (that slot would end it instead); the rest draft nothing.
+That picture is one pass's: it holds a couple of passes from the end. Further from it, which slot ends last is not
+settled yet (each slot's end moves by what it happens to accept on every pass until then), so tied slots that all
+draft end the batch about tau times sooner although a single pass advances it only by their least acceptance:
+:func:`end_odds` gives each slot's chance of ending the batch, and a token of a slot is worth that chance of a token
+of the batch's end (the plan then sums them, ``batch_lengths.finishing``).
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Realized", "backoff", "behind_ends", "correction", "kept_realized", "last_wave", "plan_together",
-           "projected_ends", "realized_gain", "wave_of"]
+import torch
+
+__all__ = ["Realized", "backoff", "behind_ends", "correction", "end_odds", "kept_realized", "last_wave",
+           "plan_together", "projected_ends", "realized_gain", "wave_of"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -173,3 +180,24 @@ def projected_ends(remaining: Sequence[int], waiting: int, budget: int) -> list[
     for i in order[:waiting]:
         ends[i] += budget
     return ends
+
+
+def end_odds(behind: Sequence[int], horizon: int, spread: float, points: int = 257) -> list[float]:
+    """Each slot's chance of ending the batch: slot i's end, in passes from now at one token a pass, taken as normal
+    around ``horizon - behind[i]`` with variance ``spread**2 * (horizon - behind[i])`` (its per-pass advance varies by
+    ``spread`` tokens, independently of the other slots'), the chance that it is the latest. With ``spread`` 0 the
+    slots at the latest end share it equally."""
+    if not behind:
+        return []
+    mean = torch.tensor([float(horizon - b) for b in behind], dtype=torch.float64)
+    if spread <= 0:
+        last = mean == mean.max()
+        return (last.double() / last.sum()).tolist()
+    sd = spread * mean.clamp(min=1.0).sqrt()
+    grid = torch.linspace(float((mean - 6 * sd).min()), float((mean + 6 * sd).max()), points, dtype=torch.float64)
+    z = (grid[None] - mean[:, None]) / sd[:, None]  # (slots, points)
+    density = torch.exp(-0.5 * z**2) / (sd[:, None] * math.sqrt(2 * math.pi))
+    below = torch.special.ndtr(z).clamp(min=1e-300)
+    others = torch.exp(torch.log(below).sum(0, keepdim=True) - torch.log(below))  # the other slots all end sooner
+    odds = torch.trapezoid(density * others, grid, dim=1)
+    return (odds / odds.sum()).tolist()

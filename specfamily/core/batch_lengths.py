@@ -39,7 +39,16 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specfamily.core.batch_goodput import Realized, backoff, behind_ends, correction, plan_together, realized_gain
+from specfamily.core.batch_goodput import (
+    Realized,
+    backoff,
+    behind_ends,
+    correction,
+    end_odds,
+    plan_together,
+    projected_ends,
+    realized_gain,
+)
 from specfamily.core.types import Draft
 
 __all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
@@ -174,6 +183,7 @@ class Prospect:
     rows: Sequence[int]
     value: float = 1.0  # what one of its committed tokens is worth to the batch (0: nothing, see ``finishing``)
     behind: int = 0  # in a last wave: passes its slot's projected end is before the batch's (``finishing``)
+    horizon: int = 0  # in a last wave: passes to the batch's projected end at one token a pass (``finishing``)
 
     @classmethod
     def planned(cls, acceptance: Sequence[float], width: float, limit: int) -> Prospect:
@@ -265,6 +275,7 @@ class LengthPolicy:
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
             return [1 if p.acceptance and p.value > 0 else 0 for p in prospects]
         step = 0.0 if proposed else self.costs.draft_step(batch)
+        together = together and near_end(prospects)
         plan = _joint if together else plan_lengths
         lengths, gain = plan(prospects, seconds, step)
         values = [p.behind for p in prospects] if together else [p.value for p in prospects]
@@ -346,15 +357,38 @@ def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
 def finishing(prospects: Sequence[Prospect], remaining: Sequence[int], waiting: int = 0,
               budget: int = 0) -> list[Prospect]:
     """The prospects valued for a batch in its last wave (:func:`~specfamily.core.batch_goodput.last_wave`: the
-    ``waiting`` requests of ``budget`` tokens each go to the slots that free first). With none waiting the batch's
-    remaining time is the passes its longest request still needs, so only the requests with the most tokens
-    ``remaining`` keep their value (1); a shorter request's tokens would end it sooner but not the batch, and a
-    narrower batch costs about as much a pass, so its draft rows are worth nothing alone (value 0: ``plan_lengths``
-    drafts nothing for it). Each prospect also carries how many passes its slot's end is before the batch's
-    (``behind``): the joint plan drafts a slot b behind only to keep pace with the last slots' levels past b.
-    Re-decided every pass: once the longest has gained, the next longest counts."""
+    ``waiting`` requests of ``budget`` tokens each go to the slots that free first). The batch's remaining time is
+    the passes its last slot still needs, so a request's token is worth its slot's chance of being that last one
+    (:func:`~specfamily.core.batch_goodput.end_odds`, spread by what the prospects' own acceptance makes a pass
+    vary): far from the end tied slots share it, and a slot well ahead of the others is worth nothing (its tokens
+    would end it sooner but not the batch, and a narrower batch costs about as much a pass). Each prospect also
+    carries how many passes its slot's end is before the batch's (``behind``) and the passes to that end
+    (``horizon``): :func:`near_end` plans the last passes jointly, where a slot b behind drafts only to keep pace
+    with the last slots' levels past b. Re-decided every pass."""
     behind = behind_ends(remaining, waiting, budget)
-    return [replace(p, value=float(b == 0), behind=b) for p, b in zip(prospects, behind, strict=True)]
+    horizon = max(projected_ends(remaining, waiting, budget), default=0)
+    odds = end_odds(behind, horizon, _spread(prospects))
+    return [replace(p, value=v, behind=b, horizon=horizon) for p, b, v in zip(prospects, behind, odds, strict=True)]
+
+
+def near_end(prospects: Sequence[Prospect]) -> bool:
+    """Whether a last wave's batch ends within two passes of its deepest draft (planned jointly, one pass's picture:
+    :func:`~specfamily.core.batch_goodput.plan_together`); further off its slots' tokens are valued by their odds of
+    ending it (:func:`finishing`)."""
+    deepest = max((len(p.acceptance) for p in prospects), default=0)
+    return max((p.horizon for p in prospects), default=0) <= 2 * deepest
+
+
+def _spread(prospects: Sequence[Prospect]) -> float:
+    """The standard deviation of a pass's accepted tokens drafting every depth, averaged over the prospects that
+    draft (A with P(A >= d) = reach_d: E[A] = sum reach_d, E[A^2] = sum (2d - 1) reach_d)."""
+    variances = []
+    for prospect in prospects:
+        reach = list(itertools.accumulate(prospect.acceptance, operator.mul))
+        if reach:
+            mean = sum(reach)
+            variances.append(sum((2 * d - 1) * r for d, r in enumerate(reach, start=1)) - mean**2)
+    return math.sqrt(max(0.0, statistics.fmean(variances))) if variances else 0.0
 
 
 def truncated(draft: Draft, depth: int) -> Draft:
