@@ -182,22 +182,27 @@ def projected_ends(remaining: Sequence[int], waiting: int, budget: int) -> list[
     return ends
 
 
-def end_odds(behind: Sequence[int], horizon: int, spread: float, points: int = 257) -> list[float]:
-    """Each slot's chance of ending the batch: slot i's end, in passes from now at one token a pass, taken as normal
-    around ``horizon - behind[i]`` with variance ``spread**2 * (horizon - behind[i])`` (its per-pass advance varies by
-    ``spread`` tokens, independently of the other slots'), the chance that it is the latest. With ``spread`` 0 the
-    slots at the latest end share it equally."""
+def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1.0, points: int = 257,
+             least: float = 0.01) -> list[float]:
+    """Each slot's chance of ending the batch: slot i has ``horizon - behind[i]`` tokens to its projected end (at one
+    token a pass); at ``pace`` tokens a pass, each pass's advance varying by ``spread`` tokens independently of the
+    other slots', its end is about normal, n = (horizon - behind[i]) / pace passes away with standard deviation
+    spread sqrt(n) / pace (a renewal count). The chance that it is the latest, chances under ``least`` counted as 0
+    (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
+    at the latest end share it equally."""
     if not behind:
         return []
     mean = torch.tensor([float(horizon - b) for b in behind], dtype=torch.float64)
-    if spread <= 0:
+    if spread <= 0 or pace <= 0:
         last = mean == mean.max()
         return (last.double() / last.sum()).tolist()
-    sd = spread * mean.clamp(min=1.0).sqrt()
-    grid = torch.linspace(float((mean - 6 * sd).min()), float((mean + 6 * sd).max()), points, dtype=torch.float64)
+    mean = mean.clamp(min=1.0) / pace
+    sd = spread * mean.sqrt() / pace
+    grid = torch.linspace(float((mean - 8 * sd).min()), float((mean + 8 * sd).max()), points, dtype=torch.float64)
     z = (grid[None] - mean[:, None]) / sd[:, None]  # (slots, points)
     density = torch.exp(-0.5 * z**2) / (sd[:, None] * math.sqrt(2 * math.pi))
     below = torch.special.ndtr(z).clamp(min=1e-300)
     others = torch.exp(torch.log(below).sum(0, keepdim=True) - torch.log(below))  # the other slots all end sooner
     odds = torch.trapezoid(density * others, grid, dim=1)
+    odds = torch.where(odds / odds.sum() < least, torch.zeros_like(odds), odds)
     return (odds / odds.sum()).tolist()

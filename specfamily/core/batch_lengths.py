@@ -367,7 +367,7 @@ def finishing(prospects: Sequence[Prospect], remaining: Sequence[int], waiting: 
     with the last slots' levels past b. Re-decided every pass."""
     behind = behind_ends(remaining, waiting, budget)
     horizon = max(projected_ends(remaining, waiting, budget), default=0)
-    odds = end_odds(behind, horizon, _spread(prospects))
+    odds = end_odds(behind, horizon, *_pace(prospects))
     return [replace(p, value=v, behind=b, horizon=horizon) for p, b, v in zip(prospects, behind, odds, strict=True)]
 
 
@@ -379,16 +379,19 @@ def near_end(prospects: Sequence[Prospect]) -> bool:
     return max((p.horizon for p in prospects), default=0) <= 2 * deepest
 
 
-def _spread(prospects: Sequence[Prospect]) -> float:
-    """The standard deviation of a pass's accepted tokens drafting every depth, averaged over the prospects that
-    draft (A with P(A >= d) = reach_d: E[A] = sum reach_d, E[A^2] = sum (2d - 1) reach_d)."""
-    variances = []
+def _pace(prospects: Sequence[Prospect]) -> tuple[float, float]:
+    """(the standard deviation of a pass's accepted tokens, the tokens a pass commits), drafting every depth,
+    averaged over the prospects that draft (A with P(A >= d) = reach_d: E[A] = sum reach_d, E[A^2] = sum (2d - 1)
+    reach_d); (0, 1) when none does."""
+    means, variances = [], []
     for prospect in prospects:
         reach = list(itertools.accumulate(prospect.acceptance, operator.mul))
         if reach:
-            mean = sum(reach)
-            variances.append(sum((2 * d - 1) * r for d, r in enumerate(reach, start=1)) - mean**2)
-    return math.sqrt(max(0.0, statistics.fmean(variances))) if variances else 0.0
+            means.append(sum(reach))
+            variances.append(sum((2 * d - 1) * r for d, r in enumerate(reach, start=1)) - means[-1] ** 2)
+    if not means:
+        return 0.0, 1.0
+    return math.sqrt(max(0.0, statistics.fmean(variances))), 1.0 + statistics.fmean(means)
 
 
 def truncated(draft: Draft, depth: int) -> Draft:

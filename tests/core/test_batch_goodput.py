@@ -18,7 +18,7 @@ from specfamily.core.batch_goodput import (
     plan_together,
     realized_gain,
 )
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, finishing, plan_lengths
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, finishing, near_end, plan_lengths
 from specfamily.core.types import Draft
 from specfamily.testing import OracleDrafter, tiny_target
 
@@ -40,6 +40,22 @@ def test_tied_requests_draft_to_one_depth_together_or_none_of_them_does():
     assert policy.predicted[1] == pytest.approx(1 + sum(0.81**d for d in range(1, 5)))  # E[1 + min accepted]
     policy.timed(3, 3, 0, 0.0, 1.0)
     assert policy.lengths(finishing([SURE, SURE, SURE], [8, 1, 8]), together=True) == [4, 0, 4]  # the rest: none
+
+
+def test_tied_slots_far_from_the_batchs_end_draft_by_their_odds_of_ending_it():
+    """Four slots tied 32 tokens from the batch's end, each accepting a level with chance 0.6, rows at 5% of a plain
+    pass: one pass's picture (the batch advances by the least of the four acceptances) never pays for the rows, but
+    over the 32 passes to the end each slot's advance counts at its odds of being the last (1/4 each): all draft.
+    Within two drafts of the end the loop plans jointly again (``near_end``)."""
+    slots = [Prospect([0.6, 0.6], [1, 1])] * 4
+    seconds = [1.0] * 5 + [1.0 + 0.05 * (n - 4) for n in range(5, 40)]
+    reaches = [[0.6, 0.36]] * 4
+    assert plan_together(reaches, [[1, 1]] * 4, seconds, 0.0, batch=4) == (0, 1.0)
+    far = finishing(slots, [32] * 4)
+    assert [p.value for p in far] == [0.25] * 4 and not near_end(far)
+    lengths, gain = plan_lengths(far, seconds, 0.0)
+    assert lengths == [2] * 4 and gain == pytest.approx((1 + 0.6 + 0.36) / 1.4)
+    assert near_end(finishing(slots, [4] * 4))
 
 
 def test_the_joint_plan_stops_where_the_product_of_reaches_no_longer_pays_for_the_rows():
