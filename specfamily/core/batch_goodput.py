@@ -24,15 +24,18 @@ of the batch's end (the plan then sums them, ``batch_lengths.finishing``).
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
+import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-__all__ = ["Realized", "backoff", "behind_ends", "correction", "end_odds", "kept_realized", "last_wave",
-           "plan_together", "projected_ends", "realized_gain", "wave_of"]
+__all__ = ["Realized", "backoff", "behind_ends", "correction", "end_odds", "finishing", "kept_realized", "last_wave",
+           "near_end", "plan_together", "projected_ends", "realized_gain", "wave_of"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -56,12 +59,12 @@ class Realized:
     the window; a load that stopped drafting starts again once the probes that paid have lifted the ratio enough for
     its plans to clear the policy's margin."""
 
-    window: int = 8
+    window: int = 32
     doubt: float = 0.95
     weight: float = 2.0
     least: int = 3
     losing: int = 0  # the load's probes in a row that did not pay (its policy's back-off, kept with the window)
-    passes: deque = field(default_factory=lambda: deque(maxlen=8))
+    passes: deque = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.passes = deque(self.passes, maxlen=self.window)
@@ -206,3 +209,42 @@ def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1
     odds = torch.trapezoid(density * others, grid, dim=1)
     odds = torch.where(odds / odds.sum() < least, torch.zeros_like(odds), odds)
     return (odds / odds.sum()).tolist()
+
+
+def finishing(prospects: Sequence, remaining: Sequence[int], waiting: int = 0, budget: int = 0) -> list:
+    """The prospects (``batch_lengths.Prospect``) valued for a batch in its last wave (:func:`last_wave`: the
+    ``waiting`` requests of ``budget`` tokens each go to the slots that free first). The batch's remaining time is
+    the passes its last slot still needs, so a request's token is worth its slot's chance of being that last one
+    (:func:`end_odds`, spread by what the prospects' own acceptance makes a pass
+    vary): far from the end tied slots share it, and a slot well ahead of the others is worth nothing (its tokens
+    would end it sooner but not the batch, and a narrower batch costs about as much a pass). Each prospect also
+    carries how many passes its slot's end is before the batch's (``behind``) and the passes to that end
+    (``horizon``): :func:`near_end` plans the last passes jointly, where a slot b behind drafts only to keep pace
+    with the last slots' levels past b. Re-decided every pass."""
+    behind = behind_ends(remaining, waiting, budget)
+    horizon = max(projected_ends(remaining, waiting, budget), default=0)
+    odds = end_odds(behind, horizon, *_pace(prospects))
+    return [replace(p, value=v, behind=b, horizon=horizon) for p, b, v in zip(prospects, behind, odds, strict=True)]
+
+
+def near_end(prospects: Sequence) -> bool:
+    """Whether a last wave's batch ends within two passes of its deepest draft (planned jointly, one pass's picture:
+    :func:`plan_together`); further off its slots' tokens are valued by their odds of
+    ending it (:func:`finishing`)."""
+    deepest = max((len(p.acceptance) for p in prospects), default=0)
+    return max((p.horizon for p in prospects), default=0) <= 2 * deepest
+
+
+def _pace(prospects: Sequence) -> tuple[float, float]:
+    """(the standard deviation of a pass's accepted tokens, the tokens a pass commits), drafting every depth,
+    averaged over the prospects that draft (A with P(A >= d) = reach_d: E[A] = sum reach_d, E[A^2] = sum (2d - 1)
+    reach_d); (0, 1) when none does."""
+    means, variances = [], []
+    for prospect in prospects:
+        reach = list(itertools.accumulate(prospect.acceptance, operator.mul))
+        if reach:
+            means.append(sum(reach))
+            variances.append(sum((2 * d - 1) * r for d, r in enumerate(reach, start=1)) - means[-1] ** 2)
+    if not means:
+        return 0.0, 1.0
+    return math.sqrt(max(0.0, statistics.fmean(variances))), 1.0 + statistics.fmean(means)

@@ -35,18 +35,17 @@ import operator
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from specfamily.core.batch_goodput import (
     Realized,
     backoff,
-    behind_ends,
     correction,
-    end_odds,
+    finishing,
+    near_end,
     plan_together,
-    projected_ends,
     realized_gain,
 )
 from specfamily.core.types import Draft
@@ -250,7 +249,7 @@ class LengthPolicy:
     unrefreshed: dict[int, int] = field(default_factory=dict)  # B -> drafted passes since its last plain one
     choices: dict[int, list[int]] = field(default_factory=dict)  # B -> draft rows planned on every pass at B
     realized: dict[int, Realized] = field(default_factory=dict)  # B -> drafted passes' gains (batch_goodput)
-    predicted: tuple | None = None  # the last plan that drafted: (B, its gain, the values, together)
+    predicted: tuple | None = None  # the last plan that drafted, not jointly: (B, its gain, the values)
 
     def may_draft(self, batch: int) -> bool:
         """Whether a pass of ``batch`` requests may draft at all (its plain pass measured, no refresh due)."""
@@ -275,14 +274,15 @@ class LengthPolicy:
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
             return [1 if p.acceptance and p.value > 0 else 0 for p in prospects]
         step = 0.0 if proposed else self.costs.draft_step(batch)
-        together = together and near_end(prospects)
-        plan = _joint if together else plan_lengths
-        lengths, gain = plan(prospects, seconds, step)
-        values = [p.behind for p in prospects] if together else [p.value for p in prospects]
+        if together and near_end(prospects):  # the batch's last passes: drafted jointly where that pays
+            lengths, gain = _joint(prospects, seconds, step)
+            return lengths if any(lengths) and gain * self.correction(batch) > self.min_gain else [0] * batch
+        lengths, gain = plan_lengths(prospects, seconds, step)
+        values = [p.value for p in prospects]
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
             self.idle[batch] = 0
             self._lost(batch, 0)
-            self.predicted = (batch, gain, values, together)
+            self.predicted = (batch, gain, values)
             return lengths
         self.idle[batch] = self.idle.get(batch, 0) + 1
         losing = self.losing.setdefault(batch, backoff(self.realized, batch))
@@ -290,8 +290,8 @@ class LengthPolicy:
             return [0] * batch
         self.idle[batch] = 0
         self._lost(batch, losing + 1)
-        lengths, gain = plan(prospects, seconds, step, drafted=True)  # a probe keeps the estimates current
-        self.predicted = (batch, gain, values, together) if any(lengths) else None
+        lengths, gain = plan_lengths(prospects, seconds, step, drafted=True)  # a probe keeps the estimates current
+        self.predicted = (batch, gain, values) if any(lengths) else None
         return lengths
 
     def _lost(self, batch: int, probes: int) -> None:
@@ -307,18 +307,17 @@ class LengthPolicy:
     def settle(self, committed: Sequence[int], seconds: float) -> None:
         """The last planned pass committed ``committed`` tokens per request (accepted + 1) in ``seconds`` (draft,
         forward, verification, commit): if it drafted, its realized gain is learned against its predicted one, over
-        a plain pass at its B valued as the plan valued it (a plan ``together``: the batch's advance, the fewest
-        tokens a valued request committed, against one). A probe that paid ends the back-off."""
+        a plain pass at its B valued as the plan valued it. A probe that paid ends the back-off. A joint pass at the
+        batch's end is neither learned nor probed: its advance (the least of its tied requests' acceptances) swings
+        far from its expectation pass by pass, and a window of them held back the next run's plans at that load
+        (docs/batching.md, session 23)."""
         if self.predicted is None:
             return
-        (batch, gain, values, together), self.predicted = self.predicted, None
+        (batch, gain, values), self.predicted = self.predicted, None
         plain = self.costs.measured(batch, batch)
         if plain is None or len(committed) != batch:
             return
-        if together:  # the batch's advance: its projected end moved by the least of behind + committed
-            tokens, plain_tokens = min(b + c for b, c in zip(values, committed, strict=True)), 1.0
-        else:
-            tokens, plain_tokens = sum(v * c for v, c in zip(values, committed, strict=True)), sum(values)
+        tokens, plain_tokens = sum(v * c for v, c in zip(values, committed, strict=True)), sum(values)
         realized = realized_gain(tokens, seconds, plain_tokens, plain)
         self.realized.setdefault(batch, Realized()).add(gain, realized)
         if realized > self.min_gain:
@@ -352,46 +351,6 @@ def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
     behind = [p.behind for p in prospects]
     depth, gain = plan_together(reaches, [p.rows for p in prospects], seconds, step, len(prospects), drafted, behind)
     return [max(0, depth - b) for b in behind], gain
-
-
-def finishing(prospects: Sequence[Prospect], remaining: Sequence[int], waiting: int = 0,
-              budget: int = 0) -> list[Prospect]:
-    """The prospects valued for a batch in its last wave (:func:`~specfamily.core.batch_goodput.last_wave`: the
-    ``waiting`` requests of ``budget`` tokens each go to the slots that free first). The batch's remaining time is
-    the passes its last slot still needs, so a request's token is worth its slot's chance of being that last one
-    (:func:`~specfamily.core.batch_goodput.end_odds`, spread by what the prospects' own acceptance makes a pass
-    vary): far from the end tied slots share it, and a slot well ahead of the others is worth nothing (its tokens
-    would end it sooner but not the batch, and a narrower batch costs about as much a pass). Each prospect also
-    carries how many passes its slot's end is before the batch's (``behind``) and the passes to that end
-    (``horizon``): :func:`near_end` plans the last passes jointly, where a slot b behind drafts only to keep pace
-    with the last slots' levels past b. Re-decided every pass."""
-    behind = behind_ends(remaining, waiting, budget)
-    horizon = max(projected_ends(remaining, waiting, budget), default=0)
-    odds = end_odds(behind, horizon, *_pace(prospects))
-    return [replace(p, value=v, behind=b, horizon=horizon) for p, b, v in zip(prospects, behind, odds, strict=True)]
-
-
-def near_end(prospects: Sequence[Prospect]) -> bool:
-    """Whether a last wave's batch ends within two passes of its deepest draft (planned jointly, one pass's picture:
-    :func:`~specfamily.core.batch_goodput.plan_together`); further off its slots' tokens are valued by their odds of
-    ending it (:func:`finishing`)."""
-    deepest = max((len(p.acceptance) for p in prospects), default=0)
-    return max((p.horizon for p in prospects), default=0) <= 2 * deepest
-
-
-def _pace(prospects: Sequence[Prospect]) -> tuple[float, float]:
-    """(the standard deviation of a pass's accepted tokens, the tokens a pass commits), drafting every depth,
-    averaged over the prospects that draft (A with P(A >= d) = reach_d: E[A] = sum reach_d, E[A^2] = sum (2d - 1)
-    reach_d); (0, 1) when none does."""
-    means, variances = [], []
-    for prospect in prospects:
-        reach = list(itertools.accumulate(prospect.acceptance, operator.mul))
-        if reach:
-            means.append(sum(reach))
-            variances.append(sum((2 * d - 1) * r for d, r in enumerate(reach, start=1)) - means[-1] ** 2)
-    if not means:
-        return 0.0, 1.0
-    return math.sqrt(max(0.0, statistics.fmean(variances))), 1.0 + statistics.fmean(means)
 
 
 def truncated(draft: Draft, depth: int) -> Draft:

@@ -141,7 +141,7 @@ def test_generate_batch_drafts_for_every_request_while_many_wait_then_for_the_sl
                 keeping_pace += any(0 < b < k for b in behind)
     assert drafted[False] >= 5 and shorter[False] >= 3  # while many requests wait, every request's tokens count
     assert drafted[True] >= 3 and 0 in waves and len(waves) >= 2  # in the last wave, the slots that end last
-    assert keeping_pace >= 2  # and slots just behind them, to keep pace
+    assert keeping_pace >= 1  # and slots just behind them, to keep pace (joint plans: only the last 2 drafts' passes)
     assert far >= 1  # further from the end, the slots tied at the latest end draft, whatever the others do
 
 
