@@ -282,3 +282,14 @@ def test_a_later_run_starts_from_what_earlier_runs_realized(monkeypatch):
     kept = target.batch_realized["WrongOracle"]
     assert kept[4].correction() < 0.5 and kept[4].losing >= 1
     assert 3 not in kept or kept[3].correction() < 0.5  # B=3 drafted nothing, or learned the same
+
+
+def test_a_short_unlucky_stretch_does_not_stop_a_load_whose_passes_realized_their_predictions():
+    """24 drafted passes that realized what they predicted (1.5), then 6 that accepted nothing (0.6): over the
+    window the load realized 0.88 of its predictions, so a plan predicted at 1.5 still clears the margin. With a
+    window of 8 passes (session 22) the last 8 alone gave 0.55 and the load stopped drafting but for probes."""
+    passes = [(1.5, 1.5)] * 24 + [(1.5, 0.6)] * 6
+    kept = Realized(passes=passes)
+    assert kept.correction() == pytest.approx((24 * 1.5 + 6 * 0.6) / (30 * 1.5))
+    assert 1.5 * correction({4: kept}, 4) > LengthPolicy().min_gain
+    assert 1.5 * Realized(window=8, passes=passes).correction() < LengthPolicy().min_gain
