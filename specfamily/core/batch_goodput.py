@@ -15,17 +15,27 @@ over depths d of the probability that every tied request accepts d deep (indepen
 reaches). So the tied requests draft to one depth together, or none of them drafts. A slot whose end is b passes
 before the batch's joins from depth b + 1, drafting k - b levels where the tied ones draft k: without it, a tied
 slot's levels past b would end the batch no sooner (that slot would end it instead); the rest draft nothing.
+That picture is one pass's: it holds a couple of passes from the end. Further from it, which slot ends last is not
+settled yet (each slot's end moves by what it happens to accept on every pass until then), so tied slots that all
+draft end the batch about tau times sooner although a single pass advances it only by their least acceptance:
+:func:`end_odds` gives each slot's chance of ending the batch, and a token of a slot is worth that chance of a token
+of the batch's end (the plan then sums them, ``batch_lengths.finishing``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
+import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["Realized", "backoff", "behind_ends", "correction", "kept_realized", "last_wave", "plan_together",
-           "projected_ends", "realized_gain", "wave_of"]
+import torch
+
+__all__ = ["Realized", "backoff", "behind_ends", "correction", "end_odds", "finishing", "kept_realized", "last_wave",
+           "near_end", "plan_together", "projected_ends", "realized_gain", "wave_of"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -49,12 +59,12 @@ class Realized:
     the window; a load that stopped drafting starts again once the probes that paid have lifted the ratio enough for
     its plans to clear the policy's margin."""
 
-    window: int = 8
+    window: int = 32
     doubt: float = 0.95
     weight: float = 2.0
     least: int = 3
     losing: int = 0  # the load's probes in a row that did not pay (its policy's back-off, kept with the window)
-    passes: deque = field(default_factory=lambda: deque(maxlen=8))
+    passes: deque = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.passes = deque(self.passes, maxlen=self.window)
@@ -173,3 +183,68 @@ def projected_ends(remaining: Sequence[int], waiting: int, budget: int) -> list[
     for i in order[:waiting]:
         ends[i] += budget
     return ends
+
+
+def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1.0, points: int = 257,
+             least: float = 0.01) -> list[float]:
+    """Each slot's chance of ending the batch: slot i has ``horizon - behind[i]`` tokens to its projected end (at one
+    token a pass); at ``pace`` tokens a pass, each pass's advance varying by ``spread`` tokens independently of the
+    other slots', its end is about normal, n = (horizon - behind[i]) / pace passes away with standard deviation
+    spread sqrt(n) / pace (a renewal count). The chance that it is the latest, chances under ``least`` counted as 0
+    (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
+    at the latest end share it equally."""
+    if not behind:
+        return []
+    mean = torch.tensor([float(horizon - b) for b in behind], dtype=torch.float64)
+    if spread <= 0 or pace <= 0:
+        last = mean == mean.max()
+        return (last.double() / last.sum()).tolist()
+    mean = mean.clamp(min=1.0) / pace
+    sd = spread * mean.sqrt() / pace
+    grid = torch.linspace(float((mean - 8 * sd).min()), float((mean + 8 * sd).max()), points, dtype=torch.float64)
+    z = (grid[None] - mean[:, None]) / sd[:, None]  # (slots, points)
+    density = torch.exp(-0.5 * z**2) / (sd[:, None] * math.sqrt(2 * math.pi))
+    below = torch.special.ndtr(z).clamp(min=1e-300)
+    others = torch.exp(torch.log(below).sum(0, keepdim=True) - torch.log(below))  # the other slots all end sooner
+    odds = torch.trapezoid(density * others, grid, dim=1)
+    odds = torch.where(odds / odds.sum() < least, torch.zeros_like(odds), odds)
+    return (odds / odds.sum()).tolist()
+
+
+def finishing(prospects: Sequence, remaining: Sequence[int], waiting: int = 0, budget: int = 0) -> list:
+    """The prospects (``batch_lengths.Prospect``) valued for a batch in its last wave (:func:`last_wave`: the
+    ``waiting`` requests of ``budget`` tokens each go to the slots that free first). The batch's remaining time is
+    the passes its last slot still needs, so a request's token is worth its slot's chance of being that last one
+    (:func:`end_odds`, spread by what the prospects' own acceptance makes a pass
+    vary): far from the end tied slots share it, and a slot well ahead of the others is worth nothing (its tokens
+    would end it sooner but not the batch, and a narrower batch costs about as much a pass). Each prospect also
+    carries how many passes its slot's end is before the batch's (``behind``) and the passes to that end
+    (``horizon``): :func:`near_end` plans the last passes jointly, where a slot b behind drafts only to keep pace
+    with the last slots' levels past b. Re-decided every pass."""
+    behind = behind_ends(remaining, waiting, budget)
+    horizon = max(projected_ends(remaining, waiting, budget), default=0)
+    odds = end_odds(behind, horizon, *_pace(prospects))
+    return [replace(p, value=v, behind=b, horizon=horizon) for p, b, v in zip(prospects, behind, odds, strict=True)]
+
+
+def near_end(prospects: Sequence) -> bool:
+    """Whether a last wave's batch ends within two passes of its deepest draft (planned jointly, one pass's picture:
+    :func:`plan_together`); further off its slots' tokens are valued by their odds of
+    ending it (:func:`finishing`)."""
+    deepest = max((len(p.acceptance) for p in prospects), default=0)
+    return max((p.horizon for p in prospects), default=0) <= 2 * deepest
+
+
+def _pace(prospects: Sequence) -> tuple[float, float]:
+    """(the standard deviation of a pass's accepted tokens, the tokens a pass commits), drafting every depth,
+    averaged over the prospects that draft (A with P(A >= d) = reach_d: E[A] = sum reach_d, E[A^2] = sum (2d - 1)
+    reach_d); (0, 1) when none does."""
+    means, variances = [], []
+    for prospect in prospects:
+        reach = list(itertools.accumulate(prospect.acceptance, operator.mul))
+        if reach:
+            means.append(sum(reach))
+            variances.append(sum((2 * d - 1) * r for d, r in enumerate(reach, start=1)) - means[-1] ** 2)
+    if not means:
+        return 0.0, 1.0
+    return math.sqrt(max(0.0, statistics.fmean(variances))), 1.0 + statistics.fmean(means)

@@ -35,11 +35,19 @@ import operator
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from specfamily.core.batch_goodput import Realized, backoff, behind_ends, correction, plan_together, realized_gain
+from specfamily.core.batch_goodput import (
+    Realized,
+    backoff,
+    correction,
+    finishing,
+    near_end,
+    plan_together,
+    realized_gain,
+)
 from specfamily.core.types import Draft
 
 __all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
@@ -174,6 +182,7 @@ class Prospect:
     rows: Sequence[int]
     value: float = 1.0  # what one of its committed tokens is worth to the batch (0: nothing, see ``finishing``)
     behind: int = 0  # in a last wave: passes its slot's projected end is before the batch's (``finishing``)
+    horizon: int = 0  # in a last wave: passes to the batch's projected end at one token a pass (``finishing``)
 
     @classmethod
     def planned(cls, acceptance: Sequence[float], width: float, limit: int) -> Prospect:
@@ -240,7 +249,7 @@ class LengthPolicy:
     unrefreshed: dict[int, int] = field(default_factory=dict)  # B -> drafted passes since its last plain one
     choices: dict[int, list[int]] = field(default_factory=dict)  # B -> draft rows planned on every pass at B
     realized: dict[int, Realized] = field(default_factory=dict)  # B -> drafted passes' gains (batch_goodput)
-    predicted: tuple | None = None  # the last plan that drafted: (B, its gain, the values, together)
+    predicted: tuple | None = None  # the last plan that drafted, not jointly: (B, its gain, the values)
 
     def may_draft(self, batch: int) -> bool:
         """Whether a pass of ``batch`` requests may draft at all (its plain pass measured, no refresh due)."""
@@ -265,13 +274,15 @@ class LengthPolicy:
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
             return [1 if p.acceptance and p.value > 0 else 0 for p in prospects]
         step = 0.0 if proposed else self.costs.draft_step(batch)
-        plan = _joint if together else plan_lengths
-        lengths, gain = plan(prospects, seconds, step)
-        values = [p.behind for p in prospects] if together else [p.value for p in prospects]
+        if together and near_end(prospects):  # the batch's last passes: drafted jointly where that pays
+            lengths, gain = _joint(prospects, seconds, step)
+            return lengths if any(lengths) and gain * self.correction(batch) > self.min_gain else [0] * batch
+        lengths, gain = plan_lengths(prospects, seconds, step)
+        values = [p.value for p in prospects]
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
             self.idle[batch] = 0
             self._lost(batch, 0)
-            self.predicted = (batch, gain, values, together)
+            self.predicted = (batch, gain, values)
             return lengths
         self.idle[batch] = self.idle.get(batch, 0) + 1
         losing = self.losing.setdefault(batch, backoff(self.realized, batch))
@@ -279,8 +290,8 @@ class LengthPolicy:
             return [0] * batch
         self.idle[batch] = 0
         self._lost(batch, losing + 1)
-        lengths, gain = plan(prospects, seconds, step, drafted=True)  # a probe keeps the estimates current
-        self.predicted = (batch, gain, values, together) if any(lengths) else None
+        lengths, gain = plan_lengths(prospects, seconds, step, drafted=True)  # a probe keeps the estimates current
+        self.predicted = (batch, gain, values) if any(lengths) else None
         return lengths
 
     def _lost(self, batch: int, probes: int) -> None:
@@ -296,18 +307,17 @@ class LengthPolicy:
     def settle(self, committed: Sequence[int], seconds: float) -> None:
         """The last planned pass committed ``committed`` tokens per request (accepted + 1) in ``seconds`` (draft,
         forward, verification, commit): if it drafted, its realized gain is learned against its predicted one, over
-        a plain pass at its B valued as the plan valued it (a plan ``together``: the batch's advance, the fewest
-        tokens a valued request committed, against one). A probe that paid ends the back-off."""
+        a plain pass at its B valued as the plan valued it. A probe that paid ends the back-off. A joint pass at the
+        batch's end is neither learned nor probed: its advance (the least of its tied requests' acceptances) swings
+        far from its expectation pass by pass, and a window of them held back the next run's plans at that load
+        (docs/batching.md, session 23)."""
         if self.predicted is None:
             return
-        (batch, gain, values, together), self.predicted = self.predicted, None
+        (batch, gain, values), self.predicted = self.predicted, None
         plain = self.costs.measured(batch, batch)
         if plain is None or len(committed) != batch:
             return
-        if together:  # the batch's advance: its projected end moved by the least of behind + committed
-            tokens, plain_tokens = min(b + c for b, c in zip(values, committed, strict=True)), 1.0
-        else:
-            tokens, plain_tokens = sum(v * c for v, c in zip(values, committed, strict=True)), sum(values)
+        tokens, plain_tokens = sum(v * c for v, c in zip(values, committed, strict=True)), sum(values)
         realized = realized_gain(tokens, seconds, plain_tokens, plain)
         self.realized.setdefault(batch, Realized()).add(gain, realized)
         if realized > self.min_gain:
@@ -341,20 +351,6 @@ def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
     behind = [p.behind for p in prospects]
     depth, gain = plan_together(reaches, [p.rows for p in prospects], seconds, step, len(prospects), drafted, behind)
     return [max(0, depth - b) for b in behind], gain
-
-
-def finishing(prospects: Sequence[Prospect], remaining: Sequence[int], waiting: int = 0,
-              budget: int = 0) -> list[Prospect]:
-    """The prospects valued for a batch in its last wave (:func:`~specfamily.core.batch_goodput.last_wave`: the
-    ``waiting`` requests of ``budget`` tokens each go to the slots that free first). With none waiting the batch's
-    remaining time is the passes its longest request still needs, so only the requests with the most tokens
-    ``remaining`` keep their value (1); a shorter request's tokens would end it sooner but not the batch, and a
-    narrower batch costs about as much a pass, so its draft rows are worth nothing alone (value 0: ``plan_lengths``
-    drafts nothing for it). Each prospect also carries how many passes its slot's end is before the batch's
-    (``behind``): the joint plan drafts a slot b behind only to keep pace with the last slots' levels past b.
-    Re-decided every pass: once the longest has gained, the next longest counts."""
-    behind = behind_ends(remaining, waiting, budget)
-    return [replace(p, value=float(b == 0), behind=b) for p, b in zip(prospects, behind, strict=True)]
 
 
 def truncated(draft: Draft, depth: int) -> Draft:

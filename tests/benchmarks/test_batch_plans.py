@@ -1,0 +1,50 @@
+"""batch_plans' priced runs on a tiny target: the oracle replays the model's greedy passes exactly (no timing
+claims)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.testing import tiny_target
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("batch_plans", "common", "pairs", "bench_report"):
+        sys.modules.pop(name, None)
+    yield importlib.import_module("batch_plans")
+    sys.modules.pop("batch_plans", None)
+
+
+@pytest.mark.parametrize("gamma", [None, 2])
+def test_the_oracle_replays_the_models_passes_and_plans(plans, tmp_path, gamma):
+    """Prompt lookup over repetitive prompts, 6 requests at max_batch 3, on a priced clock: with the oracle in
+    place of the model every request's text, the batched passes, the rows fed and the priced seconds equal the
+    model's run, and drafts were fed (the replay is of drafted passes, not only plain ones)."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [(torch.randint(0, 64, (4,), generator=gen).tolist() * 4)[: 9 + i] for i in range(6)]
+    table = plans.Priced({b: {b: 0.01 * b, b + 40: 0.02 * b} for b in range(1, 4)}, {1: 0.01, 40: 0.05})
+    oracle = plans.oracle_of(target, prompts, 3, 24, str(tmp_path / "texts.json"))
+
+    def drafter():  # each run learns from nothing (the target keeps pass costs and realized windows across runs)
+        target.batch_pass_costs.clear()
+        target.batch_realized.clear()
+        return sf.create_drafter("prompt_lookup", target, **({} if gamma is None else {"gamma": gamma}))
+
+    model = plans.priced_run(target, drafter(), prompts, 3, 24, table)
+    replay = plans.priced_run(target, drafter(), prompts, 3, 24, table, oracle)
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, 24, max_batch=3)]
+    assert [r.tokens for r in replay[0]] == [r.tokens for r in model[0]] == plain
+    assert replay[1:4] == model[1:4] and replay[4] == pytest.approx(model[4])
+    assert replay[3] > replay[2]  # rows past one a slot: drafts were fed
+    assert plans.oracle_of(target, prompts, 3, 24, str(tmp_path / "texts.json")).texts == oracle.texts  # read back
