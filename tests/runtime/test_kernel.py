@@ -8,7 +8,6 @@ Where the kernel cannot build (no compiler or ninja) its tests skip, naming why,
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import torch
@@ -22,17 +21,6 @@ from specfamily.runtime.kernel import DISABLE_ENV, KernelUnavailable, StreamKern
 # (out, in): output sizes off the 16-row panel (a padded last panel), odd input sizes, one panel exactly, many panels
 SHAPES = [(50, 96), (37, 33), (5, 7), (130, 576), (3, 1), (16, 1536), (200, 40)]
 VOCAB = 64
-
-
-@pytest.fixture(scope="module")
-def module():
-    """The built extension (one build per session: stream_kernel is memoised)."""
-    built = kernel.stream_kernel()
-    if not built.available:
-        if os.environ.get("SPECFAMILY_REQUIRE_KERNEL"):
-            pytest.fail(f"the stream kernel must build here: {built.reason}")
-        pytest.skip(f"stream kernel unavailable: {built.reason}")
-    return built.module
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, width: int) -> None:

@@ -8,7 +8,6 @@ Where the kernel cannot build, the kernel tests skip (test_kernel.py's rule) and
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -27,16 +26,6 @@ from specfamily.runtime.kernel import KernelUnavailable
 ROW_COUNTS = (*range(1, 18), 63, 64, 65, 100, 200)
 # (out, in): padded panels, odd widths, one panel, one input, spans of inputs with a short last one (64, 64, 22)
 SHAPES = [(130, 576), (37, 33), (200, 40), (16, 1), (70, 150)]
-
-
-@pytest.fixture(scope="module")
-def module():
-    built = kernel.stream_kernel()
-    if not built.available:
-        if os.environ.get("SPECFAMILY_REQUIRE_KERNEL"):
-            pytest.fail(f"the stream kernel must build here: {built.reason}")
-        pytest.skip(f"stream kernel unavailable: {built.reason}")
-    return built.module
 
 
 def _rows_alone(module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: str) -> torch.Tensor:

@@ -5,23 +5,9 @@ with others (the rows' chains advance together): a drafted pass's rows get the b
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
-
-from specfamily.runtime import kernel
-
-
-@pytest.fixture(scope="module")
-def module():
-    built = kernel.stream_kernel()
-    if not built.available:
-        if os.environ.get("SPECFAMILY_REQUIRE_KERNEL"):
-            pytest.fail(f"the stream kernel must build here: {built.reason}")
-        pytest.skip(f"stream kernel unavailable: {built.reason}")
-    return built.module
 
 
 def sequential_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
