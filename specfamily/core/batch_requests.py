@@ -80,13 +80,12 @@ class BatchRequests:
         inside the first run's clock. The policy gets the curve when batch 1 has measured it on this target, and
         nothing is measured. Else (a slot policy that plans its own lengths) as ``generate`` does: measured once per
         target, shared with batch 1."""
-        bind = policy_hooks(drafter.policy).bind
+        own = policy_hooks(drafter.policy)
         if self.load is None:
-            return _bind_costs(policy_hooks(drafter.policy), self.target, ids, self.clock)
-        if bind is not None and self.target.verify_costs is not None:
-            bind(CostCurve.of(self.target.verify_costs))
+            return _bind_costs(own, self.target, ids, self.clock)
+        if own.bind is not None and self.target.verify_costs is not None:
+            own.bind(CostCurve.of(self.target.verify_costs))
         return 0.0
-
 
     def _retire(self) -> None:
         """Finish the done requests and keep the live ones packed in slots 0.. (the last moves into a hole)."""

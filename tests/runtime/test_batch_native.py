@@ -148,13 +148,19 @@ def test_without_the_attention_kernel_batched_passes_keep_the_python_path():
         torch.testing.assert_close(out.logits, _batch_1(target, prompt, tree, False).logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("max_batch", [3, None])
-def test_greedy_batched_text_with_random_trees_equals_batch_1(max_batch):
+def _random_trees_case(count: int):
+    """(target, a random-tree drafter, ``count`` random prompts of 2-14 tokens, each prompt's batch-1 greedy text)."""
     target = _target()
     drafter = RandomTreeDrafter(target, gamma=3, nodes=6)
     gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, VOCAB, (2 + 3 * (i % 5),), generator=gen).tolist() for i in range(6)]
+    prompts = [torch.randint(0, VOCAB, (2 + 3 * (i % 5),), generator=gen).tolist() for i in range(count)]
     reference = [sf.generate(target, drafter, p, max_new_tokens=16, seed=i).tokens for i, p in enumerate(prompts)]
+    return target, drafter, prompts, reference
+
+
+@pytest.mark.parametrize("max_batch", [3, None])
+def test_greedy_batched_text_with_random_trees_equals_batch_1(max_batch):
+    target, drafter, prompts, reference = _random_trees_case(6)
     calls = target.lean.native.calls
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16, max_batch=max_batch)
     assert [r.tokens for r in results] == reference
@@ -205,11 +211,7 @@ def test_a_failing_native_call_reruns_its_pass_on_the_python_path_and_warns_once
 
 
 def test_greedy_batched_text_after_a_failing_native_call_equals_batch_1(monkeypatch):
-    target = _target()
-    drafter = RandomTreeDrafter(target, gamma=3, nodes=6)
-    gen = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, VOCAB, (2 + 3 * (i % 5),), generator=gen).tolist() for i in range(5)]
-    reference = [sf.generate(target, drafter, p, max_new_tokens=16, seed=i).tokens for i, p in enumerate(prompts)]
+    target, drafter, prompts, reference = _random_trees_case(5)
     calls: list[int] = []
     monkeypatch.setattr(target.lean.native, "forward_slots", _failing(target.lean.native, calls))
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16, max_batch=3)
