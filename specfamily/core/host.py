@@ -70,7 +70,10 @@ def inverse_cdf(probs: torch.Tensor, u: float) -> int:
 
 def _inverse(probs: torch.Tensor, u: float) -> int:
     cdf = probs.cumsum(0)  # (V,) float64, sequential
-    at = cdf.new_tensor([u * cdf[-1].item()])
+    total = cdf[-1].item()
+    if not 0 < total < float("inf"):  # NaN fails too: a row without mass, or with a NaN or an infinity
+        raise ValueError(f"cannot draw a token from a row whose sum is {total}: not a distribution")
+    at = cdf.new_tensor([u * total])
     index = int(torch.searchsorted(cdf, at, right=True))
     if index >= probs.numel():  # u * total rounded up to the total: the last token with mass
         index = int(torch.nonzero(probs).max())

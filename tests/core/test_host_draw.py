@@ -131,3 +131,15 @@ def test_the_counter_has_power_multinomial_reads_q_twice():
     with SyncCounter() as syncs:
         torch.multinomial(q, 1, generator=gen)
     assert [s.kind for s in syncs.syncs] == ["read inside an op"] * 2, syncs
+
+
+@pytest.mark.parametrize(
+    ("row", "total"),
+    [([0.0, 0.0, 0.0, 0.0], "0.0"), ([0.5, float("nan"), 0.5, 0.0], "nan"), ([0.5, float("inf"), 0.0, 0.0], "inf")],
+)
+def test_a_cpu_draw_from_a_row_that_is_not_a_distribution_names_its_sum(row, total):
+    # the whole-block path (256 = 4 blocks of 64, one live) and the plain path (4 tokens) say the same
+    for q in (torch.tensor(row), torch.cat([torch.zeros(128), torch.tensor(row).repeat(16), torch.zeros(64)])):
+        with pytest.raises(ValueError) as error:
+            host.draw(q, torch.Generator().manual_seed(0))
+        assert str(error.value) == f"cannot draw a token from a row whose sum is {total}: not a distribution"
