@@ -9,7 +9,8 @@ compare them with ``torch.equal``); the rows it does not settle are reported, an
 
 Built like the stream kernel (``specfamily.runtime.kernel.build_extension``: the user's cache, one folder per sources,
 flags, CPU, torch and Python, a file lock), once per process. Where it cannot build (no compiler, a compile error,
-``SPECFAMILY_NO_WARP_KERNEL`` set) it logs one warning naming why and every row takes the torch path.
+``SPECFAMILY_NO_WARP_KERNEL`` set) it logs one warning naming why and every row takes the torch path (greedy runs
+build it too: their argmax is ``greedy_rows``, so the warning names both).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def warp_source() -> Path:
 @functools.cache
 def warp_build() -> Extension:
     """The extension, built (or loaded from the cache) once per process; on failure one warning and the reason."""
-    return load_extension(DISABLE_ENV, build_warp, logger, "warp kernel", "rows are warped with torch ops")
+    return load_extension(DISABLE_ENV, build_warp, logger, "warp kernel", "rows are warped and greedy rows argmaxed with torch ops")
 
 
 @functools.cache

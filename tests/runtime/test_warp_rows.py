@@ -162,10 +162,12 @@ def test_a_failed_build_warns_once_and_warps_with_torch(unbuilt, caplog):
     config = SamplingConfig(0.7, top_p=0.9)
     with caplog.at_level(logging.WARNING, logger="specfamily.runtime.warp_rows"):
         first, second = warp(logits, config), warp(logits, config)
+        greedy = sampling.greedy_tokens(logits)
     assert [r.getMessage() for r in caplog.records] == [
         "warp kernel unavailable (RuntimeError: Error building extension 'specfamily_warp_rows'): rows are warped "
-        "with torch ops"
+        "and greedy rows argmaxed with torch ops"
     ]
+    assert torch.equal(greedy, logits.argmax(-1))
     assert not sampling.native_available()
     assert torch.equal(first, torch_warp(logits, config)) and torch.equal(second, first)
 
