@@ -11,12 +11,13 @@
 // that would have fed it). Every reduction is a function of a key's place in that sequence: a score is one fixed
 // tree per key (AVX2 and scalar: the head's chunks fused in order into one vector, then the same tree of adds across
 // its lanes for every key, whichever slot of a tile it takes; AVX-512: four chains of FMAs over d = m mod 4, then
-// (m0 + m1) + (m2 + m3), whichever lanes the row and the key take; then times the scale); the softmax is two-pass (the row's exact
-// maximum, then exp(s - max)), its sum taken in 16 lanes by place mod 16, the lanes then added in order; the values
-// accumulate in place order, one chain per row, then are divided by the sum. exp is one polynomial with its products
-// and sums rounded one by one, the same bits in a vector lane or a scalar. Per instruction set and head width (AVX-512F
-// for widths that are multiples of 16 up to 128, AVX2 + FMA for multiples of 8 up to 128, else the scalar loop) a
-// row's bits are fixed; the sets differ from each other and from sdpa in the last bits.
+// (m0 + m1) + (m2 + m3), whichever lanes the row and the key take; then times the scale); the softmax is two-pass
+// (the row's exact maximum, then exp(s - max)), its sum taken in 16 lanes by place mod 16, the lanes then added in
+// order; the values accumulate in place order, one chain per row, then are divided by the sum. exp is one polynomial
+// with its products and sums rounded one by one, the same bits in a vector lane or a scalar. Per instruction set and
+// head width (AVX-512F for widths that are multiples of 16 up to 128, AVX2 + FMA for multiples of 8 up to 128, else
+// the scalar loop) a row's bits are fixed; the sets differ from each other and from sdpa in the last bits. A process
+// attends on one set (the best this CPU runs), so its plain and drafted passes take the same path.
 
 #include <torch/extension.h>
 
