@@ -116,6 +116,32 @@ def test_the_kernel_is_sdpa_up_to_rounding_and_batch_invariant(isa):
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("fed", [1, 3, 9])
+def test_a_rows_bits_do_not_depend_on_its_slot_or_keys_no_row_sees(isa, fed):
+    # 3 query heads a key/value head: 3, 9 and 27 query rows (AVX-512 scores them eight to a sweep: one, two and four
+    # sweeps, the last partial); keys and values no fed row sees are NaN. Each row equals the row alone (slot 0).
+    module = attention_build().module
+    if isa not in module.supported_isas():
+        pytest.skip(f"{isa} does not run here")
+    gen = torch.Generator().manual_seed(fed)
+    query, keys, values = (torch.randn(1, h, n, 64, generator=gen) for h, n in ((9, fed), (3, 101), (3, 101)))
+    visible = torch.rand(fed, 101, generator=gen) < 0.6
+    visible[:, 0] = True
+    if fed > 1:
+        visible[0] = True  # one row sees a prefix (every key), the others scattered keys
+    unseen = ~visible.any(0)
+    keys[:, :, unseen] = float("nan")
+    values[:, :, unseen] = float("nan")
+    out = module.attend_with(query, keys, values, visible, 0.125, isa)
+    assert torch.isfinite(out).all() and (unseen.any() or fed > 1)
+    for r in range(fed):
+        kept = visible[r].nonzero()[:, 0]
+        alone = module.attend_with(query[:, :, r : r + 1], keys[:, :, kept], values[:, :, kept], None, 0.125, isa)
+        assert torch.equal(out[0, r], alone[0, 0])
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [2, 3, 4])
 def test_threads_split_heads_and_fed_rows_without_changing_bits(threads):
     # units of (key/value head, fed row) split among threads: 3 heads x 5 rows in runs of 8 and 7 (two threads),

@@ -9,13 +9,15 @@
 // own query and on the sequence of keys and values it sees, in cache order -- not on the other rows of the pass, nor
 // on where those keys lie in the buffer (a tree node's ancestors are scattered there, contiguous in the plain pass
 // that would have fed it). Every reduction is a function of a key's place in that sequence: a score is one fixed
-// tree per key (the head's chunks fused in order into one vector, then the same tree of adds across its lanes for
-// every key, whichever slot of a tile it takes; then times the scale); the softmax is two-pass (the row's exact
-// maximum, then exp(s - max)), its sum taken in 16 lanes by place mod 16, the lanes then added in order; the values
-// accumulate in place order, one chain per row, then are divided by the sum. exp is one polynomial with its products
-// and sums rounded one by one, the same bits in a vector lane or a scalar. Per instruction set and head width (AVX-512F
-// for widths that are multiples of 16 up to 128, AVX2 + FMA for multiples of 8 up to 128, else the scalar loop) a
-// row's bits are fixed; the sets differ from each other and from sdpa in the last bits.
+// tree per key (AVX2 and scalar: the head's chunks fused in order into one vector, then the same tree of adds across
+// its lanes for every key, whichever slot of a tile it takes; AVX-512: four chains of FMAs over d = m mod 4, then
+// (m0 + m1) + (m2 + m3), whichever lanes the row and the key take; then times the scale); the softmax is two-pass
+// (the row's exact maximum, then exp(s - max)), its sum taken in 16 lanes by place mod 16, the lanes then added in
+// order; the values accumulate in place order, one chain per row, then are divided by the sum. exp is one polynomial
+// with its products and sums rounded one by one, the same bits in a vector lane or a scalar. Per instruction set and
+// head width (AVX-512F for widths that are multiples of 16 up to 128, AVX2 + FMA for multiples of 8 up to 128, else
+// the scalar loop) a row's bits are fixed; the sets differ from each other and from sdpa in the last bits. A process
+// attends on one set (the best this CPU runs), so its plain and drafted passes take the same path.
 
 #include <torch/extension.h>
 
@@ -53,10 +55,11 @@ struct Problem {
 };
 
 // Per key/value head: scores, then probabilities, of its group's rows (groups * rows, each padded to kLanes places),
-// their value accumulators (dim each).
+// their value accumulators (dim each); AVX-512's queries four rows to a vector.
 struct Work {
   std::unique_ptr<float[]> p, acc;
   int64_t pad;
+  std::vector<float> qt = {};
 };
 
 // A tile: up to kTileRows query heads of one group, all fed row r (the same keys seen), against a run of places.
@@ -76,9 +79,22 @@ inline float lane_sum(const float* lanes) {
   return sum;
 }
 
-// The score and value loops of one instruction set: ``attention_head.h`` included once per set, each time in the
-// set's target region (so its intrinsics inline), after that set's Ops: a tile's dot products with a run of keys,
-// its softmax, and its accumulation of a run of values, each row's values one chain in place order.
+// The end (exclusive) of the run of a row's visible places from `c` whose keys lie below `j1`.
+inline int64_t run_end(const int32_t* index, int64_t c, int64_t n, int64_t j1) {
+  if (c >= n || index[c] >= j1) return c;
+  // The common case in one look: every key from index[c] to j1 - 1 seen (the indices ascend without repeats, so
+  // j1 - index[c] of them ending at j1 - 1 are exactly those keys).
+  const int64_t full = c + (j1 - index[c]);
+  if (full <= n && index[full - 1] == j1 - 1) return full;
+  while (c < n && index[c] < j1) ++c;
+  return c;
+}
+
+// The score and value loops of one instruction set: ``attention_head.h`` included once per set (scalar and AVX2),
+// each time in the set's target region (so its intrinsics inline), after that set's Ops: a tile's dot products with a
+// run of keys, its softmax, and its accumulation of a run of values, each row's values one chain in place order.
+// AVX-512 has a head of its own (attention_avx512.h: the scores four query rows to a vector, key by key, then the
+// same softmax and values loops).
 
 namespace scalar {
 struct Ops {
@@ -112,8 +128,7 @@ float Ops::softmax(float* p, int64_t n, int64_t pad) { return softmax_row(p, n, 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 namespace avx512 {
-#include "attention_avx512.h"  // Ops
-#include "attention_head.h"
+#include "attention_avx512.h"  // Ops, head
 }  // namespace avx512
 #pragma GCC pop_options
 #endif

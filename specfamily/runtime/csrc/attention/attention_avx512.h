@@ -1,27 +1,9 @@
-// AVX-512F's Ops for attention.cpp: included once, inside its `avx512` namespace and target region (before
-// attention_head.h, whose loops call them). attention.cpp's header comment says which bits they keep.
-
-// Sixteen partial sums t[0..15] (each a 16-lane vector: one row's products with one key) -> their 16 sums, t[k]'s in
-// lane k: the same tree of adds for every vector whatever its slot ((l + l+8) + (l+4 + l+12), then pairs within 128
-// bits), so a score does not depend on the rows or keys beside it in a tile.
-inline __m512 sum16(const __m512 t[16]) {
-  __m512 w[8], x[4], y[2];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)  // per vector: lanes i + (i + 8), i < 8; two per result
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xEE));
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)  // per vector: 4 lanes; four per result
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i)  // per vector: 2 lanes; eight per result
-    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
-  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
-  // z's lane 4j + m holds t[4m + j]: put t[k] in lane k
-  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  return _mm512_permutexvar_ps(order, z);
-}
+// AVX-512F's loops for attention.cpp: included once, inside its `avx512` namespace and target region. Scores take
+// four query rows to a vector, lanes 4b + m holding row b's partial sum over d = m mod 4, against a key's four
+// floats at a time broadcast to the four rows (no shuffle per FMA); each score is then ((m0 + m1) + (m2 + m3)) * scale,
+// the same ops whatever the row's or key's slot. A plain pass's 3 query rows of a head take one vector (16 FMAs a
+// key of 64 wide), a chain's 15 four. The softmax and the values are attention_head.h's loops (Ops below).
+// attention.cpp's header comment says which bits they keep.
 
 // exp_of (attention_head.h) on 16 lanes, op for op: the same bits as the scalar function.
 inline __m512 exp16(__m512 x) {
@@ -45,72 +27,22 @@ inline __mmask16 tail(int64_t count) {
                      : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1);
 }
 
-struct Ops {  // dim a multiple of 16, at most kMaxChunks chunks
+struct Ops {  // dim a multiple of 16, at most kMaxChunks chunks (the softmax and the values)
   static constexpr int kMaxChunks = 8;
-
-  // G rows x (16 / G) keys per sum16: each key loaded once per chunk for the G rows; slots past the run stay zero.
-  template <int G, int NC>
-  static void scores_of(const Tile& t, const float* keys, int64_t k_row, const int32_t* index, int64_t c0,
-                        int64_t c1, float scale) {
-    constexpr int K = 16 / G;
-    for (int64_t c = c0; c < c1; c += K) {
-      const int64_t n = std::min<int64_t>(K, c1 - c);
-      __m512 acc[16];
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-      const float* rows[K];
-#pragma GCC unroll 16
-      for (int k = 0; k < K; ++k) rows[k] = keys + index[c + std::min<int64_t>(k, n - 1)] * k_row;
-#pragma GCC unroll 8
-      for (int d = 0; d < NC; ++d) {
-        __m512 q[G];
-#pragma GCC unroll 4
-        for (int g = 0; g < G; ++g) q[g] = _mm512_loadu_ps(t.q[g] + 16 * d);
-#pragma GCC unroll 16
-        for (int k = 0; k < K; ++k) {
-          const __m512 kv = _mm512_loadu_ps(rows[k] + 16 * d);
-#pragma GCC unroll 4
-          for (int g = 0; g < G; ++g) acc[g * K + k] = _mm512_fmadd_ps(q[g], kv, acc[g * K + k]);
-        }
-      }
-      const __m512 sums = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));  // lane g * K + k
-      alignas(64) float out[16];
-      _mm512_store_ps(out, sums);
-      for (int g = 0; g < G; ++g)
-        for (int64_t k = 0; k < n; ++k) t.p[g][c + k] = out[g * K + k];
-    }
-  }
-
-  template <int G>
-  static void scores_g(const Tile& t, const float* keys, int64_t k_row, const int32_t* index, int64_t c0, int64_t c1,
-                       int64_t dim, float scale) {
-    switch (dim / 16) {
-      case 1: return scores_of<G, 1>(t, keys, k_row, index, c0, c1, scale);
-      case 2: return scores_of<G, 2>(t, keys, k_row, index, c0, c1, scale);
-      case 3: return scores_of<G, 3>(t, keys, k_row, index, c0, c1, scale);
-      case 4: return scores_of<G, 4>(t, keys, k_row, index, c0, c1, scale);
-      case 5: return scores_of<G, 5>(t, keys, k_row, index, c0, c1, scale);
-      case 6: return scores_of<G, 6>(t, keys, k_row, index, c0, c1, scale);
-      case 7: return scores_of<G, 7>(t, keys, k_row, index, c0, c1, scale);
-      default: return scores_of<G, 8>(t, keys, k_row, index, c0, c1, scale);
-    }
-  }
-
-  static void scores(const Tile& t, const float* keys, int64_t k_row, const int32_t* index, int64_t c0, int64_t c1,
-                     int64_t dim, float scale) {
-    switch (t.rows) {
-      case 1: return scores_g<1>(t, keys, k_row, index, c0, c1, dim, scale);
-      case 2: return scores_g<2>(t, keys, k_row, index, c0, c1, dim, scale);
-      case 3: return scores_g<3>(t, keys, k_row, index, c0, c1, dim, scale);
-      default: return scores_g<4>(t, keys, k_row, index, c0, c1, dim, scale);
-    }
-  }
 
   // softmax_row (attention_head.h), sixteen places at a time: the same values.
   static float softmax(float* p, int64_t n, int64_t pad) {
-    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int64_t c = 0; c < n; c += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(top, tail(n - c), p + c));
-    const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    // the maximum in four independent chains (one chain waited on each masked load and max: ~half the softmax at
+    // 5 fed rows); a maximum is exact in any order
+    const __m512 low = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512 top[4] = {low, low, low, low};
+    int64_t c = 0;
+    for (; c + 64 <= n; c += 64)
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) top[i] = _mm512_max_ps(top[i], _mm512_loadu_ps(p + c + 16 * i));
+    for (; c < n; c += 16) top[0] = _mm512_max_ps(top[0], _mm512_mask_loadu_ps(low, tail(n - c), p + c));
+    const __m512 most = _mm512_set1_ps(
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(top[0], top[1]), _mm512_max_ps(top[2], top[3]))));
     __m512 lanes = _mm512_setzero_ps();
     for (int64_t c = 0; c < pad; c += 16) {
       const __mmask16 live = tail(n - c);
@@ -136,7 +68,8 @@ struct Ops {  // dim a multiple of 16, at most kMaxChunks chunks
       const float* v = values + index[c] * v_row;
 #pragma GCC unroll 8
       for (int i = 0; i < NC; ++i) {
-        const __m512 vv = _mm512_loadu_ps(v + 16 * i);
+        __m512 vv = _mm512_loadu_ps(v + 16 * i);
+        __asm__("" : "+v"(vv));  // one load for the G rows, not G loads folded into the FMAs (-11% at 5 fed rows)
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) a[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(t.p[g][c]), vv, a[g][i]);
       }
@@ -172,3 +105,154 @@ struct Ops {  // dim a multiple of 16, at most kMaxChunks chunks
     }
   }
 };
+
+// Partial sums of Q quads of query rows against K keys: acc[q * K + k]'s lane 4b + m = sum over t of quad q's lane
+// 4b + m at step t (row b's q[4t + m]) times key k's float 4t + m, one chain of FMAs in order of t; each key's
+// broadcast shared by the quads. Key after key, each key's floats in address order: from memory (a pass's caches)
+// that read 1 row's keys as fast as the dot-product loop did; step-major order (t outer, keys inner) was 10% slower
+// there at 1 row, though faster with the keys in L2.
+template <int Q, int K, int NT>
+inline void quad_partials(const float* qt, const float* const* key, __m512* acc) {
+#pragma GCC unroll 16
+  for (int i = 0; i < Q * K; ++i) acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k)
+#pragma GCC unroll 32
+    for (int t = 0; t < NT; ++t) {
+      const __m512 kv = _mm512_broadcast_f32x4(_mm_loadu_ps(key[k] + 4 * t));
+#pragma GCC unroll 2
+      for (int i = 0; i < Q; ++i)
+        acc[i * K + k] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + (i * NT + t) * 16), kv, acc[i * K + k]);
+    }
+}
+
+// Four keys' partial sums -> their scores before the scale, lane 4b + k: row b's score of key k, (m0 + m1) + (m2 + m3).
+inline __m512 quad_sums(const __m512* a) {
+  // a0m0 a1m0 a0m1 a1m1 and a0m2 a1m2 a0m3 a1m3 per 128 bits, then the same of a2, a3
+  const __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+  const __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+  const __m512 m0 = _mm512_shuffle_ps(t0, t2, 0x44), m1 = _mm512_shuffle_ps(t0, t2, 0xEE);  // a0mi a1mi a2mi a3mi
+  const __m512 m2 = _mm512_shuffle_ps(t1, t3, 0x44), m3 = _mm512_shuffle_ps(t1, t3, 0xEE);
+  return _mm512_add_ps(_mm512_add_ps(m0, m1), _mm512_add_ps(m2, m3));
+}
+
+// p[b][j] = row b's score of key j for j in [j0, j1), rows b < rows of Q quads (qt: NT steps of 16 lanes a quad).
+template <int Q, int NT>
+void quad_scores_of(const float* qt, const float* keys, int64_t k_row, int64_t j0, int64_t j1, float scale,
+                    float* const* p, int rows) {
+  for (int64_t j = j0; j < j1; j += 8) {
+    const int64_t n = std::min<int64_t>(8, j1 - j);
+    const float* key[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) key[k] = keys + (j + std::min<int64_t>(k, n - 1)) * k_row;
+    __m512 acc[Q * 8];
+    quad_partials<Q, 8, NT>(qt, key, acc);
+    alignas(64) float out[2 * Q][16];  // [quad * 2 + half]: lane 4b + k, key j + 4 * half + k
+#pragma GCC unroll 4
+    for (int i = 0; i < 2 * Q; ++i)
+      _mm512_store_ps(out[i], _mm512_mul_ps(quad_sums(acc + 4 * i), _mm512_set1_ps(scale)));
+    for (int b = 0; b < rows; ++b)
+      for (int half = 0; half < 2; ++half) {
+        const float* o = out[b / 4 * 2 + half] + 4 * (b % 4);
+        const int64_t c = j + 4 * half, live = std::min<int64_t>(4, n - 4 * half);
+        if (live == 4)
+          _mm_storeu_ps(p[b] + c, _mm_load_ps(o));
+        else
+          for (int64_t k = 0; k < live; ++k) p[b][c + k] = o[k];
+      }
+  }
+}
+
+template <int NT>
+void quad_scores_q(const float* qt, const float* keys, int64_t k_row, int64_t j0, int64_t j1, float scale,
+                   float* const* p, int rows) {
+  if (rows > 4) return quad_scores_of<2, NT>(qt, keys, k_row, j0, j1, scale, p, rows);
+  quad_scores_of<1, NT>(qt, keys, k_row, j0, j1, scale, p, rows);
+}
+
+// Up to 8 rows (two quads).
+inline void quad_scores(const float* qt, const float* keys, int64_t k_row, int64_t j0, int64_t j1, int64_t dim,
+                        float scale, float* const* p, int rows) {
+  switch (dim / 16) {
+    case 1: return quad_scores_q<4>(qt, keys, k_row, j0, j1, scale, p, rows);
+    case 2: return quad_scores_q<8>(qt, keys, k_row, j0, j1, scale, p, rows);
+    case 3: return quad_scores_q<12>(qt, keys, k_row, j0, j1, scale, p, rows);
+    case 4: return quad_scores_q<16>(qt, keys, k_row, j0, j1, scale, p, rows);
+    case 5: return quad_scores_q<20>(qt, keys, k_row, j0, j1, scale, p, rows);
+    case 6: return quad_scores_q<24>(qt, keys, k_row, j0, j1, scale, p, rows);
+    case 7: return quad_scores_q<28>(qt, keys, k_row, j0, j1, scale, p, rows);
+    default: return quad_scores_q<32>(qt, keys, k_row, j0, j1, scale, p, rows);
+  }
+}
+
+// The query rows of fed rows [r0, r1): slot s = (fed row - r0) * groups + its head's place in the group; its scores
+// and probabilities at w.p + s * pad, its value accumulator at w.acc + s * dim; qt: four slots a quad, dim / 4 steps.
+struct Rows {
+  std::vector<int64_t> fed, head;
+  std::vector<float*> p;
+  int64_t n;
+};
+
+Rows lay_out(const Problem& pr, int64_t h, int64_t r0, int64_t r1, Work& w) {
+  Rows rows{{}, {}, {}, pr.groups * (r1 - r0)};
+  w.qt.assign((rows.n + 3) / 4 * 4 * pr.dim, 0.0f);
+  for (int64_t s = 0; s < rows.n; ++s) {
+    const int64_t r = r0 + s / pr.groups, qh = h * pr.groups + s % pr.groups;
+    rows.fed.push_back(r);
+    rows.head.push_back(qh);
+    rows.p.push_back(w.p.get() + s * w.pad);
+    const float* q = pr.query + qh * pr.q_head + r * pr.q_row;
+    float* qt = w.qt.data() + s / 4 * 4 * pr.dim + 4 * (s % 4);
+    for (int64_t d = 0; d < pr.dim; ++d) qt[d / 4 * 16 + d % 4] = q[d];
+  }
+  return rows;
+}
+
+// Key/value head h for fed rows [r0, r1): every key's scores, four query rows at a time a block of kBlock keys at a
+// time (the block stays in L1 across the quads), key by key; a row that does not see a prefix of the keys (a tree
+// node) gathers its own into place order; then attention_head.h's softmax and values per tile.
+void head(const Problem& pr, int64_t h, int64_t r0, int64_t r1, Work& w) {
+  const int64_t dim = pr.dim;
+  const float* keys = pr.keys + h * pr.k_head;
+  const Rows rows = lay_out(pr, h, r0, r1, w);
+  for (int64_t j0 = 0; j0 < pr.length; j0 += kBlock)
+    for (int64_t s = 0; s < rows.n; s += 8)
+      quad_scores(w.qt.data() + s * dim, keys, pr.k_row, j0, std::min(pr.length, j0 + kBlock), dim, pr.scale,
+                  rows.p.data() + s, static_cast<int>(std::min<int64_t>(8, rows.n - s)));
+  std::vector<float> sums(rows.n);
+  for (int64_t s = 0; s < rows.n; ++s) {
+    const int32_t* index = pr.index + rows.fed[s] * pr.length;
+    const int64_t n = pr.count[rows.fed[s]];
+    if (n > 0 && index[n - 1] != n - 1)  // not a prefix: index[c] >= c, so forward in place
+      for (int64_t c = 0; c < n; ++c) rows.p[s][c] = rows.p[s][index[c]];
+    sums[s] = Ops::softmax(rows.p[s], n, w.pad);
+  }
+  // the values: tiles of up to kTileRows query heads of one fed row, a block of keys at a time
+  std::vector<Tile> tiles;
+  for (int64_t s = 0; s < rows.n; ++s) {
+    if (s % pr.groups == 0 || tiles.back().rows == kTileRows) tiles.push_back(Tile{});
+    Tile& t = tiles.back();
+    t.p[t.rows] = rows.p[s];
+    t.acc[t.rows] = w.acc.get() + s * dim;
+    t.head[t.rows] = s;  // the slot
+    std::fill(t.acc[t.rows], t.acc[t.rows] + dim, 0.0f);
+    ++t.rows;
+  }
+  const float* values = pr.values + h * pr.v_head;
+  std::vector<int64_t> cursor(tiles.size(), 0);
+  for (int64_t j0 = 0; j0 < pr.length; j0 += kBlock) {
+    const int64_t j1 = std::min(pr.length, j0 + kBlock);
+    for (size_t i = 0; i < tiles.size(); ++i) {
+      const int64_t fed = rows.fed[tiles[i].head[0]];
+      const int32_t* index = pr.index + fed * pr.length;
+      const int64_t c0 = cursor[i], c1 = run_end(index, c0, pr.count[fed], j1);
+      Ops::values(tiles[i], values, pr.v_row, index, c0, c1, dim);
+      cursor[i] = c1;
+    }
+  }
+  for (int64_t s = 0; s < rows.n; ++s) {
+    float* o = pr.out + (rows.fed[s] * pr.heads + rows.head[s]) * dim;
+    const float* a = w.acc.get() + s * dim;
+    for (int64_t d = 0; d < dim; ++d) o[d] = a[d] / sums[s];
+  }
+}

@@ -35,17 +35,6 @@ __attribute__((optimize("fp-contract=off"))) inline float softmax_row(float* p, 
   return lane_sum(lanes);
 }
 
-// The end (exclusive) of the run of a row's visible places from `c` whose keys lie below `j1`.
-inline int64_t run_end(const int32_t* index, int64_t c, int64_t n, int64_t j1) {
-  if (c >= n || index[c] >= j1) return c;
-  // The common case in one look: every key from index[c] to j1 - 1 seen (the indices ascend without repeats, so
-  // j1 - index[c] of them ending at j1 - 1 are exactly those keys).
-  const int64_t full = c + (j1 - index[c]);
-  if (full <= n && index[full - 1] == j1 - 1) return full;
-  while (c < n && index[c] < j1) ++c;
-  return c;
-}
-
 // Key/value head h for fed rows [r0, r1): for each fed row (its visible keys) and each tile of up to kTileRows of the
 // group's query heads, a block of kBlock keys at a time (the block stays in L1 across the fed rows and tiles), scores
 // then values. A tile's bits do not depend on the other tiles, so the fed rows may be split among threads.
