@@ -196,9 +196,12 @@ def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1
     other slots', its end is about normal, n = (horizon - behind[i]) / pace passes away with standard deviation
     spread sqrt(n) / pace (a renewal count). The chance that it is the latest, chances under ``least`` counted as 0
     (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
-    at the latest end share it equally."""
+    at the latest end share it equally, as do slots all tied (by symmetry, without the grid: the 32/32 sweep's
+    waves are tied on most passes, and the grid's torch calls cost ~0.3 ms a pass)."""
     if not behind:
         return []
+    if min(behind) == max(behind):
+        return [1.0 / len(behind)] * len(behind)
     mean = torch.tensor([float(horizon - b) for b in behind], dtype=torch.float64)
     if spread <= 0 or pace <= 0:
         last = mean == mean.max()

@@ -76,6 +76,8 @@ class BatchPlanning:
             if self.load.may_draft(len(group)):
                 return [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
             return self.load.lengths([Prospect((), ())] * len(group))
+        if not self.load.may_draft(len(group)):  # nothing to plan: no acceptance, odds nor table this pass
+            return self.load.lengths([Prospect((), ())] * len(group))
         prospects, pooled = [], self._pooled()
         for r in group:
             alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
