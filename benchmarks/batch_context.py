@@ -89,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             mismatched = sum(a != b for a, b in zip(tokens, reference, strict=True))
             print(f"| {batch} | {label} | {seconds:.3f} | {plain / seconds:.3f}x | {passes} | "
                   f"{sum(map(len, tokens)) / passes:.3f} | {mismatched} |", flush=True)
+        for label, (costs, _) in state.items():
+            if label.endswith("defaults"):
+                k_slot, k_row = batch_costs.RowCosts(passes=costs).slopes
+                print(f"{label} at B={batch}: fitted {1e6 * k_slot:.2f} us a slot and {1e6 * k_row:.2f} us a draft "
+                      "row per cached token", flush=True)
     return 0
 
 
