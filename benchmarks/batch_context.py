@@ -25,8 +25,9 @@ import specfamily as sf
 from specfamily.core import batch_costs
 
 
-def run_arm(target, arm: tuple[str, str, int | None], prompts: list[list[int]], batch: int, budget: int,
-            state: dict, clock) -> tuple[float, list[list[int]], int]:
+def run_arm(
+    target, arm: tuple[str, str, int | None], prompts: list[list[int]], batch: int, budget: int, state: dict, clock
+) -> tuple[float, list[list[int]], int]:
     """One run of ``arm`` (label, drafter, gamma): seconds, tokens, target passes over the requests."""
     label, name, gamma = arm
     kept = state.setdefault(label, ({}, {}))
@@ -35,8 +36,11 @@ def run_arm(target, arm: tuple[str, str, int | None], prompts: list[list[int]], 
     if label.endswith("unpriced"):
         batch_costs.context_slopes = lambda groups, ridge=0.0: (0.0, 0.0)
     try:
-        drafter = None if name == "plain" else (
-            sf.create_drafter(name, target) if gamma is None else sf.create_drafter(name, target, gamma=gamma))
+        drafter = (
+            None
+            if name == "plain"
+            else (sf.create_drafter(name, target) if gamma is None else sf.create_drafter(name, target, gamma=gamma))
+        )
         start = clock()
         results = sf.generate_batch(target, drafter, prompts, budget, max_batch=batch)
         seconds = clock() - start
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     target = sf.load_target(args.target, matmul=args.matmul)
     prompts, _ = spec_bench_prompts(args.per_category, target.tokenizer)
     if args.max_prompt_tokens > 0:
-        prompts = [p[-args.max_prompt_tokens:] for p in prompts]
+        prompts = [p[-args.max_prompt_tokens :] for p in prompts]
     gammas = [int(g) for g in args.gammas.split(",") if g]
     arms = [("plain", "plain", None)]
     for name in args.drafters.split(","):
@@ -87,13 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         for label, runs in rounds.items():
             seconds, tokens, passes = statistics.median(r[0] for r in runs), runs[-1][1], runs[-1][2]
             mismatched = sum(a != b for a, b in zip(tokens, reference, strict=True))
-            print(f"| {batch} | {label} | {seconds:.3f} | {plain / seconds:.3f}x | {passes} | "
-                  f"{sum(map(len, tokens)) / passes:.3f} | {mismatched} |", flush=True)
+            print(
+                f"| {batch} | {label} | {seconds:.3f} | {plain / seconds:.3f}x | {passes} | "
+                f"{sum(map(len, tokens)) / passes:.3f} | {mismatched} |",
+                flush=True,
+            )
         for label, (costs, _) in state.items():
             if label.endswith("defaults"):
                 k_slot, k_row = batch_costs.RowCosts(passes=costs).slopes
-                print(f"{label} at B={batch}: fitted {1e6 * k_slot:.2f} us a slot and {1e6 * k_row:.2f} us a draft "
-                      "row per cached token", flush=True)
+                print(
+                    f"{label} at B={batch}: fitted {1e6 * k_slot:.2f} us a slot and {1e6 * k_row:.2f} us a draft "
+                    "row per cached token",
+                    flush=True,
+                )
     return 0
 
 
