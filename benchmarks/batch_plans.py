@@ -7,8 +7,12 @@ table (B slots feeding N rows; a newcomer's prompt adds its own prefill's t(P) -
 it, so the length policy plans and learns on the table's costs and its choices are the same on a loaded machine as on
 an idle one (deterministic for these prompts). The table is measured once here (one thread, CPU clock, medians of
 ``--table-repeats``: ``BatchTarget.forward`` over B caches holding the first prompt, N - B draft rows spread as chains
-over the slots) or read from ``--table`` (JSON, as ``--save-table`` writes it). A drafter's proposal time is not
-priced (prompt lookup and suffix propose in microseconds; a model drafter would need its step priced too).
+over the slots) or read from ``--table`` (JSON, as ``--save-table`` writes it). With ``--far-context`` C the table
+is measured again with every slot holding C tokens (the prompts run together), and each pass is priced at its own
+slots' contexts, linearly between the two: a cost per slot per cached token (from the plain passes) and one per draft
+row per cached token of its slot (from the drafted ones), as the batch's own ``RowCosts`` prices it. A drafter's
+proposal time is not priced (prompt lookup and suffix propose in microseconds; a model drafter would need its
+step priced too).
 
 Arms: ``plain``, each drafter at its defaults (draft length by load; run twice on the same target, the second, warm
 run kept, as a sweep's repeats or a server keep the learned costs and realized windows), and with ``--gammas`` each
@@ -46,26 +50,45 @@ DEPTH = 16  # the lookup drafters' deepest level
 
 @dataclass
 class Priced:
-    """An idle cost table: t(B, N) at measured N per B (linear between), and one prompt's prefill t(P)."""
+    """An idle cost table: t(B, N) at measured N per B (linear between) with every slot holding ``near`` cached
+    tokens, the same at ``far`` tokens where measured, and one prompt's prefill t(P). Between and past the two
+    contexts a pass is priced linearly in its slots' cached tokens and its draft rows' (``t``)."""
 
-    passes: dict[int, dict[int, float]]  # B -> {N: seconds}
+    passes: dict[int, dict[int, float]]  # B -> {N: seconds}, every slot at ``near`` cached tokens
     prefill: dict[int, float]  # P -> seconds of one slot's prefill of P tokens
+    near: int = 0
+    far: int = 0
+    far_passes: dict[int, dict[int, float]] | None = None  # B -> {N: seconds}, every slot at ``far`` cached tokens
 
-    def t(self, batch: int, rows: int) -> float:
-        points = sorted(self.passes[batch].items())
-        return _linear(points, rows)
+    def t(self, batch: int, rows: int, slots: float | None = None, drafted: float = 0.0) -> float:
+        """t(B, N) at ``near`` (``slots`` None or no far table), else priced at the pass's contexts: ``slots``
+        cached tokens over its B slots and ``drafted`` over its N - B draft rows (each its slot's cached tokens)."""
+        near = _linear(sorted(self.passes[batch].items()), rows)
+        if slots is None or not self.far_passes or self.far <= self.near:
+            return near
+        span = self.far - self.near
+        plain = _linear(sorted(self.far_passes[batch].items()), batch) - _linear(sorted(self.passes[batch].items()),
+                                                                                 batch)
+        grown = _linear(sorted(self.far_passes[batch].items()), rows) - near
+        k_slot = plain / (batch * span)
+        k_row = (grown - plain) / ((rows - batch) * span) if rows > batch else 0.0
+        return near + k_slot * (slots - batch * self.near) + k_row * (drafted - (rows - batch) * self.near)
 
     def prefill_extra(self, tokens: int) -> float:
         return max(0.0, _linear(sorted(self.prefill.items()), tokens) - self.t(1, 1))
 
     def to_json(self) -> dict:
+        far = {str(b): {str(n): s for n, s in v.items()} for b, v in (self.far_passes or {}).items()}
         return {"passes": {str(b): {str(n): s for n, s in v.items()} for b, v in self.passes.items()},
-                "prefill": {str(p): s for p, s in self.prefill.items()}}
+                "prefill": {str(p): s for p, s in self.prefill.items()}, "near": self.near, "far": self.far,
+                "far_passes": far}
 
     @classmethod
     def from_json(cls, data: dict) -> Priced:
+        far = {int(b): {int(n): s for n, s in v.items()} for b, v in data.get("far_passes", {}).items()}
         return cls({int(b): {int(n): s for n, s in v.items()} for b, v in data["passes"].items()},
-                   {int(p): s for p, s in data["prefill"].items()})
+                   {int(p): s for p, s in data["prefill"].items()}, data.get("near", 0), data.get("far", 0),
+                   far or None)
 
 
 def _linear(points: list[tuple[int, float]], x: float) -> float:
@@ -78,18 +101,14 @@ def _linear(points: list[tuple[int, float]], x: float) -> float:
     return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
 
 
-def measure_table(target, prompts: list[list[int]], batches: list[int], repeats: int, clock) -> Priced:
-    """t(B, N) for B = 1 .. max(batches), N = B .. B (1 + DEPTH) (every N to B + 16, then every 4th), and each
-    distinct prompt length's prefill of one slot; medians of ``repeats`` on ``clock``."""
+def measure_table(target, prompts: list[list[int]], batches: list[int], repeats: int, clock, far: int = 0) -> Priced:
+    """t(B, N) for B = 1 .. max(batches), N = B .. B (1 + DEPTH) (every N to B + 16, then every 4th), with every
+    slot holding the first prompt, and again holding ``far`` tokens (the prompts run together; 0: not measured);
+    each distinct prompt length's prefill of one slot; medians of ``repeats`` on ``clock``."""
     prompt = prompts[0]
-    passes: dict[int, dict[int, float]] = {}
-    for batch in range(1, max(batches) + 1):
-        engine = BatchTarget(target, batch, len(prompt) + 64)
-        engine.forward(0, [SlotFeed(torch.tensor(prompt), Draft.empty())] * batch)
-        for slot in range(batch):
-            engine.commit(slot, [])
-        extra = sorted({*range(0, 17), *range(16, batch * DEPTH + 1, 4), batch * DEPTH})
-        passes[batch] = {batch + e: _timed(engine, prompt, batch, e, repeats, clock) for e in extra}
+    passes = _passes(target, prompt, batches, repeats, clock)
+    long = [t for p in prompts for t in p][:far] if far > len(prompt) else []
+    far_passes = _passes(target, long, batches, repeats, clock) if len(long) == far and far else None
     prefill = {}
     for length in sorted({len(p) for p in prompts}):
         chosen = next(p for p in prompts if len(p) == length)
@@ -102,7 +121,19 @@ def measure_table(target, prompts: list[list[int]], batches: list[int], repeats:
             times.append(clock() - start)
             engine.commit(0, [])
         prefill[length] = statistics.median(times)
-    return Priced(passes, prefill)
+    return Priced(passes, prefill, len(prompt), far if far_passes else 0, far_passes)
+
+
+def _passes(target, prompt: list[int], batches: list[int], repeats: int, clock) -> dict[int, dict[int, float]]:
+    passes: dict[int, dict[int, float]] = {}
+    for batch in range(1, max(batches) + 1):
+        engine = BatchTarget(target, batch, len(prompt) + 64)
+        engine.forward(0, [SlotFeed(torch.tensor(prompt), Draft.empty())] * batch)
+        for slot in range(batch):
+            engine.commit(slot, [])
+        extra = sorted({*range(0, 17), *range(16, batch * DEPTH + 1, 4), batch * DEPTH})
+        passes[batch] = {batch + e: _timed(engine, prompt, batch, e, repeats, clock) for e in extra}
+    return passes
 
 
 def _timed(engine: BatchTarget, prompt: list[int], batch: int, extra: int, repeats: int, clock) -> float:
@@ -181,7 +212,11 @@ def priced_run(target, drafter, prompts: list[list[int]], batch: int, budget: in
     def priced(self, lo, feeds, features=False):
         prefills = [f.pending.numel() for f in feeds if f.pending.numel() > 1]
         rows = sum(f.pending.numel() + len(f.draft) for f in feeds if f.pending.numel() == 1)
-        state["t"] += sum(table.prefill_extra(p) for p in prefills) + table.t(len(feeds), rows + len(prefills))
+        steady = [(f, c) for f, c in zip(feeds, self.cache.lengths[lo:], strict=False) if f.pending.numel() == 1]
+        slots = sum(c for _, c in steady) + table.near * len(prefills)  # a newcomer's root: priced as at near
+        drafted = sum(len(f.draft) * c for f, c in steady)
+        state["t"] += sum(table.prefill_extra(p) for p in prefills) + \
+            table.t(len(feeds), rows + len(prefills), slots, drafted)
         state["passes"] += 1
         if not prefills:
             state["steady"] += 1
@@ -260,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", default="", help="read t(B, N) from this JSON instead of measuring it")
     parser.add_argument("--save-table", default="")
     parser.add_argument("--table-repeats", type=int, default=5)
+    parser.add_argument("--far-context", type=int, default=0,
+                        help="measure t(B, N) again with every slot at this many cached tokens and price each pass "
+                             "at its slots' contexts between the two (0: t(B, N) over the first prompt alone)")
     parser.add_argument("--oracle", default="", help="JSON of the prompts' greedy texts (written if missing)")
     parser.add_argument("--model", action="store_true", help="run the model in every arm, not the oracle")
     parser.add_argument("--log", default="", help="write the batched loop's per-pass debug log to this file")
@@ -282,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         table = Priced.from_json(json.loads(Path(args.table).read_text()))
     else:
         table = measure_table(target, prompts[:max(batches) * args.requests_per_slot], batches, args.table_repeats,
-                              make_clock("cpu"))
+                              make_clock("cpu"), args.far_context)
         if args.save_table:
             Path(args.save_table).write_text(json.dumps(table.to_json(), indent=1))
     print("| B | arm | batched passes | rows a steady pass | target passes | tau | priced s | speedup | differ "

@@ -115,28 +115,32 @@ def backoff(realized: dict[int, Realized], batch: int) -> int:
 
 def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[int]], seconds: Sequence[float],
                   step: float, batch: int, drafted: bool = False,
-                  behind: Sequence[int] | None = None) -> tuple[int, float]:
+                  behind: Sequence[int] | None = None,
+                  attended: tuple[Sequence[Sequence[float]], float] | None = None) -> tuple[int, float]:
     """(the depth k the slots projected to end last draft to, the plan's goodput over a plain pass's) for the
     slots' ``reaches`` (reach[d - 1]: the probability a request accepts d deep) and ``rows`` (rows[d - 1]: draft rows
     its level d adds) in a pass of ``batch`` requests. ``behind[i]``: the passes slot i's projected end is before the
     batch's (:func:`behind_ends`; default all 0: every slot tied at the end). To end the batch k passes sooner every
     slot less than k behind must accept k - behind[i] deep, so a slot drafts k - behind[i] levels (none from k <=
     behind[i]): the depth with the most expected batch advance, 1 + sum over k of the product of those reaches, per
-    second of t(B, B + rows) + k step (``drafted``: the best that drafts). Levels that end no slot sooner than another
-    slot that stays put are never drafted."""
+    second of t(B, B + rows) + k step (``drafted``: the best that drafts), plus, with ``attended`` (each slot's
+    per-level attended tokens, seconds a draft row costs per attended token), the draft rows' context costs. Levels
+    that end no slot sooner than another slot that stays put are never drafted."""
     behind = [0] * len(reaches) if behind is None else behind
     plain = 1.0 / seconds[batch]
     best, best_rate = 0, (0.0 if drafted else plain)
-    advance, fed = 1.0, batch
+    advance, fed, context = 1.0, batch, 0.0
+    tokens, per_token = attended if attended is not None else (None, 0.0)
     deepest = min((b + len(r) for b, r in zip(behind, reaches, strict=True)), default=0)
     for depth in range(1, deepest + 1):
         levels = [(i, depth - b) for i, b in enumerate(behind) if b < depth]
         gain = math.prod(reaches[i][level - 1] for i, level in levels)
         fed += sum(rows[i][level - 1] for i, level in levels)
+        context += sum(tokens[i][level - 1] for i, level in levels) if tokens is not None else 0.0
         if gain <= 0 or fed >= len(seconds):
             break
         advance += gain
-        rate = advance / (seconds[fed] + depth * step)
+        rate = advance / (seconds[fed] + per_token * context + depth * step)
         if rate > best_rate:
             best, best_rate = depth, rate
     return best, (best_rate / plain if best else 1.0)
@@ -192,9 +196,12 @@ def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1
     other slots', its end is about normal, n = (horizon - behind[i]) / pace passes away with standard deviation
     spread sqrt(n) / pace (a renewal count). The chance that it is the latest, chances under ``least`` counted as 0
     (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
-    at the latest end share it equally."""
+    at the latest end share it equally, as do slots all tied (by symmetry, without the grid: the 32/32 sweep's
+    waves are tied on most passes, and the grid's torch calls cost ~0.3 ms a pass)."""
     if not behind:
         return []
+    if min(behind) == max(behind):
+        return [1.0 / len(behind)] * len(behind)
     mean = torch.tensor([float(horizon - b) for b in behind], dtype=torch.float64)
     if spread <= 0 or pace <= 0:
         last = mean == mean.max()

@@ -1,9 +1,9 @@
 """Per-request draft lengths for the batch's goodput (TurboSpec/SmartSpec; vLLM's adaptive verification).
 
 A batched pass feeds each request its root plus its own draft, packed (``specfamily.runtime.batch_lean``: padding
-costs nothing), so the pass costs t(B, N) for B requests feeding N rows in all. :class:`RowCosts` learns t(B, N) from
-the run's own passes (medians of the latest few per (B, N); elsewhere a curve over N through the measured points,
-scaled by what this B measured against it) and the seconds of one batched draft step per B.
+costs nothing), so the pass costs t(B, N) for B requests feeding N rows in all, plus what its rows' attention costs
+over their slots' cached contexts: :class:`~specfamily.core.batch_costs.RowCosts` learns both from the run's own
+passes (``core/batch_costs.py``), and the seconds of one batched draft step per B.
 
 :func:`plan_lengths` gives each request its own draft length: every next draft level of every request is a unit of
 expected gain (the probability that the request accepts that deep, from its own per-depth acceptance) and of rows
@@ -11,7 +11,9 @@ expected gain (the probability that the request accepts that deep, from its own 
 level gains most, as every row costs the batch the same), the plan is the prefix with the most expected committed
 tokens per second of the whole pass,
 
-    goodput = (B + sum of the units' gains) / (t(B, B + their rows) + deepest level * s(B)),
+    goodput = (B + sum of the units' gains) / (t(B, B + their rows) + k_row * their rows' contexts + deepest * s(B)),
+
+(t(B, N) at the slots' contexts, k_row a draft row's seconds per cached token of its slot),
 
 and none when no prefix beats a plain pass. :class:`LengthPolicy` adds what measuring needs: a plain pass first at
 each B, one level for every request while a drafted pass cannot be predicted yet, a plain pass again every
@@ -28,17 +30,15 @@ greedy text, and are chosen before anything of the pass is drawn.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import operator
-import statistics
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from specfamily.core.batch_costs import RowCosts
 from specfamily.core.batch_goodput import (
     Realized,
     backoff,
@@ -52,98 +52,6 @@ from specfamily.core.types import Draft
 
 __all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
            "realized_gain", "truncated"]
-
-
-@dataclass
-class RowCosts:
-    """Seconds of a batched pass over B requests feeding N rows in all, t(B, N), and of one draft step for B
-    requests: medians of the latest ``window`` observations."""
-
-    window: int = 5
-    passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)
-    steps: dict[int, deque] = field(default_factory=dict, repr=False)
-    _medians: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
-    _by_batch: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # B -> {N: median}
-    _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        for (batch, rows), seconds in self.passes.items():
-            self._note(batch, rows, statistics.median(seconds))
-
-    def _note(self, batch: int, rows: int, median: float) -> None:
-        self._medians[batch, rows] = median
-        self._by_batch.setdefault(batch, {})[rows] = median
-        self._curve = None
-
-    @classmethod
-    def of(cls, target) -> RowCosts:
-        """Costs over the target's ``batch_pass_costs`` (kept across runs: passes cost what they cost whichever
-        drafter feeds them); draft steps are the run's own."""
-        passes = getattr(target, "batch_pass_costs", None)
-        return cls() if passes is None else cls(passes=passes)
-
-    def observe(self, batch: int, rows: int, seconds: float) -> None:
-        if math.isfinite(seconds) and seconds > 0:
-            kept = self.passes.setdefault((batch, rows), deque(maxlen=self.window))
-            kept.append(seconds)
-            self._note(batch, rows, statistics.median(kept))
-
-    def observe_draft(self, batch: int, steps: int, seconds: float) -> None:
-        if steps > 0 and math.isfinite(seconds) and seconds >= 0:
-            self.steps.setdefault(batch, deque(maxlen=self.window)).append(seconds / steps)
-
-    def known(self, batch: int, rows: int) -> bool:
-        return (batch, rows) in self._medians
-
-    def measured(self, batch: int, rows: int) -> float | None:
-        """t(batch, rows) as measured (the median of the latest), or None."""
-        return self._medians.get((batch, rows))
-
-    def draft_step(self, batch: int) -> float:
-        """Seconds of one draft step for ``batch`` requests: measured, else the nearest measured batch's scaled by
-        the batch size, else 0."""
-        if batch in self.steps:
-            return statistics.median(self.steps[batch])
-        if not self.steps:
-            return 0.0
-        nearest = min(self.steps, key=lambda b: (abs(b - batch), b))
-        return statistics.median(self.steps[nearest]) * batch / nearest
-
-    def table(self, batch: int, most: int) -> list[float] | None:
-        """t(batch, N) for N = 0 .. most (measured, else predicted), or None while the curve has < 2 points."""
-        xs, ys = self.curve()
-        if len(xs) < 2:
-            return None
-        own = self._by_batch.get(batch, {})
-        scale = statistics.median(s / _at(xs, ys, n) for n, s in own.items()) if own else 1.0
-        table = [_at(xs, ys, n) * scale for n in range(most + 1)]
-        for n, s in own.items():
-            if n <= most:
-                table[n] = s
-        return table
-
-    def curve(self) -> tuple[list[int], list[float]]:
-        """Rows N and the median seconds over the batch sizes measured at N, sorted by N."""
-        if self._curve is None:
-            by_rows: dict[int, list[float]] = {}
-            for (_, rows), seconds in self._medians.items():
-                by_rows.setdefault(rows, []).append(seconds)
-            ordered = sorted(by_rows.items())
-            self._curve = ([n for n, _ in ordered], [statistics.median(v) for _, v in ordered])
-        return self._curve
-
-
-def _at(xs: list[int], ys: list[float], x: float) -> float:
-    """Linear through the points (at least two); the first point's value before it (a pass of fewer rows costs no
-    more), the last segment's slope past the last, at least the last point's value (nor does one of more cost less)."""
-    k = bisect.bisect_left(xs, x)
-    if k == 0:
-        return ys[0]
-    if k == len(xs):
-        x0, x1, y0, y1 = xs[-2], xs[-1], ys[-2], ys[-1]
-        return max(y1 + (y1 - y0) * (x - x1) / (x1 - x0), y1)
-    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 @dataclass
@@ -183,6 +91,7 @@ class Prospect:
     value: float = 1.0  # what one of its committed tokens is worth to the batch (0: nothing, see ``finishing``)
     behind: int = 0  # in a last wave: passes its slot's projected end is before the batch's (``finishing``)
     horizon: int = 0  # in a last wave: passes to the batch's projected end at one token a pass (``finishing``)
+    context: int = 0  # its slot's cached tokens: each of its draft rows attends them (``RowCosts.row_token``)
 
     @classmethod
     def planned(cls, acceptance: Sequence[float], width: float, limit: int) -> Prospect:
@@ -202,10 +111,11 @@ class Prospect:
 
 
 def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
-                 drafted: bool = False) -> tuple[list[int], float]:
+                 drafted: bool = False, row_token: float = 0.0) -> tuple[list[int], float]:
     """(each request's draft length, the plan's goodput over a plain pass's): the best prefix of the units in the
     order of gain (``drafted``: the best that drafts anything). ``seconds[N]``: t(B, N) for every N the units can
-    reach; ``step``: one draft level's seconds for the batch. A request's tokens count ``Prospect.value`` each (1
+    reach (at the slots' contexts); ``step``: one draft level's seconds for the batch; ``row_token``: a draft row's
+    seconds per cached token of its slot (``Prospect.context``). A request's tokens count ``Prospect.value`` each (1
     unless :func:`finishing` says otherwise), its expected gain too."""
     batch = len(prospects)
     units = []  # (-gain, request, depth)
@@ -217,16 +127,18 @@ def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: 
                 break
             units.append((-reach, i, depth))
     units.sort()
-    tokens, rows, deepest = float(sum(p.value for p in prospects)), batch, 0
+    tokens, rows, deepest, attended = float(sum(p.value for p in prospects)), batch, 0, 0.0
     if tokens <= 0:
         return [0] * batch, 1.0
     plain = tokens / seconds[batch]
     best, best_rate = 0, (0.0 if drafted else plain)
     for k, (gain, i, depth) in enumerate(units, start=1):
-        tokens, rows, deepest = tokens - gain, rows + prospects[i].rows[depth - 1], max(deepest, depth)
+        added = prospects[i].rows[depth - 1]
+        tokens, rows, deepest = tokens - gain, rows + added, max(deepest, depth)
+        attended += added * prospects[i].context
         if rows >= len(seconds):
             break
-        rate = tokens / (seconds[rows] + deepest * step)
+        rate = tokens / (seconds[rows] + row_token * attended + deepest * step)
         if rate > best_rate:
             best, best_rate = k, rate
     lengths = [0] * batch
@@ -249,18 +161,21 @@ class LengthPolicy:
     unrefreshed: dict[int, int] = field(default_factory=dict)  # B -> drafted passes since its last plain one
     choices: dict[int, list[int]] = field(default_factory=dict)  # B -> draft rows planned on every pass at B
     realized: dict[int, Realized] = field(default_factory=dict)  # B -> drafted passes' gains (batch_goodput)
-    predicted: tuple | None = None  # the last plan that drafted, not jointly: (B, its gain, the values)
+    predicted: tuple | None = None  # the last plan that drafted, not jointly: (B, its gain, the values, contexts)
 
     def may_draft(self, batch: int) -> bool:
         """Whether a pass of ``batch`` requests may draft at all (its plain pass measured, no refresh due)."""
         return self.costs.known(batch, batch) and self.unrefreshed.get(batch, 0) < self.refresh_every
 
-    def lengths(self, prospects: Sequence[Prospect], proposed: bool = False, together: bool = False) -> list[int]:
+    def lengths(self, prospects: Sequence[Prospect], proposed: bool = False, together: bool = False,
+                contexts: Sequence[int] | None = None) -> list[int]:
         """Each request's draft length (``proposed``: the drafts are already proposed, their time spent;
         ``together``: the batch's end, its valued requests tied: they draft to one depth or none does,
-        :func:`~specfamily.core.batch_goodput.plan_together`)."""
+        :func:`~specfamily.core.batch_goodput.plan_together`; ``contexts``: each slot's cached tokens, priced)."""
         batch = len(prospects)
         self.predicted = None
+        if contexts is not None:
+            prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
         lengths = self._plan(batch, prospects, proposed, together)
         self.choices.setdefault(batch, []).append(sum(sum(p.rows[:g]) for p, g in zip(prospects, lengths,
                                                                                      strict=True)))
@@ -270,19 +185,20 @@ class LengthPolicy:
         if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
             return [0] * batch
         most = batch + sum(sum(p.rows) for p in prospects)
-        seconds = self.costs.table(batch, most)
+        slots = sum(p.context for p in prospects)
+        seconds = self.costs.table(batch, most, slots)
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
             return [1 if p.acceptance and p.value > 0 else 0 for p in prospects]
         step = 0.0 if proposed else self.costs.draft_step(batch)
         if together and near_end(prospects):  # the batch's last passes: drafted jointly where that pays
-            lengths, gain = _joint(prospects, seconds, step)
+            lengths, gain = _joint(prospects, seconds, step, self.costs.row_token())
             return lengths if any(lengths) and gain * self.correction(batch) > self.min_gain else [0] * batch
-        lengths, gain = plan_lengths(prospects, seconds, step)
+        lengths, gain = plan_lengths(prospects, seconds, step, row_token=self.costs.row_token())
         values = [p.value for p in prospects]
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
             self.idle[batch] = 0
             self._lost(batch, 0)
-            self.predicted = (batch, gain, values)
+            self.predicted = (batch, gain, values, slots)
             return lengths
         self.idle[batch] = self.idle.get(batch, 0) + 1
         losing = self.losing.setdefault(batch, backoff(self.realized, batch))
@@ -290,8 +206,8 @@ class LengthPolicy:
             return [0] * batch
         self.idle[batch] = 0
         self._lost(batch, losing + 1)
-        lengths, gain = plan_lengths(prospects, seconds, step, drafted=True)  # a probe keeps the estimates current
-        self.predicted = (batch, gain, values) if any(lengths) else None
+        lengths, gain = plan_lengths(prospects, seconds, step, True, self.costs.row_token())  # a probe: estimates
+        self.predicted = (batch, gain, values, slots) if any(lengths) else None  # kept current
         return lengths
 
     def _lost(self, batch: int, probes: int) -> None:
@@ -313,8 +229,8 @@ class LengthPolicy:
         (docs/batching.md, session 23)."""
         if self.predicted is None:
             return
-        (batch, gain, values), self.predicted = self.predicted, None
-        plain = self.costs.measured(batch, batch)
+        (batch, gain, values, slots), self.predicted = self.predicted, None
+        plain = self.costs.measured(batch, batch, slots)  # a plain pass at the pass's contexts
         if plain is None or len(committed) != batch:
             return
         tokens, plain_tokens = sum(v * c for v, c in zip(values, committed, strict=True)), sum(values)
@@ -323,10 +239,12 @@ class LengthPolicy:
         if realized > self.min_gain:
             self._lost(batch, 0)
 
-    def timed(self, batch: int, rows: int, steps: int, draft_seconds: float, seconds: float) -> None:
+    def timed(self, batch: int, rows: int, steps: int, draft_seconds: float, seconds: float, slots: float = 0.0,
+              drafted: float = 0.0) -> None:
         """A steady pass over ``batch`` requests of ``rows`` fed rows in all, after ``steps`` draft steps that took
-        ``draft_seconds``, took ``seconds`` (forward, verification, commit)."""
-        self.costs.observe(batch, rows, seconds)
+        ``draft_seconds``, took ``seconds`` (forward, verification, commit); its slots held ``slots`` cached tokens
+        and its draft rows attended ``drafted`` (``RowCosts.observe``)."""
+        self.costs.observe(batch, rows, seconds, slots, drafted)
         self.costs.observe_draft(batch, steps, draft_seconds)
         self.unrefreshed[batch] = self.unrefreshed.get(batch, 0) + 1 if rows > batch else 0
 
@@ -340,7 +258,7 @@ class LengthPolicy:
         return "draft lengths per request by goodput: " + ("; ".join(parts) if parts else "no steady batched pass")
 
 
-def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
+def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float, row_token: float = 0.0,
            drafted: bool = False) -> tuple[list[int], float]:
     """:func:`plan_lengths` for a batch's end: the valued requests (tied at the most tokens left) draft to one depth k
     together or not at all, a request ``behind`` b passes drafts k - b levels
@@ -349,7 +267,9 @@ def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
         return [0] * len(prospects), 1.0
     reaches = [list(itertools.accumulate(p.acceptance, operator.mul)) for p in prospects]
     behind = [p.behind for p in prospects]
-    depth, gain = plan_together(reaches, [p.rows for p in prospects], seconds, step, len(prospects), drafted, behind)
+    rows = [[n * p.context for n in p.rows] for p in prospects]  # each level's attended tokens
+    depth, gain = plan_together(reaches, [p.rows for p in prospects], seconds, step, len(prospects), drafted, behind,
+                                (rows, row_token))
     return [max(0, depth - b) for b in behind], gain
 
 

@@ -186,6 +186,7 @@ class _Batch(BatchPlanning, BatchRequests):
         proposed, draft_seconds = self._propose(group, gammas)
         drafts = self._planned(group, gammas, proposed, c0) if steady else proposed
         c1, t1 = self.cost_clock(), self.clock()
+        contexts = self.batch.lengths[: len(group)]  # each slot's cached tokens: what its rows attend
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
         outs = self.batch.forward(0, feeds, self.features)
         verdicts = []
@@ -196,7 +197,9 @@ class _Batch(BatchPlanning, BatchRequests):
             verdicts.append((accepted, next_token))
         t2, c2 = self.clock(), self.cost_clock()
         if steady and all(d.side is None for d in drafts):
-            self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), c1 - c0, c2 - c1)
+            attended = sum(len(d) * c for d, c in zip(drafts, contexts, strict=True))
+            self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), c1 - c0, c2 - c1,
+                            sum(contexts), attended)
             self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c2 - c0)  # realized vs. predicted
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):

@@ -40,7 +40,8 @@ class BatchPlanning:
                 return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
             pooled = self._pooled()
             prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
-            lengths = self.load.lengths(self._valued(group, prospects), proposed=True, together=self.wave is not None)
+            lengths = self.load.lengths(self._valued(group, prospects), proposed=True, together=self.wave is not None,
+                                        contexts=self._contexts(group))
             return [truncated(d, g) for d, g in zip(drafts, lengths, strict=True)]
         if self.lookahead is None and any(len(d) for d in drafts):
             self._learn(group, drafts, self.cost_clock() - c0)
@@ -52,7 +53,7 @@ class BatchPlanning:
         lookahead) measured at most ``_LOOKAHEAD_SHARE`` of a plain pass, median of the latest: prompt lookup and
         suffix, whose proposals cost next to nothing whatever their length."""
         self.proposal_seconds.append(seconds)
-        plain = self.load.costs.measured(len(group), len(group))
+        plain = self.load.costs.measured(len(group), len(group), sum(self._contexts(group)))
         cheap = plain is not None and statistics.median(self.proposal_seconds) <= _LOOKAHEAD_SHARE * plain
         self.lookahead = cheap and all(d.q is None and d.side is None for d in drafts)
 
@@ -75,11 +76,18 @@ class BatchPlanning:
             if self.load.may_draft(len(group)):
                 return [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
             return self.load.lengths([Prospect((), ())] * len(group))
+        if not self.load.may_draft(len(group)):  # nothing to plan: no acceptance, odds nor table this pass
+            return self.load.lengths([Prospect((), ())] * len(group))
         prospects, pooled = [], self._pooled()
         for r in group:
             alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
             prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
-        return self.load.lengths(self._valued(group, prospects), together=self.wave is not None)
+        return self.load.lengths(self._valued(group, prospects), together=self.wave is not None,
+                                 contexts=self._contexts(group))
+
+    def _contexts(self, group: list[Request]) -> list[int]:
+        """Each live slot's cached tokens (its draft rows attend them: ``RowCosts``)."""
+        return self.batch.lengths[: len(group)]
 
     def _last_wave(self, waiting: deque, arrivals: list[float]) -> int | None:
         """``batch_goodput.wave_of``: the live slots still to free one for a waiting request, else None."""

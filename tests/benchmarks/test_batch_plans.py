@@ -48,3 +48,22 @@ def test_the_oracle_replays_the_models_passes_and_plans(plans, tmp_path, gamma):
     assert replay[1:4] == model[1:4] and replay[4] == pytest.approx(model[4])
     assert replay[3] > replay[2]  # rows past one a slot: drafts were fed
     assert plans.oracle_of(target, prompts, 3, 24, str(tmp_path / "texts.json")).texts == oracle.texts  # read back
+
+
+def test_a_pass_is_priced_at_its_slots_contexts(plans):
+    """With the table measured at 100 and 700 cached tokens a slot, a pass is priced linearly in its slots' cached
+    tokens and its draft rows' (a table made from such a cost gives it back exactly); without the far table, the
+    near one alone whatever the contexts; the JSON round trip keeps both."""
+
+    def cost(batch, rows, context):
+        return 0.040 + 0.001 * rows + 5e-6 * batch * context + 1.2e-6 * (rows - batch) * context
+
+    near = {4: {n: cost(4, n, 100) for n in (4, 8, 12)}}
+    far = {4: {n: cost(4, n, 700) for n in (4, 8, 12)}}
+    table = plans.Priced(near, {1: 0.01}, 100, 700, far)
+    slots, drafted = 100 + 300 + 400 + 1000, 6 * 1000 + 2 * 100  # 6 draft rows in the 1000-token slot, 2 in another
+    assert table.t(4, 12, slots, drafted) == pytest.approx(0.040 + 0.012 + 5e-6 * slots + 1.2e-6 * drafted)
+    assert table.t(4, 4, 4 * 700) == pytest.approx(cost(4, 4, 700))
+    assert plans.Priced(near, {1: 0.01}).t(4, 12, slots, drafted) == pytest.approx(cost(4, 12, 100))
+    again = plans.Priced.from_json(table.to_json())
+    assert again.t(4, 12, slots, drafted) == pytest.approx(table.t(4, 12, slots, drafted))

@@ -1,0 +1,175 @@
+"""What a batched pass costs, learned from the run's own passes: t(B, N) over the slots' cached contexts.
+
+A batched pass over B requests feeding N rows in all costs t(B, N) plus what its rows' attention reads and computes
+over their slots' caches, and that grows with the contexts: each slot's root row reads its slot's cached keys and
+values (a cost per slot per cached token), and each draft row attends the same cache again (a smaller one per draft
+row per cached token: 0.94 ms a row over 100 cached tokens against 1.64 ms over 700, B=4, one thread,
+docs/batching.md). :class:`RowCosts` prices a pass as
+
+    t(B, N, contexts) = t0(B, N) + k_slot * sum of the slots' cached lengths + k_row * sum over draft rows of theirs,
+
+t0 the context-free cost: medians of the latest few passes per (B, N) less their context terms (elsewhere a curve over
+N through the measured points, scaled by what this B measured against it), and the two slopes fitted on the run's
+passes within each (B, N), refitted as the caches grow (a pass of the same shape at another context is the
+measurement: plain passes at several contexts give k_slot, drafted ones then k_row). The seconds of one batched draft
+step per B are kept beside them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["RowCosts", "context_slopes"]
+
+
+@dataclass
+class RowCosts:
+    """Seconds of a batched pass over B requests feeding N rows in all at the slots' contexts, t(B, N, contexts),
+    and of one draft step for B requests: context-free medians of the latest ``window`` observations per (B, N),
+    context slopes over the latest ``history`` of each, refitted every ``refit_every`` passes."""
+
+    window: int = 5
+    history: int = 32
+    refit_every: int = 16
+    ridge: float = 32768.0  # tokens^2: the slopes' prior of no context term, worth 8 passes 64 tokens apart
+    passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)  # (B, N) -> (s, slots, drafted)
+    steps: dict[int, deque] = field(default_factory=dict, repr=False)
+    slopes: tuple[float, float] = (0.0, 0.0)  # seconds per cached token: of a slot, of a draft row
+    _since: int = field(default=0, repr=False)
+    _medians: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _by_batch: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # B -> {N: median}
+    _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for key, kept in self.passes.items():
+            self.passes[key] = deque((o if isinstance(o, tuple) else (o, 0.0, 0.0) for o in kept), maxlen=self.history)
+        self.refit()
+
+    @classmethod
+    def of(cls, target) -> RowCosts:
+        """Costs over the target's ``batch_pass_costs`` (kept across runs: passes cost what they cost whichever
+        drafter feeds them); draft steps are the run's own."""
+        passes = getattr(target, "batch_pass_costs", None)
+        return cls() if passes is None else cls(passes=passes)
+
+    def observe(self, batch: int, rows: int, seconds: float, slots: float = 0.0, drafted: float = 0.0) -> None:
+        """A pass of ``batch`` slots feeding ``rows`` rows took ``seconds``; its slots held ``slots`` cached tokens in
+        all and its draft rows attended ``drafted`` (each draft row its slot's cached length)."""
+        if not (math.isfinite(seconds) and seconds > 0):
+            return
+        kept = self.passes.setdefault((batch, rows), deque(maxlen=self.history))
+        kept.append((seconds, float(slots), float(drafted)))
+        self._since += 1
+        if self._since >= self.refit_every:
+            self.refit()
+        else:
+            self._note(batch, rows)
+
+    def refit(self) -> None:
+        """The slopes over every kept pass (:func:`context_slopes`), then every (B, N)'s context-free median."""
+        self._since = 0
+        self.slopes = context_slopes(list(self.passes.values()), self.ridge)
+        self._medians.clear()
+        self._by_batch.clear()
+        for batch, rows in self.passes:
+            self._note(batch, rows)
+
+    def _note(self, batch: int, rows: int) -> None:
+        k_slot, k_row = self.slopes
+        latest = list(self.passes[batch, rows])[-self.window :]
+        median = statistics.median(s - k_slot * c - k_row * d for s, c, d in latest)
+        self._medians[batch, rows] = median
+        self._by_batch.setdefault(batch, {})[rows] = median
+        self._curve = None
+
+    def observe_draft(self, batch: int, steps: int, seconds: float) -> None:
+        if steps > 0 and math.isfinite(seconds) and seconds >= 0:
+            self.steps.setdefault(batch, deque(maxlen=self.window)).append(seconds / steps)
+
+    def known(self, batch: int, rows: int) -> bool:
+        return (batch, rows) in self._medians
+
+    def measured(self, batch: int, rows: int, slots: float = 0.0, drafted: float = 0.0) -> float | None:
+        """t(batch, rows) as measured at these contexts (the context-free median plus the context terms), or None."""
+        base = self._medians.get((batch, rows))
+        return None if base is None else base + self.slopes[0] * slots + self.slopes[1] * drafted
+
+    def row_token(self) -> float:
+        """Seconds a draft row costs per cached token of its slot."""
+        return self.slopes[1]
+
+    def draft_step(self, batch: int) -> float:
+        """Seconds of one draft step for ``batch`` requests: measured, else the nearest measured batch's scaled by
+        the batch size, else 0."""
+        if batch in self.steps:
+            return statistics.median(self.steps[batch])
+        if not self.steps:
+            return 0.0
+        nearest = min(self.steps, key=lambda b: (abs(b - batch), b))
+        return statistics.median(self.steps[nearest]) * batch / nearest
+
+    def table(self, batch: int, most: int, slots: float = 0.0) -> list[float] | None:
+        """t(batch, N) for N = 0 .. most (measured, else predicted) with the slots holding ``slots`` cached tokens
+        in all, draft rows' context terms left out (``row_token``), or None while the curve has < 2 points."""
+        xs, ys = self.curve()
+        if len(xs) < 2:
+            return None
+        own = self._by_batch.get(batch, {})
+        scale = statistics.median(s / _at(xs, ys, n) for n, s in own.items()) if own else 1.0
+        table = [_at(xs, ys, n) * scale for n in range(most + 1)]
+        for n, s in own.items():
+            if n <= most:
+                table[n] = s
+        return [t + self.slopes[0] * slots for t in table]
+
+    def curve(self) -> tuple[list[int], list[float]]:
+        """Rows N and the median context-free seconds over the batch sizes measured at N, sorted by N."""
+        if self._curve is None:
+            by_rows: dict[int, list[float]] = {}
+            for (_, rows), seconds in self._medians.items():
+                by_rows.setdefault(rows, []).append(seconds)
+            ordered = sorted(by_rows.items())
+            self._curve = ([n for n, _ in ordered], [statistics.median(v) for _, v in ordered])
+        return self._curve
+
+
+def context_slopes(groups: list, ridge: float = 0.0) -> tuple[float, float]:
+    """(k_slot, k_row) from groups of passes of one shape each, (seconds, slots, drafted): least squares of seconds on
+    the two context sums within each group (its own mean taken out: the shape's cost is its own), with ``ridge`` on
+    both, neither below 0 (a slope that fits below 0 is refitted at 0 and the other alone)."""
+    sxx = sxy = syy = sxs = sys_ = 0.0  # x: slots, y: drafted, s: seconds, after each group's means
+    for group in groups:
+        if len(group) < 2:
+            continue
+        ms, mx, my = (statistics.fmean(o[i] for o in group) for i in range(3))
+        for s, x, y in group:
+            s, x, y = s - ms, x - mx, y - my
+            sxx, sxy, syy, sxs, sys_ = sxx + x * x, sxy + x * y, syy + y * y, sxs + x * s, sys_ + y * s
+    a, d = sxx + ridge, syy + ridge
+    det = a * d - sxy * sxy
+    if det > 0:
+        k_slot, k_row = (d * sxs - sxy * sys_) / det, (a * sys_ - sxy * sxs) / det
+        if k_slot >= 0 and k_row >= 0:
+            return k_slot, k_row
+    k_slot = max(0.0, sxs / a) if a > 0 else 0.0
+    k_row = max(0.0, sys_ / d) if d > 0 else 0.0
+    if k_slot > 0 and k_row > 0:  # both fitted below 0 jointly: keep the one that explains more alone
+        return (k_slot, 0.0) if k_slot * sxs >= k_row * sys_ else (0.0, k_row)
+    return k_slot, k_row
+
+
+def _at(xs: list[int], ys: list[float], x: float) -> float:
+    """Linear through the points (at least two); the first point's value before it (a pass of fewer rows costs no
+    more), the last segment's slope past the last, at least the last point's value (nor does one of more cost less)."""
+    k = bisect.bisect_left(xs, x)
+    if k == 0:
+        return ys[0]
+    if k == len(xs):
+        x0, x1, y0, y1 = xs[-2], xs[-1], ys[-2], ys[-1]
+        return max(y1 + (y1 - y0) * (x - x1) / (x1 - x0), y1)
+    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)

@@ -1,0 +1,106 @@
+"""A batched pass priced at its slots' contexts: the slopes fitted on passes of one shape at several contexts, the
+context-free t(B, N) under them, and plans that price each draft row over its own slot's cache."""
+
+import pytest
+import torch
+from flawed_oracle import FlawedOracle
+
+import specfamily as sf
+from specfamily.core import batch_costs, batch_loop
+from specfamily.core.arrivals import LoopClock
+from specfamily.core.batch_costs import RowCosts, context_slopes
+from specfamily.core.batch_lengths import Prospect, plan_lengths
+from specfamily.testing import tiny_target
+
+K_SLOT, K_ROW = 5e-6, 1.2e-6  # seconds per cached token: a slot's root reading its cache, a draft row attending it
+
+
+def _true(batch: int, rows: int, slots: float, drafted: float) -> float:
+    return 0.040 + 0.001 * batch + 0.0008 * (rows - batch) + K_SLOT * slots + K_ROW * drafted
+
+
+def _passes(costs: RowCosts) -> None:
+    """Plain and drafted passes at B=4 as caches grow from 100 to 700 tokens a slot, drafts in one slot or spread."""
+    for length in range(100, 701, 40):
+        slots = 4 * length
+        costs.observe(4, 4, _true(4, 4, slots, 0), slots, 0)
+        costs.observe(4, 12, _true(4, 12, slots, 8 * length), slots, 8 * length)
+        short = 8 * 100 if length > 100 else 8 * 60  # the 8 draft rows in a slot of 100 (60) cached tokens
+        costs.observe(4, 12, _true(4, 12, slots, short), slots, short)
+
+
+def test_the_slopes_are_fitted_within_each_shape():
+    costs = RowCosts(ridge=0.0)
+    _passes(costs)
+    groups = list(costs.passes.values())
+    assert context_slopes(groups) == pytest.approx((K_SLOT, K_ROW), rel=1e-6)
+    assert costs.slopes == pytest.approx((K_SLOT, K_ROW), rel=1e-6)
+    assert context_slopes([[(1.0, 100.0, 0.0)]]) == (0.0, 0.0)  # one pass of a shape: nothing to fit
+    falling = [[(1.0, 100.0, 0.0), (0.9, 200.0, 0.0)]]  # a pass that got cheaper as its cache grew: noise, not a slope
+    assert context_slopes(falling) == (0.0, 0.0)
+
+
+def test_a_pass_is_priced_at_its_contexts():
+    costs = RowCosts(ridge=0.0)
+    _passes(costs)
+    for slots, drafted in ((400, 0), (2800, 0), (2800, 8 * 700), (1000, 8 * 90)):
+        rows = 4 if drafted == 0 else 12
+        assert costs.measured(4, rows, slots, drafted) == pytest.approx(_true(4, rows, slots, drafted), rel=1e-6)
+    table = costs.table(4, 12, slots=2800)
+    assert table[4] == pytest.approx(_true(4, 4, 2800, 0)) and table[12] == pytest.approx(_true(4, 12, 2800, 0))
+    assert costs.row_token() == pytest.approx(K_ROW)
+    old = RowCosts()  # passes without their contexts: the latest medians, whatever the caches held
+    for length in range(100, 701, 40):
+        old.observe(4, 4, _true(4, 4, 4 * length, 0))
+    assert old.measured(4, 4, 400) == pytest.approx(_true(4, 4, 4 * 620, 0))
+
+
+def test_a_draft_row_over_a_long_cache_costs_the_plan_more():
+    """Two requests alike but for their slots' caches (100 and 3000 tokens): a draft row costs 0.5% of a pass plus
+    1e-4 of it per cached token, so the short slot's levels pay and the long slot's do not (its first level would
+    add 0.5 tokens to the pass's 2 for 30% more time)."""
+    seconds = [1.0 + 0.005 * max(0, n - 2) for n in range(40)]
+    near, far = Prospect([0.5] * 4, [1] * 4, context=100), Prospect([0.5] * 4, [1] * 4, context=3000)
+    lengths, gain = plan_lengths([near, far], seconds, 0.0, row_token=1e-4)
+    assert lengths[0] >= 1 and lengths[1] == 0 and gain > 1.0
+    assert plan_lengths([near, far], seconds, 0.0)[0][1] >= 1  # unpriced, the long slot drafts as well
+
+
+def _context_priced_run(monkeypatch) -> tuple[float, list]:
+    """24 requests, 4 at a time, every fourth with a 200-token prompt (the others 4-26 tokens), on a clock where a
+    pass costs 1 s plus 2 ms per draft row per cached token of its slot: (the run's seconds, (draft length, cached
+    tokens) of every slot on every steady pass). The texts are greedy's."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    now, seen, forward = [0.0], [], batch_loop.BatchTarget.forward
+
+    def priced(self, lo, feeds, features=False):
+        contexts = self.cache.lengths[lo : lo + len(feeds)]
+        now[0] += 1.0 + 0.002 * sum(len(f.draft) * c for f, c in zip(feeds, contexts, strict=True))
+        if all(f.pending.numel() == 1 for f in feeds):
+            seen.append([(len(f.draft), c) for f, c in zip(feeds, contexts, strict=True)])
+        return forward(self, lo, feeds, features)
+
+    monkeypatch.setattr(batch_loop.BatchTarget, "forward", priced)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 64, (200 if i % 4 == 0 else 3 + i,), generator=gen).tolist() for i in range(24)]
+    drafter = FlawedOracle(target, gamma=4, policy="auto", horizon=96)
+    clock = LoopClock(lambda: now[0], lambda s: now.__setitem__(0, now[0] + s))
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=40, clock=clock, max_batch=4)
+    assert [r.tokens for r in results] == [sf.generate(target, None, p, max_new_tokens=40).tokens for p in prompts]
+    return now[0], [slot for passed in seen[32:] for slot in passed]  # after the second refit
+
+
+def _share(slots: list, near: bool) -> float:
+    chosen = [g for g, c in slots if (c < 100 if near else c >= 200)]
+    return sum(g > 0 for g in chosen) / len(chosen)
+
+
+def test_generate_batch_prices_each_draft_row_over_its_slots_cache(monkeypatch):
+    """With the slopes fitted the short slots draft far more often than the long ones and the run is faster than
+    with the same passes priced without their contexts (slopes held at 0: t(B, N) alone, as before)."""
+    seconds, slots = _context_priced_run(monkeypatch)
+    assert _share(slots, near=True) >= 2 * _share(slots, near=False)
+    monkeypatch.setattr(batch_costs, "context_slopes", lambda groups, ridge=0.0: (0.0, 0.0))
+    unpriced, flat = _context_priced_run(monkeypatch)
+    assert _share(flat, near=True) < 1.5 * _share(flat, near=False)  # unpriced: a row is a row wherever it is
+    assert seconds < 0.95 * unpriced
