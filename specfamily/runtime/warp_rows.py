@@ -40,7 +40,9 @@ def warp_source() -> Path:
 @functools.cache
 def warp_build() -> Extension:
     """The extension, built (or loaded from the cache) once per process; on failure one warning and the reason."""
-    return load_extension(DISABLE_ENV, build_warp, logger, "warp kernel", "rows are warped and greedy rows argmaxed with torch ops")
+    return load_extension(
+        DISABLE_ENV, build_warp, logger, "warp kernel", "rows are warped and greedy rows argmaxed with torch ops"
+    )
 
 
 @functools.cache
