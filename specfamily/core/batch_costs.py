@@ -3,8 +3,8 @@
 A batched pass over B requests feeding N rows in all costs t(B, N) plus what its rows' attention reads and computes
 over their slots' caches, and that grows with the contexts: each slot's root row reads its slot's cached keys and
 values (a cost per slot per cached token), and each draft row attends the same cache again (a smaller one per draft
-row per cached token: 0.94 ms a row over 100 cached tokens against 1.64 ms over 700, B=4, one thread,
-docs/batching.md). :class:`RowCosts` prices a pass as
+row per cached token; docs/batching.md measures how a draft row's cost grows with its slot's context).
+:class:`RowCosts` prices a pass as
 
     t(B, N, contexts) = t0(B, N) + k_slot * sum of the slots' cached lengths + k_row * sum over draft rows of theirs,
 

@@ -197,7 +197,7 @@ def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1
     spread sqrt(n) / pace (a renewal count). The chance that it is the latest, chances under ``least`` counted as 0
     (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
     at the latest end share it equally, as do slots all tied (by symmetry, without the grid: the 32/32 sweep's
-    waves are tied on most passes, and the grid's torch calls cost ~0.3 ms a pass)."""
+    waves are tied on most passes, and the grid's torch calls are host work on each of them)."""
     if not behind:
         return []
     if min(behind) == max(behind):
