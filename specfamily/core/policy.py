@@ -99,12 +99,15 @@ class AutoPolicy:
     length, or at ``gamma`` when none predicts a gain: a one-token probe never learns how deep drafts are accepted),
     first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the
     passes of the whole run (a drafter object serves many requests): ``reset`` keeps it. An interval doubles after a
-    probe was verified and did not pay, and after a stretch of drafted passes that lost (its accepted tokens plus one a
-    pass fewer than its cost in plain passes: each pass's verification as timed, else as costed, plus its own draft
-    steps and catch-up): a probe that makes the estimates look good for a few losing passes counts as a losing probe.
-    It goes back to ``probe_every`` while a stretch pays. A tree's probe when no length predicts a gain is the deepest
-    draft, up to ``gamma``, whose verification costs at most ``probe_cost`` plain passes (at least depth 1): a full
-    tree as a probe costs more than the gain it could find; a chain still probes at ``gamma``. Estimates carry over
+    probe was verified and lost, and after a stretch of drafted passes that lost (its accepted tokens plus one a pass
+    fewer than its cost in plain passes: each pass's verification as timed, else as costed, plus its own draft steps
+    and catch-up, an idle stretch's backlog included): a probe that makes the estimates look good for a few losing
+    passes counts as a losing probe. It doubles only when the loss exceeds what probing at that interval may cost,
+    ``min_speedup - 1`` plain passes a pass (cheap chain probes keep their interval: a long losing start must not
+    silence a run whose drafts pay later), and goes back to ``probe_every`` after a stretch or probe that paid. A
+    tree's probe when no length predicts a gain is the deepest draft, up to ``gamma``, whose verification costs at
+    most ``probe_cost`` plain passes (at least depth 1): a full tree as a probe costs more than the gain it could
+    find; a chain still probes at ``gamma``. Estimates carry over
     to the next request, down-weighted to ``memory`` of their counts. ``max_gamma`` caps the draft length (tree
     drafters cap it at their calibrated depth).
 
@@ -139,6 +142,7 @@ class AutoPolicy:
     _stretch: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # tokens,
     # cost, the interval when it began
     _cold: bool = field(init=False, default=False, repr=False)  # the running stretch began before c was known
+    _steady: bool = field(init=False, default=False, repr=False)  # the latest pass verified a draft: no backlog
     _timed: tuple[int, float] | None = field(init=False, default=None, repr=False)  # the latest drafted pass's time
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
@@ -196,6 +200,7 @@ class AutoPolicy:
             self._choice = None
 
     def reset(self) -> None:
+        self._steady = False
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
         self._choice = None
@@ -248,6 +253,7 @@ class AutoPolicy:
         ``overhead``: this pass's catch-up time over its verification time (None: not measured)."""
         proposed, accepted = check_update(proposed, accepted)
         if proposed == 0:
+            self._steady = False
             return
         self._choice = None
         tokens = tokens or proposed
@@ -260,7 +266,8 @@ class AutoPolicy:
         cold = self.c_estimate is None  # a pass of the start gamma, drafted before any decision
         if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
             self.c_estimate = c * pass_cost if self._probing else self._smooth(self.c_estimate, c * pass_cost)
-        if overhead is not None and math.isfinite(overhead) and overhead >= 0:
+        steady, self._steady = self._steady, True
+        if steady and overhead is not None and math.isfinite(overhead) and overhead >= 0:
             self.overhead = self._smooth(self.overhead, overhead * pass_cost)
         self._account(accepted + 1, self._spent(proposed, tokens, pass_cost, c, overhead), cold)
 
@@ -295,11 +302,19 @@ class AutoPolicy:
             if pays:
                 self.interval = self.probe_every
             return
-        if probing or not (pays or self._cold):
-            self.interval = min(2 * int(self._stretch[2]), self.max_probe_every)
-        elif not self._cold:
+        if pays and (probing or not self._cold):
             self.interval = self.probe_every
+        elif probing or not self._cold:  # it lost: back off only when it lost more than the margin allows
+            doubled = min(2 * int(self._stretch[2]), self.max_probe_every)
+            self.interval = doubled if self._lost_beyond_margin() else int(self._stretch[2])
         self._stretch, self._cold = [0.0, 0.0, 0.0], False
+
+    def _lost_beyond_margin(self) -> bool:
+        """Whether the stretch that just ended lost more plain passes than probing at the interval it began at may
+        cost: ``min_speedup - 1`` a pass, the margin a predicted gain must beat (a one-token chain probe that loses
+        a few hundredths of a pass leaves the interval as it is; a dear probe doubles it until it fits)."""
+        tokens, cost, interval = self._stretch
+        return cost - tokens > (self.min_speedup - 1.0) * interval
 
     def _smooth(self, previous: float | None, value: float) -> float:
         return value if previous is None else previous + self.c_smoothing * (value - previous)
