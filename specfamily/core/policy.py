@@ -312,8 +312,13 @@ class AutoPolicy:
     def _lost_beyond_margin(self) -> bool:
         """Whether the stretch that just ended lost more plain passes than probing at the interval it began at may
         cost: ``min_speedup - 1`` a pass, the margin a predicted gain must beat (a one-token chain probe that loses
-        a few hundredths of a pass leaves the interval as it is; a dear probe doubles it until it fits)."""
+        a few hundredths of a pass leaves the interval as it is; a dear probe doubles it until it fits). A loss
+        counts in full when no acceptance could pay at the running costs (every depth accepted still predicts no
+        gain: the probes then only re-measure c, as rarely as before)."""
         tokens, cost, interval = self._stretch
+        if not best_draft_length([1.0] * self.max_gamma, self.c_estimate, self._cost, self.min_speedup,
+                                 self.overhead)[0]:
+            return cost > tokens
         return cost - tokens > (self.min_speedup - 1.0) * interval
 
     def _smooth(self, previous: float | None, value: float) -> float:

@@ -168,3 +168,17 @@ def test_a_probes_catch_up_is_charged_to_it_and_only_a_steady_backlog_enters_the
     policy.update(1, 1, 0.0, tokens=1)
     policy.update(1, 1, 0.0, tokens=1, overhead=0.5)  # after a drafted pass: a steady backlog
     assert policy.overhead == pytest.approx(0.3 * 0.5 * 1.03)  # smoothed, in plain passes
+
+
+def test_probes_that_no_acceptance_could_make_pay_back_off_as_before():
+    """c = 1.2 a draft step: even every draft accepted gives 2 tokens for 2.2 passes, so a probe can only re-measure
+    c. Each such probe loses 0.2 passes, within the margin from an interval of 16 (0.32) on, and still doubles the
+    interval up to max_probe_every, as it did before the margin rule (which alone stops at 16)."""
+    policy = AutoPolicy(1, probe_every=4, max_probe_every=64, verify_cost=1.0)
+    intervals = []
+    for _ in range(400):
+        gamma = policy.next_gamma()
+        policy.update(gamma, gamma, 1.2 if gamma else None, tokens=gamma)  # accepted whole, and still dear
+        if gamma:
+            intervals.append(policy.interval)
+    assert intervals[-3:] == [64, 64, 64], intervals
