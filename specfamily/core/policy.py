@@ -107,9 +107,11 @@ class AutoPolicy:
     silence a run whose drafts pay later), and goes back to ``probe_every`` after a stretch or probe that paid. A
     tree's probe when no length predicts a gain is the deepest draft, up to ``gamma``, whose verification costs at
     most ``probe_cost`` plain passes (at least depth 1): a full tree as a probe costs more than the gain it could
-    find; a chain still probes at ``gamma``. Estimates carry over
-    to the next request, down-weighted to ``memory`` of their counts. ``max_gamma`` caps the draft length (tree
-    drafters cap it at their calibrated depth).
+    find; a chain still probes at ``gamma``. Estimates carry over to the next request; counts beyond ``evidence``
+    observations at depth 1 are down-weighted (to at least ``memory`` of them). A request's first drafted pass's
+    catch-up (a draft model's prompt prefill) is measured as ``start_cost`` and, until a request drafts, spread over
+    the passes it has left (requests as long as the ones before) on top of ``overhead``. ``max_gamma`` caps the
+    draft length (tree drafters cap it at their calibrated depth).
 
     Costs are the run's own: it plans and converts with the bound curve times what ``timed`` passes measured of it
     (:class:`~specfamily.core.costs.MeasuredCost`), and once passes are timed it makes a plain pass whenever
@@ -128,10 +130,15 @@ class AutoPolicy:
     c_smoothing: float = 0.3
     refresh_every: int = 32
     probe_cost: float = 1.5
+    evidence: float = 64.0
     tried: list[float] = field(init=False, repr=False)
     accepted: list[float] = field(init=False, repr=False)
     c_estimate: float | None = field(init=False, default=None)
     overhead: float = field(init=False, default=0.0)  # per drafted pass, in one-token target passes
+    start_cost: float = field(init=False, default=0.0)  # a request's first drafted pass's catch-up, in passes
+    request_passes: float = field(init=False, default=0.0)  # passes a request takes (smoothed; 0: none ended)
+    started: bool = field(init=False, default=False)  # this request's drafter paid its start (a drafted pass)
+    request_pass: int = field(init=False, default=0)  # passes asked in this request
     width: float = field(init=False, default=1.0)  # draft tokens per depth (1 for chains)
     idle: int = field(init=False, default=0)  # passes since the last draft, across requests
     interval: int = field(init=False, default=0)  # passes between probes while drafting nothing
@@ -154,6 +161,8 @@ class AutoPolicy:
         self.refresh_every = check_int(self.refresh_every, "refresh_every", 1)
         self.interval = self.probe_every
         self.costs = MeasuredCost()
+        if not (math.isfinite(self.evidence) and self.evidence >= 0):
+            raise ValueError(f"evidence must be a finite number >= 0, got {self.evidence!r}")
         for name in ("prior_alpha", "memory", "c_smoothing"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
@@ -200,13 +209,21 @@ class AutoPolicy:
             self._choice = None
 
     def reset(self) -> None:
-        self._steady = False
-        self.tried = [n * self.memory for n in self.tried]
-        self.accepted = [n * self.memory for n in self.accepted]
-        self._choice = None
+        """A new request: counts beyond ``evidence`` observations at depth 1 are down-weighted (to at least
+        ``memory`` of them), so short requests keep their few observations instead of halving them each time."""
+        seen = self.tried[0]
+        keep = 1.0 if seen <= self.evidence else max(self.memory, self.evidence / seen)
+        self.tried = [n * keep for n in self.tried]
+        self.accepted = [n * keep for n in self.accepted]
+        if self.request_pass:
+            self.request_passes = self._smooth(self.request_passes or None, float(self.request_pass))
+        self._steady, self.started, self.request_pass, self._choice = False, False, 0, None
 
     def next_gamma(self) -> int:
         self.passes += 1
+        self.request_pass += 1
+        if not self.started and self.start_cost:
+            self._choice = None  # the start's share grows as the request's remaining passes shrink
         gamma = self._next()
         self.drafted += gamma > 0
         return gamma
@@ -230,12 +247,18 @@ class AutoPolicy:
         """(the draft length to use, 0 when none pays; the one to probe with; its predicted speedup), kept until the
         estimates change: while it drafts nothing a pass costs no arithmetic."""
         if self._choice is None:
-            acceptance = self.acceptance()
-            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup,
-                                               self.overhead)
-            best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, self.overhead)
+            acceptance, overhead = self.acceptance(), self.overhead + self._start_share()
+            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup, overhead)
+            best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, overhead)
             self._choice = (gamma, gamma or best[0] or self._probe_depth(), speedup if gamma else best[1])
         return self._choice
+
+    def _start_share(self) -> float:
+        """Until this request drafted: its start (the drafter's catch-up over the prompt and all it skipped, as the
+        requests before measured it) spread over the passes the request has left (as long as requests ran)."""
+        if self.started or not self.request_passes:
+            return 0.0
+        return self.start_cost / max(1.0, self.request_passes - self.request_pass + 1)
 
     def _probe_depth(self) -> int:
         """The probe when no length predicts a gain: for a tree (more than one token a depth) the deepest up to
@@ -267,6 +290,9 @@ class AutoPolicy:
         if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
             self.c_estimate = c * pass_cost if self._probing else self._smooth(self.c_estimate, c * pass_cost)
         steady, self._steady = self._steady, True
+        if not self.started and overhead is not None and math.isfinite(overhead) and overhead >= 0:
+            self.start_cost = self._smooth(self.start_cost or None, overhead * pass_cost)
+        self.started = True
         if steady and overhead is not None and math.isfinite(overhead) and overhead >= 0:
             self.overhead = self._smooth(self.overhead, overhead * pass_cost)
         self._account(accepted + 1, self._spent(proposed, tokens, pass_cost, c, overhead), cold)
@@ -334,7 +360,7 @@ class AutoPolicy:
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}; probes every {self.interval} idle passes; "
+                f"overhead {self.overhead:.2f}, start {self.start_cost:.2f}; probes every {self.interval} idle passes; "
                 f"{self.costs.describe((gamma or probe) * self.width, self._prior)}")
 
 
