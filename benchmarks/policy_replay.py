@@ -2,7 +2,8 @@
 
 Each request runs through ``sf.generate`` with the drafter at its defaults, but its ``AutoPolicy`` is told an idle
 cost table instead of what the run's passes took: every timed pass costs ``PLAIN_SECONDS * TABLE(g) * scale`` (g
-draft tokens; the plain pass unscaled), every drafted pass reports ``c`` and no catch-up. What it drafts then depends
+draft tokens; the plain pass unscaled), every drafted pass reports ``c`` and no catch-up but ``--start`` plain passes
+on a request's first (a draft model's prompt prefill), priced once per request that drafts. What it drafts then depends
 on the text and the policy alone, so two policies (``--baseline``: another ``policy.py``, e.g. main's from ``git show
 main:specfamily/core/policy.py > /tmp/policy_main.py``) are compared pass for pass on any machine, loaded or not.
 ``--settings`` lists ``c:scale`` pairs: how dear a draft step and a drafted pass are (scale 1.03: every drafted pass
@@ -34,9 +35,14 @@ PLAIN_SECONDS = 0.040
 class Priced:
     """An auto policy told the table's costs (``timed``) and a fixed c (``update``) instead of measured ones."""
 
-    def __init__(self, inner, c: float, scale: float) -> None:
+    def __init__(self, inner, c: float, scale: float, start: float = 0.0) -> None:
         self.inner, self.c, self.scale, self.curve = inner, c, scale, CostCurve.of(TABLE)
+        self.start, self.fresh = start, True
         self.verify_cost = None
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.fresh = True
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -49,7 +55,10 @@ class Priced:
 
     def update(self, proposed, accepted, c=None, tokens=None, verified=None, overhead=None) -> None:
         drafted = proposed > 0
-        self.inner.update(proposed, accepted, self.c if drafted else None, tokens, verified, 0.0 if drafted else None)
+        overhead = None
+        if drafted:  # a request's first drafted pass pays the start (as a draft model's prompt prefill), in
+            overhead, self.fresh = (self.start if self.fresh else 0.0) / self.curve(tokens or proposed), False
+        self.inner.update(proposed, accepted, self.c if drafted else None, tokens, verified, overhead)
 
 
 def load_policy(path: str) -> type:
@@ -60,17 +69,18 @@ def load_policy(path: str) -> type:
     return module.AutoPolicy
 
 
-def replay(target, name: str, cls: type, prompts, plain, args, c: float, scale: float) -> str:
+def replay(target, name: str, cls: type, prompts, plain, args, c: float, scale: float, start: float) -> str:
     curve = CostCurve.of(TABLE)
     drafter = sf.create_drafter(name, target)
     own = drafter.policy
-    drafter.policy = Priced(cls(own.gamma, max_gamma=own.max_gamma), c, scale)
+    drafter.policy = Priced(cls(own.gamma, max_gamma=own.max_gamma), c, scale, start)
     passes = fed = accepted = 0
     cost = 0.0
     for i, prompt in enumerate(prompts):
         result = sf.generate(target, drafter, prompt, args.max_new_tokens, seed=i)
         if result.tokens != plain[i]:
             raise AssertionError(f"{name}: request {i} differs from plain decoding")
+        cost += start if any(len(draft) for draft in result.trace.draft_tokens) else 0.0
         for draft, path in zip(result.trace.draft_tokens, result.trace.accepted, strict=True):
             passes, fed, accepted = passes + 1, fed + len(draft), accepted + len(path)
             cost += curve(len(draft)) * scale + c * len(draft) if draft else 1.0
@@ -86,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=0, help="keep each prompt's last N tokens; 0: whole")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--settings", default="0.002:1.0,0.01:1.03", help="c:scale pairs")
+    parser.add_argument("--start", type=float, default=0.0,
+                        help="a request's first drafted pass's catch-up, in plain passes (a draft model's prompt)")
     parser.add_argument("--baseline", default="", help="another policy.py whose AutoPolicy to replay beside this one")
     args = parser.parse_args(argv)
     set_threads(1)
@@ -101,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.drafters.split(","):
             for label, cls in policies:
                 print(f"c {c:g} scale {scale:g} {name} {label}: "
-                      f"{replay(target, name, cls, prompts, plain, args, c, scale)}", flush=True)
+                      f"{replay(target, name, cls, prompts, plain, args, c, scale, args.start)}", flush=True)
     return 0
 
 
