@@ -63,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label}: {passes} passes; {drafter.policy.describe()}", flush=True)
     for label in arms:
         speedups = [p / s for p, s in zip(times["plain"], times[label], strict=True)]
-        print(f"{args.drafter} {label}: median speedup {statistics.median(speedups[1:] or speedups):.3f} "
-              f"(rounds 2 on), each {[round(x, 3) for x in speedups]}", flush=True)
+        print(
+            f"{args.drafter} {label}: median speedup {statistics.median(speedups[1:] or speedups):.3f} "
+            f"(rounds 2 on), each {[round(x, 3) for x in speedups]}",
+            flush=True,
+        )
     return 0
 
 
