@@ -97,7 +97,7 @@ def generate(
     if drafter is not None:
         drafter.begin(ctx)  # before the reset: a drafter may run the target itself while it begins
     target.reset()
-    pending, drafted_before = ids.to(device), False
+    pending = ids.to(device)
     try:
         while len(new_tokens) < max_new_tokens:
             remaining = max_new_tokens - len(new_tokens)
@@ -125,10 +125,10 @@ def generate(
             if drafter is not None:
                 if len(pending) == 1 and draft.side is None:  # not the prefill nor side rows: a pass the policy plans
                     policy.timed(len(draft), c2 - c1)
-                _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, drafted_before)
+                _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start, out.logits,
                                          out.side_logits))
-            pending, drafted_before = torch.tensor([next_token], dtype=torch.long, device=device), depth > 0
+            pending = torch.tensor([next_token], dtype=torch.long, device=device)
     finally:
         if own is not None:
             own.end()
@@ -166,14 +166,13 @@ def _bind_costs(policy: BoundHooks, target: Target, ids: torch.Tensor, clock) ->
     return clock() - start
 
 
-def _report(policy, draft: Draft, depth: int, accepted: list[int], draft_seconds: float, verify_seconds: float,
-            steady: bool) -> None:
+def _report(policy, draft: Draft, depth: int, accepted: list[int], draft_seconds: float, verify_seconds: float) -> None:
     """Tell the policy about one verification: this pass's own c (one draft step, catch-up left out, over this
-    verification) and, after a drafted pass (a steady backlog, not an idle stretch's), the catch-up over it."""
+    verification) and its catch-up over it (the policy tells a steady backlog from an idle stretch's)."""
     c = overhead = None
     if depth and verify_seconds > 0:
         c = max(0.0, draft_seconds - draft.catch_up_seconds) / depth / verify_seconds
-        overhead = draft.catch_up_seconds / verify_seconds if steady else None
+        overhead = draft.catch_up_seconds / verify_seconds
     verified = draft.verified_depth(accepted) if depth else 0
     policy.update(depth, len(accepted), c, tokens=len(draft), verified=verified, overhead=overhead)
 

@@ -99,14 +99,19 @@ class AutoPolicy:
     length, or at ``gamma`` when none predicts a gain: a one-token probe never learns how deep drafts are accepted),
     first after ``probe_every`` passes, then at doubling intervals up to ``max_probe_every``. The schedule counts the
     passes of the whole run (a drafter object serves many requests): ``reset`` keeps it. An interval doubles after a
-    probe was verified and did not pay, and after a stretch of drafted passes that lost (its accepted tokens plus one a
-    pass fewer than its cost in plain passes: each pass's verification as timed, else as costed, plus its own draft
-    steps and catch-up): a probe that makes the estimates look good for a few losing passes counts as a losing probe.
-    It goes back to ``probe_every`` while a stretch pays. A tree's probe when no length predicts a gain is the deepest
-    draft, up to ``gamma``, whose verification costs at most ``probe_cost`` plain passes (at least depth 1): a full
-    tree as a probe costs more than the gain it could find; a chain still probes at ``gamma``. Estimates carry over
-    to the next request, down-weighted to ``memory`` of their counts. ``max_gamma`` caps the draft length (tree
-    drafters cap it at their calibrated depth).
+    probe was verified and lost, and after a stretch of drafted passes that lost (its accepted tokens plus one a pass
+    fewer than its cost in plain passes: each pass's verification as timed, else as costed, plus its own draft steps
+    and catch-up, an idle stretch's backlog included): a probe that makes the estimates look good for a few losing
+    passes counts as a losing probe. It doubles only when the loss exceeds what probing at that interval may cost,
+    ``min_speedup - 1`` plain passes a pass (cheap chain probes keep their interval: a long losing start must not
+    silence a run whose drafts pay later), and goes back to ``probe_every`` after a stretch or probe that paid. A
+    tree's probe when no length predicts a gain is the deepest draft, up to ``gamma``, whose verification costs at
+    most ``probe_cost`` plain passes (at least depth 1): a full tree as a probe costs more than the gain it could
+    find; a chain still probes at ``gamma``. Estimates carry over to the next request, down-weighted to ``memory`` of
+    their counts. A request's first drafted pass's
+    catch-up (a draft model's prompt prefill) is measured as ``start_cost`` and, until a request drafts, spread over
+    the passes it has left (requests as long as the ones before) on top of ``overhead``. ``max_gamma`` caps the
+    draft length (tree drafters cap it at their calibrated depth).
 
     Costs are the run's own: it plans and converts with the bound curve times what ``timed`` passes measured of it
     (:class:`~specfamily.core.costs.MeasuredCost`), and once passes are timed it makes a plain pass whenever
@@ -129,6 +134,10 @@ class AutoPolicy:
     accepted: list[float] = field(init=False, repr=False)
     c_estimate: float | None = field(init=False, default=None)
     overhead: float = field(init=False, default=0.0)  # per drafted pass, in one-token target passes
+    start_cost: float = field(init=False, default=0.0)  # a request's first drafted pass's catch-up, in passes
+    request_passes: float = field(init=False, default=0.0)  # passes a request takes (smoothed; 0: none ended)
+    started: bool = field(init=False, default=False)  # this request's drafter paid its start (a drafted pass)
+    request_pass: int = field(init=False, default=0)  # passes asked in this request
     width: float = field(init=False, default=1.0)  # draft tokens per depth (1 for chains)
     idle: int = field(init=False, default=0)  # passes since the last draft, across requests
     interval: int = field(init=False, default=0)  # passes between probes while drafting nothing
@@ -139,6 +148,7 @@ class AutoPolicy:
     _stretch: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # tokens,
     # cost, the interval when it began
     _cold: bool = field(init=False, default=False, repr=False)  # the running stretch began before c was known
+    _steady: bool = field(init=False, default=False, repr=False)  # the latest pass verified a draft: no backlog
     _timed: tuple[int, float] | None = field(init=False, default=None, repr=False)  # the latest drafted pass's time
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
 
@@ -196,12 +206,19 @@ class AutoPolicy:
             self._choice = None
 
     def reset(self) -> None:
+        """A new request: the counts are down-weighted to ``memory`` of them (acceptance differs between requests:
+        small_model on the 32/32 workload accepts 0 of 8 drafts in the first request, ~0.25 in the second)."""
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
-        self._choice = None
+        if self.request_pass:
+            self.request_passes = self._smooth(self.request_passes or None, float(self.request_pass))
+        self._steady, self.started, self.request_pass, self._choice = False, False, 0, None
 
     def next_gamma(self) -> int:
         self.passes += 1
+        self.request_pass += 1
+        if not self.started and self.start_cost:
+            self._choice = None  # the start's share grows as the request's remaining passes shrink
         gamma = self._next()
         self.drafted += gamma > 0
         return gamma
@@ -225,12 +242,18 @@ class AutoPolicy:
         """(the draft length to use, 0 when none pays; the one to probe with; its predicted speedup), kept until the
         estimates change: while it drafts nothing a pass costs no arithmetic."""
         if self._choice is None:
-            acceptance = self.acceptance()
-            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup,
-                                               self.overhead)
-            best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, self.overhead)
+            acceptance, overhead = self.acceptance(), self.overhead + self._start_share()
+            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup, overhead)
+            best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, overhead)
             self._choice = (gamma, gamma or best[0] or self._probe_depth(), speedup if gamma else best[1])
         return self._choice
+
+    def _start_share(self) -> float:
+        """Until this request drafted: its start (the drafter's catch-up over the prompt and all it skipped, as the
+        requests before measured it) spread over the passes the request has left (as long as requests ran)."""
+        if self.started or not self.request_passes:
+            return 0.0
+        return self.start_cost / max(1.0, self.request_passes - self.request_pass + 1)
 
     def _probe_depth(self) -> int:
         """The probe when no length predicts a gain: for a tree (more than one token a depth) the deepest up to
@@ -248,6 +271,7 @@ class AutoPolicy:
         ``overhead``: this pass's catch-up time over its verification time (None: not measured)."""
         proposed, accepted = check_update(proposed, accepted)
         if proposed == 0:
+            self._steady = False
             return
         self._choice = None
         tokens = tokens or proposed
@@ -260,7 +284,11 @@ class AutoPolicy:
         cold = self.c_estimate is None  # a pass of the start gamma, drafted before any decision
         if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
             self.c_estimate = c * pass_cost if self._probing else self._smooth(self.c_estimate, c * pass_cost)
-        if overhead is not None and math.isfinite(overhead) and overhead >= 0:
+        steady, self._steady = self._steady, True
+        if not self.started and overhead is not None and math.isfinite(overhead) and overhead >= 0:
+            self.start_cost = self._smooth(self.start_cost or None, overhead * pass_cost)
+        self.started = True
+        if steady and overhead is not None and math.isfinite(overhead) and overhead >= 0:
             self.overhead = self._smooth(self.overhead, overhead * pass_cost)
         self._account(accepted + 1, self._spent(proposed, tokens, pass_cost, c, overhead), cold)
 
@@ -295,11 +323,24 @@ class AutoPolicy:
             if pays:
                 self.interval = self.probe_every
             return
-        if probing or not (pays or self._cold):
-            self.interval = min(2 * int(self._stretch[2]), self.max_probe_every)
-        elif not self._cold:
+        if pays and (probing or not self._cold):
             self.interval = self.probe_every
+        elif probing or not self._cold:  # it lost: back off only when it lost more than the margin allows
+            doubled = min(2 * int(self._stretch[2]), self.max_probe_every)
+            self.interval = doubled if self._lost_beyond_margin() else int(self._stretch[2])
         self._stretch, self._cold = [0.0, 0.0, 0.0], False
+
+    def _lost_beyond_margin(self) -> bool:
+        """Whether the stretch that just ended lost more plain passes than probing at the interval it began at may
+        cost: ``min_speedup - 1`` a pass, the margin a predicted gain must beat (a one-token chain probe that loses
+        a few hundredths of a pass leaves the interval as it is; a dear probe doubles it until it fits). A loss
+        counts in full when no acceptance could pay at the running costs (every depth accepted still predicts no
+        gain: the probes then only re-measure c, as rarely as before)."""
+        tokens, cost, interval = self._stretch
+        if not best_draft_length([1.0] * self.max_gamma, self.c_estimate, self._cost, self.min_speedup,
+                                 self.overhead)[0]:
+            return cost > tokens
+        return cost - tokens > (self.min_speedup - 1.0) * interval
 
     def _smooth(self, previous: float | None, value: float) -> float:
         return value if previous is None else previous + self.c_smoothing * (value - previous)
@@ -314,7 +355,7 @@ class AutoPolicy:
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}; probes every {self.interval} idle passes; "
+                f"overhead {self.overhead:.2f}, start {self.start_cost:.2f}; probes every {self.interval} idle passes; "
                 f"{self.costs.describe((gamma or probe) * self.width, self._prior)}")
 
 

@@ -99,16 +99,19 @@ class _Recorder:
         self.updates.append((args, kwargs))
 
 
-def test_c_leaves_catch_up_out_and_overhead_counts_only_a_steady_backlog():
+def test_c_leaves_catch_up_out_and_every_drafted_pass_reports_its_catch_up():
+    """The catch-up goes to the policy on every drafted pass (the policy tells a steady backlog from an idle
+    stretch's: test_policy_probes.py), never into c; a plain pass reports neither."""
     draft = sf.Draft.chain([4, 5, 6])
     draft.catch_up_seconds = 0.5
     policy = _Recorder()
-    loop._report(policy, draft, 3, [0], draft_seconds=0.8, verify_seconds=0.1, steady=False)
+    loop._report(policy, draft, 3, [0], draft_seconds=0.8, verify_seconds=0.1)
     (args, kwargs), = policy.updates
     assert args[:2] == (3, 1)
-    assert args[2] == pytest.approx((0.8 - 0.5) / 3 / 0.1) and kwargs["overhead"] is None and kwargs["verified"] == 2
-    loop._report(policy, draft, 3, [0, 1, 2], draft_seconds=0.8, verify_seconds=0.1, steady=True)
-    assert policy.updates[-1][1]["overhead"] == pytest.approx(5.0) and policy.updates[-1][1]["verified"] == 3
+    assert args[2] == pytest.approx((0.8 - 0.5) / 3 / 0.1) and kwargs["overhead"] == pytest.approx(5.0)
+    assert kwargs["verified"] == 2
+    loop._report(policy, sf.Draft.empty(), 0, [], draft_seconds=0.0, verify_seconds=0.1)
+    assert policy.updates[-1][0][:3] == (0, 0, None) and policy.updates[-1][1]["overhead"] is None
 
 
 @pytest.mark.parametrize("name", ["eagle", "eagle3"])

@@ -175,6 +175,24 @@ def test_auto_keeps_part_of_its_estimates_across_requests():
     assert policy.tried[:2] == [0.5, 0.5] and policy.c_estimate is not None
 
 
+def test_auto_charges_a_requests_start_until_it_drafts():
+    """A draft model's prompt prefill (the catch-up of a request's first drafted pass) is paid once per request:
+    spread over a 30-pass request it turns a 1.03x gain (alpha 0.17, c 0.11) into a loss, so the next request drafts
+    nothing until a probe; with no start cost it drafts at once. Once a request drafted, its start is sunk."""
+    asked = {}
+    for start in (0.0, 2.0):
+        policy = AutoPolicy(1, max_gamma=1, verify_cost=1.0, prior_weight=1e-9)
+        policy.reset()
+        for index in range(30):
+            policy.next_gamma()
+            policy.update(1, int(index % 6 == 0), 0.11, tokens=1, overhead=start if index == 0 else 0.0)
+        assert policy.start_cost == pytest.approx(start) and policy.started
+        policy.reset()
+        asked[start] = [policy.next_gamma() for _ in range(3)]
+        assert not policy.started and policy.request_passes == 30
+    assert asked == {0.0: [1, 1, 1], 2.0: [0, 0, 0]}
+
+
 @pytest.mark.parametrize("option", [{"memory": 1.5}, {"prior_weight": 0.0}, {"probe_every": 0}, {"max_gamma": 0},
                                     {"probe_every": 8, "max_probe_every": 4}])
 def test_auto_rejects_bad_options(option):

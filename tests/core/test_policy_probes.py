@@ -127,3 +127,58 @@ def test_an_idle_auto_policy_does_not_plan_again_after_each_plain_pass(monkeypat
     policy.timed(4, 0.030)  # the scale at 4 draft tokens moves: plan again
     policy.next_gamma()
     assert len(calls) > planned
+
+
+def _probe_intervals(c: float, passes: int = 120) -> list[int]:
+    """Nothing is ever accepted, a draft token costs 0.02 plain passes to verify and ``c`` to draft: the interval
+    after each drafted pass of ``passes`` (the opening stretch drafted before c was known, then one probe each)."""
+    policy = AutoPolicy(1, probe_every=4, max_probe_every=64, verify_cost=lambda g: 1.0 + 0.02 * g)
+    intervals = []
+    for _ in range(passes):
+        gamma = policy.next_gamma()
+        policy.update(gamma, 0, c if gamma else None, tokens=gamma)
+        if gamma:
+            intervals.append(policy.interval)
+    return intervals
+
+
+def test_a_probe_that_loses_within_the_margin_keeps_the_interval_and_a_dear_one_doubles_it_until_it_fits():
+    """A one-token probe that finds nothing loses 0.02 + c plain passes. Probing every n passes may cost
+    (min_speedup - 1) n = 0.02 n: at c = 0 (0.02 a probe) the policy probes every 4 passes throughout; at c = 0.2
+    (0.224 a probe) the interval doubles until 0.02 n covers it (n = 16), not on up to max_probe_every."""
+    cheap, dear = _probe_intervals(0.0), _probe_intervals(0.2)
+    assert len(cheap) > 20 and set(cheap) == {4}, cheap
+    assert dear[-6:] == [16] * 6 and sorted(set(dear)) == [4, 8, 16], dear
+
+
+def test_a_probes_catch_up_is_charged_to_it_and_only_a_steady_backlog_enters_the_overhead():
+    """The catch-up on the first drafted pass after plain ones (an idle stretch's backlog) is what that pass cost:
+    it is charged to the probe (0.5 passes: it loses 0.545 passes, beyond the 0.08 that probing every 4 may cost, and
+    the interval doubles; at 0.04 it loses 0.071 and does not) but not taken as the drafter's per-pass overhead; a
+    drafted pass right after a drafted one gives that."""
+    for catch_up, interval in ((0.5, 8), (0.04, 4)):
+        policy = AutoPolicy(1, probe_every=4, max_probe_every=64, verify_cost=1.03)
+        for _ in range(30):  # the opening stretch: nothing accepted; it ends idle
+            policy.update(1, 0, 0.0, tokens=1)
+        policy.update(0, 0)  # a plain pass: the next draft follows an idle stretch
+        policy._stretch, policy.interval = [0.0, 0.0, 0.0], 4
+        policy._probing = True
+        policy.update(1, 0, 0.0, tokens=1, overhead=catch_up)
+        assert policy.overhead == 0.0 and policy.interval == interval, (catch_up, policy.interval)
+    policy.update(1, 1, 0.0, tokens=1)
+    policy.update(1, 1, 0.0, tokens=1, overhead=0.5)  # after a drafted pass: a steady backlog
+    assert policy.overhead == pytest.approx(0.3 * 0.5 * 1.03)  # smoothed, in plain passes
+
+
+def test_probes_that_no_acceptance_could_make_pay_back_off_as_before():
+    """c = 1.2 a draft step: even every draft accepted gives 2 tokens for 2.2 passes, so a probe can only re-measure
+    c. Each such probe loses 0.2 passes, within the margin from an interval of 16 (0.32) on, and still doubles the
+    interval up to max_probe_every, as it did before the margin rule (which alone stops at 16)."""
+    policy = AutoPolicy(1, probe_every=4, max_probe_every=64, verify_cost=1.0)
+    intervals = []
+    for _ in range(400):
+        gamma = policy.next_gamma()
+        policy.update(gamma, gamma, 1.2 if gamma else None, tokens=gamma)  # accepted whole, and still dear
+        if gamma:
+            intervals.append(policy.interval)
+    assert intervals[-3:] == [64, 64, 64], intervals
