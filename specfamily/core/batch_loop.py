@@ -243,5 +243,4 @@ class _Batch(BatchPlanning, BatchRequests):
             _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds)
             request.drafter.observe(_outcome(draft, accepted, committed, out.features, m, start, out.logits))
         request.pending = torch.tensor([next_token], dtype=torch.long, device=self.target.device)
-        request.drafted_before = depth > 0
 

@@ -40,7 +40,6 @@ class Request:
     prefilled: bool = False
     asked: int = 0  # steady passes its drafter was asked for tokens, and of those
     given: int = 0  # the ones it proposed some in (prompt lookup and suffix often find nothing to propose)
-    drafted_before: bool = False
     done: bool = False
     tally: Tally = field(default_factory=Tally)  # its drafted levels verified and accepted, per depth
 
