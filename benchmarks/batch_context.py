@@ -19,7 +19,7 @@ import argparse
 import statistics
 import sys
 
-from common import make_clock, quiet_transformers, set_threads, spec_bench_prompts
+from common import workload
 
 import specfamily as sf
 from specfamily.core import batch_costs
@@ -64,13 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    set_threads(args.threads)
-    quiet_transformers()
-    clock = make_clock(args.clock)
-    target = sf.load_target(args.target, matmul=args.matmul)
-    prompts, _ = spec_bench_prompts(args.per_category, target.tokenizer)
-    if args.max_prompt_tokens > 0:
-        prompts = [p[-args.max_prompt_tokens :] for p in prompts]
+    clock, target, prompts = workload(args)
     gammas = [int(g) for g in args.gammas.split(",") if g]
     arms = [("plain", "plain", None)]
     for name in args.drafters.split(","):

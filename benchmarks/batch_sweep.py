@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from common import make_clock, quiet_transformers, set_threads, spec_bench_prompts
+from common import workload
 
 import specfamily as sf
 from specfamily.core.batch_loop import cache_capacity
@@ -173,13 +173,7 @@ def make_drafter(name: str, target, gamma: int | None):
 
 
 def sweep(args) -> Sweep:
-    set_threads(args.threads)
-    quiet_transformers()
-    clock = make_clock(args.clock)
-    target = sf.load_target(args.target, matmul=args.matmul)
-    prompts, _ = spec_bench_prompts(args.per_category, target.tokenizer)
-    if args.max_prompt_tokens > 0:
-        prompts = [p[-args.max_prompt_tokens:] for p in prompts]
+    clock, target, prompts = workload(args)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     if max(batches) * args.requests_per_slot > len(prompts):
         raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")

@@ -230,3 +230,19 @@ def add_matmul_option(parser) -> None:
                         help="our target's matmul: exact (bit-identical to transformers), skinny, stream (the C++ "
                              "few-row kernel), or auto (the fastest here, measured at load); transformers' rows "
                              "always multiply as transformers does")
+
+
+def workload(args):
+    """(clock, target, prompts) for a batch benchmark's ``args`` (threads, clock, target, matmul, per_category,
+    max_prompt_tokens): the threads set, the target loaded, Spec-Bench's first turns cut to their last
+    ``max_prompt_tokens`` (0: whole)."""
+    import specfamily as sf
+
+    set_threads(args.threads)
+    quiet_transformers()
+    clock = make_clock(args.clock)
+    target = sf.load_target(args.target, matmul=args.matmul)
+    prompts, _ = spec_bench_prompts(args.per_category, target.tokenizer)
+    if args.max_prompt_tokens > 0:
+        prompts = [p[-args.max_prompt_tokens :] for p in prompts]
+    return clock, target, prompts

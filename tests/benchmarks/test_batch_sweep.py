@@ -63,7 +63,7 @@ def test_the_default_runs_workload_keeps_whole_prompts(sweep_module, monkeypatch
         seen["per_category"] = per_category
         return [list(range(40)), list(range(50))], ["a", "b"]
 
-    monkeypatch.setattr(sweep_module, "spec_bench_prompts", fake_prompts)
+    monkeypatch.setattr(sys.modules["common"], "spec_bench_prompts", fake_prompts)  # the workload's, in common.py
     monkeypatch.setattr(sweep_module.sf, "load_target", lambda *a, **k: tiny_target("llama", vocab_size=64))
     args = ["--batch-sizes", "1", "--drafters", "prompt_lookup", "--no-hf", "--max-new-tokens", "2", "--clock", "wall"]
     whole = sweep_module.sweep(sweep_module.parse_args([*args, "--per-category", "1", "--max-prompt-tokens", "0"]))
