@@ -46,7 +46,7 @@ class RowCosts:
 
     def __post_init__(self) -> None:
         for key, kept in self.passes.items():
-            self.passes[key] = deque((o if isinstance(o, tuple) else (o, 0.0, 0.0) for o in kept), maxlen=self.history)
+            self.passes[key] = deque(kept, maxlen=self.history)
         self.refit()
 
     @classmethod

@@ -267,9 +267,9 @@ def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
         return [0] * len(prospects), 1.0
     reaches = [list(itertools.accumulate(p.acceptance, operator.mul)) for p in prospects]
     behind = [p.behind for p in prospects]
-    rows = [[n * p.context for n in p.rows] for p in prospects]  # each level's attended tokens
+    attended = [[n * p.context for n in p.rows] for p in prospects]  # each level's draft rows' cached tokens
     depth, gain = plan_together(reaches, [p.rows for p in prospects], seconds, step, len(prospects), drafted, behind,
-                                (rows, row_token))
+                                (attended, row_token))
     return [max(0, depth - b) for b in behind], gain
 
 

@@ -206,8 +206,8 @@ class AutoPolicy:
             self._choice = None
 
     def reset(self) -> None:
-        """A new request: the counts are down-weighted to ``memory`` of them (acceptance differs between requests:
-        small_model on the 32/32 workload accepts 0 of 8 drafts in the first request, ~0.25 in the second)."""
+        """A new request: the counts are down-weighted to ``memory`` of them (acceptance differs between requests;
+        docs/policy-costs.md, session 24, measured keeping short requests' counts whole: it did worse)."""
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
         if self.request_pass:
@@ -285,10 +285,11 @@ class AutoPolicy:
         if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
             self.c_estimate = c * pass_cost if self._probing else self._smooth(self.c_estimate, c * pass_cost)
         steady, self._steady = self._steady, True
-        if not self.started and overhead is not None and math.isfinite(overhead) and overhead >= 0:
+        measured = overhead is not None and math.isfinite(overhead) and overhead >= 0
+        if not self.started and measured:
             self.start_cost = self._smooth(self.start_cost or None, overhead * pass_cost)
         self.started = True
-        if steady and overhead is not None and math.isfinite(overhead) and overhead >= 0:
+        if steady and measured:
             self.overhead = self._smooth(self.overhead, overhead * pass_cost)
         self._account(accepted + 1, self._spent(proposed, tokens, pass_cost, c, overhead), cold)
 

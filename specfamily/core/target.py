@@ -86,7 +86,7 @@ class Target:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_logits = "logits_to_keep" in params
         self.verify_costs: dict[int, float] | None = None  # t(g + 1) / t(1) by g, measured on first need (core.costs)
-        self.batch_pass_costs: dict = {}  # (B, N) -> seconds of the latest batched passes (core.batch_lengths.RowCosts)
+        self.batch_pass_costs: dict = {}  # (B, N) -> the latest batched passes' (seconds, contexts) (core.batch_costs)
         self.batch_realized: dict = {}  # drafter class -> B -> drafted passes' gains (core.batch_goodput.kept_realized)
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()  # by (m, parents, device, dtype)
         lean = fast and lean_unsupported(model) is None

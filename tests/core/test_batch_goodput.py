@@ -13,6 +13,7 @@ from specfamily.core.batch_goodput import (
     Realized,
     backoff,
     correction,
+    end_odds,
     kept_realized,
     last_wave,
     plan_together,
@@ -293,3 +294,19 @@ def test_a_short_unlucky_stretch_does_not_stop_a_load_whose_passes_realized_thei
     assert kept.correction() == pytest.approx((24 * 1.5 + 6 * 0.6) / (30 * 1.5))
     assert 1.5 * correction({4: kept}, 4) > LengthPolicy().min_gain
     assert 1.5 * Realized(window=8, passes=passes).correction() < LengthPolicy().min_gain
+
+
+def test_tied_slots_share_the_batchs_end_by_symmetry_without_the_grid(monkeypatch):
+    """All slots tied: each 1/n exactly, with no torch grid built (host work on most passes of a tied wave); one
+    slot with more to go than the others takes more of the odds than each of them, through the grid."""
+    grid = torch.linspace
+
+    def no_grid(*args, **kwargs):
+        raise AssertionError("a tied wave built the grid")
+
+    monkeypatch.setattr(torch, "linspace", no_grid)
+    assert end_odds([2, 2, 2], horizon=10, spread=1.5) == [1 / 3] * 3
+    monkeypatch.setattr(torch, "linspace", grid)
+    odds = end_odds([0, 2, 2], horizon=10, spread=1.5)
+    assert sum(odds) == pytest.approx(1.0) and odds[0] > odds[1] == pytest.approx(odds[2])
+
