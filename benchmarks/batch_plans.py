@@ -63,13 +63,13 @@ class Priced:
     def t(self, batch: int, rows: int, slots: float | None = None, drafted: float = 0.0) -> float:
         """t(B, N) at ``near`` (``slots`` None or no far table), else priced at the pass's contexts: ``slots``
         cached tokens over its B slots and ``drafted`` over its N - B draft rows (each its slot's cached tokens)."""
-        near = _linear(sorted(self.passes[batch].items()), rows)
+        near_points = sorted(self.passes[batch].items())
+        near = _linear(near_points, rows)
         if slots is None or not self.far_passes or self.far <= self.near:
             return near
-        span = self.far - self.near
-        plain = _linear(sorted(self.far_passes[batch].items()), batch) - _linear(sorted(self.passes[batch].items()),
-                                                                                 batch)
-        grown = _linear(sorted(self.far_passes[batch].items()), rows) - near
+        span, far_points = self.far - self.near, sorted(self.far_passes[batch].items())
+        plain = _linear(far_points, batch) - _linear(near_points, batch)
+        grown = _linear(far_points, rows) - near
         k_slot = plain / (batch * span)
         k_row = (grown - plain) / ((rows - batch) * span) if rows > batch else 0.0
         return near + k_slot * (slots - batch * self.near) + k_row * (drafted - (rows - batch) * self.near)
@@ -78,17 +78,18 @@ class Priced:
         return max(0.0, _linear(sorted(self.prefill.items()), tokens) - self.t(1, 1))
 
     def to_json(self) -> dict:
-        far = {str(b): {str(n): s for n, s in v.items()} for b, v in (self.far_passes or {}).items()}
-        return {"passes": {str(b): {str(n): s for n, s in v.items()} for b, v in self.passes.items()},
-                "prefill": {str(p): s for p, s in self.prefill.items()}, "near": self.near, "far": self.far,
-                "far_passes": far}
+        return {"passes": _keyed(self.passes, str), "prefill": {str(p): s for p, s in self.prefill.items()},
+                "near": self.near, "far": self.far, "far_passes": _keyed(self.far_passes or {}, str)}
 
     @classmethod
     def from_json(cls, data: dict) -> Priced:
-        far = {int(b): {int(n): s for n, s in v.items()} for b, v in data.get("far_passes", {}).items()}
-        return cls({int(b): {int(n): s for n, s in v.items()} for b, v in data["passes"].items()},
-                   {int(p): s for p, s in data["prefill"].items()}, data.get("near", 0), data.get("far", 0),
-                   far or None)
+        return cls(_keyed(data["passes"], int), {int(p): s for p, s in data["prefill"].items()}, data.get("near", 0),
+                   data.get("far", 0), _keyed(data.get("far_passes", {}), int) or None)
+
+
+def _keyed(table: dict, key) -> dict:
+    """A {B: {N: seconds}} table with both levels' keys made ``key`` (str for JSON, int back)."""
+    return {key(b): {key(n): s for n, s in v.items()} for b, v in table.items()}
 
 
 def _linear(points: list[tuple[int, float]], x: float) -> float:

@@ -15,8 +15,7 @@ import statistics
 import sys
 import time
 
-from common import quiet_transformers, set_threads, spec_bench_prompts
-from policy_replay import load_policy
+from policy_replay import load_policy, requests
 
 import specfamily as sf
 from specfamily.core.policy import AutoPolicy
@@ -43,12 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--start-gamma", type=int, default=0, help="this arm's start gamma; 0: the drafter's")
     args = parser.parse_args(argv)
-    set_threads(1)
-    quiet_transformers()
-    target = sf.load_target("zoo:smollm2", matmul="stream")
-    prompts, _ = spec_bench_prompts(1, target.tokenizer)
-    prompts = [p[-args.max_prompt_tokens :] if args.max_prompt_tokens else p for p in prompts][: args.requests]
-    plain = [sf.generate(target, None, p, args.max_new_tokens, seed=i).tokens for i, p in enumerate(prompts)]
+    target, prompts, plain = requests(args)
     arms = {"baseline": load_policy(args.baseline), "this": AutoPolicy}
     times: dict[str, list[float]] = {"plain": [], "baseline": [], "this": []}
     for round_ in range(args.rounds):

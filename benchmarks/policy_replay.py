@@ -69,6 +69,19 @@ def load_policy(path: str) -> type:
     return module.AutoPolicy
 
 
+def requests(args) -> tuple:
+    """(target, prompts, their plain greedy texts): ``zoo:smollm2`` with the stream kernel on one thread, the first
+    ``args.requests`` Spec-Bench first turns (one a category), each cut to its last ``args.max_prompt_tokens`` (0:
+    whole), decoded plainly for ``args.max_new_tokens``."""
+    set_threads(1)
+    quiet_transformers()
+    target = sf.load_target("zoo:smollm2", matmul="stream")
+    prompts, _ = spec_bench_prompts(1, target.tokenizer)
+    prompts = [p[-args.max_prompt_tokens :] if args.max_prompt_tokens else p for p in prompts][: args.requests]
+    plain = [sf.generate(target, None, p, args.max_new_tokens, seed=i).tokens for i, p in enumerate(prompts)]
+    return target, prompts, plain
+
+
 def replay(target, name: str, cls: type, prompts, plain, args, c: float, scale: float, start: float) -> str:
     curve = CostCurve.of(TABLE)
     drafter = sf.create_drafter(name, target)
@@ -100,13 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a request's first drafted pass's catch-up, in plain passes (a draft model's prompt)")
     parser.add_argument("--baseline", default="", help="another policy.py whose AutoPolicy to replay beside this one")
     args = parser.parse_args(argv)
-    set_threads(1)
-    quiet_transformers()
-    target = sf.load_target("zoo:smollm2", matmul="stream")
+    target, prompts, plain = requests(args)
     target.verify_costs = dict(TABLE)
-    prompts, _ = spec_bench_prompts(1, target.tokenizer)
-    prompts = [p[-args.max_prompt_tokens:] if args.max_prompt_tokens else p for p in prompts][: args.requests]
-    plain = [sf.generate(target, None, p, args.max_new_tokens, seed=i).tokens for i, p in enumerate(prompts)]
     policies = [("this", AutoPolicy)] + ([("baseline", load_policy(args.baseline))] if args.baseline else [])
     for setting in args.settings.split(","):
         c, scale = (float(x) for x in setting.split(":"))
