@@ -3,7 +3,9 @@
 A pass over a few tokens reads every weight once; on a CPU at batch 1 its time is bounded below by the bytes it
 reads divided by the machine's read bandwidth. This script measures, in one process at a fixed thread count:
 
-- the read bandwidth: a sum over a large float32 tensor (``--gb``), best of ``--repeats``;
+- the read bandwidth: the faster of a sum over a float32 tensor of ``--gb`` GB and the stream kernel's one-row product
+  over a weight of that size, each best of ``--repeats`` (read again and again, as a pass reads its weights: on a
+  machine whose last-level cache holds much of the probe, so it does the weights);
 - the weights one pass reads: every linear weight of SmolLM2 (30 decoder layers and the tied LM head), from the
   fetched ``zoo:smollm2`` when it is in the cache, else random tensors of its shapes (``--weights``);
 - per pass size k = g + 1 (``--sizes``), the time of one product per weight for each matmul kind (exact = F.linear,
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specfamily.runtime.kernel import packed_bytes, stream_kernel
+from specfamily.runtime.kernel import drop_packed, packed_bytes, stream_kernel
 from specfamily.runtime.matmul import skinny_linear, stream_linear
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -73,6 +75,7 @@ class Report:
     unavailable: dict[str, str] = field(default_factory=dict)  # kind -> why it was not timed
     isa: str | None = None  # the stream kernel's instruction set
     packed_bytes: int = 0  # the stream kernel's packed copies of the weights: its memory cost
+    probes: dict[str, float] = field(default_factory=dict)  # each bandwidth probe's bytes / s (bandwidth: the best)
 
     @property
     def floor(self) -> float:
@@ -102,6 +105,35 @@ def read_bandwidth(gb: float, repeats: int) -> float:
         if round_:
             best = min(best, time.perf_counter() - start)
     return data.numel() * 4 / best
+
+
+def kernel_read_bandwidth(gb: float, repeats: int, width: int = 576) -> float | None:
+    """Bytes per second of the stream kernel reading a ``gb``-GB float32 weight in a one-row product (one FMA per
+    element, its lines fetched ahead: the fastest reader of weights this project has), best of ``repeats`` after the
+    warm-up call that packs it; None where the kernel is not available (no compiler, no x86)."""
+    if not stream_kernel().available:
+        return None
+    weight = torch.ones(max(1, int(gb * 1e9) // 4 // width), width)
+    row = torch.ones(1, width)
+    best = float("inf")
+    for round_ in range(repeats + 1):
+        start = time.perf_counter()
+        stream_linear(row, weight)
+        if round_:
+            best = min(best, time.perf_counter() - start)
+    read = packed_bytes([weight])
+    drop_packed([weight])
+    return read / best
+
+
+def floor_bandwidth(gb: float, repeats: int) -> tuple[float, dict[str, float]]:
+    """The machine's read bandwidth over a working set of ``gb`` GB read again and again (as a pass reads its weights):
+    the faster of a torch sum and the stream kernel's one-row product, with each probe's bytes per second."""
+    probes = {"sum": read_bandwidth(gb, repeats)}
+    kernel = kernel_read_bandwidth(gb, repeats)
+    if kernel is not None:
+        probes["stream product"] = kernel
+    return max(probes.values()), probes
 
 
 def zoo_weights() -> list[torch.Tensor] | None:
@@ -170,12 +202,12 @@ def measure(args: argparse.Namespace) -> Report:
     if len(sizes) != len(args.sizes.split(",")) or min(sizes, default=0) < 1:
         raise SystemExit(f"--sizes must be positive integers, got {args.sizes!r}")
     torch.set_num_threads(args.threads)
-    bandwidth = read_bandwidth(args.gb, args.repeats)
+    bandwidth, probes = floor_bandwidth(args.gb, args.repeats)
     weights, source = load_weights(args)
     linears, unavailable = kinds()
     seconds = time_sizes(weights, linears, sizes, args.repeats)
     return Report(args.threads, source, sum(w.numel() * w.element_size() for w in weights), bandwidth, seconds,
-                  unavailable, stream_kernel().isa, packed_bytes(weights))
+                  unavailable, stream_kernel().isa, packed_bytes(weights), probes)
 
 
 def markdown(report: Report) -> str:
@@ -183,7 +215,8 @@ def markdown(report: Report) -> str:
     sizes = sorted(next(iter(report.seconds.values())))
     head = "| kind | " + " | ".join(f"k={k}" for k in sizes) + " | t(1) / floor |"
     lines = [f"{report.threads} thread(s); weights {report.weights}, {report.bytes_read / 1e6:.0f} MB per pass; "
-             f"read bandwidth {report.bandwidth / 1e9:.1f} GB/s; floor {report.floor * 1e3:.2f} ms; "
+             f"read bandwidth {report.bandwidth / 1e9:.1f} GB/s ({probe_text(report.probes)}); "
+             f"floor {report.floor * 1e3:.2f} ms; "
              f"stream kernel: {report.isa or 'unavailable'}"
              + (f" (packed copies: {report.packed_bytes / 1e6:.0f} MB more)" if report.packed_bytes else ""),
              "", "ms per pass (best of the rounds):", "",
@@ -198,6 +231,11 @@ def markdown(report: Report) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{by_k[k] / by_k[sizes[0]]:.2f}" for k in sizes) + " |")
     lines += [f"\n{name}: not timed ({why})" for name, why in report.unavailable.items()]
     return "\n".join(lines)
+
+
+def probe_text(probes: dict[str, float]) -> str:
+    """'sum 28.1 GB/s, stream product 30.2 GB/s': what each bandwidth probe read."""
+    return ", ".join(f"{name} {value / 1e9:.1f} GB/s" for name, value in probes.items())
 
 
 def main(argv: Sequence[str] | None = None) -> Report:

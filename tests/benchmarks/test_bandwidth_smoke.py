@@ -54,3 +54,25 @@ def test_smollm2_shapes_read_what_its_pass_reads(bandwidth):
 def test_bad_sizes_are_refused(bandwidth):
     with pytest.raises(SystemExit, match="--sizes must be positive integers"):
         bandwidth.measure(bandwidth.parse_args(["--sizes", "0", "--shape", "tiny", "--gb", "0.001"]))
+
+
+def test_the_floor_takes_the_faster_probe_and_names_both(bandwidth):
+    best, probes = bandwidth.floor_bandwidth(0.002, 1)
+    assert probes["sum"] > 0 and best == max(probes.values())
+    if bandwidth.stream_kernel().available:
+        assert set(probes) == {"sum", "stream product"} and probes["stream product"] > 0
+    else:
+        assert set(probes) == {"sum"}
+    assert bandwidth.probe_text({"sum": 28.14e9, "stream product": 30.2e9}) == "sum 28.1 GB/s, stream product 30.2 GB/s"
+
+
+def test_the_kernel_probe_counts_the_bytes_it_read_and_keeps_no_copy(bandwidth, monkeypatch):
+    if not bandwidth.stream_kernel().available:
+        assert bandwidth.kernel_read_bandwidth(0.001, 1) is None
+        return
+    reads = []
+    monkeypatch.setattr(bandwidth, "packed_bytes", lambda weights: reads.append(list(weights)) or 1_000_000)
+    clock = iter(range(100))
+    monkeypatch.setattr(bandwidth.time, "perf_counter", lambda: next(clock) * 0.001)
+    assert bandwidth.kernel_read_bandwidth(0.001, 3) == 1e9  # 1 MB in 1 ms, the best of three timed calls
+    assert len(reads) == 1 and reads[0][0].shape == (1_000_000 // 4 // 576, 576)
