@@ -18,8 +18,9 @@ builds that source as a second extension and times whole passes (CPU time of thi
 with this checkout's C++ layer loop and with the base's, interleaved pass by pass, after checking that both give
 the same logits bit for bit: an A/B of a change to the loop in one process. ``--base-csrc DIR`` (a checkout's
 ``specfamily/runtime/csrc``, e.g. ``git archive main specfamily/runtime/csrc | tar -x -C /tmp/base``) does the same
-with that checkout's layer loop and stream kernel (its products and norms), and ``--base-argmax`` has the base arm
-pick greedy tokens with ``max(-1).indices`` (not the C++ warp's ``greedy_rows``), as main did before session 23.
+with that checkout's layer loop, stream kernel (its products and norms) and attention kernel, and ``--base-argmax``
+has the base arm pick greedy tokens with ``max(-1).indices`` (not the C++ warp's ``greedy_rows``), as main did before
+session 23.
 
     python benchmarks/pass_rest.py --threads 1 --lengths 400 --passes 30 [--base /tmp/base/native_layers.cpp]
     python benchmarks/pass_rest.py --threads 1 --lengths 200,700 --passes 40 \
@@ -212,15 +213,20 @@ def measure(target: Target, length: int, shapes: Shapes, passes: int, top: int,
 def base_layers(target: Target, source: Path, csrc: Path | None = None) -> NativeLayers:
     """``source`` built as its own extension (another name and folder), over the target's lean forward; with
     ``csrc`` (a checkout's ``runtime/csrc``), its layer loop calling its own stream kernel's products and norms."""
-    stream = None
+    stream = attention = None
     if csrc is not None:
         source = csrc / "layers" / "native_layers.cpp"
         kernel = csrc / "stream_linear.cpp"
         sources = kernel_sources(kernel)
         stream = build_extension("specfamily_stream_linear_base", sources,
                                  build_folder(kernel, [*sources, *sorted(csrc.glob("*.h"))], "stream_base"))
+        attend = csrc / "attention" / "attention.cpp"
+        if target.lean.attention is not None and attend.is_file():  # its attention kernel too
+            headers = [*sorted(attend.parent.glob("*.h")), csrc / "cpu_isa.h"]
+            attention = build_extension("specfamily_attention_base", [attend],
+                                        build_folder(attend, [attend, *headers], "attention_base"))
     module = build_extension("specfamily_native_layers_base", [source], build_folder(source, [source], "native_base"))
-    return NativeLayers(target.lean, module, stream)
+    return NativeLayers(target.lean, module, stream, attention)
 
 
 @contextlib.contextmanager

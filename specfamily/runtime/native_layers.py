@@ -106,13 +106,19 @@ class NativeLayers:
     """One lean forward's layers in C++; calling it runs one pass's layers, or returns None where it does not apply
     (module docstring). ``calls`` counts the passes it ran."""
 
-    def __init__(self, lean: LeanLlama, module: ModuleType, stream: ModuleType | None = None) -> None:
+    def __init__(self, lean: LeanLlama, module: ModuleType, stream: ModuleType | None = None,
+                 attention: ModuleType | None = None) -> None:
         """``stream``: the stream kernel's module whose product and norm the loop calls (default: this process's
-        ``stream_kernel()``; a benchmark passes another build to A/B the kernels)."""
+        ``stream_kernel()``); ``attention``: the attention kernel's module its planned passes attend with (default:
+        this process's ``attention_build()``). A benchmark passes other builds to A/B the kernels."""
         self.lean = lean
         self.count = lean._config.num_hidden_layers
-        attention = attention_build().module if lean.attention is not None else None
-        self._attend = None if attention is None else attention.attend  # the kernel its passes may be planned with
+        self._attend = None  # the kernel its passes may be planned with (this process's, whichever module attends)
+        if lean.attention is not None:
+            self._attend = attention_build().module.attend
+            attention = attention or attention_build().module
+        else:
+            attention = None
         self._native = module.NativeLayers(stream or stream_kernel().module, [_fields(layer) for layer in
                                                                                lean._layers[: self.count]], attention)
         self.reason: str | None = None  # why the Python loop runs for good, after a native pass failed
