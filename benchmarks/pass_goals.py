@@ -5,7 +5,8 @@ default run builds them; ``--code`` prompts of ``zoo:complete``), each prompt is
 every ``--every``-th new token the script times, interleaved and rotated, ``--repeats`` passes of each arm over that
 cache (then rolled back): forward + verification + commit, the loop's three steps. Clock (``--clock auto``): this
 process's CPU time on one thread (steadier on a shared machine), the wall clock on more (CPU time would add the
-threads up); the floor's bandwidth probe is best-of on the wall clock (``benchmarks/bandwidth.py``).
+threads up); the floor's bandwidth is the faster of two probes (a torch sum and the stream kernel's one-row product)
+over a working set the size of the weights (``--gb``), each best-of on the wall clock (``benchmarks/bandwidth.py``).
 
 - arms: ``plain`` (the root alone), ``chain`` (root + ``--nodes`` draft tokens, the commit keeps half: a crop) and
   ``tree`` (root + ``--nodes`` nodes in two branches, the commit keeps the second: a cache rewrite), each verified
@@ -36,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
-from bandwidth import read_bandwidth
+from bandwidth import floor_bandwidth, probe_text
 from common import make_clock, median_time, set_threads, spec_bench_prompts, write_json
 from pass_cost import Shapes, profile, weight_bytes
 from pass_goals_runs import Goal, goals_table, run_goals
@@ -87,7 +88,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-tokens", type=int, default=48, help="new tokens a prompt, plain decoding ms/token")
     parser.add_argument("--decode-rounds", type=int, default=2, help="rounds of plain decoding, greedy and sampled")
     parser.add_argument("--profile-passes", type=int, default=10, help="profiled passes per arm of a miss")
-    parser.add_argument("--gb", type=float, default=0.5, help="size of the bandwidth probe tensor, GB")
+    parser.add_argument("--gb", type=float, default=None,
+                        help="the bandwidth probes' working set, GB; default: the bytes of the target's weights")
     parser.add_argument("--bandwidth-repeats", type=int, default=20, help="the probe's best of this many reads")
     parser.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
                         help="auto: process CPU time on one thread, the wall clock on more")
@@ -300,14 +302,16 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     started = time.perf_counter()
     target = load_target(args.model, device="cpu", matmul=args.matmul)
     shapes, sets = Shapes(args.nodes), prompt_sets(target, args)
-    bandwidth = read_bandwidth(args.gb, args.bandwidth_repeats)
+    gb = weight_bytes(target) / 1e9 if args.gb is None else args.gb
+    bandwidth, probes = floor_bandwidth(gb, args.bandwidth_repeats)
     all_arms = {name: Arms() for name in sets}
     for name, prompts in sets.items():
         for number, prompt in enumerate(prompts, 1):
             measure_prompt(target, prompt, args, shapes, all_arms[name])
             print(f"{name} {number}/{len(prompts)}: {len(prompt)} prompt tokens, "
                   f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-    goals, result = [], {"sampling": str(CHAT), "bandwidth": bandwidth, "weights_bytes": weight_bytes(target),
+    goals, result = [], {"sampling": str(CHAT), "bandwidth": bandwidth, "probes": probes, "probe_gb": gb,
+                         "weights_bytes": weight_bytes(target),
                          "sets": {}}
     for name, prompts in sets.items():
         arms = all_arms[name]
@@ -343,7 +347,8 @@ def header(target: Target, args: argparse.Namespace, result: dict, all_arms: dic
     return (f"{args.model}, matmul {target.matmul}, {args.threads} thread(s), sampled = {result['sampling']} "
             f"(sampling=chat); {args.nodes} draft nodes (tree parents {Shapes(args.nodes).tree_parents}); "
             f"median of {args.repeats} rotated passes, {args.clock} clock; floor = (weights {weights / 1e6:.0f} MB + "
-            f"the KV cache read) / read bandwidth {result['bandwidth'] / 1e9:.1f} GB/s; {sets}; "
+            f"the KV cache read) / read bandwidth {result['bandwidth'] / 1e9:.1f} GB/s (the faster probe over "
+            f"{result['probe_gb']:.3f} GB: {probe_text(result['probes'])}); {sets}; "
             f"{result['seconds']:.0f} s\n")
 
 

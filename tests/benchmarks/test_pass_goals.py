@@ -58,6 +58,9 @@ def test_a_tiny_run_times_every_arm_over_growing_caches_and_splits_each_miss(goa
     printed = capsys.readouterr().out
     assert "sampled = SamplingConfig(temperature=0.7, top_k=0, top_p=0.9) (sampling=chat)" in printed
     assert "| complete: plain pass / floor (floor " in printed and "| set | arm | pass ms | products ms |" in printed
+    assert result["bandwidth"] == max(result["probes"].values()) and "sum" in result["probes"]
+    assert "(the faster probe over 0.001 GB: sum " in printed
+    assert goals.parse_args([]).gb is None  # by default the probes read a working set the size of the weights
     floor = result["goals"][0]["note"]
     assert " a pass: weights " in floor and " + KV cache " in floor and "over the weights alone" in floor
     assert "1 thread(s)" in printed and "cpu clock" in printed  # one thread: CPU time (more threads: the wall)
