@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 __all__ = ["Realized", "backoff", "behind_ends", "correction", "end_odds", "finishing", "kept_realized", "last_wave",
-           "near_end", "plan_together", "projected_ends", "realized_gain", "wave_of"]
+           "near_end", "plan_together", "projected_ends", "ratio_error", "realized_gain", "wave_of"]
 
 
 def realized_gain(tokens: float, seconds: float, plain_tokens: float, plain_seconds: float) -> float:
@@ -74,13 +74,29 @@ class Realized:
             self.passes.append((predicted, realized))
 
     def correction(self, borrowed: Sequence[tuple[float, float]] = ()) -> float:
-        """The correction over this window's passes and ``borrowed`` ones (a neighbouring load's)."""
+        """The correction over this window's passes and ``borrowed`` ones (a neighbouring load's): their ratio, shrunk
+        towards the prior, and from ``least`` passes on lifted by its own standard error (:func:`ratio_error`): a
+        window's ratio swings by that much with what its passes happened to accept, and a correction capped at 1 that
+        took every low swing in full held back plans that were right on average (docs/batching.md, session 25)."""
         passes = [*self.passes, *borrowed]
         if not passes:
             return min(1.0, self.doubt)
         ratio = sum(r for _, r in passes) / sum(p for p, _ in passes)
         shrunk = (len(passes) * ratio + self.weight * self.doubt) / (len(passes) + self.weight)
-        return min(1.0, shrunk, ratio) if len(passes) >= self.least else min(1.0, shrunk)
+        if len(passes) < self.least:
+            return min(1.0, shrunk)
+        return min(1.0, min(shrunk, ratio) + ratio_error(passes, ratio))
+
+
+def ratio_error(passes: Sequence[tuple[float, float]], ratio: float) -> float:
+    """The standard error of ``ratio`` = sum realized / sum predicted over ``passes`` (the delta method: the spread of
+    realized - ratio * predicted over the passes, over the mean prediction and the square root of their count)."""
+    n = len(passes)
+    if n < 2:
+        return 0.0
+    mean = sum(p for p, _ in passes) / n
+    spread = sum((r - ratio * p) ** 2 for p, r in passes) / (n - 1)
+    return math.sqrt(spread / n) / mean if mean > 0 else 0.0
 
 
 def kept_realized(target, drafter) -> dict[int, Realized]:

@@ -50,8 +50,8 @@ from specfamily.core.batch_goodput import (
 )
 from specfamily.core.types import Draft
 
-__all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "plan_lengths", "proposing",
-           "realized_gain", "truncated"]
+__all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "kept_tally", "plan_lengths",
+           "proposing", "realized_gain", "truncated"]
 
 
 @dataclass
@@ -79,6 +79,18 @@ class Tally:
             tried, accepted = (self.tried[d], self.accepted[d]) if d < len(self.tried) else (0.0, 0.0)
             out.append((accepted + a * weight) / (tried + weight))
         return out
+
+
+def kept_tally(target, drafter) -> Tally:
+    """The batch's pooled acceptance for ``drafter``'s class on ``target``, kept across ``generate_batch`` calls
+    (beside the realized windows, ``Target.batch_realized``; a target without it: a fresh tally, the run's own).
+    A call that started from the drafter's prior (worth ``batch_plan._POOL_WEIGHT`` passes) let its first requests'
+    first few misses pull every request's estimate to ~0.1, which then drafted nothing to learn otherwise
+    (docs/batching.md, session 25)."""
+    kept = getattr(target, "batch_realized", None)
+    if kept is None or drafter is None:
+        return Tally()
+    return kept.setdefault(("acceptance", type(drafter).__qualname__), Tally())
 
 
 @dataclass(frozen=True)

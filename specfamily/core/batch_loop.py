@@ -29,7 +29,7 @@ import torch
 from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_goodput import kept_realized
-from specfamily.core.batch_lengths import LengthPolicy, RowCosts, Tally
+from specfamily.core.batch_lengths import LengthPolicy, RowCosts, kept_tally
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.core.batch_requests import BatchRequests, Request
 from specfamily.core.batch_slots import SlotCopier, propose_batch
@@ -146,7 +146,7 @@ class _Batch(BatchPlanning, BatchRequests):
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
-        self.pooled = Tally()  # every request's drafted levels verified and accepted, per depth
+        self.pooled = kept_tally(target, drafter)  # every request's drafted levels and accepted, kept across calls
         self.live: list[Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features

@@ -17,9 +17,10 @@ from specfamily.core.batch_goodput import (
     kept_realized,
     last_wave,
     plan_together,
+    ratio_error,
     realized_gain,
 )
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, finishing, near_end, plan_lengths
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, Tally, finishing, kept_tally, near_end, plan_lengths
 from specfamily.core.types import Draft
 from specfamily.testing import OracleDrafter, tiny_target
 
@@ -121,9 +122,24 @@ def test_the_correction_borrows_the_nearest_load_while_its_own_window_is_short()
     realized[2] = Realized(passes=[(1.0, 1.0)] * 8)
     assert correction(realized, 3) == pytest.approx((8 + 1.9) / 10)  # the nearest (the smaller on a tie)
     realized[3] = Realized(window=8, passes=[(1.0, 0.5)] * 4)
-    assert correction(realized, 3) == pytest.approx((4 * 0.5 + 4) / 8)  # its 4 own and B=2's latest 4
+    assert correction(realized, 3) == pytest.approx(0.75 + math.sqrt(8 * 0.25**2 / 7 / 8))  # 4 own, B=2's latest 4
     realized[3] = Realized(window=8, passes=[(1.0, 0.9)] * 8)
     assert correction(realized, 3) == pytest.approx(0.9)  # a full window: its own alone
+
+
+def test_a_window_that_swings_is_held_back_only_by_what_it_shows_beyond_its_own_noise():
+    """A window of passes that realized their predictions on average, half of them lucky and half not, but whose
+    latest 32 leaned unlucky (ratio 0.9): the correction is its ratio lifted by its standard error, not 0.9 in full
+    (which, capped at 1, held back plans that were right on average); passes that all lost the same stay held."""
+    passes = [(1.2, 0.6)] * 18 + [(1.2, 1.8)] * 14  # ratio (18 0.6 + 14 1.8) / (32 1.2) = 0.9375
+    window = Realized(passes=passes)
+    ratio = sum(r for _, r in passes) / sum(p for p, _ in passes)
+    spread = sum((r - ratio * p) ** 2 for p, r in passes) / 31
+    assert ratio_error(passes, ratio) == pytest.approx(math.sqrt(spread / 32) / 1.2)
+    assert ratio_error(passes, ratio) == pytest.approx(0.0891, abs=1e-4)
+    assert window.correction() == 1.0  # 0.9375 + 0.0891, at most 1
+    assert Realized(passes=[(1.2, 0.6)] * 32).correction() == pytest.approx(0.5)  # no spread: the ratio in full
+    assert ratio_error([(1.0, 2.0)], 2.0) == 0.0
 
 
 def test_a_load_starts_its_backoff_from_its_own_record_else_the_nearest():
@@ -142,6 +158,15 @@ def test_windows_are_kept_on_the_target_per_drafter_class():
     assert kept_realized(target, object()) is kept and kept_realized(target, 1) is not kept
     assert kept_realized(object(), object()) == {}  # a target without the attribute: the run's own
     assert not math.isnan(correction(kept, 4))
+
+
+def test_the_pooled_acceptance_is_kept_on_the_target_per_drafter_class():
+    target = tiny_target("llama", vocab_size=64, spread=1.0)
+    pooled = kept_tally(target, object())
+    pooled.add(2, 1)
+    assert kept_tally(target, object()) is pooled and kept_tally(target, 1) is not pooled
+    assert kept_tally(target, None) == Tally() and kept_tally(object(), object()) == Tally()
+    assert kept_realized(target, object()) == {}  # beside the realized windows, not among them
 
 
 def test_the_last_wave_values_the_slots_projected_to_end_last():
@@ -167,14 +192,15 @@ def test_a_realized_gain_is_goodput_over_a_plain_passes_and_the_correction_sums_
     assert window.correction() == pytest.approx((0.5 + 1.9) / 3)  # one unlucky pass, weighed against the prior
     window.add(2.0, 1.0)
     assert window.correction() == pytest.approx((2 * 0.5 + 1.9) / 4)
-    window.add(2.0, 3.0)  # one lucky pass among losing ones: the ratio counts in full from 3 passes on
-    assert window.correction() == pytest.approx(5.0 / 6.0)
+    window.add(2.0, 3.0)  # one lucky pass among losing ones: from 3 passes on the ratio, lifted by its error
+    assert ratio_error(list(window.passes), 5.0 / 6.0) == pytest.approx(1.0 / 3.0)
+    assert window.correction() == 1.0  # 5/6 + 1/3, at most 1
     assert Realized(passes=[(1.0, 3.0)] * 3).correction() == 1.0  # never above 1: it only holds back
     assert Realized(passes=[(1.0, 1.0)] * 3).correction() == pytest.approx((3 + 1.9) / 5)  # borne out by 3: not yet 1
     for _ in range(4):
         window.add(2.0, 0.5)
-    assert window.correction() == pytest.approx(0.25)  # only the latest 4 count
-    assert window.correction(borrowed=[(1.0, 1.0)] * 4) == pytest.approx(6 / 12)  # a neighbour's passes pooled
+    assert window.correction() == pytest.approx(0.25)  # only the latest 4 count (no spread: no lift)
+    assert window.correction(borrowed=[(1.0, 1.0)] * 4) == pytest.approx(6 / 12 + math.sqrt(2 / 7 / 8) / 1.5)  # pooled
 
 
 def cheap(batch: int, rows: int) -> float:
@@ -291,7 +317,8 @@ def test_a_short_unlucky_stretch_does_not_stop_a_load_whose_passes_realized_thei
     window of 8 passes (session 22) the last 8 alone gave 0.55 and the load stopped drafting but for probes."""
     passes = [(1.5, 1.5)] * 24 + [(1.5, 0.6)] * 6
     kept = Realized(passes=passes)
-    assert kept.correction() == pytest.approx((24 * 1.5 + 6 * 0.6) / (30 * 1.5))
+    ratio = (24 * 1.5 + 6 * 0.6) / (30 * 1.5)
+    assert kept.correction() == pytest.approx(ratio + ratio_error(passes, ratio))  # 0.88 + 0.045
     assert 1.5 * correction({4: kept}, 4) > LengthPolicy().min_gain
     assert 1.5 * Realized(window=8, passes=passes).correction() < LengthPolicy().min_gain
 
