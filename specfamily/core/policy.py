@@ -93,7 +93,9 @@ class AutoPolicy:
     time over one one-token target pass, each pass's own ratio converted with that pass's own size; a drafter's
     per-pass ``overhead`` (feeding what it had not seen, measured only on a pass that follows a drafted pass, so an
     idle stretch's backlog is not counted) is added to each drafted pass's cost. A probe's c replaces the estimate
-    (the newest evidence about a cost that made it idle: one dear cold start must not silence a run).
+    (the newest evidence about a cost that made it idle: one dear cold start must not silence a run), and so does
+    the second drafted pass's c the first's (a fresh drafter's first forward is cold: eagle's head measured c 0.5-0.6
+    on it, 0.08 after).
     ``bind(verify_cost)`` gives it t(g + 1) / t(1); until c is known it drafts ``gamma``. It drafts only when the
     predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes (at the best
     length, or at ``gamma`` when none predicts a gain: a one-token probe never learns how deep drafts are accepted),
@@ -107,8 +109,8 @@ class AutoPolicy:
     silence a run whose drafts pay later), and goes back to ``probe_every`` after a stretch or probe that paid. A
     tree's probe when no length predicts a gain is the deepest draft, up to ``gamma``, whose verification costs at
     most ``probe_cost`` plain passes (at least depth 1): a full tree as a probe costs more than the gain it could
-    find; a chain still probes at ``gamma``. Estimates carry over to the next request, down-weighted to ``memory`` of
-    their counts. A request's first drafted pass's
+    find; a chain's, the deepest whose draft steps fit in the margin probing at the interval may lose. Estimates
+    carry over to the next request, down-weighted to ``memory`` of their counts. A request's first drafted pass's
     catch-up (a draft model's prompt prefill) is measured as ``start_cost`` and, until a request drafts, spread over
     the passes it has left (requests as long as the ones before) on top of ``overhead``. ``max_gamma`` caps the
     draft length (tree drafters cap it at their calibrated depth).
@@ -148,6 +150,7 @@ class AutoPolicy:
     _stretch: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # tokens,
     # cost, the interval when it began
     _cold: bool = field(init=False, default=False, repr=False)  # the running stretch began before c was known
+    _first_c: bool = field(init=False, default=False, repr=False)  # c is the drafter's first drafted pass's alone
     _steady: bool = field(init=False, default=False, repr=False)  # the latest pass verified a draft: no backlog
     _timed: tuple[int, float] | None = field(init=False, default=None, repr=False)  # the latest drafted pass's time
     _choice: tuple[int, int, float] | None = field(init=False, default=None, repr=False)  # (best, probe, speedup)
@@ -236,16 +239,16 @@ class AutoPolicy:
             self.idle += 1
             return 0
         self._probing = True  # until a probe is verified: one cut to 0 at a request's end is asked again
-        return probe
+        return probe or self._probe_depth()  # at the interval reached: it may change while the choice is kept
 
     def _choose(self) -> tuple[int, int, float]:
-        """(the draft length to use, 0 when none pays; the one to probe with; its predicted speedup), kept until the
-        estimates change: while it drafts nothing a pass costs no arithmetic."""
+        """(the draft length to use, 0 when none pays; the one to probe with, 0: ``_probe_depth``'s; its predicted
+        speedup), kept until the estimates change: while it drafts nothing a pass costs no arithmetic."""
         if self._choice is None:
             acceptance, overhead = self.acceptance(), self.overhead + self._start_share()
             gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup, overhead)
             best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, overhead)
-            self._choice = (gamma, gamma or best[0] or self._probe_depth(), speedup if gamma else best[1])
+            self._choice = (gamma, gamma or best[0], speedup if gamma else best[1])
         return self._choice
 
     def _start_share(self) -> float:
@@ -257,10 +260,14 @@ class AutoPolicy:
 
     def _probe_depth(self) -> int:
         """The probe when no length predicts a gain: for a tree (more than one token a depth) the deepest up to
-        ``gamma`` whose verification costs at most ``probe_cost`` plain passes, at least 1; for a chain ``gamma``
-        (a chain's deep probes are what found prompt lookup's deep acceptance: docs/policy-costs.md)."""
+        ``gamma`` whose verification costs at most ``probe_cost`` plain passes; for a chain the deepest up to
+        ``gamma`` whose draft steps (c a step) cost at most the margin probing at this interval may lose,
+        ``min_speedup - 1`` plain passes a pass (a model-free chain's steps are nearly free: its deep probes are what
+        found prompt lookup's deep acceptance, docs/policy-costs.md; a draft model's are not); at least 1."""
         depth = min(self.gamma, self.max_gamma)
-        while depth > 1 and self.width > 1.0 and self._cost(depth) > self.probe_cost:
+        margin = (self.min_speedup - 1.0) * self.interval
+        while depth > 1 and (self._cost(depth) > self.probe_cost if self.width > 1.0 else
+                             depth * (self.c_estimate or 0.0) > margin):
             depth -= 1
         return depth
 
@@ -282,8 +289,10 @@ class AutoPolicy:
         self.width += self.c_smoothing * (tokens / proposed - self.width)
         pass_cost = self._cost_of(tokens)  # this pass's verification, in one-token passes
         cold = self.c_estimate is None  # a pass of the start gamma, drafted before any decision
-        if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle
-            self.c_estimate = c * pass_cost if self._probing else self._smooth(self.c_estimate, c * pass_cost)
+        if c is not None and math.isfinite(c) and c >= 0:  # a probe's c replaces the estimate that made it idle,
+            fresh = self._probing or self._first_c  # the second pass's the first's (a fresh drafter's cold forward)
+            self.c_estimate = c * pass_cost if fresh else self._smooth(self.c_estimate, c * pass_cost)
+            self._first_c = cold
         steady, self._steady = self._steady, True
         measured = overhead is not None and math.isfinite(overhead) and overhead >= 0
         if not self.started and measured:
@@ -357,7 +366,7 @@ class AutoPolicy:
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
                 f"overhead {self.overhead:.2f}, start {self.start_cost:.2f}; probes every {self.interval} idle passes; "
-                f"{self.costs.describe((gamma or probe) * self.width, self._prior)}")
+                f"{self.costs.describe((gamma or probe or self._probe_depth()) * self.width, self._prior)}")
 
 
 POLICIES: dict[str, type] = {

@@ -69,7 +69,8 @@ def test_auto_drafts_nothing_when_speculation_cannot_pay_but_still_probes():
     assert asked[0] == 4
     tail = asked[1:]
     assert [i for i, g in enumerate(tail) if g] == [4, 14, 34, 64, 94]
-    assert all(g == 4 for g in tail if g)  # no length predicts a gain: the probe drafts the start gamma
+    assert all(g == 1 for g in tail if g)  # no length predicts a gain: a chain probe's steps (0.5 each) fit in no
+    # margin (0.02 a pass of intervals up to 30): the shallowest probe
 
 
 def test_auto_probes_often_again_once_drafting_pays():
@@ -103,7 +104,8 @@ def test_auto_converts_each_pass_c_at_that_pass_size():
     """c is reported per pass (draft step / that pass's verification) and converted with that pass's own cost:
     a 1-token pass at c 0.2 and an 8-token pass (t = 2 t(1)) at c 0.1 both mean a step costs 0.2 one-token passes."""
     policy = AutoPolicy(2, max_gamma=8, verify_cost=lambda g: 1.0 + g / 8, c_smoothing=0.5)
-    policy.update(1, 1, 0.2, tokens=0 or 1)
+    policy.update(1, 1, 0.2, tokens=1)
+    policy.update(1, 1, 0.2, tokens=1)  # the second pass's c replaces the first's (a cold forward's): smoothed after
     first = policy.c_estimate
     policy.update(8, 8, 0.2 / (1 + 8 / 8), tokens=8)
     assert first == pytest.approx(0.2 * 1.125) and policy.c_estimate == pytest.approx(0.2 * 1.125 / 2 + 0.2 / 2)

@@ -63,14 +63,28 @@ def test_auto_probes_a_tree_with_the_deepest_draft_its_probe_cost_allows(probe_c
 
 def test_auto_probe_cost_caps_trees_only_never_below_depth_one_and_is_checked():
     chain = AutoPolicy(3, probe_every=1, probe_cost=1.0, verify_cost=lambda g: 2.0 + g)
-    chain.update(3, 0, 1.0, tokens=3)
-    assert chain.next_gamma() == 3  # a chain probes at its start gamma, whatever it costs
+    chain.update(3, 0, 0.0, tokens=3)
+    assert chain.next_gamma() == 3  # a chain with free draft steps probes at its start gamma, whatever it verifies
     tree = AutoPolicy(3, probe_every=1, probe_cost=1.0, verify_cost=lambda g: 2.0 + g)
     tree.update(3, 0, 1.0, tokens=9)
     assert tree.width > 1 and tree.next_gamma() == 1
     for bad in (0.5, float("nan")):
         with pytest.raises(ValueError, match="probe_cost must be a finite number >= 1"):
             AutoPolicy(3, probe_cost=bad)
+
+
+@pytest.mark.parametrize(("c", "interval", "depth"), [(0.002, 16, 10), (0.11, 16, 2), (0.11, 32, 5), (1.1, 16, 1)])
+def test_a_chain_probes_as_deep_as_the_margin_pays_for_its_draft_steps(c, interval, depth):
+    """No length predicts a gain: a chain's probe is the deepest up to gamma = 10 whose draft steps (c plain passes
+    each) cost at most min_speedup - 1 = 0.02 plain passes a pass of the interval (0.32 at 16, 0.64 at 32), at least
+    1: prompt lookup's nearly free steps still probe deep, a draft model (small_model's c ~0.11, self_spec's ~1.1)
+    probes shallow until its interval has grown."""
+    policy = AutoPolicy(10, probe_every=16, verify_cost=lambda g: 1.1 + 0.05 * g if g else 1.0)
+    for _ in range(10):  # a chain, accepted nothing: alpha 0.1 predicts no gain at any length
+        policy.update(1, 0, c / 1.15, tokens=1)
+    policy.interval = interval
+    asked = [policy.next_gamma() for _ in range(interval)]
+    assert asked == [0] * (interval - 1) + [depth]
 
 
 def test_a_stretch_is_charged_each_pass_as_timed_else_as_costed():
@@ -182,3 +196,15 @@ def test_probes_that_no_acceptance_could_make_pay_back_off_as_before():
         if gamma:
             intervals.append(policy.interval)
     assert intervals[-3:] == [64, 64, 64], intervals
+
+
+def test_the_second_drafted_pass_c_replaces_the_first_then_c_is_smoothed():
+    """A fresh drafter's first forward is cold (eagle's head: c 0.5-0.6, then 0.08): the first drafted pass's c is
+    replaced by the second's, not smoothed with it; from the third pass on c is smoothed (c_smoothing 0.3)."""
+    policy = AutoPolicy(2, verify_cost=1.0, prior_alpha=1.0)  # every draft pays: no probe replaces c
+    policy.update(2, 2, 0.6, tokens=2)
+    assert policy.c_estimate == pytest.approx(0.6)
+    policy.update(policy.next_gamma(), 2, 0.1, tokens=2)
+    assert policy.c_estimate == pytest.approx(0.1)
+    policy.update(policy.next_gamma(), 2, 0.2, tokens=2)
+    assert policy.c_estimate == pytest.approx(0.1 + 0.3 * (0.2 - 0.1))

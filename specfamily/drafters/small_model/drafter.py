@@ -49,6 +49,7 @@ class SmallModelDrafter(BaseDrafter):
             )
         if self.quantize:
             _quantize_runner(self.runner)
+        _warm_up(self.runner)
         self._base = 0  # committed length when the last draft was made
         self._gamma = 0
 
@@ -103,6 +104,17 @@ class SmallModelDrafter(BaseDrafter):
         if outcome.draft_size == 0:
             return
         self.runner.rollback(self._base + min(len(outcome.accepted_nodes), self._gamma - 1))
+
+
+@torch.inference_mode()
+def _warm_up(runner: Target) -> None:
+    """One forward at load time: a fresh draft model's first forward costs ~60 ms more than the next (memory its
+    forward touches for the first time: ~25k page faults for SmolLM2's draft, measured in docs/policy-costs.md,
+    session 25), which a request would otherwise pay inside its first draft and the policy would measure as its
+    start cost."""
+    runner.reset()
+    runner.forward(torch.zeros(1, dtype=torch.long, device=runner.device))
+    runner.reset()
 
 
 def _quantize_runner(runner: Target) -> None:
