@@ -103,3 +103,24 @@ def test_negative_gamma_is_refused():
     target = tiny_target("llama", vocab_size=16)
     with pytest.raises(ValueError, match="gamma"):
         SmallModelDrafter(target, model=tiny_model("llama", 16), gamma=-1)
+
+
+def test_a_proposal_cut_to_nothing_leaves_only_committed_tokens_cached():
+    """The batched plan may feed a proposal shorter than drafted, or not at all: the draft model's cache must then
+    drop every unfed draft token, so that its next proposal feeds what was committed since (it kept 3 stale draft
+    tokens and fed nothing: the batched draft pass indexed row -1)."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    draft = tiny_model("llama", 64, seed=7, dtype=torch.float32, spread=1.0, layers=1)
+    drafter = SmallModelDrafter(target, model=draft, gamma=4)
+    ids = [1, 2, 3, 4, 5]
+    ctx = sf.DecodeContext(target, torch.tensor(ids), sf.SamplingConfig(temperature=0.0), torch.Generator(), list(ids))
+    drafter.begin(ctx)
+    assert len(drafter.propose(ctx, 4)) == 4 and drafter.runner.cached_length == len(ids) + 3
+    drafter.observe(sf.VerifyOutcome(tokens=[9], accepted_nodes=[], draft_size=0))  # fed nothing of it
+    assert drafter.runner.cached_length == len(ids)
+    ctx.tokens.append(9)
+    assert len(drafter.propose(ctx, 2)) == 2 and drafter.runner.cached_length == len(ids) + 2  # fed 9, then 1 draft
+    drafter.observe(sf.VerifyOutcome(tokens=[drafter.runner.cached_length], accepted_nodes=[], draft_size=1))
+    assert drafter.runner.cached_length == len(ids) + 1  # the committed 9 kept, the unaccepted draft dropped
+    drafter.observe(sf.VerifyOutcome(tokens=[3], accepted_nodes=[], draft_size=0))  # a pass with no proposal
+    assert drafter.runner.cached_length == len(ids) + 1

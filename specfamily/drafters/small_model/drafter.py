@@ -99,11 +99,12 @@ class SmallModelDrafter(BaseDrafter):
         return propose_small_batch(drafters, ctxs, gammas, self.confidence)
 
     def observe(self, outcome: VerifyOutcome) -> None:
-        """Keep the cache up to the last accepted draft token it holds; drop the rest (nothing after a pass
-        this drafter proposed nothing for: its cache then holds only committed tokens)."""
-        if outcome.draft_size == 0:
-            return
-        self.runner.rollback(self._base + min(len(outcome.accepted_nodes), self._gamma - 1))
+        """Keep the cache up to the last accepted draft token it holds; drop the rest. A proposal the pass fed
+        shorter or not at all (the batched plan cuts drafts it has seen) accepted at most what was fed, so the same
+        rule drops its unfed tokens; after a pass it proposed nothing for, its cache holds only committed tokens."""
+        if self._gamma:
+            self.runner.rollback(self._base + min(len(outcome.accepted_nodes), self._gamma - 1))
+        self._gamma = 0
 
 
 @torch.inference_mode()
