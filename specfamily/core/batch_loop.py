@@ -29,7 +29,7 @@ import torch
 from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_goodput import kept_realized
-from specfamily.core.batch_lengths import LengthPolicy, RowCosts, Tally
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, Tally
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.core.batch_requests import BatchRequests, Request
 from specfamily.core.batch_slots import SlotCopier, propose_batch
@@ -186,7 +186,7 @@ class _Batch(BatchPlanning, BatchRequests):
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
-        drafts = self._planned(group, gammas, proposed, c0) if steady else proposed
+        drafts = self._plan_drafts(group, gammas, proposed, c0) if steady else proposed
         c1, t1 = self.cost_clock(), self.clock()
         contexts = self.batch.lengths[: len(group)]  # each slot's cached tokens: what its rows attend
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
@@ -210,6 +210,21 @@ class _Batch(BatchPlanning, BatchRequests):
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
+
+    def _plan_drafts(self, group: list[Request], gammas: list[int], proposed: list[Draft], c0: float) -> list[Draft]:
+        """A steady pass's drafts as planned (``BatchPlanning._planned``), but a lookahead pass whose proposals all
+        came back empty (prompt lookup or suffix found no match in any slot) is not valued nor planned: with no
+        prospect holding a level its plan is no draft. What ``_planned`` keeps of such a pass is kept (the slots'
+        asked counts, the proposal's time for ``_learn``, the length policy's record of a pass that drafted
+        nothing)."""
+        if not (self.lookahead and any(gammas)) or any(len(d) or d.q is not None or d.side is not None
+                                                        for d in proposed):
+            return self._planned(group, gammas, proposed, c0)
+        for request, gamma in zip(group, gammas, strict=True):
+            request.asked += gamma > 0
+        self._learn(group, proposed, self.cost_clock() - c0)
+        self.load.lengths([Prospect((), ())] * len(group))
+        return proposed
 
     def _propose(self, group: list[Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
