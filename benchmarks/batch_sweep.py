@@ -12,7 +12,9 @@ in one process at a fixed thread count and matmul kind (``--matmul``):
 - ``plain``: ``sf.generate_batch`` without a drafter (one pass per step over every live request);
 - each drafter at its defaults (``sf.create_drafter(name, target)``), through ``sf.generate_batch``;
 
-methods interleaved within each round, ``--repeats`` rounds, the median time kept. Tokens/s counts each request's new
+methods interleaved within each round (each round starting one method later than the one before, so that no method
+always runs first), ``--warmup`` untimed rounds at every B (default 1: a B's first run meets new pass shapes and
+learns t(B, n)), then ``--repeats`` timed rounds, the median time kept. Tokens/s counts each request's new
 tokens; every drafter's tokens are compared with plain batched decoding's, request by request. The table gives each
 method's tokens/s and its ratio to plain batched decoding at the same B, and each drafter's crossover (the smallest B at
 which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill passes
@@ -152,14 +154,18 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
         hf_rows = [row for i in range(0, len(prompts), batch)
                    for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids)]
         times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0, float("nan"), 0))
-    plain = None
-    for name in ["plain", *names]:
+    methods = ["plain", *names]
+    shift = len(times.get("plain", ())) % len(methods)  # each round starts one method later: no method always first
+    runs = {}
+    for name in methods[shift:] + methods[:shift]:
         drafter = None if name == "plain" else make_drafter(name, target, args.gamma)  # loading is not timed
         start = clock()
         results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch, arrivals=arrivals)
-        seconds = clock() - start
+        runs[name] = (clock() - start, results)
+    plain = [r.tokens for r in runs["plain"][1]]
+    for name in methods:
+        seconds, results = runs[name]
         out = [r.tokens for r in results]
-        plain = out if plain is None else plain
         mismatched = sum(a != b for a, b in zip(out, plain, strict=True))
         latency = statistics.median(r.metrics.finish_s - r.metrics.arrival_s for r in results)
         passes = sum(r.metrics.target_passes for r in results)
@@ -189,8 +195,8 @@ def sweep(args) -> Sweep:
     for batch in batches:
         chosen = prompts[:batch * args.requests_per_slot]
         times: dict[str, list] = {}
-        if batch == batches[0]:
-            run_round(target, names, chosen, args, clock, {})  # warm-up: the cost-aware policy's calibration
+        for _ in range(args.warmup):  # every B: its pass shapes and t(B, n) are new to the first run at it
+            run_round(target, names, chosen, args, clock, {})
         for _ in range(args.repeats):
             run_round(target, names, chosen, args, clock, times)
         for method, rounds in times.items():
@@ -283,6 +289,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-category", type=int, default=3,
                         help="Spec-Bench questions per category (13 categories; the default run: 1)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones, at every B")
     parser.add_argument("--gamma", type=int, default=None,
                         help="every drafter at this constant draft length (default: its own, cost-aware)")
     parser.add_argument("--arrival-rate", type=float, default=None,

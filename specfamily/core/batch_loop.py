@@ -29,7 +29,7 @@ import torch
 from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_goodput import kept_realized
-from specfamily.core.batch_lengths import LengthPolicy, RowCosts, kept_tally
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, kept_tally
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.core.batch_requests import BatchRequests, Request
 from specfamily.core.batch_slots import SlotCopier, propose_batch
@@ -61,6 +61,7 @@ COMPILED_PASS_NOTE = (
 _NOTED: weakref.WeakSet = weakref.WeakSet()  # targets whose compiled pass the batched loop has warned about
 
 _HEADROOM = 64  # cache entries past the longest prompt plus the budget: a pass's draft rows
+_EMPTY = Draft.empty()  # every slot's draft on a pass that proposes nothing (never changed: a fresh one validates)
 
 def generate_batch(
     target: Target,
@@ -137,6 +138,7 @@ class _Batch(BatchPlanning, BatchRequests):
     def __init__(self, target: Target, drafter: Drafter | None, sampling: SamplingConfig, seed: int, budget: int,
                  slots: int, capacity: int, clock: LoopClock, cost_clock: Callable[[], float]) -> None:
         self.target, self.prototype, self.sampling, self.seed, self.budget = target, drafter, sampling, seed, budget
+        self.device = target.device  # read once: Target.device walks the model's parameters on every read
         self.batch = BatchTarget(target, slots, capacity)
         self.loop_clock, self.clock = clock, clock.now
         self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
@@ -184,7 +186,7 @@ class _Batch(BatchPlanning, BatchRequests):
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
-        drafts = self._planned(group, gammas, proposed, c0) if steady else proposed
+        drafts = self._plan_drafts(group, gammas, proposed, c0) if steady else proposed
         c1, t1 = self.cost_clock(), self.clock()
         contexts = self.batch.lengths[: len(group)]  # each slot's cached tokens: what its rows attend
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
@@ -209,10 +211,25 @@ class _Batch(BatchPlanning, BatchRequests):
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
 
+    def _plan_drafts(self, group: list[Request], gammas: list[int], proposed: list[Draft], c0: float) -> list[Draft]:
+        """A steady pass's drafts as planned (``BatchPlanning._planned``), but a lookahead pass whose proposals all
+        came back empty (prompt lookup or suffix found no match in any slot) is not valued nor planned: with no
+        prospect holding a level its plan is no draft. What ``_planned`` keeps of such a pass is kept (the slots'
+        asked counts, the proposal's time for ``_learn``, the length policy's record of a pass that drafted
+        nothing)."""
+        if not (self.lookahead and any(gammas)) or any(len(d) or d.q is not None or d.side is not None
+                                                        for d in proposed):
+            return self._planned(group, gammas, proposed, c0)
+        for request, gamma in zip(group, gammas, strict=True):
+            request.asked += gamma > 0
+        self._learn(group, proposed, self.cost_clock() - c0)
+        self.load.lengths([Prospect((), ())] * len(group))
+        return proposed
+
     def _propose(self, group: list[Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
         if self.prototype is None or not any(gammas):
-            return [Draft.empty() for _ in group], [0.0] * len(group)
+            return [_EMPTY] * len(group), [0.0] * len(group)
         t0 = self.clock()
         drafts = propose_batch(self.prototype, [r.drafter for r in group], [r.ctx for r in group], gammas)
         share = (self.clock() - t0) / len(group)
@@ -242,5 +259,5 @@ class _Batch(BatchPlanning, BatchRequests):
         if request.drafter is not None:
             _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds)
             request.drafter.observe(_outcome(draft, accepted, committed, out.features, m, start, out.logits))
-        request.pending = torch.tensor([next_token], dtype=torch.long, device=self.target.device)
+        request.pending = torch.tensor([next_token], dtype=torch.long, device=self.device)
 

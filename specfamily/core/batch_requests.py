@@ -45,13 +45,13 @@ class Request:
 
 
 class BatchRequests:
-    """Admission and retirement for the batched loop: its methods read the loop's ``target``, ``batch``, ``live``,
-    ``results``, ``prototype``, ``copier``, ``sampling``, ``seed``, ``clock``, ``origin``, ``trace`` and ``load``, and
-    ``_alpha`` (:class:`~specfamily.core.batch_plan.BatchPlanning`)."""
+    """Admission and retirement for the batched loop: its methods read the loop's ``target``, ``device``, ``batch``,
+    ``live``, ``results``, ``prototype``, ``copier``, ``sampling``, ``seed``, ``clock``, ``origin``, ``trace`` and
+    ``load``, and ``_alpha`` (:class:`~specfamily.core.batch_plan.BatchPlanning`)."""
 
     def _admit(self, index: int, ids: torch.Tensor, arrival: float) -> None:
         slot = len(self.live)
-        generator = torch.Generator(device=self.target.device).manual_seed(self.seed + index)
+        generator = torch.Generator(device=self.device).manual_seed(self.seed + index)
         view = SlotTarget(self.target, self.batch.cache, slot)
         ctx = DecodeContext(view, ids, self.sampling, generator, tokens=ids.tolist())
         drafter = own = None
@@ -63,7 +63,7 @@ class BatchRequests:
         if drafter is not None:
             recorder.calibration_seconds = self._bind(drafter, ids)
         started = self.clock()
-        tracer = TraceRecorder.start(self.clock, started, self.target.device, keep_passes=self.trace)
+        tracer = TraceRecorder.start(self.clock, started, self.device, keep_passes=self.trace)
         request = Request(index, ctx, drafter, own, acceptance.acceptance(own, ctx), ids, arrival, started, tracer,
                           recorder)
         if drafter is not None:

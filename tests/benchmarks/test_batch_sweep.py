@@ -80,3 +80,28 @@ def test_gamma_gives_every_drafter_a_constant_length_the_length_policy_leaves_al
     assert isinstance(sweep_module.make_drafter("prompt_lookup", target, None).policy, AutoPolicy)
     fixed = sweep_module.make_drafter("prompt_lookup", target, 2)
     assert not isinstance(fixed.policy, AutoPolicy) and fixed.policy.next_gamma() == 2
+
+
+def test_every_batch_size_is_warmed_up_and_each_round_starts_one_method_later(sweep_module, monkeypatch):
+    """The warm-up rounds run at every B (not only the first), and the timed rounds rotate which method runs first,
+    so that no method always takes the first run's place; plain's tokens are still what every arm is compared with."""
+    monkeypatch.setattr(sweep_module.sf, "load_target", lambda *a, **k: tiny_target("llama", vocab_size=64))
+    monkeypatch.setattr(sys.modules["common"], "spec_bench_prompts",
+                        lambda per_category, tokenizer: ([list(range(3, 13)), list(range(20, 30))], ["a", "b"]))
+    order, real = [], sweep_module.sf.generate_batch
+
+    def generate_batch(target, drafter, prompts, *args, **kwargs):
+        order.append((len(prompts), "plain" if drafter is None else type(drafter).__module__.split(".")[2]))
+        return real(target, drafter, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module.sf, "generate_batch", generate_batch)
+    args = ["--batch-sizes", "1,2", "--drafters", "prompt_lookup,suffix", "--no-hf", "--max-new-tokens", "2",
+            "--clock", "wall", "--repeats", "3", "--max-prompt-tokens", "8"]
+    result = sweep_module.sweep(sweep_module.parse_args(args))
+    methods = [name for _, name in order]
+    rounds = [methods[i : i + 3] for i in range(0, len(methods), 3)]
+    warm = ["plain", "prompt_lookup", "suffix"]  # a warm-up round, then three timed ones, each starting later
+    timed = [warm, ["prompt_lookup", "suffix", "plain"], ["suffix", "plain", "prompt_lookup"]]
+    assert rounds == [warm, *timed] * 2
+    assert [size for size, _ in order] == [1] * 12 + [2] * 12  # B=1 (one request), then B=2 (two)
+    assert all(r.mismatched == 0 for r in result.rows)
