@@ -61,7 +61,6 @@ COMPILED_PASS_NOTE = (
 _NOTED: weakref.WeakSet = weakref.WeakSet()  # targets whose compiled pass the batched loop has warned about
 
 _HEADROOM = 64  # cache entries past the longest prompt plus the budget: a pass's draft rows
-_EMPTY = Draft.empty()  # every slot's draft on a pass that proposes nothing (never changed: a fresh one validates)
 
 def generate_batch(
     target: Target,
@@ -229,7 +228,7 @@ class _Batch(BatchPlanning, BatchRequests):
     def _propose(self, group: list[Request], gammas: list[int]) -> tuple[list[Draft], list[float]]:
         """The drafts and each one's share of the proposal time."""
         if self.prototype is None or not any(gammas):
-            return [_EMPTY] * len(group), [0.0] * len(group)
+            return [Draft.empty()] * len(group), [0.0] * len(group)  # one for all: a fresh one validates its tensors
         t0 = self.clock()
         drafts = propose_batch(self.prototype, [r.drafter for r in group], [r.ctx for r in group], gammas)
         share = (self.clock() - t0) / len(group)
