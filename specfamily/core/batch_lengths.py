@@ -193,6 +193,29 @@ class LengthPolicy:
                                                                                      strict=True)))
         return lengths
 
+    def would_draft(self, prospects: Sequence[Prospect], together: bool = False,
+                    contexts: Sequence[int] | None = None) -> bool:
+        """Whether :meth:`lengths` on these prospects (already proposed) would draft anything, a probe included,
+        without recording anything: the batched loop asks it on each slot's longest possible chain before proposing
+        under lookahead, and skips proposals that no plan could use (docs/batching.md, session 25)."""
+        batch = len(prospects)
+        if contexts is not None:
+            prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
+        if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
+            return False
+        seconds = self.costs.table(batch, batch + sum(sum(p.rows) for p in prospects),
+                                   sum(p.context for p in prospects))
+        if seconds is None:
+            return True
+        if together and near_end(prospects):
+            lengths, gain = _joint(prospects, seconds, 0.0, self.costs.row_token())
+        else:
+            lengths, gain = plan_lengths(prospects, seconds, 0.0, row_token=self.costs.row_token())
+        if any(lengths) and gain * self.correction(batch) > self.min_gain:
+            return True
+        losing = self.losing.get(batch, backoff(self.realized, batch))
+        return self.idle.get(batch, 0) + 1 >= self.probe_every * 2 ** min(losing, self.max_backoff)
+
     def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> list[int]:
         if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
             return [0] * batch

@@ -73,9 +73,17 @@ class BatchPlanning:
         """Each request's draft length for this pass: under lookahead its longest (cut once the drafts are seen),
         else planned for the batch's goodput from its own acceptance estimate and the measured row costs."""
         if self.lookahead:
-            if self.load.may_draft(len(group)):
-                return [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
-            return self.load.lengths([Prospect((), ())] * len(group))
+            if not self.load.may_draft(len(group)):
+                return self.load.lengths([Prospect((), ())] * len(group))
+            longest = [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
+            pooled = self._pooled()  # each slot's best case: a chain of its longest draft, one row a level
+            chains = self._valued(group, [Prospect(self._alpha(r, pooled)[:g], [1] * g)
+                                          for r, g in zip(group, longest, strict=True)])
+            together, contexts = self.wave is not None, self._contexts(group)
+            if self.load.would_draft(chains, together, contexts):
+                return longest
+            self.load.lengths(chains, proposed=True, together=together, contexts=contexts)  # the pass's record
+            return [0] * len(group)
         if not self.load.may_draft(len(group)):  # nothing to plan: no acceptance, odds nor table this pass
             return self.load.lengths([Prospect((), ())] * len(group))
         prospects, pooled = [], self._pooled()

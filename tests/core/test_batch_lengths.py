@@ -235,6 +235,35 @@ def test_generate_batch_plans_each_requests_length_from_what_its_passes_cost(mon
     assert prefills == [0, 0]  # the two prefill passes drafted nothing
 
 
+@pytest.mark.parametrize("cost", [steep, flat])
+def test_would_draft_answers_what_the_plan_then_does_and_records_nothing(cost):
+    """The batched loop asks ``would_draft`` on each slot's longest chain before proposing under lookahead: its
+    answer is whether ``lengths`` on the same prospects drafts (a probe included), and asking changes nothing the
+    plan keeps (idle counts, back-off, choices, the pending prediction)."""
+    policy = LengthPolicy(probe_every=4, max_backoff=2)
+    chains = [Prospect([0.9] * 6, [1] * 6)] * 16
+
+    def kept():
+        return (dict(policy.idle), dict(policy.losing), {b: list(c) for b, c in policy.choices.items()},
+                policy.predicted)
+
+    answers = []
+    for _ in range(60):
+        before = kept()
+        answer = policy.would_draft(chains)
+        assert kept() == before
+        lengths = policy.lengths(chains, proposed=True)
+        assert answer == any(lengths)
+        answers.append(answer)
+        rows = 16 + sum(lengths)
+        policy.timed(16, rows, max(lengths), 0.0, cost(16, rows))
+        policy.settle([1 + min(g, 1) for g in lengths], cost(16, rows))
+    if cost is steep:
+        assert 3 <= sum(answers) <= 12  # the exploring pass and the probes, backing off
+    else:
+        assert sum(answers) >= 55
+
+
 def test_cheap_deterministic_drafts_are_proposed_whole_then_cut_to_the_plan(monkeypatch):
     """Prompt lookup proposes for free on the fake clock and deterministically: after its first drafted pass the
     loop asks every request for its longest draft and cuts each to its planned length, so a request without a match

@@ -10,6 +10,7 @@ from flawed_oracle import FlawedOracle
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
+from specfamily.core.batch_lengths import LengthPolicy
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
 
 
@@ -361,11 +362,16 @@ def test_a_lookahead_pass_whose_proposals_are_all_empty_is_not_valued_nor_planne
         counts["valued"] += self.lookahead is True  # (before lookahead is learned the lengths are planned ahead)
         return valued(self, group, prospects)
 
+    def always_proposing(self, prospects, together=False, contexts=None):  # the pre-check: every pass proposes
+        counts["checked"] = counts.get("checked", 0) + 1
+        return True
+
     monkeypatch.setattr(batch_loop._Batch, "_learn", always_lookahead)
     monkeypatch.setattr(batch_loop._Batch, "_propose", proposing)
     monkeypatch.setattr(batch_loop._Batch, "_valued", counted)
+    monkeypatch.setattr(LengthPolicy, "would_draft", always_proposing)
     drafter = sf.create_drafter("prompt_lookup", target)
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16)
     assert [r.tokens for r in results] == plain
     assert counts["empty"] > 0 and counts["found"] > 0  # both kinds of lookahead pass ran
-    assert counts["valued"] == counts["found"]
+    assert counts["valued"] == counts["found"] + counts["checked"]  # the pre-check values each pass's chains once
