@@ -198,51 +198,51 @@ class LengthPolicy:
         """Whether :meth:`lengths` on these prospects (already proposed) would draft anything, a probe included,
         without recording anything: the batched loop asks it on each slot's longest possible chain before proposing
         under lookahead, and skips proposals that no plan could use (docs/batching.md, session 25)."""
-        batch = len(prospects)
         if contexts is not None:
             prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
+        return any(self._decide(len(prospects), prospects, True, together)[0])
+
+    def _decide(self, batch: int, prospects: Sequence[Prospect], proposed: bool,
+                together: bool) -> tuple[list[int], float, str]:
+        """The plan on ``prospects``, recording nothing: (lengths, predicted gain, kind), kind one of ``none``
+        (nothing to plan), ``explore`` (no drafted pass measured yet: one level each), ``joint`` (the batch's end,
+        its tied requests together), ``pays``, ``idle`` (nothing pays, no probe due) and ``probe``."""
         if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
-            return False
+            return [0] * batch, 0.0, "none"
         seconds = self.costs.table(batch, batch + sum(sum(p.rows) for p in prospects),
                                    sum(p.context for p in prospects))
-        if seconds is None:
-            return True
-        if together and near_end(prospects):
-            lengths, gain = _joint(prospects, seconds, 0.0, self.costs.row_token())
-        else:
-            lengths, gain = plan_lengths(prospects, seconds, 0.0, row_token=self.costs.row_token())
-        if any(lengths) and gain * self.correction(batch) > self.min_gain:
-            return True
-        losing = self.losing.get(batch, backoff(self.realized, batch))
-        return self.idle.get(batch, 0) + 1 >= self.probe_every * 2 ** min(losing, self.max_backoff)
-
-    def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> list[int]:
-        if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
-            return [0] * batch
-        most = batch + sum(sum(p.rows) for p in prospects)
-        slots = sum(p.context for p in prospects)
-        seconds = self.costs.table(batch, most, slots)
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
-            return [1 if p.acceptance and p.value > 0 else 0 for p in prospects]
+            return [1 if p.acceptance and p.value > 0 else 0 for p in prospects], 0.0, "explore"
         step = 0.0 if proposed else self.costs.draft_step(batch)
         if together and near_end(prospects):  # the batch's last passes: drafted jointly where that pays
             lengths, gain = _joint(prospects, seconds, step, self.costs.row_token())
-            return lengths if any(lengths) and gain * self.correction(batch) > self.min_gain else [0] * batch
+            pays = any(lengths) and gain * self.correction(batch) > self.min_gain
+            return (lengths if pays else [0] * batch), gain, "joint"
         lengths, gain = plan_lengths(prospects, seconds, step, row_token=self.costs.row_token())
-        values = [p.value for p in prospects]
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
+            return lengths, gain, "pays"
+        losing = self.losing.get(batch, backoff(self.realized, batch))
+        if self.idle.get(batch, 0) + 1 < self.probe_every * 2 ** min(losing, self.max_backoff):
+            return [0] * batch, gain, "idle"
+        lengths, gain = plan_lengths(prospects, seconds, step, True, self.costs.row_token())  # a probe: estimates
+        return lengths, gain, "probe"
+
+    def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> list[int]:
+        """:meth:`_decide`'s lengths, recording what the plan keeps: idle passes, probes and their back-off, the
+        pending prediction a drafted pass settles."""
+        lengths, gain, kind = self._decide(batch, prospects, proposed, together)
+        prediction = (batch, gain, [p.value for p in prospects], sum(p.context for p in prospects))
+        if kind == "pays":
             self.idle[batch] = 0
             self._lost(batch, 0)
-            self.predicted = (batch, gain, values, slots)
-            return lengths
-        self.idle[batch] = self.idle.get(batch, 0) + 1
-        losing = self.losing.setdefault(batch, backoff(self.realized, batch))
-        if self.idle[batch] < self.probe_every * 2 ** min(losing, self.max_backoff):
-            return [0] * batch
-        self.idle[batch] = 0
-        self._lost(batch, losing + 1)
-        lengths, gain = plan_lengths(prospects, seconds, step, True, self.costs.row_token())  # a probe: estimates
-        self.predicted = (batch, gain, values, slots) if any(lengths) else None  # kept current
+            self.predicted = prediction
+        elif kind == "idle":
+            self.idle[batch] = self.idle.get(batch, 0) + 1
+            self.losing.setdefault(batch, backoff(self.realized, batch))
+        elif kind == "probe":
+            self.idle[batch] = 0
+            self._lost(batch, self.losing.setdefault(batch, backoff(self.realized, batch)) + 1)
+            self.predicted = prediction if any(lengths) else None  # kept current
         return lengths
 
     def _lost(self, batch: int, probes: int) -> None:

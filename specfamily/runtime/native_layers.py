@@ -113,12 +113,9 @@ class NativeLayers:
         this process's ``attention_build()``). A benchmark passes other builds to A/B the kernels."""
         self.lean = lean
         self.count = lean._config.num_hidden_layers
-        self._attend = None  # the kernel its passes may be planned with (this process's, whichever module attends)
-        if lean.attention is not None:
-            self._attend = attention_build().module.attend
-            attention = attention or attention_build().module
-        else:
-            attention = None
+        own = attention_build().module if lean.attention is not None else None
+        self._attend = None if own is None else own.attend  # the kernel its passes may be planned with
+        attention = None if own is None else attention or own  # the kernel that attends (another build in an A/B)
         self._native = module.NativeLayers(stream or stream_kernel().module, [_fields(layer) for layer in
                                                                                lean._layers[: self.count]], attention)
         self.reason: str | None = None  # why the Python loop runs for good, after a native pass failed
