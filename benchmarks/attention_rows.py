@@ -4,11 +4,11 @@ A drafted pass feeds 4-8 rows, a plain one 1; the kernel reads each layer's cach
 should cost little more than a plain pass. This script times, per cache length of ``--lengths``, one pass's worth of
 calls (``--layers`` layers, each with caches of its own so they are read from past L2 as in a pass: SmolLM2's 9 query
 heads on 3 key/value heads, 64 wide, by default) at each row count of ``--rows``: one row sees the whole cache (the
-plain pass, no mask), r rows a chain's causal tail. With ``--baseline REF`` the kernel's sources at a git revision
-are built as a second extension and timed beside this checkout's; both must give the same bits (checked first)
-unless ``--allow-new-bits``. Kernels, lengths and row counts interleave round by round (the order rotating); the best
-and the median of ``--repeats`` rounds are kept, on ``--clock`` (cpu: the process's CPU time, for one thread); the
-load average is printed before and after.
+plain pass, no mask), r rows a chain's causal tail (``--shape tree``: a root and two branches, pass_goals' tree).
+With ``--baseline REF`` the kernel's sources at a git revision are built as a second extension and timed beside this
+checkout's; both must give the same bits (checked first) unless ``--allow-new-bits``. Kernels, lengths and row
+counts interleave round by round (the order rotating); the best and the median of ``--repeats`` rounds are kept, on
+``--clock`` (cpu: the process's CPU time, for one thread); the load average is printed before and after.
 
     python benchmarks/attention_rows.py --threads 1 [--baseline main] [--lengths 256,512,1024,2048] [--rows 1,5]
 """
@@ -46,6 +46,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baseline", help="a git revision whose attention sources are timed beside this checkout's")
     parser.add_argument("--allow-new-bits", action="store_true", help="time a baseline whose bits differ")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    parser.add_argument(
+        "--shape", choices=("chain", "tree"), default="chain", help="the fed rows' visibility past one row"
+    )
     args = parser.parse_args(argv)
     args.lengths = [int(n) for n in args.lengths.split(",")]
     args.rows = [int(n) for n in args.rows.split(",")]
@@ -111,6 +114,23 @@ def chain_visible(rows: int, length: int) -> torch.Tensor | None:
     return seen
 
 
+def tree_visible(rows: int, length: int) -> torch.Tensor | None:
+    """A tree's visibility: the root (the first fed row) and rows - 1 nodes in two branches, node i's parent node
+    i - 2 (the root for nodes 0 and 1: parents ``[-1, -1, 0, 1]`` at 5 rows, pass_goals' tree); each row sees the
+    cache before the fed rows, the root, its ancestors and itself (None for one row: every key)."""
+    if rows == 1:
+        return None
+    cache = length - rows
+    seen = torch.zeros(rows, length, dtype=torch.bool)
+    seen[:, : cache + 1] = True
+    for node in range(rows - 1):
+        ancestor = node
+        while ancestor >= 0:
+            seen[node + 1, cache + 1 + ancestor] = True
+            ancestor -= 2
+    return seen
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -125,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         layers = caches(args, length)
         for rows in args.rows:
             q = torch.randn(1, args.heads, rows, args.dim)
-            cases.append((length, rows, q, layers, chain_visible(rows, length)))
+            visible = (tree_visible if args.shape == "tree" else chain_visible)(rows, length)
+            cases.append((length, rows, q, layers, visible))
     for length, rows, q, layers, visible in cases:
         outs = [fn(q, *layers[0], visible, scale) for fn in kernels.values()]
         if not args.allow_new_bits and not all(torch.equal(outs[0], o) for o in outs[1:]):

@@ -29,6 +29,18 @@ def test_a_chain_row_sees_the_cache_up_to_its_own_key(attention_rows):
     assert seen.tolist() == [[True] * 8 + [False] * 2, [True] * 9 + [False], [True] * 10]
 
 
+def test_a_tree_row_sees_the_cache_the_root_its_ancestors_and_itself(attention_rows):
+    assert attention_rows.tree_visible(1, 10) is None
+    seen = attention_rows.tree_visible(5, 8)  # 3 cached keys, the root, nodes 0-3 with parents [-1, -1, 0, 1]
+    assert seen.int().tolist() == [
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0, 1, 0],
+        [1, 1, 1, 1, 0, 1, 0, 1],
+    ]
+
+
 def test_tiny_run_times_every_length_and_row_count(attention_rows, capsys):
     from specfamily.runtime.attention import attention_build
 

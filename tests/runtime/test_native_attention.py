@@ -142,6 +142,29 @@ def test_a_rows_bits_do_not_depend_on_its_slot_or_keys_no_row_sees(isa, fed):
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+def test_tree_nodes_that_skip_a_key_after_a_long_prefix_keep_their_bits(isa):
+    # A tree node sees the whole cache, then skips fed keys (another branch's): AVX-512 forwards its scores into place
+    # order only past the prefix it sees (found by halving); rows whose first skipped key lies inside, at and past a
+    # 32-key block's edge, and deep in the cache, each against the row alone over the keys it sees.
+    module = attention_build().module
+    if isa not in module.supported_isas():
+        pytest.skip(f"{isa} does not run here")
+    gen = torch.Generator().manual_seed(7)
+    prefixes = [1, 2, 31, 32, 33, 64, 250, 293]
+    query, keys, values = (torch.randn(1, h, n, 64, generator=gen) for h, n in ((9, 8), (3, 300), (3, 300)))
+    visible = torch.zeros(len(prefixes), 300, dtype=torch.bool)
+    for r, m in enumerate(prefixes):
+        visible[r, :m] = True  # keys 0 .. m - 1, key m skipped, then every other key up to a few past it
+        visible[r, m + 1 : min(300, m + 7) : 2] = True
+    out = module.attend_with(query, keys, values, visible, 0.125, isa)
+    for r in range(len(prefixes)):
+        kept = visible[r].nonzero()[:, 0]
+        alone = module.attend_with(query[:, :, r : r + 1], keys[:, :, kept], values[:, :, kept], None, 0.125, isa)
+        assert torch.equal(out[0, r], alone[0, 0]), prefixes[r]
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [2, 3, 4])
 def test_threads_split_heads_and_fed_rows_without_changing_bits(threads):
     # units of (key/value head, fed row) split among threads: 3 heads x 5 rows in runs of 8 and 7 (two threads),

@@ -208,6 +208,21 @@ Rows lay_out(const Problem& pr, int64_t h, int64_t r0, int64_t r1, Work& w) {
   return rows;
 }
 
+// How many of a row's n visible places are keys 0, 1, ... (index[c] == c): the indices ascend without repeats, so
+// index[c] == c holds exactly for c below the first key the row skips; found by halving. A tree node sees the whole
+// cache and a few of the fed keys, so its scores need forwarding only past the cache (tens of places, not hundreds).
+inline int64_t seen_prefix(const int32_t* index, int64_t n) {
+  int64_t lo = 0, hi = n;  // index[c] == c for c < lo; index[c] > c for c >= hi
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (index[mid] == mid)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 // Key/value head h for fed rows [r0, r1): every key's scores, four query rows at a time a block of kBlock keys at a
 // time (the block stays in L1 across the quads), key by key; a row that does not see a prefix of the keys (a tree
 // node) gathers its own into place order; then attention_head.h's softmax and values per tile.
@@ -223,8 +238,8 @@ void head(const Problem& pr, int64_t h, int64_t r0, int64_t r1, Work& w) {
   for (int64_t s = 0; s < rows.n; ++s) {
     const int32_t* index = pr.index + rows.fed[s] * pr.length;
     const int64_t n = pr.count[rows.fed[s]];
-    if (n > 0 && index[n - 1] != n - 1)  // not a prefix: index[c] >= c, so forward in place
-      for (int64_t c = 0; c < n; ++c) rows.p[s][c] = rows.p[s][index[c]];
+    if (n > 0 && index[n - 1] != n - 1)  // not a prefix: index[c] >= c, so forward in place past the prefix it has
+      for (int64_t c = seen_prefix(index, n); c < n; ++c) rows.p[s][c] = rows.p[s][index[c]];
     sums[s] = Ops::softmax(rows.p[s], n, w.pad);
   }
   // the values: tiles of up to kTileRows query heads of one fed row, a block of keys at a time
