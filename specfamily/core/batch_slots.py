@@ -87,9 +87,10 @@ class SlotCopier:
 
 def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> None:
     """Put into ``memo`` every nn.Module reachable from ``obj`` (with its submodules, parameters, buffers and
-    ``__dict__``: :func:`_share_module_state`), every lean forward (a draft model's: its rope table and the rest
-    cost a small_model slot's copy ~2 ms, docs/batching.md, session 26), every tokenizer (read-only; copying a draft
-    model's costs more than a batched pass) and the attributes each reachable object names in ``batch_shared``."""
+    ``__dict__``: :func:`_share_module_state`), every lean forward (a draft model's: copying its rope table and the
+    rest cost most of a small_model slot's copy, docs/batching.md, session 26), every tokenizer (read-only; copying
+    a draft model's costs more than a batched pass) and the attributes each reachable object names in
+    ``batch_shared``."""
     if depth < 0 or id(obj) in seen:
         return
     seen.add(id(obj))
