@@ -3,8 +3,9 @@
 A drafter written for one request keeps per-request state on itself (an n-gram index, a draft model's KV cache, the
 last target feature). Batched decoding therefore gives each slot its own copy of the drafter (:func:`slot_copy`):
 a deep copy that shares, instead of copying, every ``torch.nn.Module`` with its parameters and buffers (read-only
-weights), every tokenizer, the verifying target, and the attributes the drafter names in ``batch_shared`` (e.g. a
-cache meant to learn across requests). :func:`propose_batch` asks every slot for its draft through the prototype's
+weights), every lean forward over such a module (its tables are read-only too: a draft model's rope table and
+weight views), every tokenizer, the verifying target, and the attributes the drafter names in ``batch_shared`` (e.g.
+a cache meant to learn across requests). :func:`propose_batch` asks every slot for its draft through the prototype's
 ``propose_batch(drafters, ctxs, gammas)``: BaseDrafter's default loops over each slot's ``propose``, so a third-party
 batch-1 drafter works unchanged; a family with a model of its own batches its draft forwards (Medusa).
 
@@ -26,6 +27,7 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import Drafter
 from specfamily.core.types import Draft
 from specfamily.runtime.batch_cache import BatchCache
+from specfamily.runtime.lean import LeanLlama
 
 __all__ = ["SlotCopier", "SlotTarget", "propose_batch", "slot_copy"]
 
@@ -85,13 +87,14 @@ class SlotCopier:
 
 def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> None:
     """Put into ``memo`` every nn.Module reachable from ``obj`` (with its submodules, parameters, buffers and
-    ``__dict__``: :func:`_share_module_state`), every
-    tokenizer (read-only; copying a draft model's costs more than a batched pass) and the attributes each reachable
-    object names in ``batch_shared``."""
+    ``__dict__``: :func:`_share_module_state`), every lean forward (a draft model's: copying its rope table and the
+    rest cost most of a small_model slot's copy, docs/batching.md, session 26), every tokenizer (read-only; copying
+    a draft model's costs more than a batched pass) and the attributes each reachable object names in
+    ``batch_shared``."""
     if depth < 0 or id(obj) in seen:
         return
     seen.add(id(obj))
-    if isinstance(obj, PreTrainedTokenizerBase):
+    if isinstance(obj, (PreTrainedTokenizerBase, LeanLlama)):
         memo[id(obj)] = obj
         return
     if isinstance(obj, nn.Module):

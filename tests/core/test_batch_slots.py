@@ -33,6 +33,11 @@ def test_slot_copies_share_weights_and_named_state_and_own_the_rest(code_target)
     assert copy.runner is not small.runner and copy.runner.cache is not small.runner.cache  # its own KV cache
     assert copy.policy is not small.policy
     assert small.runner.tokenizer is not None and copy.runner.tokenizer is small.runner.tokenizer  # read-only: shared
+    assert small.runner.lean is not None and copy.runner.lean is small.runner.lean  # its rope table, weight views
+    medusa = sf.create_drafter("medusa", code_target)
+    heads = slot_copy(medusa, code_target)  # batch_shared: read-only metadata, the tree and its index
+    assert heads.checkpoint is medusa.checkpoint and heads.tree is medusa.tree and heads._gather is medusa._gather
+    assert heads.policy is not medusa.policy
     suffix = sf.create_drafter("suffix", code_target)
     other = slot_copy(suffix, code_target)
     assert other.global_cache is suffix.global_cache  # batch_shared: learns across every slot's requests

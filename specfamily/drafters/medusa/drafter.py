@@ -56,6 +56,9 @@ class HeadsDrafter(BaseDrafter):
     needs_features = True
     default_gamma = 4
     auto_max_gamma = None  # cost-aware depths stay within the calibrated tree
+    # read-only after setup: batch slot copies share them (copying the checkpoint's metadata and the tree cost most
+    # of a slot's copy; docs/batching.md, session 26)
+    batch_shared = ("checkpoint", "tree", "_gather", "_head_options")
     family: ClassVar[str]
     kind: ClassVar[HeadsFormat]
     config_class: ClassVar[type]
