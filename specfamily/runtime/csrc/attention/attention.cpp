@@ -14,7 +14,8 @@
 // (m0 + m1) + (m2 + m3), whichever lanes the row and the key take; then times the scale); the softmax is two-pass
 // (the row's exact maximum, then exp(s - max)), its sum taken in 16 lanes by place mod 16, the lanes then added in
 // order; the values accumulate in place order, one chain per row, then are divided by the sum. exp is one polynomial
-// with its products and sums rounded one by one, the same bits in a vector lane or a scalar. Per instruction set and
+// (AVX2 and scalar: its products and sums rounded one by one; AVX-512's 16-lane copy is contracted into fused
+// multiply-adds by the compiler, the same for every lane and row). Per instruction set and
 // head width (AVX-512F for widths that are multiples of 16 up to 128, AVX2 + FMA for multiples of 8 up to 128, else
 // the scalar loop) a row's bits are fixed; the sets differ from each other and from sdpa in the last bits. A process
 // attends on one set (the best this CPU runs), so its plain and drafted passes take the same path.

@@ -5,7 +5,10 @@
 // key of 64 wide), a chain's 15 four. The softmax and the values are attention_head.h's loops (Ops below).
 // attention.cpp's header comment says which bits they keep.
 
-// exp_of (attention_head.h) on 16 lanes, op for op: the same bits as the scalar function.
+// exp_of (attention_head.h) on 16 lanes, op for op. The build contracts its products and sums into fused
+// multiply-adds (-ffp-contract=fast, GCC's default; exp_of itself is built with contraction off), so its bits
+// can differ from the scalar function's in the last place; every row and slot of this path takes exp16 (tails
+// masked), so a row's bits still depend only on its own scores.
 inline __m512 exp16(__m512 x) {
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __m512 magic = _mm512_set1_ps(12582912.0f);
