@@ -14,7 +14,8 @@ profiled alone, medians over ``--passes`` passes per arm (an item's median and t
 column does not add up exactly); run it on one thread for steadier numbers on a shared machine.
 
 ``--base FILE`` (a ``native_layers.cpp``, e.g. ``git show main:specfamily/runtime/csrc/layers/native_layers.cpp``)
-builds that source as a second extension and times whole passes (CPU time of this process: one thread) of each arm
+builds that source as a second extension and times whole passes (CPU time of this process, or with ``--clock wall``
+the wall clock: at 2 threads, where the threads' forks and joins show) of each arm
 with this checkout's C++ layer loop and with the base's, interleaved pass by pass, after checking that both give
 the same logits bit for bit: an A/B of a change to the loop in one process. ``--base-csrc DIR`` (a checkout's
 ``specfamily/runtime/csrc``, e.g. ``git archive main specfamily/runtime/csrc | tar -x -C /tmp/base``) does the same
@@ -94,6 +95,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base", type=Path, help="a native_layers.cpp to A/B this checkout's layer loop against")
     parser.add_argument("--base-csrc", type=Path, help="a checkout's runtime/csrc: A/B its loop and stream kernel")
     parser.add_argument("--base-argmax", action="store_true", help="the base arm's greedy tokens by max(-1).indices")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="the A/B's clock (wall: 2 threads)")
     return parser.parse_args(argv)
 
 
@@ -243,9 +245,9 @@ def max_indices(on: bool):
 
 @torch.inference_mode()
 def ab(target: Target, length: int, shapes: Shapes, base: NativeLayers, passes: int,
-       base_argmax: bool = False) -> dict[str, list[float]]:
-    """arm -> [median CPU ms of a whole pass (forward, greedy verification, commit) with this checkout's loop, with
-    the base's (``base_argmax``: its greedy tokens by ``max(-1).indices``)]; raises where the two loops' logits or
+       base_argmax: bool = False, clock: Callable[[], float] = time.process_time) -> dict[str, list[float]]:
+    """arm -> [median ms (``clock``) of a whole pass (forward, greedy verification, commit) with this checkout's loop,
+    with the base's (``base_argmax``: its greedy tokens by ``max(-1).indices``)]; raises where the two loops' logits or
     accepted paths differ."""
     cases, ours, greedy = arms(target, length, shapes), target.lean.native, SamplingConfig(temperature=0.0)
     loops = (ours, base)
@@ -257,11 +259,11 @@ def ab(target: Target, length: int, shapes: Shapes, base: NativeLayers, passes: 
             for which in ((0, 1) if round_ % 2 else (1, 0)):
                 target.lean.native = loops[which]
                 with max_indices(base_argmax and which == 1):
-                    start = time.process_time()
+                    start = clock()
                     out = target.forward(root, draft)
                     verdicts.append(verify_draft(draft, out.logits, greedy, torch.Generator().manual_seed(0)))
                     target.commit(path)
-                    elapsed = time.process_time() - start
+                    elapsed = clock() - start
                 target.rollback(length)
                 logits.append(out.logits)
                 if round_ >= 2:
@@ -272,8 +274,8 @@ def ab(target: Target, length: int, shapes: Shapes, base: NativeLayers, passes: 
     return {kind: [statistics.median(v) for v in pair] for kind, pair in times.items()}
 
 
-def ab_table(length: int, medians: dict[str, list[float]]) -> str:
-    rows = [f"cache {length}: whole pass, CPU ms (median), this checkout's layer loop against the base's",
+def ab_table(length: int, medians: dict[str, list[float]], clock: str = "cpu") -> str:
+    rows = [f"cache {length}: whole pass, {clock.upper()} ms (median), this checkout's layer loop against the base's",
             "| arm | this | base | this - base |", "| --- | ---: | ---: | ---: |"]
     rows += [f"| {kind} | {a:.3f} | {b:.3f} | {a - b:+.3f} |" for kind, (a, b) in medians.items()]
     return "\n".join(rows)
@@ -306,7 +308,8 @@ def run(args: argparse.Namespace, target: Target, out: Callable[[str], None]) ->
     result = {}
     for length in (int(v) for v in args.lengths.split(",")):
         if base is not None:
-            out(ab_table(length, ab(target, length, shapes, base, args.passes, args.base_argmax)))
+            clock = time.perf_counter if args.clock == "wall" else time.process_time
+            out(ab_table(length, ab(target, length, shapes, base, args.passes, args.base_argmax, clock), args.clock))
             continue
         result[length] = measure(target, length, shapes, args.passes, args.top, out)
         out(table(length, result[length]))

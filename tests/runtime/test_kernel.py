@@ -45,6 +45,42 @@ def test_every_row_count_equals_f_linear(module, isa, shape):
             _close(out, F.linear(x, weight, b), in_features)
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+def test_linear_many_is_linear_on_each_weight_bit_for_bit(module, isa):
+    """One parallel region over every weight's panels: each output has linear's bits, whatever the row count, the
+    thread count, a weight's place among the others, a partial last panel, a bias or none."""
+    if isa not in module.supported_isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    gen = torch.Generator().manual_seed(7)
+    weights = [torch.randn(n, 96, generator=gen) for n in (144, 48, 48, 50, 3)]
+    biases = [None, torch.randn(48, generator=gen), None, torch.randn(50, generator=gen), None]
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (1, 2, 5, 9, 16, 17, 33):
+                x = torch.randn(1, rows, 96, generator=gen)
+                many = module.linear_many_with(x, weights, biases, isa)
+                assert len(many) == len(weights)
+                for w, b, out in zip(weights, biases, many, strict=True):
+                    assert out.shape == (1, rows, w.shape[0])
+                    assert torch.equal(out, module.linear_with(x, w, b, isa))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_linear_many_names_its_bad_inputs_and_leaves_gradients_to_f_linear(module):
+    x = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="stream_linear.linear_many: 2 weights need as many biases"):
+        module.linear_many(x, [torch.randn(4, 8), torch.randn(4, 8)], [None])
+    with pytest.raises(RuntimeError, match="x's last dimension must be the weight's 9 input features"):
+        module.linear_many(x, [torch.randn(4, 8), torch.randn(4, 9)], [None, None])
+    weight, other = torch.randn(4, 8, requires_grad=True), torch.randn(5, 8)
+    out = module.linear_many(x, [weight, other], [None, None])  # one weight needs gradients: each product linear's
+    assert out[0].requires_grad and torch.equal(out[0], F.linear(x, weight))
+    assert torch.equal(out[1], module.linear(x, other))
+
+
 def test_the_packed_layout_is_panels_of_16_output_rows(module):
     weight = torch.randn(37, 5)
     packed = module.pack(weight)

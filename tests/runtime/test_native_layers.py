@@ -253,6 +253,30 @@ def test_a_stream_kernel_without_the_capsules_it_knows_is_declined(monkeypatch, 
         "specfamily.stream_linear.v1 capsule): the lean forward runs its Python loop"]
 
 
+@needs_native
+def test_a_stream_kernel_without_linear_many_runs_one_product_a_call_bit_for_bit(monkeypatch):
+    """The loop multiplies q/k/v and gate/up in one parallel region each (linear_many); a stream kernel without it
+    (an older build) gets one call a product: the same bits either way (Qwen2's q/k/v biases included)."""
+    steps = _steps()
+    fused = Target(_model("qwen2"), matmul="stream")
+    monkeypatch.delattr(stream_kernel().module, "_linear_many_capsule")
+    single = Target(_model("qwen2"), matmul="stream")
+    assert fused.lean.native is not None and single.lean.native is not None
+    ours, theirs = _passes(fused, steps), _passes(single, steps)
+    assert all(torch.equal(a, b) for a, b in zip(ours[0] + ours[1], theirs[0] + theirs[1], strict=True))
+    assert fused.lean.native.calls == single.lean.native.calls > 0
+
+
+@needs_native
+def test_a_stream_kernel_whose_linear_many_is_not_its_capsule_is_declined(monkeypatch, caplog):
+    monkeypatch.setattr(stream_kernel().module, "_linear_many_capsule", object())
+    with caplog.at_level(logging.WARNING, logger="specfamily.runtime.native_layers"):
+        assert Target(_model(), matmul="stream").lean.native is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "native layer loop unavailable (RuntimeError: native_layers: the stream kernel's _linear_many_capsule is not "
+        "a specfamily.stream_linear_many.v1 capsule): the lean forward runs its Python loop"]
+
+
 def test_the_disable_switch_is_a_reason(monkeypatch):
     monkeypatch.setenv(DISABLE_ENV, "1")
     native_build.cache_clear()

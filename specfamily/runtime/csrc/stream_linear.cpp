@@ -24,13 +24,14 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu_isa.h"
 #include "stream_pack.h"
+#include "stream_panels.h"
 
 namespace {
 
-constexpr int64_t kMaxRows = 16;           // rows of x one call of the instruction set's panels multiplies
 constexpr int64_t kChunkBytes = 192 << 10;  // past kMaxRows rows: packed bytes each block of rows reuses in L2
 constexpr int64_t kMinChunk = 2;           // panels per chunk at least
 constexpr int64_t kGrainFloats = 1 << 15;  // weight elements per thread at least (smaller products run serially)
@@ -38,94 +39,12 @@ using specfamily::stream::kPackedAttr;
 using specfamily::stream::kPanel;
 using specfamily::stream::pack;
 using specfamily::stream::packed_for;
-
-struct Problem {
-  const float* x;  // (k, d) contiguous
-  const float* w;  // (panels, d, kPanel) packed
-  const float* b;  // (n,) or nullptr
-  float* y;        // (k, n)
-  int64_t k, d, n;
-};
-
-using PanelsFn = void (*)(const Problem&, int64_t, int64_t);
-
-// Panels [q0, q1) for every row of x.
-void scalar_panels(const Problem& p, int64_t q0, int64_t q1) {
-  float acc[kMaxRows][kPanel];
-  for (int64_t q = q0; q < q1; ++q) {
-    const float* w = p.w + q * p.d * kPanel;
-    for (int64_t j = 0; j < p.k; ++j) std::fill(acc[j], acc[j] + kPanel, 0.0f);
-    for (int64_t t = 0; t < p.d; ++t)
-      for (int64_t j = 0; j < p.k; ++j) {
-        const float xt = p.x[j * p.d + t];
-        for (int64_t c = 0; c < kPanel; ++c) acc[j][c] += w[t * kPanel + c] * xt;
-      }
-    const int64_t cols = std::min(kPanel, p.n - q * kPanel);
-    for (int64_t j = 0; j < p.k; ++j)
-      for (int64_t c = 0; c < cols; ++c) p.y[j * p.n + q * kPanel + c] = acc[j][c] + (p.b ? p.b[q * kPanel + c] : 0.0f);
-  }
-}
+using specfamily::stream::kMaxRows;
+using specfamily::stream::PanelsFn;
+using specfamily::stream::Problem;
+using specfamily::stream::scalar_panels;
 
 #ifdef SF_X86_SIMD
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-
-namespace avx2 {
-
-constexpr int kRowBlock = 6;  // 2 halves x 6 rows = 12 accumulators of 16 registers
-
-// The first `count` (0..8) lanes set.
-inline __m256i lanes(int64_t count) {
-  static const int32_t table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + 8 - std::clamp<int64_t>(count, 0, 8)));
-}
-
-// Panel q times rows [j0, j0 + K) of x: each 16-lane panel row as two 8-lane halves.
-template <int K>
-void block(const Problem& p, int64_t q, int64_t j0) {
-  __m256 acc[2][K];
-#pragma GCC unroll 16
-  for (int j = 0; j < K; ++j) acc[0][j] = acc[1][j] = _mm256_setzero_ps();
-  const float* w = p.w + q * p.d * kPanel;
-  const float* x = p.x + j0 * p.d;
-  for (int64_t t = 0; t < p.d; ++t) {
-    const __m256 lo = _mm256_loadu_ps(w + t * kPanel), hi = _mm256_loadu_ps(w + t * kPanel + 8);
-#pragma GCC unroll 16
-    for (int j = 0; j < K; ++j) {
-      const __m256 xt = _mm256_broadcast_ss(x + j * p.d + t);
-      acc[0][j] = _mm256_fmadd_ps(lo, xt, acc[0][j]);
-      acc[1][j] = _mm256_fmadd_ps(hi, xt, acc[1][j]);
-    }
-  }
-  const int64_t col = q * kPanel, cols = std::min(kPanel, p.n - col);
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {
-    const __m256i mask = lanes(cols - 8 * h);
-    const __m256 bias = p.b ? _mm256_maskload_ps(p.b + col + 8 * h, mask) : _mm256_setzero_ps();
-#pragma GCC unroll 16
-    for (int j = 0; j < K; ++j)
-      _mm256_maskstore_ps(p.y + (j0 + j) * p.n + col + 8 * h, mask, _mm256_add_ps(acc[h][j], bias));
-  }
-}
-
-void panels(const Problem& p, int64_t q0, int64_t q1) {
-  for (int64_t q = q0; q < q1; ++q)
-    for (int64_t j = 0; j < p.k; j += kRowBlock) {
-      switch (std::min<int64_t>(kRowBlock, p.k - j)) {
-        case 1: block<1>(p, q, j); break;
-        case 2: block<2>(p, q, j); break;
-        case 3: block<3>(p, q, j); break;
-        case 4: block<4>(p, q, j); break;
-        case 5: block<5>(p, q, j); break;
-        default: block<6>(p, q, j); break;
-      }
-    }
-}
-
-}  // namespace avx2
-
-#pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
@@ -267,7 +186,7 @@ PanelsFn panels_for(const std::string& isa) {
               "' is not supported on this CPU (supported: ", c10::Join(", ", isas), ")");
 #ifdef SF_X86_SIMD
   if (isa == "avx512") return avx512::panels;
-  if (isa == "avx2") return avx2::panels;
+  if (isa == "avx2") return specfamily::stream::avx2::panels;
 #endif
   return scalar_panels;
 }
@@ -292,36 +211,53 @@ void check_inputs(const at::Tensor& x, const at::Tensor& weight, const c10::opti
   }
 }
 
-// y = x packed^T + b: each thread takes a range of panels, in chunks; each chunk multiplies every block of at most
-// kMaxRows rows. Every output is one FMA chain over the inputs in order, then + bias, whatever the block it falls
-// in: a row's result does not depend on how many rows come with it or where it stands among them.
-at::Tensor run_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
-                      PanelsFn panels) {
-  const int64_t d = x.size(-1), k = x.numel() / d, total = packed.size(0);
-  const at::Tensor xc = x.contiguous();
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) b = bias->contiguous();
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  at::Tensor y = at::empty(sizes, x.options());
-  const float *xp = xc.data_ptr<float>(), *wp = packed.data_ptr<float>();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+// One product of linear_many: its packed weight, bias and output.
+struct Part {
+  at::Tensor packed, bias, y;
+  int64_t n;
+};
+
+// Several products of the same x (k rows of d) in one parallel region: the panels of every weight, first to last,
+// as one range the threads split, each panel multiplied as run_packed multiplies it (the same panels function, the
+// same chunks), so every output has run_packed's bits: one fork and join for all of them, and the small products'
+// panels (a layer's k and v) shared out with the large ones' instead of each splitting its few panels alone.
+void run_parts(const at::Tensor& xc, int64_t d, std::vector<Part>& parts, PanelsFn panels) {
+  const int64_t k = xc.numel() / d;
+  std::vector<int64_t> first{0};  // parts[i]'s panels are [first[i], first[i + 1]) of the shared range
+  for (const Part& part : parts) first.push_back(first.back() + part.packed.size(0));
   const int64_t grain = std::max<int64_t>(1, kGrainFloats / (kPanel * std::max<int64_t>(d, 1)));
-  // Past kMaxRows rows, chunks of about kChunkBytes of the packed weight stay in L2 while each block of rows passes
-  // over them: the weights are read from memory once per call whatever the number of rows.
   const int64_t panel_bytes = kPanel * static_cast<int64_t>(sizeof(float)) * std::max<int64_t>(d, 1);
-  const int64_t chunk = k <= kMaxRows ? total : std::max<int64_t>(kMinChunk, kChunkBytes / panel_bytes);
-  at::parallel_for(0, total, grain, [&](int64_t q0, int64_t q1) {
-    for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
-      const int64_t c1 = std::min(q1, c0 + chunk);
-      for (int64_t r0 = 0; r0 < k; r0 += kMaxRows) {
-        const Problem p{xp + r0 * d, wp, bp, yp + r0 * n, std::min(kMaxRows, k - r0), d, n};
-        panels(p, c0, c1);
+  const float* xp = xc.data_ptr<float>();
+  at::parallel_for(0, first.back(), grain, [&](int64_t g0, int64_t g1) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t q0 = std::max(g0, first[i]) - first[i], q1 = std::min(g1, first[i + 1]) - first[i];
+      if (q0 >= q1) continue;
+      const Part& part = parts[i];
+      const int64_t total = part.packed.size(0), n = part.n;
+      const int64_t chunk = k <= kMaxRows ? total : std::max<int64_t>(kMinChunk, kChunkBytes / panel_bytes);
+      const float* wp = part.packed.data_ptr<float>();
+      const float* bp = part.bias.defined() ? part.bias.data_ptr<float>() : nullptr;
+      float* yp = part.y.data_ptr<float>();
+      for (int64_t c0 = q0; c0 < q1; c0 += chunk) {
+        const int64_t c1 = std::min(q1, c0 + chunk);
+        for (int64_t r0 = 0; r0 < k; r0 += kMaxRows) {
+          const Problem p{xp + r0 * d, wp, bp, yp + r0 * n, std::min(kMaxRows, k - r0), d, n};
+          panels(p, c0, c1);
+        }
       }
     }
   });
-  return y;
+}
+
+// y = x packed^T + b (run_parts with one part).
+at::Tensor run_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
+                      PanelsFn panels) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  std::vector<Part> parts{Part{packed, bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor(),
+                               at::empty(sizes, x.options()), n}};
+  run_parts(x.contiguous(), x.size(-1), parts, panels);
+  return parts[0].y;
 }
 
 at::Tensor linear_with(const at::Tensor& x, const py::handle& weight_obj, const c10::optional<at::Tensor>& bias,
@@ -343,6 +279,54 @@ at::Tensor linear(const at::Tensor& x, const py::handle& weight, const c10::opti
   return linear_with(x, weight, bias, best_isa());
 }
 
+// linear(x, weights[i], biases[i]) for every i, bit for bit, in one parallel region (run_parts): the products a layer
+// makes of one input (q, k and v; gate and up). Where linear would not run the kernel (no rows, an empty weight,
+// gradients) each product is linear's own.
+std::vector<at::Tensor> linear_many_with(const at::Tensor& x, const std::vector<py::handle>& weights,
+                                         const std::vector<c10::optional<at::Tensor>>& biases,
+                                         const std::string& isa) {
+  TORCH_CHECK(weights.size() == biases.size(), "stream_linear.linear_many: ", weights.size(), " weights need as many "
+              "biases (None or a tensor), got ", biases.size());
+  std::vector<at::Tensor> tensors;
+  bool each = x.numel() == 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    TORCH_CHECK(THPVariable_Check(weights[i].ptr()), "stream_linear: weight must be a tensor, got ",
+                py::str(py::type::handle_of(weights[i]).attr("__name__")).cast<std::string>());
+    tensors.push_back(weights[i].cast<at::Tensor>());
+    check_inputs(x, tensors[i], biases[i]);
+    const c10::optional<at::Tensor>& b = biases[i];
+    each = each || tensors[i].size(0) == 0 ||
+           (at::GradMode::is_enabled() && (x.requires_grad() || tensors[i].requires_grad() ||
+                                           (b.has_value() && b->defined() && b->requires_grad())));
+  }
+  std::vector<at::Tensor> out;
+  if (each) {
+    for (size_t i = 0; i < weights.size(); ++i) out.push_back(linear_with(x, weights[i], biases[i], isa));
+    return out;
+  }
+  const PanelsFn panels = panels_for(isa);
+  const int64_t d = x.size(-1);
+  const at::Tensor xc = x.contiguous();
+  std::vector<Part> parts;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const int64_t n = tensors[i].size(0);
+    auto sizes = x.sizes().vec();
+    sizes.back() = n;
+    const c10::optional<at::Tensor>& b = biases[i];
+    parts.push_back(Part{packed_for(weights[i], tensors[i]), b.has_value() && b->defined() ? b->contiguous()
+                                                                                        : at::Tensor(),
+                         at::empty(sizes, x.options()), n});
+    out.push_back(parts.back().y);
+  }
+  run_parts(xc, d, parts, panels);
+  return out;
+}
+
+std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<py::handle>& weights,
+                                    const std::vector<c10::optional<at::Tensor>>& biases) {
+  return linear_many_with(x, weights, biases, best_isa());
+}
+
 }  // namespace
 
 namespace specfamily {
@@ -355,6 +339,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("linear_with", &linear_with, "linear on a named instruction set (tests)", py::arg("x"), py::arg("weight"),
         py::arg("bias"), py::arg("isa"));
+  m.def("linear_many", &linear_many, "linear(x, weights[i], biases[i]) for every i, bit for bit, in one parallel "
+        "region", py::arg("x"), py::arg("weights"), py::arg("biases"));
+  m.def("linear_many_with", &linear_many_with, "linear_many on a named instruction set (tests)", py::arg("x"),
+        py::arg("weights"), py::arg("biases"), py::arg("isa"));
   m.def("pack", &pack, "the weight (n, d) as panels (ceil(n / PANEL), d, PANEL), zero-padded past n",
         py::arg("weight"));
   m.def("rms_norm", &specfamily::rms_norm, "weight * (x * rsqrt(mean(x^2, -1) + eps)), one call (float32 CPU rows)",
@@ -367,5 +355,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // linear and rms_norm's C++ entry points, for another extension to call without Python (native_layers.cpp); the
   // names carry the signatures' version
   m.attr("_linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "specfamily.stream_linear.v1");
+  m.attr("_linear_many_capsule") =
+      py::capsule(reinterpret_cast<void*>(&linear_many), "specfamily.stream_linear_many.v1");
   m.attr("_norm_capsule") = py::capsule(reinterpret_cast<void*>(&specfamily::rms_norm), "specfamily.rms_norm.v1");
 }

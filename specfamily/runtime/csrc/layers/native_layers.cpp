@@ -10,6 +10,7 @@
 #include <ATen/record_function.h>
 #include <torch/extension.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -21,7 +22,10 @@ namespace {
 // The stream kernel's entry points (stream_linear.cpp exports them as capsules of these names).
 using LinearFn = at::Tensor (*)(const at::Tensor&, const py::handle&, const c10::optional<at::Tensor>&);
 using NormFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
+using ManyFn = std::vector<at::Tensor> (*)(const at::Tensor&, const std::vector<py::handle>&,
+                                           const std::vector<c10::optional<at::Tensor>>&);
 constexpr const char* kLinearCapsule = "specfamily.stream_linear.v1";
+constexpr const char* kManyCapsule = "specfamily.stream_linear_many.v1";
 constexpr const char* kNormCapsule = "specfamily.rms_norm.v1";
 // The batch-invariant attention's entry point (csrc/attention/attention.cpp exports it as a capsule of this name).
 using AttendFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -34,6 +38,12 @@ Fn from_capsule(const py::handle& module, const char* attr, const char* name) {
   TORCH_CHECK(PyCapsule_IsValid(capsule.ptr(), name), "native_layers: the stream kernel's ", attr, " is not a ",
               name, " capsule");
   return reinterpret_cast<Fn>(PyCapsule_GetPointer(capsule.ptr(), name));
+}
+
+// The stream kernel's linear_many, or nullptr where its module has none (a build from before it: one product a call).
+ManyFn many_of(const py::handle& module) {
+  if (!py::hasattr(module, "_linear_many_capsule")) return nullptr;
+  return from_capsule<ManyFn>(module, "_linear_many_capsule", kManyCapsule);
 }
 
 // A product's weight as the Python object (its packed copy is kept on it) and its bias (None or a tensor).
@@ -128,6 +138,7 @@ class NativeLayers {
   NativeLayers(const py::object& module, const py::list& layers, const py::object& attention)
       : linear_(from_capsule<LinearFn>(module, "_linear_capsule", kLinearCapsule)),
         norm_(from_capsule<NormFn>(module, "_norm_capsule", kNormCapsule)),
+        many_(many_of(module)),
         attend_(attention.is_none() ? nullptr : from_capsule<AttendFn>(attention, "_attend_capsule", kAttendCapsule)) {
     for (const py::handle item : layers) {
       const py::tuple f = item.cast<py::tuple>();
@@ -238,6 +249,26 @@ class NativeLayers {
     return linear_(x, p.weight, p.bias_tensor());
   }
 
+  // Products of one input: one parallel region for all of them (linear_many, the same bits), or one call each.
+  template <size_t N>
+  std::array<at::Tensor, N> linears(const at::Tensor& x, const std::array<const Product*, N>& products) const {
+    std::array<at::Tensor, N> out;
+    if (many_ == nullptr) {
+      for (size_t i = 0; i < N; ++i) out[i] = linear(x, *products[i]);
+      return out;
+    }
+    RECORD_FUNCTION("specfamily::product", std::vector<c10::IValue>());
+    std::vector<py::handle> weights;
+    std::vector<c10::optional<at::Tensor>> biases;
+    for (const Product* p : products) {
+      weights.push_back(p->weight);
+      biases.push_back(p->bias_tensor());
+    }
+    std::vector<at::Tensor> made = many_(x, weights, biases);
+    for (size_t i = 0; i < N; ++i) out[i] = std::move(made[i]);
+    return out;
+  }
+
   at::Tensor norm(const at::Tensor& x, const py::object& weight, double eps) const {
     RECORD_FUNCTION("specfamily::norm", std::vector<c10::IValue>());
     return norm_(x, weight.cast<at::Tensor>(), eps);
@@ -247,9 +278,9 @@ class NativeLayers {
   // the residual add run in place on the products' fresh outputs (the same kernels, the same bits; no allocation).
   at::Tensor mlp_block(const Layer& layer, const at::Tensor& hidden) const {
     const at::Tensor x = norm(hidden, layer.norm2, layer.eps2);
-    at::Tensor gate = linear(x, layer.gate);
-    at::silu_(gate);  // Python's order: gate, its activation, then up
-    gate.mul_(linear(x, layer.up));
+    auto [gate, up] = linears<2>(x, {&layer.gate, &layer.up});
+    at::silu_(gate);  // Python's order: gate, its activation, then up (each element's bits are the same either way)
+    gate.mul_(up);
     return linear(gate, layer.down).add_(hidden);
   }
 
@@ -259,9 +290,10 @@ class NativeLayers {
                        int64_t start) const {
     const int64_t batch = x.size(0), q_len = x.size(1), dim = layer.head_dim;
     const std::vector<int64_t> shape{batch, q_len, -1, dim};
-    at::Tensor query = linear(x, layer.q).view(shape).transpose(1, 2);  // (B, heads, q, D)
-    at::Tensor key = linear(x, layer.k).view(shape).transpose(1, 2);    // (B, kv heads, q, D)
-    at::Tensor value = linear(x, layer.v).view(shape).transpose(1, 2);
+    const auto [q_out, k_out, v_out] = linears<3>(x, {&layer.q, &layer.k, &layer.v});
+    at::Tensor query = q_out.view(shape).transpose(1, 2);  // (B, heads, q, D)
+    at::Tensor key = k_out.view(shape).transpose(1, 2);    // (B, kv heads, q, D)
+    at::Tensor value = v_out.view(shape).transpose(1, 2);
     const at::Tensor key_slots = key_buffer.narrow(2, start, q_len), value_slots = value_buffer.narrow(2, start, q_len);
     if (fused(query, key, value, cos, sin, key_slots, value_slots)) {
       // rotate_pair and BufferedLayer.update's writes in one pass: the rotated key straight into its cache slots
@@ -309,9 +341,10 @@ class NativeLayers {
                             const std::vector<c10::optional<at::Tensor>>& visible) const {
     const int64_t rows = x.size(1), dim = layer.head_dim;
     const std::vector<int64_t> shape{1, rows, -1, dim};
-    const at::Tensor query = linear(x, layer.q).view(shape).transpose(1, 2);  // (1, heads, N, D)
-    const at::Tensor key = linear(x, layer.k).view(shape).transpose(1, 2);    // (1, kv heads, N, D)
-    const at::Tensor value = linear(x, layer.v).view(shape).transpose(1, 2);
+    const auto [q_out, k_out, v_out] = linears<3>(x, {&layer.q, &layer.k, &layer.v});
+    const at::Tensor query = q_out.view(shape).transpose(1, 2);  // (1, heads, N, D)
+    const at::Tensor key = k_out.view(shape).transpose(1, 2);    // (1, kv heads, N, D)
+    const at::Tensor value = v_out.view(shape).transpose(1, 2);
     TORCH_CHECK(Rows::fits(query) && Rows::fits(key) && Rows::fits(value),
                 "native_layers: a batched pass's products must be float32 CPU rows");
     const at::Tensor rotated = at::empty_like(query);
@@ -360,6 +393,7 @@ class NativeLayers {
 
   LinearFn linear_;
   NormFn norm_;
+  ManyFn many_;  // nullptr: one call a product
   AttendFn attend_;
   std::vector<Layer> layers_;
   int64_t calls_ = 0;
