@@ -34,13 +34,16 @@ def test_row_costs_are_medians_where_measured_and_a_curve_over_rows_elsewhere():
     assert costs.table(1, 5) is None  # one point: nothing to predict with
     costs.observe(1, 5, 7.0)
     assert costs.curve() == ([1, 5], [3.0, 7.0])
-    assert costs.table(1, 7) == pytest.approx([3.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])  # flat before, slope past
+    assert costs.table(1, 7) == pytest.approx([3.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])  # flat before, slope past, to
+    # the reach: B=1's largest measured pass (5 rows) plus one row a slot
     costs.observe(2, 2, 8.0)  # B=2 measures 2 rows at 8.0, where the curve said 4.0: now a point of it
     assert costs.curve() == ([1, 2, 5], [3.0, 8.0, 7.0])
     assert costs.table(2, 3)[2:] == pytest.approx([8.0, 8.0 - 1 / 3])
     costs.observe(3, 5, 14.0)  # B=3 at 5 rows: twice B=1's; the curve takes the median, B=3 its own scale
     assert costs.curve()[1][2] == 10.5
     assert costs.table(3, 6)[5:] == pytest.approx([14.0, (10.5 + 2.5 / 3) * 14.0 / 10.5])
+    assert len(costs.table(3, 100)) == 5 + 3 + 1  # priced to B=3's largest measured pass plus a row a slot
+    assert costs.reach(3) == 8 and costs.reach(4) == 8  # a batch size measured nowhere: its plain pass plus one
     costs.observe(3, 3, -1.0)  # not a time: ignored
     assert not costs.known(3, 3)
     costs.observe_draft(2, 4, 2.0)
