@@ -78,7 +78,7 @@ def test_the_plan_is_the_best_prefix_in_the_order_of_gain():
     row costs at ~3 tokens a second) and a request with nothing to propose costs nothing."""
     seconds = [1.0 + 0.1 * max(0, n - 3) for n in range(40)]
     lengths, gain = plan_lengths([Prospect([0.9] * 8, [1] * 8), Prospect([0.3] * 8, [1] * 8)], seconds, 0.0)
-    rates = {g: (2 + sum(0.9 ** d for d in range(1, g + 1))) / seconds[2 + g] for g in range(9)}
+    rates = {g: (2 + sum(0.9**d for d in range(1, g + 1))) / seconds[2 + g] for g in range(9)}
     best = max(rates, key=rates.get)
     assert lengths == [best, 0] and best >= 3 and gain == pytest.approx(rates[best] / rates[0])
     assert plan_lengths([Prospect([0.9] * 8, [1] * 8), Prospect((), ())], seconds, 0.0)[0] == [best, 0]
@@ -247,8 +247,12 @@ def test_would_draft_answers_what_the_plan_then_does_and_records_nothing(cost):
     chains = [Prospect([0.9] * 6, [1] * 6)] * 16
 
     def kept():
-        return (dict(policy.idle), dict(policy.losing), {b: list(c) for b, c in policy.choices.items()},
-                policy.predicted)
+        return (
+            dict(policy.idle),
+            dict(policy.losing),
+            {b: list(c) for b, c in policy.choices.items()},
+            policy.predicted,
+        )
 
     answers = []
     for _ in range(60):
@@ -281,8 +285,9 @@ def test_cheap_deterministic_drafts_are_proposed_whole_then_cut_to_the_plan(monk
 
     monkeypatch.setattr(batch_loop, "propose_batch", spy)
     seen = []
-    priced_run(monkeypatch, lambda b, n: 1.0 + 0.01 * n, lambda t: sf.create_drafter("prompt_lookup", t),
-                [0.0] * 4, seen)
+    priced_run(
+        monkeypatch, lambda b, n: 1.0 + 0.01 * n, lambda t: sf.create_drafter("prompt_lookup", t), [0.0] * 4, seen
+    )
     steady = [d for batch, d, s in seen if s and batch == 4]
     assert any(0 in d and max(d) > 0 for d in steady)  # one request fed its root alone beside drafting ones
     cut = [(g, n) for g, n in proposed if len(set(g)) == 1 and g[0] > 1]  # asked for the longest, all alike
