@@ -229,8 +229,9 @@ def test_drafts_predicted_to_pay_that_are_never_accepted_stop_but_for_probes():
     policy = LengthPolicy(probe_every=4, max_backoff=2)
     drafted = _settled(policy, 4, 80, lambda i, depth: 0)
     first = [i for i, r in enumerate(drafted) if r > 0]
-    assert first[:4] == [1, 2, 3, 4]  # exploring, then the 3 passes the correction needs before it judges
-    probes = [i for i in first if i > 4]
+    assert drafted[1:8] == [4, 8, 12, 16, 16, 16, 16]  # exploring, the shape grown a row a slot a pass (each priced
+    # only once its B measured the one before), then the 3 passes the correction needs before it judges
+    probes = [i for i in first if i > 7]
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert gaps[0] == 8 and set(gaps[1:]) == {16}  # the back-off, as before
     assert policy.correction(4) < 0.5 and policy.losing[4] == len(probes)
