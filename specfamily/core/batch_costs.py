@@ -113,18 +113,31 @@ class RowCosts:
         return statistics.median(self.steps[nearest]) * batch / nearest
 
     def table(self, batch: int, most: int, slots: float = 0.0) -> list[float] | None:
-        """t(batch, N) for N = 0 .. most (measured, else predicted) with the slots holding ``slots`` cached tokens
-        in all, draft rows' context terms left out (``row_token``), or None while the curve has < 2 points."""
+        """t(batch, N) for N = 0 .. min(most, :meth:`reach`) (measured, else predicted) with the slots holding
+        ``slots`` cached tokens in all, draft rows' context terms left out (``row_token``), or None while the curve
+        has < 2 points. Predicted: the curve over N scaled by what this B measured against it. The plan
+        cannot feed more rows than the table holds."""
         xs, ys = self.curve()
         if len(xs) < 2:
             return None
         own = self._by_batch.get(batch, {})
         scale = statistics.median(s / _at(xs, ys, n) for n, s in own.items()) if own else 1.0
-        table = [_at(xs, ys, n) * scale for n in range(most + 1)]
+        top = min(most, self.reach(batch))
+        table = [_at(xs, ys, n) * scale for n in range(top + 1)]
         for n, s in own.items():
-            if n <= most:
+            if n <= top:
                 table[n] = s
         return [t + self.slopes[0] * slots for t in table]
+
+    def reach(self, batch: int) -> int:
+        """The most rows a pass of ``batch`` requests may be priced at: its largest measured pass plus one draft row
+        a slot. Past the passes a batch size has measured its cost is a guess: the curve of other batch sizes,
+        extended by its last segment's slope, which a flat or noisy last segment makes far too cheap for a product
+        of 64-136 rows (suffix's trees feed up to 16 rows a slot; such products are compute-bound:
+        docs/batching.md, session 26). Each drafted pass at the reach measures the next shape, so the reach grows
+        by what the plan chose to feed."""
+        own = self._by_batch.get(batch)
+        return (max(own) if own else batch) + batch
 
     def curve(self) -> tuple[list[int], list[float]]:
         """Rows N and the median context-free seconds over the batch sizes measured at N, sorted by N."""

@@ -36,6 +36,7 @@ def test_tied_requests_draft_to_one_depth_together_or_none_of_them_does():
     policy = LengthPolicy()
     policy.timed(2, 2, 0, 0.0, 1.0)
     policy.timed(2, 6, 0, 0.0, 1.0)
+    policy.timed(2, 10, 0, 0.0, 1.0)  # measured: a pass is priced to its B's largest measured one plus a row a slot
     assert policy.lengths(finishing([SURE, NONE], [8, 8]), together=True) == [0, 0]
     assert policy.predicted is None
     assert policy.lengths(finishing([SURE, SURE], [8, 8]), together=True) == [4, 4]
@@ -43,6 +44,7 @@ def test_tied_requests_draft_to_one_depth_together_or_none_of_them_does():
     gain = plan_together(reaches, [[1] * 4] * 2, [1.0] * 40, 0.0, batch=2)[1]
     assert gain == pytest.approx(1 + sum(0.81**d for d in range(1, 5)))  # E[1 + min accepted]
     policy.timed(3, 3, 0, 0.0, 1.0)
+    policy.timed(3, 11, 0, 0.0, 1.0)
     assert policy.lengths(finishing([SURE, SURE, SURE], [8, 1, 8]), together=True) == [4, 0, 4]  # the rest: none
 
 
@@ -84,6 +86,7 @@ def test_a_slot_just_behind_the_last_drafts_only_the_levels_that_keep_pace():
     policy = LengthPolicy()
     policy.timed(2, 2, 0, 0.0, 1.0)
     policy.timed(2, 6, 0, 0.0, 1.0)
+    policy.timed(2, 10, 0, 0.0, 1.0)  # measured: a pass is priced to its B's largest measured one plus a row a slot
     assert policy.lengths(finishing([SURE, SURE], [8, 7]), together=True) == [4, 3]  # keeps pace, 1 behind
     gain = 1 + 0.9 + sum(0.9**k * 0.9 ** (k - 1) for k in range(2, 5))  # level k: the last k deep, the other k - 1
     reaches = [[0.9**d for d in range(1, 5)]] * 2
@@ -226,8 +229,9 @@ def test_drafts_predicted_to_pay_that_are_never_accepted_stop_but_for_probes():
     policy = LengthPolicy(probe_every=4, max_backoff=2)
     drafted = _settled(policy, 4, 80, lambda i, depth: 0)
     first = [i for i, r in enumerate(drafted) if r > 0]
-    assert first[:4] == [1, 2, 3, 4]  # exploring, then the 3 passes the correction needs before it judges
-    probes = [i for i in first if i > 4]
+    assert drafted[1:8] == [4, 8, 12, 16, 16, 16, 16]  # exploring, the shape grown a row a slot a pass (each priced
+    # only once its B measured the one before), then the 3 passes the correction needs before it judges
+    probes = [i for i in first if i > 7]
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert gaps[0] == 8 and set(gaps[1:]) == {16}  # the back-off, as before
     assert policy.correction(4) < 0.5 and policy.losing[4] == len(probes)

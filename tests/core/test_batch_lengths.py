@@ -34,13 +34,16 @@ def test_row_costs_are_medians_where_measured_and_a_curve_over_rows_elsewhere():
     assert costs.table(1, 5) is None  # one point: nothing to predict with
     costs.observe(1, 5, 7.0)
     assert costs.curve() == ([1, 5], [3.0, 7.0])
-    assert costs.table(1, 7) == pytest.approx([3.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])  # flat before, slope past
+    assert costs.table(1, 7) == pytest.approx([3.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])  # flat before, slope past, to
+    # the reach: B=1's largest measured pass (5 rows) plus one row a slot
     costs.observe(2, 2, 8.0)  # B=2 measures 2 rows at 8.0, where the curve said 4.0: now a point of it
     assert costs.curve() == ([1, 2, 5], [3.0, 8.0, 7.0])
     assert costs.table(2, 3)[2:] == pytest.approx([8.0, 8.0 - 1 / 3])
     costs.observe(3, 5, 14.0)  # B=3 at 5 rows: twice B=1's; the curve takes the median, B=3 its own scale
     assert costs.curve()[1][2] == 10.5
     assert costs.table(3, 6)[5:] == pytest.approx([14.0, (10.5 + 2.5 / 3) * 14.0 / 10.5])
+    assert len(costs.table(3, 100)) == 5 + 3 + 1  # priced to B=3's largest measured pass plus a row a slot
+    assert costs.reach(3) == 8 and costs.reach(4) == 8  # a batch size measured nowhere: its plain pass plus one
     costs.observe(3, 3, -1.0)  # not a time: ignored
     assert not costs.known(3, 3)
     costs.observe_draft(2, 4, 2.0)
@@ -75,7 +78,7 @@ def test_the_plan_is_the_best_prefix_in_the_order_of_gain():
     row costs at ~3 tokens a second) and a request with nothing to propose costs nothing."""
     seconds = [1.0 + 0.1 * max(0, n - 3) for n in range(40)]
     lengths, gain = plan_lengths([Prospect([0.9] * 8, [1] * 8), Prospect([0.3] * 8, [1] * 8)], seconds, 0.0)
-    rates = {g: (2 + sum(0.9 ** d for d in range(1, g + 1))) / seconds[2 + g] for g in range(9)}
+    rates = {g: (2 + sum(0.9**d for d in range(1, g + 1))) / seconds[2 + g] for g in range(9)}
     best = max(rates, key=rates.get)
     assert lengths == [best, 0] and best >= 3 and gain == pytest.approx(rates[best] / rates[0])
     assert plan_lengths([Prospect([0.9] * 8, [1] * 8), Prospect((), ())], seconds, 0.0)[0] == [best, 0]
@@ -244,8 +247,12 @@ def test_would_draft_answers_what_the_plan_then_does_and_records_nothing(cost):
     chains = [Prospect([0.9] * 6, [1] * 6)] * 16
 
     def kept():
-        return (dict(policy.idle), dict(policy.losing), {b: list(c) for b, c in policy.choices.items()},
-                policy.predicted)
+        return (
+            dict(policy.idle),
+            dict(policy.losing),
+            {b: list(c) for b, c in policy.choices.items()},
+            policy.predicted,
+        )
 
     answers = []
     for _ in range(60):
@@ -278,8 +285,9 @@ def test_cheap_deterministic_drafts_are_proposed_whole_then_cut_to_the_plan(monk
 
     monkeypatch.setattr(batch_loop, "propose_batch", spy)
     seen = []
-    priced_run(monkeypatch, lambda b, n: 1.0 + 0.01 * n, lambda t: sf.create_drafter("prompt_lookup", t),
-                [0.0] * 4, seen)
+    priced_run(
+        monkeypatch, lambda b, n: 1.0 + 0.01 * n, lambda t: sf.create_drafter("prompt_lookup", t), [0.0] * 4, seen
+    )
     steady = [d for batch, d, s in seen if s and batch == 4]
     assert any(0 in d and max(d) > 0 for d in steady)  # one request fed its root alone beside drafting ones
     cut = [(g, n) for g, n in proposed if len(set(g)) == 1 and g[0] > 1]  # asked for the longest, all alike

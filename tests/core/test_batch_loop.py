@@ -10,6 +10,7 @@ from flawed_oracle import FlawedOracle
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
+from specfamily.core.batch_costs import RowCosts
 from specfamily.core.batch_lengths import LengthPolicy
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
 
@@ -88,6 +89,9 @@ def test_a_newcomer_is_prefilled_beside_the_other_requests_roots_and_a_last_wave
         return admit(self, index, ids, arrival)
 
     monkeypatch.setattr(batch_loop._Batch, "_admit", admitting)
+    # admissions apart from how far the plan prices a pass (RowCosts.reach grows a shape a row a slot a pass, which
+    # keeps these two requests' drafts, and so their ends, in step)
+    monkeypatch.setattr(RowCosts, "reach", lambda self, batch: 1 << 20)
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
     priced_run(monkeypatch, lambda b, n: 1.0, drafter_of, [0.0] * 6, passes=passes, max_batch=2, max_new_tokens=24)
     prefills = [(at, n) for at, (n, _, steady) in enumerate(passes) if not steady]
