@@ -61,3 +61,27 @@ def test_a_pass_without_padding_is_refused():
     ids = torch.zeros(1, 3, dtype=torch.long)
     with pytest.raises(ValueError, match=r"a packed pass needs several slots of several rows, got \(1, 3\)"):
         packed_forward(target.lean, ids, ids, None, None, torch.arange(3), torch.arange(3))
+
+
+def test_each_slot_attends_its_own_rows_over_its_own_keys(monkeypatch):
+    """A long prompt beside short rows: each slot's sdpa takes only its fed rows as queries and only its own
+    cached-plus-fed keys (no padded queries, no keys past its own), and the logits are the padded pass's."""
+    from specfamily.runtime import batch_lean
+
+    target = tiny_target("llama", vocab_size=32, spread=1.0)  # float64
+    shapes, sdpa = [], batch_lean.F.scaled_dot_product_attention
+
+    def recording(query, key, value, **kwargs):
+        shapes.append((query.shape[0], query.shape[2], key.shape[2]))
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(batch_lean.F, "scaled_dot_product_attention", recording)
+    packed, _ = _passes(target, True, monkeypatch, True)
+    layers = target.model.config.num_hidden_layers
+    # prefill: the prompts' own lengths over their own keys; then roots plus drafts over cached + fed
+    assert shapes[:3] == [(1, 5, 5), (1, 2, 2), (1, 3, 3)]
+    assert shapes[3 * layers : 3 * layers + 3] == [(1, 5, 10), (1, 1, 3), (1, 3, 6)]
+    assert len(shapes) == 6 * layers
+    padded, _ = _passes(target, False, monkeypatch, True)
+    for a, b in zip(packed, padded, strict=True):
+        torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-12)
