@@ -180,15 +180,17 @@ class LengthPolicy:
         return self.costs.known(batch, batch) and self.unrefreshed.get(batch, 0) < self.refresh_every
 
     def lengths(self, prospects: Sequence[Prospect], proposed: bool = False, together: bool = False,
-                contexts: Sequence[int] | None = None) -> list[int]:
+                contexts: Sequence[int] | None = None, decided: tuple | None = None) -> list[int]:
         """Each request's draft length (``proposed``: the drafts are already proposed, their time spent;
         ``together``: the batch's end, its valued requests tied: they draft to one depth or none does,
-        :func:`~specfamily.core.batch_goodput.plan_together`; ``contexts``: each slot's cached tokens, priced)."""
+        :func:`~specfamily.core.batch_goodput.plan_together`; ``contexts``: each slot's cached tokens, priced;
+        ``decided``: :meth:`decision` on these same arguments (``proposed`` true), nothing recorded since: it is
+        not made again)."""
         batch = len(prospects)
         self.predicted = None
         if contexts is not None:
             prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
-        lengths = self._plan(batch, prospects, proposed, together)
+        lengths = self._plan(batch, prospects, proposed, together, decided)
         self.choices.setdefault(batch, []).append(sum(sum(p.rows[:g]) for p, g in zip(prospects, lengths,
                                                                                      strict=True)))
         return lengths
@@ -198,9 +200,15 @@ class LengthPolicy:
         """Whether :meth:`lengths` on these prospects (already proposed) would draft anything, a probe included,
         without recording anything: the batched loop asks it on each slot's longest possible chain before proposing
         under lookahead, and skips proposals that no plan could use (docs/batching.md, session 25)."""
+        return any(self.decision(prospects, together, contexts)[0])
+
+    def decision(self, prospects: Sequence[Prospect], together: bool = False,
+                 contexts: Sequence[int] | None = None) -> tuple[list[int], float, str]:
+        """:meth:`lengths`' plan on these prospects (already proposed), recording nothing: (lengths, predicted gain,
+        kind); pass it to :meth:`lengths` as ``decided`` to record it without planning twice."""
         if contexts is not None:
             prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
-        return any(self._decide(len(prospects), prospects, True, together)[0])
+        return self._decide(len(prospects), prospects, True, together)
 
     def _decide(self, batch: int, prospects: Sequence[Prospect], proposed: bool,
                 together: bool) -> tuple[list[int], float, str]:
@@ -227,10 +235,11 @@ class LengthPolicy:
         lengths, gain = plan_lengths(prospects, seconds, step, True, self.costs.row_token())  # a probe: estimates
         return lengths, gain, "probe"
 
-    def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> list[int]:
-        """:meth:`_decide`'s lengths, recording what the plan keeps: idle passes, probes and their back-off, the
-        pending prediction a drafted pass settles."""
-        lengths, gain, kind = self._decide(batch, prospects, proposed, together)
+    def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool,
+              decided: tuple | None = None) -> list[int]:
+        """:meth:`_decide`'s lengths (or ``decided``'s, already made), recording what the plan keeps: idle passes,
+        probes and their back-off, the pending prediction a drafted pass settles."""
+        lengths, gain, kind = decided or self._decide(batch, prospects, proposed, together)
         prediction = (batch, gain, [p.value for p in prospects], sum(p.context for p in prospects))
         if kind == "pays":
             self.idle[batch] = 0

@@ -80,9 +80,10 @@ class BatchPlanning:
             chains = self._valued(group, [Prospect(self._alpha(r, pooled)[:g], [1] * g)
                                           for r, g in zip(group, longest, strict=True)])
             together, contexts = self.wave is not None, self._contexts(group)
-            if self.load.would_draft(chains, together, contexts):
+            decided = self.load.decision(chains, together, contexts)
+            if any(decided[0]):
                 return longest
-            self.load.lengths(chains, proposed=True, together=together, contexts=contexts)  # the pass's record
+            self.load.lengths(chains, True, together, contexts, decided)  # the pass's record, not planned again
             return [0] * len(group)
         if not self.load.may_draft(len(group)):  # nothing to plan: no acceptance, odds nor table this pass
             return self.load.lengths([Prospect((), ())] * len(group))

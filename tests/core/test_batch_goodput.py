@@ -3,6 +3,7 @@ tied longest requests together (they all advance, or the batch does not end soon
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from batch_clock import priced_run
@@ -328,16 +329,16 @@ def test_a_short_unlucky_stretch_does_not_stop_a_load_whose_passes_realized_thei
 
 
 def test_tied_slots_share_the_batchs_end_by_symmetry_without_the_grid(monkeypatch):
-    """All slots tied: each 1/n exactly, with no torch grid built (host work on most passes of a tied wave); one
+    """All slots tied: each 1/n exactly, with no grid built (host work on most passes of a tied wave); one
     slot with more to go than the others takes more of the odds than each of them, through the grid."""
-    grid = torch.linspace
+    grid = np.linspace
 
     def no_grid(*args, **kwargs):
         raise AssertionError("a tied wave built the grid")
 
-    monkeypatch.setattr(torch, "linspace", no_grid)
+    monkeypatch.setattr(np, "linspace", no_grid)
     assert end_odds([2, 2, 2], horizon=10, spread=1.5) == [1 / 3] * 3
-    monkeypatch.setattr(torch, "linspace", grid)
+    monkeypatch.setattr(np, "linspace", grid)
     odds = end_odds([0, 2, 2], horizon=10, spread=1.5)
     assert sum(odds) == pytest.approx(1.0) and odds[0] > odds[1] == pytest.approx(odds[2])
 

@@ -254,17 +254,20 @@ def test_would_draft_answers_what_the_plan_then_does_and_records_nothing(cost):
             policy.predicted,
         )
 
+    twin = LengthPolicy(probe_every=4, max_backoff=2)  # records its decision as made (``decided``), not anew
     answers = []
     for _ in range(60):
         before = kept()
-        answer = policy.would_draft(chains)
+        answer, decided = policy.would_draft(chains), twin.decision(chains)
         assert kept() == before
         lengths = policy.lengths(chains, proposed=True)
-        assert answer == any(lengths)
+        assert answer == any(lengths) and twin.lengths(chains, True, decided=decided) == lengths
         answers.append(answer)
         rows = 16 + sum(lengths)
-        policy.timed(16, rows, max(lengths), 0.0, cost(16, rows))
-        policy.settle([1 + min(g, 1) for g in lengths], cost(16, rows))
+        for each in (policy, twin):
+            each.timed(16, rows, max(lengths), 0.0, cost(16, rows))
+            each.settle([1 + min(g, 1) for g in lengths], cost(16, rows))
+        assert (twin.idle, twin.losing, twin.choices, twin.predicted) == kept()
     if cost is steep:
         assert 3 <= sum(answers) <= 12  # the exploring pass and the probes, backing off
     else:

@@ -368,12 +368,12 @@ def test_a_lookahead_pass_whose_proposals_are_all_empty_is_not_valued_nor_planne
 
     def always_proposing(self, prospects, together=False, contexts=None):  # the pre-check: every pass proposes
         counts["checked"] = counts.get("checked", 0) + 1
-        return True
+        return [1] * len(prospects), 1.0, "pays"
 
     monkeypatch.setattr(batch_loop._Batch, "_learn", always_lookahead)
     monkeypatch.setattr(batch_loop._Batch, "_propose", proposing)
     monkeypatch.setattr(batch_loop._Batch, "_valued", counted)
-    monkeypatch.setattr(LengthPolicy, "would_draft", always_proposing)
+    monkeypatch.setattr(LengthPolicy, "decision", always_proposing)
     drafter = sf.create_drafter("prompt_lookup", target)
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16)
     assert [r.tokens for r in results] == plain
