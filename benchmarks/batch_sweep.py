@@ -16,8 +16,10 @@ methods interleaved within each round (each round starting one method later than
 always runs first), ``--warmup`` untimed rounds at every B (default 1: a B's first run meets new pass shapes and
 learns t(B, n)), then ``--repeats`` timed rounds, the median time kept. Tokens/s counts each request's new
 tokens; every drafter's tokens are compared with plain batched decoding's, request by request. The table gives each
-method's tokens/s and its ratio to plain batched decoding at the same B, and each drafter's crossover (the smallest B at
-which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill passes
+method's tokens/s and its ratio to plain batched decoding at the same B (medians' ratio; with two or more
+rounds, after it, the 95% t interval of the mean of the rounds' own ratios: each round runs every method back to
+back, so the interval says whether a cell's gap to 1 is more than the machine's drift), and each drafter's
+crossover (the smallest B at which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill passes
 included) and tau (new tokens per pass, summed over the requests). Beside it, the method's own picture measured here:
 the time of one batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the batched
 cache's bytes per request at the capacity these runs preallocate. ``--plot`` writes speedup against B per drafter with
@@ -41,6 +43,7 @@ from pathlib import Path
 
 import torch
 from common import workload
+from scipy import stats
 
 import specfamily as sf
 from specfamily.core.batch_loop import cache_capacity
@@ -62,6 +65,7 @@ class Row:
     mismatched: int = 0  # requests whose tokens differ from plain batched decoding's (drafters)
     latency: float = float("nan")  # median over rounds of the median request's latency, wall seconds (not hf)
     passes: int = 0  # target passes over the batch's requests, prefill included (last round; not hf)
+    rounds: list[float] = field(default_factory=list)  # tokens/s over plain's in the same round, round by round
 
     @property
     def tau(self) -> float:
@@ -98,8 +102,22 @@ class Sweep:
         ours, plain = self.tps(method, batch), self.tps("plain", batch)
         return None if ours is None or not plain else ours / plain
 
+    def interval(self, method: str, batch: int) -> tuple[float, float] | None:
+        """The 95% t interval of the mean per-round ratio to plain (:func:`paired_interval`), None for plain."""
+        row = next((r for r in self.rows if r.method == method and r.batch == batch), None)
+        return None if row is None or method == "plain" else paired_interval(row.rounds)
+
     def crossover(self, method: str, batches: list[int]) -> int | None:
         return next((b for b in batches if (s := self.speedup(method, b)) is not None and s < 1.0), None)
+
+
+def paired_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """The 95% t interval of the mean of per-round ratios (each round's methods run back to back, so a round's
+    ratio to plain cancels what the machine did during that round); None under 2 rounds."""
+    if len(ratios) < 2:
+        return None
+    mean, half = statistics.fmean(ratios), stats.t.ppf(0.975, len(ratios) - 1) * stats.sem(ratios)
+    return mean - half, mean + half
 
 
 def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...]) -> list[list[int]]:
@@ -199,10 +217,13 @@ def sweep(args) -> Sweep:
             run_round(target, names, chosen, args, clock, {})
         for _ in range(args.repeats):
             run_round(target, names, chosen, args, clock, times)
+        plain = times["plain"]
         for method, rounds in times.items():
+            paired = [(p[0] / p[1]) / (r[0] / r[1]) if r[1] and p[1] else float("nan")
+                      for r, p in zip(rounds, plain, strict=True)]  # tokens/s over plain's, round by round
             result.rows.append(Row(method, batch, statistics.median(r[0] for r in rounds), rounds[-1][1],
                                    max(r[2] for r in rounds), statistics.median(r[3] for r in rounds),
-                                   rounds[-1][4]))
+                                   rounds[-1][4], paired))
         result.pass_ratio[batch] = pass_ratio(target, chosen[0], batch, args.repeats * 3, clock)
         print(table(result, batches), flush=True)
         print(passes_table(result, batches), flush=True)
@@ -228,7 +249,9 @@ def table(result: Sweep, batches: list[int]) -> str:
             mark = f" ({row.mismatched} differ)" if row is not None and row.mismatched else ""
             if row is not None and result.arrival_rate is not None:
                 mark += f", latency {row.latency:.2f} s"
-            cells.append("-" if tps is None else f"{tps:.1f} tok/s ({ratio:.2f}x){mark}")
+            ci = result.interval(method, b)
+            spread = "" if ci is None else f", {ci[0]:.2f}-{ci[1]:.2f}"
+            cells.append("-" if tps is None else f"{tps:.1f} tok/s ({ratio:.2f}x{spread}){mark}")
         cross = "" if method == "plain" else str(result.crossover(method, done) or f"none up to {done[-1]}")
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {cross} |")
     lines.append("| t(B,5)/t(B,1) | " + " | ".join(f"{result.pass_ratio.get(b, float('nan')):.2f}" for b in done)

@@ -105,3 +105,18 @@ def test_every_batch_size_is_warmed_up_and_each_round_starts_one_method_later(sw
     assert rounds == [warm, *timed] * 2
     assert [size for size, _ in order] == [1] * 12 + [2] * 12  # B=1 (one request), then B=2 (two)
     assert all(r.mismatched == 0 for r in result.rows)
+    assert all(len(r.rounds) == 3 for r in result.rows)  # each timed round's own ratio to plain, paired
+    assert all(r.rounds == [1.0] * 3 for r in result.rows if r.method == "plain")
+
+
+def test_each_cell_gives_the_t_interval_of_its_paired_round_ratios(sweep_module):
+    """A cell's interval is the mean of its rounds' ratios to plain (each round's methods back to back) plus or minus
+    t(0.975, n - 1) times their standard error: two rounds at 0.96 and 1.00 give 0.98 +- 12.706 * 0.02."""
+    result = sweep_module.Sweep(threads=1, clock="cpu", max_new_tokens=4)
+    Row = sweep_module.Row
+    result.rows += [Row("plain", 4, 1.0, 10, rounds=[1.0, 1.0]), Row("suffix", 4, 1.0, 10, rounds=[0.96, 1.0])]
+    low, high = result.interval("suffix", 4)
+    half = 12.7062 * 0.02
+    assert low == pytest.approx(0.98 - half, abs=1e-4) and high == pytest.approx(0.98 + half, abs=1e-4)
+    assert result.interval("plain", 4) is None and sweep_module.paired_interval([0.97]) is None
+    assert "| suffix | 10.0 tok/s (1.00x, 0.73-1.23) |" in sweep_module.table(result, [4])
