@@ -214,8 +214,8 @@ def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1
     spread sqrt(n) / pace (a renewal count). The chance that it is the latest, chances under ``least`` counted as 0
     (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
     at the latest end share it equally, as do slots all tied (by symmetry, without the grid: the 32/32 sweep's
-    waves are tied on most passes). The grid is numpy's (each torch op on these 8 x 257 arrays cost ~10 us of host
-    work a pass).."""
+    waves are tied on most passes). The grid is numpy's: on arrays this small each torch op's dispatch is host work
+    every pass (docs/batching.md, session 26).."""
     if not behind:
         return []
     if min(behind) == max(behind):
