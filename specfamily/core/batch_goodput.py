@@ -215,7 +215,7 @@ def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1
     (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
     at the latest end share it equally, as do slots all tied (by symmetry, without the grid: the 32/32 sweep's
     waves are tied on most passes). The grid is numpy's: on arrays this small each torch op's dispatch is host work
-    every pass (docs/batching.md, session 26).."""
+    every pass (docs/batching.md, session 26)."""
     if not behind:
         return []
     if min(behind) == max(behind):
