@@ -217,10 +217,13 @@ struct Part {
   int64_t n;
 };
 
-// Several products of the same x (k rows of d) in one parallel region: the panels of every weight, first to last,
-// as one range the threads split, each panel multiplied as run_packed multiplies it (the same panels function, the
-// same chunks), so every output has run_packed's bits: one fork and join for all of them, and the small products'
-// panels (a layer's k and v) shared out with the large ones' instead of each splitting its few panels alone.
+// Products of the same x (k rows of d) in one parallel region: the panels of every weight, first to last, as one
+// range the threads split. Each chunk of panels multiplies every block of at most kMaxRows rows (past kMaxRows rows,
+// chunks of about kChunkBytes of packed weight stay in L2 while the blocks pass over them), and every output is one
+// FMA chain over the inputs in order, then + bias, whatever the block, thread or part it falls in: a row's result
+// depends neither on the rows beside it nor on the other products of the call. One part is linear; several are one
+// fork and join for all of them (linear_many), the small products' panels (a layer's k and v) shared out with the
+// large ones' instead of each splitting its few panels alone.
 void run_parts(const at::Tensor& xc, int64_t d, std::vector<Part>& parts, PanelsFn panels) {
   const int64_t k = xc.numel() / d;
   std::vector<int64_t> first{0};  // parts[i]'s panels are [first[i], first[i + 1]) of the shared range
@@ -249,30 +252,41 @@ void run_parts(const at::Tensor& xc, int64_t d, std::vector<Part>& parts, Panels
   });
 }
 
-// y = x packed^T + b (run_parts with one part).
-at::Tensor run_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
-                      PanelsFn panels) {
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  std::vector<Part> parts{Part{packed, bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor(),
-                               at::empty(sizes, x.options()), n}};
-  run_parts(x.contiguous(), x.size(-1), parts, panels);
-  return parts[0].y;
-}
-
-at::Tensor linear_with(const at::Tensor& x, const py::handle& weight_obj, const c10::optional<at::Tensor>& bias,
-                       const std::string& isa) {
+// The weight object as a tensor (the packed copy is kept on the object), its inputs checked.
+at::Tensor weight_of(const at::Tensor& x, const py::handle& weight_obj, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(THPVariable_Check(weight_obj.ptr()), "stream_linear: weight must be a tensor, got ",
               py::str(py::type::handle_of(weight_obj).attr("__name__")).cast<std::string>());
-  const at::Tensor weight = weight_obj.cast<at::Tensor>();
+  at::Tensor weight = weight_obj.cast<at::Tensor>();
   check_inputs(x, weight, bias);
-  const int64_t d = weight.size(1), n = weight.size(0);
-  const int64_t k = d ? x.numel() / d : 0;
+  return weight;
+}
+
+// Whether the product is left to at::linear: no rows, an empty weight, or gradients wanted.
+bool declined(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
                                                    (bias.has_value() && bias->defined() && bias->requires_grad()));
-  if (k == 0 || n == 0 || grad) return at::linear(x, weight, bias);
+  return x.numel() == 0 || weight.size(0) == 0 || grad;
+}
+
+// One product of x (run_parts): the weight's packed copy, its bias and a fresh output.
+Part part_of(const at::Tensor& x, const py::handle& weight_obj, const at::Tensor& weight,
+             const c10::optional<at::Tensor>& bias) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return Part{packed_for(weight_obj, weight), bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor(),
+              at::empty(sizes, x.options()), weight.size(0)};
+}
+
+// y = x weight^T + b on a named instruction set: every output one FMA chain over the inputs in order, then + bias,
+// whatever the block of rows it falls in (run_parts).
+at::Tensor linear_with(const at::Tensor& x, const py::handle& weight_obj, const c10::optional<at::Tensor>& bias,
+                       const std::string& isa) {
+  const at::Tensor weight = weight_of(x, weight_obj, bias);
+  if (declined(x, weight, bias)) return at::linear(x, weight, bias);
   const PanelsFn panels = panels_for(isa);
-  return run_packed(x, packed_for(weight_obj, weight), n, bias, panels);
+  std::vector<Part> parts{part_of(x, weight_obj, weight, bias)};
+  run_parts(x.contiguous(), x.size(-1), parts, panels);
+  return parts[0].y;
 }
 
 at::Tensor linear(const at::Tensor& x, const py::handle& weight, const c10::optional<at::Tensor>& bias) {
@@ -288,16 +302,10 @@ std::vector<at::Tensor> linear_many_with(const at::Tensor& x, const std::vector<
   TORCH_CHECK(weights.size() == biases.size(), "stream_linear.linear_many: ", weights.size(), " weights need as many "
               "biases (None or a tensor), got ", biases.size());
   std::vector<at::Tensor> tensors;
-  bool each = x.numel() == 0;
+  bool each = false;
   for (size_t i = 0; i < weights.size(); ++i) {
-    TORCH_CHECK(THPVariable_Check(weights[i].ptr()), "stream_linear: weight must be a tensor, got ",
-                py::str(py::type::handle_of(weights[i]).attr("__name__")).cast<std::string>());
-    tensors.push_back(weights[i].cast<at::Tensor>());
-    check_inputs(x, tensors[i], biases[i]);
-    const c10::optional<at::Tensor>& b = biases[i];
-    each = each || tensors[i].size(0) == 0 ||
-           (at::GradMode::is_enabled() && (x.requires_grad() || tensors[i].requires_grad() ||
-                                           (b.has_value() && b->defined() && b->requires_grad())));
+    tensors.push_back(weight_of(x, weights[i], biases[i]));
+    each = each || declined(x, tensors[i], biases[i]);
   }
   std::vector<at::Tensor> out;
   if (each) {
@@ -305,20 +313,12 @@ std::vector<at::Tensor> linear_many_with(const at::Tensor& x, const std::vector<
     return out;
   }
   const PanelsFn panels = panels_for(isa);
-  const int64_t d = x.size(-1);
-  const at::Tensor xc = x.contiguous();
   std::vector<Part> parts;
   for (size_t i = 0; i < weights.size(); ++i) {
-    const int64_t n = tensors[i].size(0);
-    auto sizes = x.sizes().vec();
-    sizes.back() = n;
-    const c10::optional<at::Tensor>& b = biases[i];
-    parts.push_back(Part{packed_for(weights[i], tensors[i]), b.has_value() && b->defined() ? b->contiguous()
-                                                                                        : at::Tensor(),
-                         at::empty(sizes, x.options()), n});
+    parts.push_back(part_of(x, weights[i], tensors[i], biases[i]));
     out.push_back(parts.back().y);
   }
-  run_parts(xc, d, parts, panels);
+  run_parts(x.contiguous(), x.size(-1), parts, panels);
   return out;
 }
 
