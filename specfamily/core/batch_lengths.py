@@ -159,6 +159,9 @@ def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: 
     return lengths, (best_rate / plain if best else 1.0)
 
 
+Decision = tuple[list[int], float, str]  # a plan's lengths, its predicted gain and its kind (LengthPolicy._decide)
+
+
 @dataclass
 class LengthPolicy:
     """Each request's draft length on each steady batched pass (every live request past its prefill)."""
@@ -180,7 +183,7 @@ class LengthPolicy:
         return self.costs.known(batch, batch) and self.unrefreshed.get(batch, 0) < self.refresh_every
 
     def lengths(self, prospects: Sequence[Prospect], proposed: bool = False, together: bool = False,
-                contexts: Sequence[int] | None = None, decided: tuple | None = None) -> list[int]:
+                contexts: Sequence[int] | None = None, decided: Decision | None = None) -> list[int]:
         """Each request's draft length (``proposed``: the drafts are already proposed, their time spent;
         ``together``: the batch's end, its valued requests tied: they draft to one depth or none does,
         :func:`~specfamily.core.batch_goodput.plan_together`; ``contexts``: each slot's cached tokens, priced;
@@ -195,23 +198,17 @@ class LengthPolicy:
                                                                                      strict=True)))
         return lengths
 
-    def would_draft(self, prospects: Sequence[Prospect], together: bool = False,
-                    contexts: Sequence[int] | None = None) -> bool:
-        """Whether :meth:`lengths` on these prospects (already proposed) would draft anything, a probe included,
-        without recording anything: the batched loop asks it on each slot's longest possible chain before proposing
-        under lookahead, and skips proposals that no plan could use (docs/batching.md, session 25)."""
-        return any(self.decision(prospects, together, contexts)[0])
-
     def decision(self, prospects: Sequence[Prospect], together: bool = False,
-                 contexts: Sequence[int] | None = None) -> tuple[list[int], float, str]:
+                 contexts: Sequence[int] | None = None) -> Decision:
         """:meth:`lengths`' plan on these prospects (already proposed), recording nothing: (lengths, predicted gain,
-        kind); pass it to :meth:`lengths` as ``decided`` to record it without planning twice."""
+        kind), a probe included. The batched loop asks it on each slot's longest possible chain before proposing
+        under lookahead and skips proposals no plan could use (docs/batching.md, sessions 25-26); pass it to
+        :meth:`lengths` as ``decided`` to record it without planning twice."""
         if contexts is not None:
             prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
         return self._decide(len(prospects), prospects, True, together)
 
-    def _decide(self, batch: int, prospects: Sequence[Prospect], proposed: bool,
-                together: bool) -> tuple[list[int], float, str]:
+    def _decide(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> Decision:
         """The plan on ``prospects``, recording nothing: (lengths, predicted gain, kind), kind one of ``none``
         (nothing to plan), ``explore`` (no drafted pass measured yet: one level each), ``joint`` (the batch's end,
         its tied requests together), ``pays``, ``idle`` (nothing pays, no probe due) and ``probe``."""
@@ -236,7 +233,7 @@ class LengthPolicy:
         return lengths, gain, "probe"
 
     def _plan(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool,
-              decided: tuple | None = None) -> list[int]:
+              decided: Decision | None = None) -> list[int]:
         """:meth:`_decide`'s lengths (or ``decided``'s, already made), recording what the plan keeps: idle passes,
         probes and their back-off, the pending prediction a drafted pass settles."""
         lengths, gain, kind = decided or self._decide(batch, prospects, proposed, together)

@@ -239,9 +239,9 @@ def test_generate_batch_plans_each_requests_length_from_what_its_passes_cost(mon
 
 
 @pytest.mark.parametrize("cost", [steep, flat])
-def test_would_draft_answers_what_the_plan_then_does_and_records_nothing(cost):
-    """The batched loop asks ``would_draft`` on each slot's longest chain before proposing under lookahead: its
-    answer is whether ``lengths`` on the same prospects drafts (a probe included), and asking changes nothing the
+def test_the_decision_is_what_the_plan_then_does_and_records_nothing(cost):
+    """The batched loop asks ``decision`` on each slot's longest chain before proposing under lookahead: whether it
+    drafts is whether ``lengths`` on the same prospects drafts (a probe included), and asking changes nothing the
     plan keeps (idle counts, back-off, choices, the pending prediction)."""
     policy = LengthPolicy(probe_every=4, max_backoff=2)
     chains = [Prospect([0.9] * 6, [1] * 6)] * 16
@@ -258,7 +258,7 @@ def test_would_draft_answers_what_the_plan_then_does_and_records_nothing(cost):
     answers = []
     for _ in range(60):
         before = kept()
-        answer, decided = policy.would_draft(chains), twin.decision(chains)
+        answer, decided = any(policy.decision(chains)[0]), twin.decision(chains)
         assert kept() == before
         lengths = policy.lengths(chains, proposed=True)
         assert answer == any(lengths) and twin.lengths(chains, True, decided=decided) == lengths
