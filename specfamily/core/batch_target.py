@@ -183,7 +183,7 @@ class BatchTarget:
         try:
             logits, hidden = packed_forward(self.target.lean, ids, positions, mask, self.cache.cache,
                                             torch.tensor(rows, device=device), torch.tensor(heads, device=device),
-                                            features, [length + f for length, f in zip(lengths, fed, strict=True)])
+                                            features, [(f, length + f) for length, f in zip(lengths, fed, strict=True)])
         except BaseException:
             self.cache.end_pass()
             raise

@@ -31,7 +31,7 @@ __all__ = ["SlotRows", "packed_forward", "slot_forward"]
 def packed_forward(
     lean: LeanLlama, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache,
     rows: torch.Tensor, heads: torch.Tensor, features: bool | tuple[int, ...] = False,
-    extents: Sequence[int] | None = None,
+    slots: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits (K, V) of the packed rows ``heads``, the fed rows' last hidden state after the norm (N, H) or, for a
     tuple of layer ids, those layers' states concatenated (N, k H), or None).
@@ -39,8 +39,8 @@ def packed_forward(
     ``input_ids``, ``position_ids`` (B, W) padded; ``mask`` (B, 1, W, S) additive; ``rows`` (N,) the fed rows' flat
     indices b * W + j, ascending; ``heads`` (K,) indices into the N packed rows whose logits are wanted. B > 1 and
     W > 1: a pass of one row per slot, or of one slot, has no padding and takes the lean forward itself.
-    ``extents`` (B,), each slot's cached length plus its fed rows: given, each slot attends alone, its fed rows over
-    its own first extent keys (no padded queries, no keys past its own), which is what a pass costs when a long
+    ``slots`` (B,) each slot's (fed rows, keys: its cached length plus its fed rows): given, each slot attends alone,
+    its fed rows over its own keys (no padded queries, no keys past its own), which is what a pass costs when a long
     prompt is fed beside short rows (a newcomer beside the others' roots); else one sdpa over the padded layout.
     """
     batch, width = input_ids.shape
@@ -51,7 +51,7 @@ def packed_forward(
     attend = plan_attention(mask, width, lean._groups, lean._probe, masked_gqa=lean._linear is not F.linear)
     if lean.rotate is not None:
         attend = replace(attend, rotate=lean.rotate)
-    spread = _Spread(rows, batch, width, None if extents is None else list(extents))
+    spread = _Spread(rows, batch, width, None if slots is None else list(slots))
     states = []  # transformers' hidden_states, kept only when layer features are asked for
     for layer in lean._layers[: lean._config.num_hidden_layers]:
         if isinstance(features, tuple):
@@ -68,10 +68,8 @@ def packed_forward(
 class _Spread:
     """Between the packed rows (1, N, h D) and the padded per-head layout (B, h, W, D)."""
 
-    def __init__(self, rows: torch.Tensor, batch: int, width: int, extents: list[int] | None = None) -> None:
-        self.rows, self.batch, self.width, self.extents = rows, batch, width, extents
-        # each slot's fed rows: the packed rows b * W + j, j below the count, are its first ones
-        self.counts = torch.bincount(torch.div(rows, width, rounding_mode="floor"), minlength=batch).tolist()
+    def __init__(self, rows: torch.Tensor, batch: int, width: int, slots: list[tuple[int, int]] | None = None) -> None:
+        self.rows, self.batch, self.width, self.slots = rows, batch, width, slots
 
     def out(self, x: torch.Tensor, head_dim: int) -> torch.Tensor:
         """(1, N, h D) -> (B, h, W, D), zeros in the padding rows."""
@@ -103,7 +101,7 @@ def _attention(layer: LeanLayer, x, cos, sin, attend: Attend, cache, spread: _Sp
         key, value = cache.update(key, value, layer.index)
     if attend.groups > 1 and not attend.gqa:
         key, value = repeat_kv(key, attend.groups), repeat_kv(value, attend.groups)
-    if spread.extents is not None:
+    if spread.slots is not None:
         return layer.linear(_by_slot(query, key, value, attend, layer.scaling, spread), *layer.o)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attend.mask, dropout_p=0.0,
                                          scale=layer.scaling, is_causal=False, enable_gqa=attend.gqa)
@@ -111,11 +109,11 @@ def _attention(layer: LeanLayer, x, cos, sin, attend: Attend, cache, spread: _Sp
 
 
 def _by_slot(query, key, value, attend: Attend, scale: float, spread: _Spread) -> torch.Tensor:
-    """Each slot's fed rows over its own first ``extent`` keys, one sdpa a slot, as packed rows (1, N, heads D): the
-    padded layout's attention without its padding (a 700-token prompt beside seven roots made every slot attend
-    700 query rows over the longest slot's keys: several times the prompt's own attention)."""
+    """Each slot's fed rows (its first ones in the padded layout) over its own first keys, one sdpa a slot, as packed
+    rows (1, N, heads D): the padded layout's attention without its padding (a 700-token prompt beside seven roots
+    made every slot attend 700 query rows over the longest slot's keys: several times the prompt's own attention)."""
     outs = []
-    for b, (count, extent) in enumerate(zip(spread.counts, spread.extents, strict=True)):
+    for b, (count, extent) in enumerate(spread.slots):
         out = F.scaled_dot_product_attention(
             query[b : b + 1, :, :count], key[b : b + 1, :, :extent], value[b : b + 1, :, :extent],
             attn_mask=attend.mask[b : b + 1, :, :count, :extent], dropout_p=0.0, scale=scale, is_causal=False,
