@@ -30,9 +30,10 @@ def _install() -> None:
         batch_lengths.LengthPolicy.settle,
     )
 
-    def planned(self, batch, prospects, proposed, together):
-        lengths = plan(self, batch, prospects, proposed, together)
-        _, gain, kind = self._decide(batch, prospects, proposed, together)
+    def planned(self, batch, prospects, proposed, together, decided=None):
+        decided = decided or self._decide(batch, prospects, proposed, together)  # before the plan records it
+        lengths = plan(self, batch, prospects, proposed, together, decided)
+        _, gain, kind = decided
         per_slot = [sum(p.rows[:g]) for p, g in zip(prospects, lengths, strict=True)]
         rows = batch + sum(per_slot)
         record = {
