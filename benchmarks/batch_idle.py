@@ -35,7 +35,7 @@ import sys
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-from common import make_clock, quiet_transformers, set_threads, spec_bench_prompts
+from common import make_clock, paired_interval, quiet_transformers, set_threads, spec_bench_prompts
 
 import specfamily as sf
 from specfamily.core import batch_loop
@@ -44,7 +44,6 @@ from specfamily.core.batch_target import BatchTarget
 
 ARMS = ("plain", "never", "nodraft", "default")
 PARTS = ("forward", "propose", "observe", "admit", "plan")
-_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}  # t, 95% two-sided
 
 
 @contextmanager
@@ -198,15 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def ratio_interval(ratios: list[float]) -> tuple[float, float]:
-    """A 95% t interval of the mean of ``ratios`` (paired rounds); (nan, nan) under two rounds."""
-    if len(ratios) < 2:
-        return math.nan, math.nan
-    mean, half = statistics.mean(ratios), statistics.stdev(ratios) / math.sqrt(len(ratios))
-    t = _T975.get(len(ratios) - 1, 1.96)
-    return mean - t * half, mean + t * half
-
-
 def _report(batch: int, name: str, rounds: dict[str, list[Run]]) -> None:
     plain = rounds.get("plain")
     tokens = plain[0].tokens if plain else None
@@ -219,7 +209,7 @@ def _report(batch: int, name: str, rounds: dict[str, list[Run]]) -> None:
         over = ""
         if plain:
             ratios = [r.seconds / p.seconds for r, p in zip(runs, plain, strict=True)]
-            lo, hi = ratio_interval(ratios)
+            lo, hi = paired_interval(ratios) or (math.nan, math.nan)
             over = f"{statistics.median(ratios):.3f} ({lo:.3f}-{hi:.3f})"
         print(
             f"| {batch} | {name} | {arm} | {seconds:.3f} | "

@@ -42,8 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from common import workload
-from scipy import stats
+from common import paired_interval, workload
 
 import specfamily as sf
 from specfamily.core.batch_loop import cache_capacity
@@ -109,15 +108,6 @@ class Sweep:
 
     def crossover(self, method: str, batches: list[int]) -> int | None:
         return next((b for b in batches if (s := self.speedup(method, b)) is not None and s < 1.0), None)
-
-
-def paired_interval(ratios: list[float]) -> tuple[float, float] | None:
-    """The 95% t interval of the mean of per-round ratios (each round's methods run back to back, so a round's
-    ratio to plain cancels what the machine did during that round); None under 2 rounds."""
-    if len(ratios) < 2:
-        return None
-    mean, half = statistics.fmean(ratios), stats.t.ppf(0.975, len(ratios) - 1) * stats.sem(ratios)
-    return mean - half, mean + half
 
 
 def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...]) -> list[list[int]]:

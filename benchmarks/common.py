@@ -30,8 +30,18 @@ from pairs import (  # noqa: F401 - the scripts' shared names, one import away
     measure_pair,
     stateless,
 )
+from scipy import stats
 
 CLOCKS = ("wall", "cpu")
+
+
+def paired_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """The 95% t interval of the mean of per-round ratios (each round's methods run back to back, so a round's
+    ratio to plain cancels what the machine did during that round); None under 2 rounds."""
+    if len(ratios) < 2:
+        return None
+    mean, half = statistics.fmean(ratios), stats.t.ppf(0.975, len(ratios) - 1) * stats.sem(ratios)
+    return mean - half, mean + half
 
 
 def make_clock(kind: str, device: str = "cpu") -> Callable[[], float]:
