@@ -105,13 +105,15 @@ def kernel_sources(source: Path | None = None) -> list[Path]:
 
 def kernel_headers(source: Path) -> list[Path]:
     """The headers ``source`` may include, for its build's key (a change to one builds anew): those beside it and the
-    instruction-set detection every kernel shares (``csrc/cpu_isa.h``). Raises ``KernelUnavailable`` when that one is
-    missing."""
-    shared = Path(__file__).resolve().parent / "csrc" / "cpu_isa.h"
-    if not shared.is_file():
-        raise KernelUnavailable(f"the kernels' header {shared} is missing from the installed package")
+    ones every kernel may share (``csrc/cpu_isa.h``: instruction-set detection; ``csrc/stream_api.h``: the stream
+    kernel's products for another extension). Raises ``KernelUnavailable`` when one of those is missing."""
+    csrc = Path(__file__).resolve().parent / "csrc"
+    shared = [csrc / "cpu_isa.h", csrc / "stream_api.h"]
+    missing = next((header for header in shared if not header.is_file()), None)
+    if missing is not None:
+        raise KernelUnavailable(f"the kernels' header {missing} is missing from the installed package")
     beside = sorted(source.parent.glob("*.h"))
-    return beside if shared in beside else [*beside, shared]
+    return [*beside, *(header for header in shared if header not in beside)]
 
 
 @functools.cache

@@ -19,6 +19,7 @@ from specfamily.runtime import kernel, matmul
 from specfamily.runtime.attention import attention_source
 from specfamily.runtime.int8_matmul import int8_source
 from specfamily.runtime.kernel import KernelUnavailable
+from specfamily.runtime.native_layers import native_source
 
 # every block size the instruction sets' loops choose among (1-16 rows: the panels taken at once, the fetch distance,
 # the weight lines held in registers change with it; 9-16 rows on AVX-512 as two blocks taking turns over spans of
@@ -162,7 +163,8 @@ def quoted_includes(path: Path) -> set[Path]:
     return found
 
 
-@pytest.mark.parametrize("source", [*kernel.kernel_sources(), attention_source(), int8_source()], ids=lambda p: p.name)
+@pytest.mark.parametrize("source", [*kernel.kernel_sources(), attention_source(), int8_source(), native_source()],
+                         ids=lambda p: p.name)
 def test_every_header_a_kernel_includes_is_in_its_build_key(source):
     assert quoted_includes(source) <= {p.resolve() for p in kernel.kernel_headers(source)}
 

@@ -245,36 +245,36 @@ def test_a_failed_build_warns_once_and_runs_the_python_loop_bit_for_bit(unbuilt,
 
 @needs_native
 def test_a_stream_kernel_without_the_capsules_it_knows_is_declined(monkeypatch, caplog):
-    monkeypatch.setattr(stream_kernel().module, "_linear_capsule", object())
+    monkeypatch.setattr(stream_kernel().module, "_products_capsule", object())
     with caplog.at_level(logging.WARNING, logger="specfamily.runtime.native_layers"):
         assert Target(_model(), matmul="stream").lean.native is None
     assert [r.getMessage() for r in caplog.records] == [
-        "native layer loop unavailable (RuntimeError: native_layers: the stream kernel's _linear_capsule is not a "
-        "specfamily.stream_linear.v1 capsule): the lean forward runs its Python loop"]
+        "native layer loop unavailable (RuntimeError: native_layers: the stream kernel's _products_capsule is not a "
+        "specfamily.stream_products.v1 capsule): the lean forward runs its Python loop"]
 
 
 @needs_native
-def test_a_stream_kernel_without_linear_many_runs_one_product_a_call_bit_for_bit(monkeypatch):
-    """The loop multiplies q/k/v and gate/up in one parallel region each (linear_many); a stream kernel without it
-    (an older build) gets one call a product: the same bits either way (Qwen2's q/k/v biases included)."""
-    steps = _steps()
-    fused = Target(_model("qwen2"), matmul="stream")
-    monkeypatch.delattr(stream_kernel().module, "_linear_many_capsule")
-    single = Target(_model("qwen2"), matmul="stream")
-    assert fused.lean.native is not None and single.lean.native is not None
-    ours, theirs = _passes(fused, steps), _passes(single, steps)
-    assert all(torch.equal(a, b) for a, b in zip(ours[0] + ours[1], theirs[0] + theirs[1], strict=True))
-    assert fused.lean.native.calls == single.lean.native.calls > 0
-
-
-@needs_native
-def test_a_stream_kernel_whose_linear_many_is_not_its_capsule_is_declined(monkeypatch, caplog):
-    monkeypatch.setattr(stream_kernel().module, "_linear_many_capsule", object())
-    with caplog.at_level(logging.WARNING, logger="specfamily.runtime.native_layers"):
-        assert Target(_model(), matmul="stream").lean.native is None
-    assert [r.getMessage() for r in caplog.records] == [
-        "native layer loop unavailable (RuntimeError: native_layers: the stream kernel's _linear_many_capsule is not "
-        "a specfamily.stream_linear_many.v1 capsule): the lean forward runs its Python loop"]
+def test_the_loop_keeps_each_packed_copy_and_packs_anew_when_a_weight_changes_through_data():
+    """While a weight is as it was, the loop's product reads the packed copy it recorded (the owner's attribute is
+    not asked: deleted, it stays deleted); a write through ``.data`` (no version the weight counts) is seen by the
+    sampled elements: the loop packs anew, and its logits stay the Python loop's on the changed weights."""
+    model, steps = _model("qwen2"), _steps()
+    native, python = _pair(model)
+    _assert_identical(native, python, steps[:2])
+    attr, weight = stream_kernel().module.PACKED_ATTR, model.model.layers[1].mlp.down_proj.weight
+    delattr(weight, attr)
+    ours = _passes(native, steps[2:3])
+    assert not hasattr(weight, attr)  # the loop's own record served the product
+    theirs = _passes(python, steps[2:3])  # the Python loop's products ask the attribute: packed again there
+    assert hasattr(weight, attr)
+    delattr(weight, attr)
+    with torch.no_grad():
+        weight.data.mul_(-1.5)
+    ours2 = _passes(native, steps[3:5])
+    assert hasattr(weight, attr)  # the changed samples sent the loop to pack anew (packed_for: kept on the owner)
+    theirs2 = _passes(python, steps[3:5])
+    for a, b in zip(ours[0] + ours2[0] + ours2[1], theirs[0] + theirs2[0] + theirs2[1], strict=True):
+        assert torch.equal(a, b)
 
 
 def test_the_disable_switch_is_a_reason(monkeypatch):

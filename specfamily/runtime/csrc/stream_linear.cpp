@@ -38,7 +38,8 @@ constexpr int64_t kGrainFloats = 1 << 15;  // weight elements per thread at leas
 using specfamily::stream::kPackedAttr;
 using specfamily::stream::kPanel;
 using specfamily::stream::pack;
-using specfamily::stream::packed_for;
+using specfamily::stream::packed_of;
+using specfamily::stream::Weight;
 using specfamily::stream::kMaxRows;
 using specfamily::stream::PanelsFn;
 using specfamily::stream::Problem;
@@ -269,57 +270,73 @@ bool declined(const at::Tensor& x, const at::Tensor& weight, const c10::optional
 }
 
 // One product of x (run_parts): the weight's packed copy, its bias and a fresh output.
-Part part_of(const at::Tensor& x, const py::handle& weight_obj, const at::Tensor& weight,
+Part part_of(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight,
              const c10::optional<at::Tensor>& bias) {
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);
-  return Part{packed_for(weight_obj, weight), bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor(),
+  return Part{packed, bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor(),
               at::empty(sizes, x.options()), weight.size(0)};
 }
 
-// y = x weight^T + b on a named instruction set: every output one FMA chain over the inputs in order, then + bias,
-// whatever the block of rows it falls in (run_parts).
+// x @ w.tensor^T + w.bias for every w on a named instruction set, in one parallel region (run_parts): every output
+// one FMA chain over the inputs in order, then + bias, whatever the block of rows or the product it falls in. Where
+// the kernel would not run for one of them (no rows, an empty weight, gradients), each product is on its own.
+std::vector<at::Tensor> products_with(const at::Tensor& x, const std::vector<Weight*>& weights,
+                                      const std::string& isa) {
+  bool each = false;
+  for (const Weight* w : weights) {
+    check_inputs(x, w->tensor, w->bias);
+    each = each || declined(x, w->tensor, w->bias);
+  }
+  std::vector<at::Tensor> out;
+  if (each && weights.size() > 1) {
+    for (Weight* w : weights) out.push_back(products_with(x, {w}, isa)[0]);
+    return out;
+  }
+  if (each) return {at::linear(x, weights[0]->tensor, weights[0]->bias)};
+  const PanelsFn panels = panels_for(isa);
+  std::vector<Part> parts;
+  for (Weight* w : weights) {
+    parts.push_back(part_of(x, packed_of(*w), w->tensor, w->bias));
+    out.push_back(parts.back().y);
+  }
+  run_parts(x.contiguous(), x.size(-1), parts, panels);
+  return out;
+}
+
+std::vector<at::Tensor> products(const at::Tensor& x, const std::vector<Weight*>& weights) {
+  return products_with(x, weights, best_isa());
+}
+
+// A weight object as products takes it, for one call (its packed copy looked up on the object: packed_for).
+Weight record_of(const at::Tensor& x, const py::handle& weight_obj, const c10::optional<at::Tensor>& bias) {
+  return Weight{py::reinterpret_borrow<py::object>(weight_obj), weight_of(x, weight_obj, bias), bias};
+}
+
+// y = x weight^T + b on a named instruction set (products_with).
 at::Tensor linear_with(const at::Tensor& x, const py::handle& weight_obj, const c10::optional<at::Tensor>& bias,
                        const std::string& isa) {
-  const at::Tensor weight = weight_of(x, weight_obj, bias);
-  if (declined(x, weight, bias)) return at::linear(x, weight, bias);
-  const PanelsFn panels = panels_for(isa);
-  std::vector<Part> parts{part_of(x, weight_obj, weight, bias)};
-  run_parts(x.contiguous(), x.size(-1), parts, panels);
-  return parts[0].y;
+  Weight w = record_of(x, weight_obj, bias);
+  return products_with(x, {&w}, isa)[0];
 }
 
 at::Tensor linear(const at::Tensor& x, const py::handle& weight, const c10::optional<at::Tensor>& bias) {
   return linear_with(x, weight, bias, best_isa());
 }
 
-// linear(x, weights[i], biases[i]) for every i, bit for bit, in one parallel region (run_parts): the products a layer
-// makes of one input (q, k and v; gate and up). Where linear would not run the kernel (no rows, an empty weight,
-// gradients) each product is linear's own.
+// linear(x, weights[i], biases[i]) for every i, bit for bit, in one parallel region (products_with): the products a
+// layer makes of one input (q, k and v; gate and up).
 std::vector<at::Tensor> linear_many_with(const at::Tensor& x, const std::vector<py::handle>& weights,
                                          const std::vector<c10::optional<at::Tensor>>& biases,
                                          const std::string& isa) {
   TORCH_CHECK(weights.size() == biases.size(), "stream_linear.linear_many: ", weights.size(), " weights need as many "
               "biases (None or a tensor), got ", biases.size());
-  std::vector<at::Tensor> tensors;
-  bool each = false;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    tensors.push_back(weight_of(x, weights[i], biases[i]));
-    each = each || declined(x, tensors[i], biases[i]);
-  }
-  std::vector<at::Tensor> out;
-  if (each) {
-    for (size_t i = 0; i < weights.size(); ++i) out.push_back(linear_with(x, weights[i], biases[i], isa));
-    return out;
-  }
-  const PanelsFn panels = panels_for(isa);
-  std::vector<Part> parts;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    parts.push_back(part_of(x, weights[i], tensors[i], biases[i]));
-    out.push_back(parts.back().y);
-  }
-  run_parts(x.contiguous(), x.size(-1), parts, panels);
-  return out;
+  std::vector<Weight> records;
+  records.reserve(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) records.push_back(record_of(x, weights[i], biases[i]));
+  std::vector<Weight*> pointers;
+  for (Weight& w : records) pointers.push_back(&w);
+  return products_with(x, pointers, isa);
 }
 
 std::vector<at::Tensor> linear_many(const at::Tensor& x, const std::vector<py::handle>& weights,
@@ -352,10 +369,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("ROWS_PER_BLOCK") = kMaxRows;
   m.attr("PANEL") = kPanel;
   m.attr("PACKED_ATTR") = kPackedAttr;
-  // linear and rms_norm's C++ entry points, for another extension to call without Python (native_layers.cpp); the
-  // names carry the signatures' version
-  m.attr("_linear_capsule") = py::capsule(reinterpret_cast<void*>(&linear), "specfamily.stream_linear.v1");
-  m.attr("_linear_many_capsule") =
-      py::capsule(reinterpret_cast<void*>(&linear_many), "specfamily.stream_linear_many.v1");
+  // products and rms_norm's C++ entry points, for another extension to call without Python (native_layers.cpp);
+  // the names carry the signatures' version
+  m.attr("_products_capsule") =
+      py::capsule(reinterpret_cast<void*>(&products), specfamily::stream::kProductsCapsule);
   m.attr("_norm_capsule") = py::capsule(reinterpret_cast<void*>(&specfamily::rms_norm), "specfamily.rms_norm.v1");
 }

@@ -17,10 +17,12 @@ constexpr int64_t kLines = 4;  // runs of the weight's elements compared on each
 constexpr int64_t kLine = 16;  // elements per run: one 64-byte line
 
 // What a cached packing was made from: the weight's storage, shape, strides and version counter.
-py::tuple pack_key(const at::Tensor& weight) {
-  return py::make_tuple(reinterpret_cast<intptr_t>(weight.data_ptr()), weight.size(0), weight.size(1),
-                        weight.stride(0), weight.stride(1), static_cast<int64_t>(weight._version()));
+Key key_of(const at::Tensor& weight) {
+  return {reinterpret_cast<intptr_t>(weight.data_ptr()), weight.size(0), weight.size(1), weight.stride(0),
+          weight.stride(1), static_cast<int64_t>(weight._version())};
 }
+
+py::tuple pack_key(const Key& key) { return py::make_tuple(key[0], key[1], key[2], key[3], key[4], key[5]); }
 
 // Sampled elements of the weight (n, d): kLines runs of kLine inputs (or all d when fewer; one 64-byte line each
 // when contiguous), in rows first to last, the first and the last element among them; this is run s's first. A write
@@ -33,7 +35,7 @@ const float* sample_run(const at::Tensor& weight, int64_t s) {
   return weight.data_ptr<float>() + s * (n - 1) / (kLines - 1) * weight.stride(0) + col * weight.stride(1);
 }
 
-using Samples = std::array<float, kLines * kLine>;
+static_assert(std::tuple_size_v<Samples> == kLines * kLine, "Weight::samples holds one run of kLine per kLines");
 
 // The sampled elements (zero past a run narrower than kLine).
 Samples samples_of(const at::Tensor& weight) {
@@ -64,7 +66,9 @@ at::Tensor pack(const at::Tensor& weight) {
   at::NoGradGuard no_grad;
   const int64_t n = weight.size(0), d = weight.size(1), panels = (n + kPanel - 1) / kPanel;
   const at::Tensor padded = at::constant_pad_nd(weight, {0, 0, 0, panels * kPanel - n}).contiguous();
-  return padded.view({panels, kPanel, d}).transpose(1, 2).contiguous();
+  at::Tensor packed = packed_storage(panels * d * kPanel).view({panels, d, kPanel});
+  packed.copy_(padded.view({panels, kPanel, d}).transpose(1, 2));
+  return packed;
 }
 
 // The packed weight kept on the weight object (PACKED_ATTR) as (key, packed, samples), remade when either changed.
@@ -74,7 +78,7 @@ at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
   // The kernel reads the packed copy, so the weight is out of the caches: the samples' loads start now, under way
   // while the key is built and the cached entry looked up.
   for (int64_t s = 0; s < kLines; ++s) __builtin_prefetch(sample_run(weight, s));
-  const py::tuple key = pack_key(weight);
+  const py::tuple key = pack_key(key_of(weight));
   const py::object cached = py::getattr(owner, kPackedAttr, py::none());
   if (py::isinstance<py::tuple>(cached) && py::len(cached) == 3) {
     const auto entry = cached.cast<py::tuple>();
@@ -85,6 +89,23 @@ at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
   const py::bytes kept(reinterpret_cast<const char*>(samples.data()), sizeof(Samples));
   py::setattr(owner, kPackedAttr, py::make_tuple(key, packed, kept));
   return packed;
+}
+
+// packed_for(w.owner, w.tensor) without Python while the weight is as w's record says (the same key and samples:
+// the check packed_for makes on the owner's attribute, made on the record); else packed_for's, recorded.
+const at::Tensor& packed_of(Weight& w) {
+  const at::Tensor& weight = w.tensor;
+  if (weight.is_inference()) return w.packed = pack(weight);
+  for (int64_t s = 0; s < kLines; ++s) __builtin_prefetch(sample_run(weight, s));
+  const Key key = key_of(weight);
+  if (w.packed.defined() && key == w.key) {
+    const Samples now = samples_of(weight);
+    if (std::memcmp(now.data(), w.samples.data(), sizeof(Samples)) == 0) return w.packed;
+  }
+  w.packed = packed_for(w.owner, weight);
+  w.key = key;
+  w.samples = samples_of(weight);
+  return w.packed;
 }
 
 }  // namespace specfamily::stream

@@ -17,15 +17,14 @@
 #include <tuple>
 #include <vector>
 
+#include "../stream_api.h"
+
 namespace {
 
 // The stream kernel's entry points (stream_linear.cpp exports them as capsules of these names).
-using LinearFn = at::Tensor (*)(const at::Tensor&, const py::handle&, const c10::optional<at::Tensor>&);
+using specfamily::stream::ProductsFn;
+using specfamily::stream::Weight;
 using NormFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
-using ManyFn = std::vector<at::Tensor> (*)(const at::Tensor&, const std::vector<py::handle>&,
-                                           const std::vector<c10::optional<at::Tensor>>&);
-constexpr const char* kLinearCapsule = "specfamily.stream_linear.v1";
-constexpr const char* kManyCapsule = "specfamily.stream_linear_many.v1";
 constexpr const char* kNormCapsule = "specfamily.rms_norm.v1";
 // The batch-invariant attention's entry point (csrc/attention/attention.cpp exports it as a capsule of this name).
 using AttendFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -40,31 +39,18 @@ Fn from_capsule(const py::handle& module, const char* attr, const char* name) {
   return reinterpret_cast<Fn>(PyCapsule_GetPointer(capsule.ptr(), name));
 }
 
-// The stream kernel's linear_many, or nullptr where its module has none (a build from before it: one product a call).
-ManyFn many_of(const py::handle& module) {
-  if (!py::hasattr(module, "_linear_many_capsule")) return nullptr;
-  return from_capsule<ManyFn>(module, "_linear_many_capsule", kManyCapsule);
-}
-
-// A product's weight as the Python object (its packed copy is kept on it) and its bias (None or a tensor).
-struct Product {
-  py::object weight;
-  py::object bias;
-
-  c10::optional<at::Tensor> bias_tensor() const {
-    if (bias.is_none()) return c10::nullopt;
-    return bias.cast<at::Tensor>();
-  }
-};
+// A product's weight as the stream kernel keeps it between passes (stream_api.h): the Python object, its tensor and
+// bias taken once, here, and the kernel's record of its packed copy. Mutable: each product refreshes the record.
+using Product = Weight;
 
 // One decoder layer's parameters (LeanLayer's fields).
 struct Layer {
-  py::object norm1;
+  at::Tensor norm1;
   double eps1;
-  Product q, k, v, o;
-  py::object norm2;
+  mutable Product q, k, v, o;  // mutable: a product refreshes its record of the packed copy
+  at::Tensor norm2;
   double eps2;
-  Product gate, up, down;
+  mutable Product gate, up, down;
   int64_t head_dim;
   double scaling;
 };
@@ -126,7 +112,9 @@ void copy_into(const Rows& x, const Rows& out) {
 
 Product product_of(const py::handle& pair) {
   const py::tuple t = pair.cast<py::tuple>();
-  return {py::reinterpret_borrow<py::object>(t[0]), py::reinterpret_borrow<py::object>(t[1])};
+  c10::optional<at::Tensor> bias;
+  if (!t[1].is_none()) bias = t[1].cast<at::Tensor>();
+  return Product{py::reinterpret_borrow<py::object>(t[0]), t[0].cast<at::Tensor>(), bias};
 }
 
 class NativeLayers {
@@ -136,16 +124,15 @@ class NativeLayers {
   // (weight, bias or None) pair.
   // `attention`: the attention kernel's module, or None (passes planned with the kernel are then refused).
   NativeLayers(const py::object& module, const py::list& layers, const py::object& attention)
-      : linear_(from_capsule<LinearFn>(module, "_linear_capsule", kLinearCapsule)),
+      : products_(from_capsule<ProductsFn>(module, "_products_capsule", specfamily::stream::kProductsCapsule)),
         norm_(from_capsule<NormFn>(module, "_norm_capsule", kNormCapsule)),
-        many_(many_of(module)),
         attend_(attention.is_none() ? nullptr : from_capsule<AttendFn>(attention, "_attend_capsule", kAttendCapsule)) {
     for (const py::handle item : layers) {
       const py::tuple f = item.cast<py::tuple>();
       TORCH_CHECK(f.size() == 13, "native_layers: a layer is 13 fields, got ", f.size());
-      layers_.push_back(Layer{py::reinterpret_borrow<py::object>(f[0]), f[1].cast<double>(), product_of(f[2]),
+      layers_.push_back(Layer{f[0].cast<at::Tensor>(), f[1].cast<double>(), product_of(f[2]),
                               product_of(f[3]), product_of(f[4]), product_of(f[5]),
-                              py::reinterpret_borrow<py::object>(f[6]), f[7].cast<double>(), product_of(f[8]),
+                              f[6].cast<at::Tensor>(), f[7].cast<double>(), product_of(f[8]),
                               product_of(f[9]), product_of(f[10]), f[11].cast<int64_t>(), f[12].cast<double>()});
     }
   }
@@ -243,35 +230,22 @@ class NativeLayers {
   size_t size() const { return layers_.size(); }
 
  private:
-  // The stream kernel's product and norm, named to the profiler (no ATen op of their own; a flag test when off).
-  at::Tensor linear(const at::Tensor& x, const Product& p) const {
-    RECORD_FUNCTION("specfamily::product", std::vector<c10::IValue>());
-    return linear_(x, p.weight, p.bias_tensor());
-  }
+  // The stream kernel's products and norm, named to the profiler (no ATen op of their own; a flag test when off).
+  at::Tensor linear(const at::Tensor& x, Product& p) const { return linears<1>(x, {&p})[0]; }
 
-  // Products of one input: one parallel region for all of them (linear_many, the same bits), or one call each.
+  // Products of one input in one parallel region (q, k and v; gate and up: the same bits as one call each).
   template <size_t N>
-  std::array<at::Tensor, N> linears(const at::Tensor& x, const std::array<const Product*, N>& products) const {
-    std::array<at::Tensor, N> out;
-    if (many_ == nullptr) {
-      for (size_t i = 0; i < N; ++i) out[i] = linear(x, *products[i]);
-      return out;
-    }
+  std::array<at::Tensor, N> linears(const at::Tensor& x, const std::array<Product*, N>& products) const {
     RECORD_FUNCTION("specfamily::product", std::vector<c10::IValue>());
-    std::vector<py::handle> weights;
-    std::vector<c10::optional<at::Tensor>> biases;
-    for (const Product* p : products) {
-      weights.push_back(p->weight);
-      biases.push_back(p->bias_tensor());
-    }
-    std::vector<at::Tensor> made = many_(x, weights, biases);
+    std::vector<at::Tensor> made = products_(x, std::vector<Product*>(products.begin(), products.end()));
+    std::array<at::Tensor, N> out;
     for (size_t i = 0; i < N; ++i) out[i] = std::move(made[i]);
     return out;
   }
 
-  at::Tensor norm(const at::Tensor& x, const py::object& weight, double eps) const {
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, double eps) const {
     RECORD_FUNCTION("specfamily::norm", std::vector<c10::IValue>());
-    return norm_(x, weight.cast<at::Tensor>(), eps);
+    return norm_(x, weight, eps);
   }
 
   // LeanLayer.mlp_block: hidden + down(silu(gate(x)) * up(x)), x = norm(hidden). The activation, the product and
@@ -391,9 +365,8 @@ class NativeLayers {
     return x.unsqueeze(2).expand({batch, heads, groups, length, dim}).reshape({batch, heads * groups, length, dim});
   }
 
-  LinearFn linear_;
+  ProductsFn products_;
   NormFn norm_;
-  ManyFn many_;  // nullptr: one call a product
   AttendFn attend_;
   std::vector<Layer> layers_;
   int64_t calls_ = 0;

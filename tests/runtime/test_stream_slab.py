@@ -1,0 +1,69 @@
+"""The stream kernel's memory for packed weights (``csrc/stream_slab.cpp``): small packed copies carved one after the
+other out of a shared slab, large ones on a 2 MB boundary of their own, every copy on a cache line, and the memory
+marked for huge pages (``madvise(MADV_HUGEPAGE)``: the ``hg`` flag of its mapping) where Linux offers them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HUGE = 2 << 20
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _packed(module, out_features: int, in_features: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fresh weight and its packed copy (made by one product)."""
+    weight = torch.randn(out_features, in_features)
+    module.linear(torch.randn(1, in_features), weight, None)
+    return weight, getattr(weight, module.PACKED_ATTR)[1]
+
+
+def _flags(address: int) -> set[str]:
+    """The VmFlags of the mapping of this process that holds ``address``."""
+    mapping = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            start, end = (int(part, 16) for part in head.split("-"))
+            mapping = start <= address < end
+        elif line.startswith("VmFlags:") and mapping:
+            return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_small_packed_copies_are_carved_one_after_the_other(module):
+    copies = [_packed(module, 160)[1] for _ in range(3)]  # 10 panels of 64 inputs: 40 KB each
+    starts = [c.data_ptr() for c in copies]
+    assert all(start % 64 == 0 for start in starts)
+    step = copies[0].numel() * 4
+    # a new slab may open between two of them, not between both pairs (a slab holds hundreds of these)
+    assert starts[1] - starts[0] == step or starts[2] - starts[1] == step
+
+
+def test_a_large_packed_copy_starts_on_a_huge_page_of_its_own(module):
+    _, large = _packed(module, 16 * 4096, 128)  # 32 MB: at least half a slab
+    _, small = _packed(module, 160)
+    assert large.data_ptr() % HUGE == 0
+    assert not large.data_ptr() <= small.data_ptr() < large.data_ptr() + large.numel() * 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not THP.is_file(), reason="no transparent huge pages")
+def test_packed_copies_are_marked_for_huge_pages(module):
+    for out_features in (160, 16 * 4096):
+        _, packed = _packed(module, out_features, 128)
+        assert "hg" in _flags(packed.data_ptr()), out_features
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_a_large_packed_copy_is_freed_with_its_weight(module):
+    """A slab lives as long as a packed copy in it: the large copy's own slab goes with its weight (glibc maps
+    allocations this large on their own and unmaps them when freed)."""
+    weight, packed = _packed(module, 16 * 4096, 128)
+    address = packed.data_ptr()
+    _flags(address)  # mapped now
+    del weight, packed
+    with pytest.raises(AssertionError, match="no mapping holds"):
+        _flags(address)
