@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from specfamily.runtime.huge_pages import huge_empty
+
 __all__ = ["BufferedLayer", "KVArena", "shared_arena"]
 
 
@@ -171,7 +173,7 @@ class KVArena:
         """Room for ``needed`` entries in every layer (by half more, as ``BufferedLayer``), the entries kept."""
         capacity = needed + max(needed // 2, 64)
         batch, heads, _, dim = key_states.shape
-        data = key_states.new_empty(len(self.layers), 2, batch, heads, capacity, dim)
+        data = huge_empty((len(self.layers), 2, batch, heads, capacity, dim), key_states.dtype, key_states.device)
         if self.data is not None:
             data.narrow(4, 0, self.capacity).copy_(self.data)
         self.data, self._slots = data, None  # the old tensor's buffers let go with it

@@ -1,0 +1,52 @@
+"""``specfamily.runtime.huge_pages.huge_empty``: a tensor of the shape and dtype asked, 2 MB-aligned, on a mapping
+marked for huge pages (its ``hg`` flag) where Linux offers them, unmapped with its last tensor; ``torch.empty``
+elsewhere."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specfamily.runtime.huge_pages import HUGE_PAGE, huge_empty
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+
+
+def _flags(address: int) -> set[str] | None:
+    """The VmFlags of the mapping of this process that holds ``address``, None where none does."""
+    holds = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            start, end = (int(part, 16) for part in head.split("-"))
+            holds = start <= address < end
+        elif line.startswith("VmFlags:") and holds:
+            return set(line.split()[1:])
+    return None
+
+
+def test_the_tensor_is_what_was_asked_and_starts_on_a_huge_page():
+    t = huge_empty((2, 3, 100, 8), torch.float32)
+    assert t.shape == (2, 3, 100, 8) and t.dtype == torch.float32 and t.is_contiguous()
+    assert t.data_ptr() % HUGE_PAGE == 0
+    t.fill_(2.0)
+    assert t.sum().item() == 2.0 * t.numel()
+    assert huge_empty((0, 4), torch.float16).shape == (0, 4)
+
+
+@linux
+def test_its_mapping_is_marked_for_huge_pages_and_goes_with_its_last_view():
+    t = huge_empty((4 << 20,), torch.float32)
+    address = t.data_ptr()
+    assert "hg" in _flags(address)
+    view = t[10:20]
+    del t
+    gc.collect()
+    assert _flags(address) is not None  # a view keeps it
+    del view
+    gc.collect()
+    assert _flags(address) is None
