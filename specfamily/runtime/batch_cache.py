@@ -15,6 +15,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from specfamily.runtime.huge_pages import huge_empty
+
 __all__ = ["BatchCache", "PassPlan", "SlotLayer"]
 
 
@@ -68,8 +70,9 @@ class SlotLayer(DynamicLayer):
         if self.key_buffer is not None and self.key_buffer.shape[2] >= capacity:
             return
         slots, heads = self.owner.slots, key_states.shape[1]
-        keys = key_states.new_zeros(slots, heads, capacity, key_states.shape[-1])
-        values = value_states.new_zeros(slots, heads, capacity, value_states.shape[-1])
+        keys = huge_empty((slots, heads, capacity, key_states.shape[-1]), key_states.dtype, key_states.device).zero_()
+        values = huge_empty((slots, heads, capacity, value_states.shape[-1]), value_states.dtype,
+                            value_states.device).zero_()
         if self.key_buffer is not None:
             held = self.key_buffer.shape[2]
             keys[:, :, :held], values[:, :, :held] = self.key_buffer, self.value_buffer

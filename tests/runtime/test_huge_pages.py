@@ -1,6 +1,6 @@
 """``specfamily.runtime.huge_pages.huge_empty``: a tensor of the shape and dtype asked, 2 MB-aligned, on a mapping
-marked for huge pages (its ``hg`` flag) where Linux offers them, unmapped with its last tensor; ``torch.empty``
-elsewhere."""
+marked for huge pages (its ``hg`` flag) where Linux offers them, unmapped with its last tensor; ``torch.empty`` for
+less than a huge page and elsewhere."""
 
 from __future__ import annotations
 
@@ -30,12 +30,19 @@ def _flags(address: int) -> set[str] | None:
 
 
 def test_the_tensor_is_what_was_asked_and_starts_on_a_huge_page():
-    t = huge_empty((2, 3, 100, 8), torch.float32)
-    assert t.shape == (2, 3, 100, 8) and t.dtype == torch.float32 and t.is_contiguous()
+    t = huge_empty((2, 3, 1000, 100), torch.float32)  # 2.4 MB
+    assert t.shape == (2, 3, 1000, 100) and t.dtype == torch.float32 and t.is_contiguous()
     assert t.data_ptr() % HUGE_PAGE == 0
     t.fill_(2.0)
     assert t.sum().item() == 2.0 * t.numel()
     assert huge_empty((0, 4), torch.float16).shape == (0, 4)
+
+
+@linux
+def test_less_than_a_huge_page_is_ordinary_memory():
+    """A 2 MB page for a small buffer would be mostly empty (and zeroed whole on first touch)."""
+    small = huge_empty((100, 64), torch.float32)
+    assert small.shape == (100, 64) and "hg" not in (_flags(small.data_ptr()) or set())
 
 
 @linux
