@@ -6,27 +6,14 @@ from __future__ import annotations
 
 import gc
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from mappings import mapping_flags
 
 from specfamily.runtime.huge_pages import HUGE_PAGE, huge_empty
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
-
-
-def _flags(address: int) -> set[str] | None:
-    """The VmFlags of the mapping of this process that holds ``address``, None where none does."""
-    holds = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            start, end = (int(part, 16) for part in head.split("-"))
-            holds = start <= address < end
-        elif line.startswith("VmFlags:") and holds:
-            return set(line.split()[1:])
-    return None
 
 
 def test_the_tensor_is_what_was_asked_and_starts_on_a_huge_page():
@@ -42,18 +29,18 @@ def test_the_tensor_is_what_was_asked_and_starts_on_a_huge_page():
 def test_less_than_a_huge_page_is_ordinary_memory():
     """A 2 MB page for a small buffer would be mostly empty (and zeroed whole on first touch)."""
     small = huge_empty((100, 64), torch.float32)
-    assert small.shape == (100, 64) and "hg" not in (_flags(small.data_ptr()) or set())
+    assert small.shape == (100, 64) and "hg" not in (mapping_flags(small.data_ptr()) or set())
 
 
 @linux
 def test_its_mapping_is_marked_for_huge_pages_and_goes_with_its_last_view():
     t = huge_empty((4 << 20,), torch.float32)
     address = t.data_ptr()
-    assert "hg" in _flags(address)
+    assert "hg" in mapping_flags(address)
     view = t[10:20]
     del t
     gc.collect()
-    assert _flags(address) is not None  # a view keeps it
+    assert mapping_flags(address) is not None  # a view keeps it
     del view
     gc.collect()
-    assert _flags(address) is None
+    assert mapping_flags(address) is None
