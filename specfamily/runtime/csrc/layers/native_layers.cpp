@@ -110,6 +110,23 @@ void copy_into(const Rows& x, const Rows& out) {
     for (int64_t r = 0; r < x.rows; ++r) std::memcpy(out.row(h, r), x.row(h, r), sizeof(float) * x.dim);
 }
 
+// a += b (multiply: a *= b) element by element, in place: a plain loop where both are contiguous float32 CPU tensors
+// of one shape (the same IEEE sums and products ATen's add_ / mul_ give, without a dispatch and a TensorIterator per
+// call: three a layer), else ATen's own.
+at::Tensor combine_(at::Tensor a, const at::Tensor& b, bool multiply) {
+  if (!(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.is_contiguous() && b.is_contiguous() &&
+        a.sizes() == b.sizes() && a.device().is_cpu() && b.device().is_cpu()))
+    return multiply ? a.mul_(b) : a.add_(b);
+  float* x = a.data_ptr<float>();
+  const float* y = b.data_ptr<float>();
+  const int64_t n = a.numel();
+  if (multiply)
+    for (int64_t i = 0; i < n; ++i) x[i] *= y[i];
+  else
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  return a;
+}
+
 Product product_of(const py::handle& pair) {
   const py::tuple t = pair.cast<py::tuple>();
   c10::optional<at::Tensor> bias;
@@ -160,8 +177,9 @@ class NativeLayers {
         ++next;
       }
       // hidden + attention(...), summed into the attention's fresh output (a + b == b + a, bit for bit): no new tensor
-      hidden = attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, plan, keys[i], values[i], starts[i])
-                   .add_(hidden);
+      hidden = combine_(
+          attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, plan, keys[i], values[i], starts[i]),
+          hidden, false);
       hidden = mlp_block(layer, hidden);
     }
     TORCH_CHECK(next == inputs.size(), "native_layers: layer inputs must be ascending layer ids below ", n);
@@ -215,9 +233,9 @@ class NativeLayers {
         kept.push_back(hidden);
         ++next;
       }
-      hidden = slot_attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, keys[i], values[i], slots,
-                              lengths, counts, visible)
-                   .add_(hidden);
+      hidden = combine_(slot_attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, keys[i], values[i],
+                                       slots, lengths, counts, visible),
+                        hidden, false);
       hidden = mlp_block(layer, hidden);
     }
     TORCH_CHECK(next == inputs.size(), "native_layers: layer inputs must be ascending layer ids below ", n);
@@ -254,8 +272,8 @@ class NativeLayers {
     const at::Tensor x = norm(hidden, layer.norm2, layer.eps2);
     auto [gate, up] = linears<2>(x, {&layer.gate, &layer.up});
     at::silu_(gate);  // Python's order: gate, its activation, then up (each element's bits are the same either way)
-    gate.mul_(up);
-    return linear(gate, layer.down).add_(hidden);
+    combine_(gate, up, true);
+    return combine_(linear(gate, layer.down), hidden, false);
   }
 
   // LeanLayer._attention with BufferedLayer.update's in-place write.
