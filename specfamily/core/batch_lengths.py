@@ -34,7 +34,7 @@ import itertools
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,8 +50,8 @@ from specfamily.core.batch_goodput import (
 )
 from specfamily.core.types import Draft
 
-__all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "kept_tally", "plan_lengths",
-           "proposing", "realized_gain", "truncated"]
+__all__ = ["LengthPolicy", "Prospect", "Realized", "RowCosts", "Tally", "finishing", "kept_tally", "pay_bound",
+           "plan_lengths", "proposing", "realized_gain", "truncated"]
 
 
 @dataclass
@@ -159,6 +159,26 @@ def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: 
     return lengths, (best_rate / plain if best else 1.0)
 
 
+def pay_bound(prospects: Sequence[Prospect], seconds: Sequence[float], step: float, share: float = 1.0,
+              row_context: float = 0.0) -> float:
+    """An upper bound on the goodput over a plain pass's of any plan on ``prospects`` (:func:`plan_lengths`, a
+    probe's, :func:`_joint`'s), whatever values their slots are given, each at most ``share`` of their sum (all alike:
+    1 / B): a plan feeding n draft rows gains at most ``share`` times the n likeliest levels' reaches and at most one
+    request's first n levels (every level feeds a row), and costs at least t(B, B + n) + one draft step + n rows at
+    ``row_context`` (a draft row's seconds at the least slot's context). Infinite when a level feeds no row."""
+    if any(n < 1 for p in prospects for n in p.rows[: len(p.acceptance)]):
+        return math.inf
+    batch = len(prospects)
+    reaches = [list(itertools.accumulate(p.acceptance, operator.mul)) for p in prospects]
+    top = list(itertools.accumulate(sorted((r for each in reaches for r in each), reverse=True)))
+    own = [list(itertools.accumulate(each)) for each in reaches if each]
+    best = 1.0
+    for n in range(1, min(len(top), len(seconds) - 1 - batch) + 1):
+        gain = min(share * top[n - 1], max(o[min(n, len(o)) - 1] for o in own))
+        best = max(best, (1.0 + gain) * seconds[batch] / (seconds[batch + n] + step + row_context * n))
+    return best
+
+
 Decision = tuple[list[int], float, str]  # a plan's lengths, its predicted gain and its kind (LengthPolicy._decide)
 
 
@@ -192,7 +212,7 @@ class LengthPolicy:
         batch = len(prospects)
         self.predicted = None
         if contexts is not None:
-            prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
+            prospects = _at_contexts(prospects, contexts)
         lengths = self._plan(batch, prospects, proposed, together, decided)
         self.choices.setdefault(batch, []).append(sum(sum(p.rows[:g]) for p, g in zip(prospects, lengths,
                                                                                      strict=True)))
@@ -205,8 +225,32 @@ class LengthPolicy:
         under lookahead and skips proposals no plan could use (docs/batching.md, sessions 25-26); pass it to
         :meth:`lengths` as ``decided`` to record it without planning twice."""
         if contexts is not None:
-            prospects = [replace(p, context=c) for p, c in zip(prospects, contexts, strict=True)]
+            prospects = _at_contexts(prospects, contexts)
         return self._decide(len(prospects), prospects, True, together)
+
+    def hopeless(self, prospects: Sequence[Prospect], proposed: bool = False, share: float = 1.0,
+                 contexts: Sequence[int] | None = None) -> bool:
+        """Whether :meth:`_decide` on ``prospects``, planned apart (not the joint plan of a batch's end) and valued
+        anyhow (each slot at most ``share`` of their sum, some slot with levels valued above 0), would plan an idle
+        pass, told without valuing or planning them: no probe is due, the table is measured, and :func:`pay_bound`
+        times the correction is within ``min_gain``. Records nothing; pass ``(zeros, 0.0, "idle")`` to
+        :meth:`lengths` as ``decided`` to record the idle pass (docs/batching.md, session 27)."""
+        batch = len(prospects)
+        if not any(p.acceptance for p in prospects) or not self.may_draft(batch) or self._probe_due(batch):
+            return False
+        contexts = [0] * batch if contexts is None else contexts
+        seconds = self.costs.table(batch, batch + sum(sum(p.rows) for p in prospects), sum(contexts))
+        if seconds is None:
+            return False
+        step = 0.0 if proposed else self.costs.draft_step(batch)
+        bound = pay_bound(prospects, seconds, step, share, self.costs.row_token() * min(contexts))
+        return bound * self.correction(batch) <= self.min_gain
+
+    def _probe_due(self, batch: int) -> bool:
+        """Whether a pass at ``batch`` on which nothing pays would be a probe (every ``probe_every`` idle passes,
+        backing off while probes keep losing)."""
+        losing = self.losing.get(batch, backoff(self.realized, batch))
+        return self.idle.get(batch, 0) + 1 >= self.probe_every * 2 ** min(losing, self.max_backoff)
 
     def _decide(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> Decision:
         """The plan on ``prospects``, recording nothing: (lengths, predicted gain, kind), kind one of ``none``
@@ -226,8 +270,7 @@ class LengthPolicy:
         lengths, gain = plan_lengths(prospects, seconds, step, row_token=self.costs.row_token())
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
             return lengths, gain, "pays"
-        losing = self.losing.get(batch, backoff(self.realized, batch))
-        if self.idle.get(batch, 0) + 1 < self.probe_every * 2 ** min(losing, self.max_backoff):
+        if not self._probe_due(batch):
             return [0] * batch, gain, "idle"
         lengths, gain = plan_lengths(prospects, seconds, step, True, self.costs.row_token())  # a probe: estimates
         return lengths, gain, "probe"
@@ -297,6 +340,13 @@ class LengthPolicy:
             parts.append(f"B={batch}: {len(rows)} passes, {drafted:.0%} drafted, "
                          f"{sum(rows) / len(rows):.1f} draft rows a pass")
         return "draft lengths per request by goodput: " + ("; ".join(parts) if parts else "no steady batched pass")
+
+
+def _at_contexts(prospects: Sequence[Prospect], contexts: Sequence[int]) -> list[Prospect]:
+    """The prospects at their slots' cached lengths (built directly: ``dataclasses.replace`` inspects the fields on
+    every call, ~15 us a prospect, a pass's host work between two forwards)."""
+    return [Prospect(p.acceptance, p.rows, p.value, p.behind, p.horizon, c) for p, c in zip(prospects, contexts,
+                                                                                            strict=True)]
 
 
 def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float, row_token: float = 0.0,

@@ -182,6 +182,7 @@ class _Batch(BatchPlanning, BatchRequests):
         prefilled, logged = all(r.prefilled for r in group), batch_log.enabled()
         left = [self.budget - len(r.new_tokens) for r in group] if logged else []  # tokens left, for the debug log
         steady = self.load is not None and prefilled  # no newcomer's prompt in the pass: lengths by load
+        planning = self.cost_clock()
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
@@ -201,7 +202,8 @@ class _Batch(BatchPlanning, BatchRequests):
             attended = sum(len(d) * c for d, c in zip(drafts, contexts, strict=True))
             self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), c1 - c0, c2 - c1,
                             sum(contexts), attended)
-            self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c2 - c0)  # realized vs. predicted
+            # realized vs. predicted, the plan's own host seconds in: plain decoding spends none
+            self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c2 - planning)
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from specfamily.core.batch_goodput import wave_of
+from specfamily.core.batch_goodput import behind_ends, projected_ends, wave_of
 from specfamily.core.batch_lengths import Prospect, finishing, proposing, truncated
 from specfamily.core.batch_requests import Request
 from specfamily.core.types import Draft
 
 __all__ = ["BatchPlanning"]
 
+_IDLE = "idle"  # the kind LengthPolicy records for a pass on which nothing pays and no probe is due
 _LOOKAHEAD_SHARE = 0.05  # proposing at full length first costs at most this share of a plain pass (see _learn)
 _POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to the batch's pool, the pool to a request
 
@@ -40,8 +41,7 @@ class BatchPlanning:
                 return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
             pooled = self._pooled()
             prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
-            lengths = self.load.lengths(self._valued(group, prospects), proposed=True, together=self.wave is not None,
-                                        contexts=self._contexts(group))
+            lengths = self._lengths(group, prospects, proposed=True)
             return [truncated(d, g) for d, g in zip(drafts, lengths, strict=True)]
         if self.lookahead is None and any(len(d) for d in drafts):
             self._learn(group, drafts, self.cost_clock() - c0)
@@ -77,13 +77,15 @@ class BatchPlanning:
                 return self.load.lengths([Prospect((), ())] * len(group))
             longest = [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
             pooled = self._pooled()  # each slot's best case: a chain of its longest draft, one row a level
-            chains = self._valued(group, [Prospect(self._alpha(r, pooled)[:g], [1] * g)
-                                          for r, g in zip(group, longest, strict=True)])
-            together, contexts = self.wave is not None, self._contexts(group)
-            decided = self.load.decision(chains, together, contexts)
+            chains = [Prospect(self._alpha(r, pooled)[:g], [1] * g) for r, g in zip(group, longest, strict=True)]
+            contexts = self._contexts(group)
+            valued = self._worth(group, chains, proposed=True)
+            if valued is None:  # nothing could pay: the idle pass recorded, neither valued nor planned
+                return self.load.lengths(chains, True, False, contexts, ([0] * len(group), 0.0, _IDLE))
+            decided = self.load.decision(valued[0], valued[1], contexts)
             if any(decided[0]):
                 return longest
-            self.load.lengths(chains, True, together, contexts, decided)  # the pass's record, not planned again
+            self.load.lengths(valued[0], True, valued[1], contexts, decided)  # the pass's record, not planned again
             return [0] * len(group)
         if not self.load.may_draft(len(group)):  # nothing to plan: no acceptance, odds nor table this pass
             return self.load.lengths([Prospect((), ())] * len(group))
@@ -91,8 +93,38 @@ class BatchPlanning:
         for r in group:
             alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
             prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
-        return self.load.lengths(self._valued(group, prospects), together=self.wave is not None,
-                                 contexts=self._contexts(group))
+        return self._lengths(group, prospects)
+
+    def _lengths(self, group: list[Request], prospects: list[Prospect], proposed: bool = False) -> list[int]:
+        """``LengthPolicy.lengths`` on the prospects as the batch values them (:meth:`_worth`), or the idle pass
+        recorded without valuing nor planning them when no plan on them could pay."""
+        contexts = self._contexts(group)
+        valued = self._worth(group, prospects, proposed)
+        if valued is None:
+            return self.load.lengths(prospects, proposed, False, contexts, ([0] * len(group), 0.0, _IDLE))
+        return self.load.lengths(valued[0], proposed, valued[1], contexts)
+
+    def _worth(self, group: list[Request], prospects: list[Prospect],
+               proposed: bool) -> tuple[list[Prospect], bool] | None:
+        """(the prospects as the batch values them, whether its tied last slots plan together), or None when no plan
+        on them could pay however they are valued (``LengthPolicy.hopeless``; the batch's last passes, planned
+        jointly, are always valued). Every token alike (values 1, not together) outside a last wave, and in one
+        whose slots are tied at their projected ends, not near the end: ``finishing`` would value each 1 / B, and a
+        plan's goodput over a plain pass's is the same whatever value all its slots share; else ``_valued``."""
+        share, tied = 1.0 / len(group), True
+        if self.wave is not None:
+            remaining = [self.budget - len(r.new_tokens) for r in group]
+            behind = behind_ends(remaining, self.wave, self.budget)
+            deepest = max((len(p.acceptance) for p in prospects), default=0)
+            if max(projected_ends(remaining, self.wave, self.budget)) <= 2 * deepest:  # near_end: planned jointly
+                return self._valued(group, prospects), True
+            tied = min(behind) == max(behind)
+            share = share if tied else 1.0
+            if not any(p.acceptance for p, b in zip(prospects, behind, strict=True) if b == 0):
+                return self._valued(group, prospects), True  # its plan is none, not idle: valued as before
+        if self.load.hopeless(prospects, proposed, share, self._contexts(group)):
+            return None
+        return (prospects, False) if tied else (self._valued(group, prospects), True)
 
     def _contexts(self, group: list[Request]) -> list[int]:
         """Each live slot's cached tokens (its draft rows attend them: ``RowCosts``)."""

@@ -344,12 +344,12 @@ def test_draft_length_by_load_measures_no_batch_1_cost_curve(monkeypatch):
 
 def test_a_lookahead_pass_whose_proposals_are_all_empty_is_not_valued_nor_planned(monkeypatch):
     """Under lookahead (prompt lookup proposing at full depth first), a pass on which no slot's proposal found
-    anything is not valued (``_valued``) nor planned on prospects: its plan could only be no draft. Every other
+    anything is not valued (``_worth``) nor planned on prospects: its plan could only be no draft. Every other
     lookahead pass is valued once, and every request's text is its plain batched text."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8, 9], [10, 11, 12, 10, 11, 12], [20, 21, 22]]
     plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=16)]
-    learn, valued, propose = batch_loop._Batch._learn, batch_loop._Batch._valued, batch_loop._Batch._propose
+    learn, valued, propose = batch_loop._Batch._learn, batch_loop._Batch._worth, batch_loop._Batch._propose
     counts = {"empty": 0, "found": 0, "valued": 0}
 
     def always_lookahead(self, group, drafts, seconds):  # the tiny target's pass is too fast to judge proposals cheap
@@ -362,9 +362,9 @@ def test_a_lookahead_pass_whose_proposals_are_all_empty_is_not_valued_nor_planne
             counts["found" if any(len(d) for d in drafts) else "empty"] += 1
         return drafts, seconds
 
-    def counted(self, group, prospects):
+    def counted(self, group, prospects, proposed=False):
         counts["valued"] += self.lookahead is True  # (before lookahead is learned the lengths are planned ahead)
-        return valued(self, group, prospects)
+        return valued(self, group, prospects, proposed)
 
     def always_proposing(self, prospects, together=False, contexts=None):  # the pre-check: every pass proposes
         counts["checked"] = counts.get("checked", 0) + 1
@@ -372,7 +372,7 @@ def test_a_lookahead_pass_whose_proposals_are_all_empty_is_not_valued_nor_planne
 
     monkeypatch.setattr(batch_loop._Batch, "_learn", always_lookahead)
     monkeypatch.setattr(batch_loop._Batch, "_propose", proposing)
-    monkeypatch.setattr(batch_loop._Batch, "_valued", counted)
+    monkeypatch.setattr(batch_loop._Batch, "_worth", counted)
     monkeypatch.setattr(LengthPolicy, "decision", always_proposing)
     drafter = sf.create_drafter("prompt_lookup", target)
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=16)
