@@ -69,3 +69,51 @@ def test_the_batch_tallies_are_kept_on_the_target_per_drafter_class():
     assert kept_evidence(target, drafter) is kept and target.batch_realized[("evidence", "PromptLookupDrafter")] is kept
     assert kept_evidence(target, sf.create_drafter("suffix", target)) == {}
     assert kept_evidence(object(), drafter) == {}
+
+
+def test_the_batched_loop_counts_every_proposal_its_text_decides_and_keeps_greedy_text(monkeypatch):
+    """Prompt lookup under lookahead (every pass proposing): each request's text is its plain batched text, and the
+    batch's tallies by bucket hold exactly the proposals that text had decided by the request's last look at it,
+    drafted or cut, counted afresh here from the final texts."""
+    from specfamily.core import batch_loop
+    from specfamily.core.batch_lengths import LengthPolicy
+    from specfamily.testing import tiny_target
+
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8, 5, 6], [10, 11, 12, 10, 11, 12], [20, 21, 22, 20]]
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=24)]
+    learn, planned, looked = batch_loop._Batch._learn, batch_loop._Batch._planned, Evidence.learn
+    seen, last = [], {}
+
+    def always_lookahead(self, group, drafts, seconds):  # the tiny target's pass is too fast to judge proposals cheap
+        learn(self, group, drafts, seconds)
+        self.lookahead = True
+
+    def recorded(self, group, gammas, drafts, c0):
+        if self.lookahead and any(gammas):
+            seen.extend((r.index, Proposal.of(d, len(r.new_tokens))) for r, d in zip(group, drafts) if len(d))
+        return planned(self, group, gammas, drafts, c0)
+
+    def looking(self, request, text):
+        last[request] = len(text)
+        return looked(self, request, text)
+
+    monkeypatch.setattr(batch_loop._Batch, "_learn", always_lookahead)
+    monkeypatch.setattr(batch_loop._Batch, "_planned", recorded)
+    monkeypatch.setattr(Evidence, "learn", looking)
+    monkeypatch.setattr(
+        LengthPolicy, "decision", lambda self, p, together=False, contexts=None: ([1] * len(p), 1.0, "pays")
+    )
+    results = sf.generate_batch(target, sf.create_drafter("prompt_lookup", target), prompts, max_new_tokens=24)
+    texts = [r.tokens for r in results]
+    assert texts == plain
+    expected: dict[int, Tally] = {}
+    for index, proposal in seen:
+        verdict = resolve(proposal, texts[index][: last[index]])
+        if verdict is not None:
+            expected.setdefault(proposal.bucket, Tally()).add(*verdict)
+    kept = kept_evidence(target, sf.create_drafter("prompt_lookup", target))
+    assert sum(t.tried[0] for t in expected.values()) >= 10 and len(expected) >= 2  # several buckets, many proposals
+    assert {k: (t.tried, t.accepted) for k, t in kept.items()} == {
+        k: (t.tried, t.accepted) for k, t in expected.items()
+    }
