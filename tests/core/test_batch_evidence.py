@@ -91,7 +91,9 @@ def test_the_batched_loop_counts_every_proposal_its_text_decides_and_keeps_greed
 
     def recorded(self, group, gammas, drafts, c0):
         if self.lookahead and any(gammas):
-            seen.extend((r.index, Proposal.of(d, len(r.new_tokens))) for r, d in zip(group, drafts) if len(d))
+            seen.extend(
+                (r.index, Proposal.of(d, len(r.new_tokens))) for r, d in zip(group, drafts, strict=True) if len(d)
+            )
         return planned(self, group, gammas, drafts, c0)
 
     def looking(self, request, text):
