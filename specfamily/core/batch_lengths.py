@@ -375,7 +375,7 @@ def truncated(draft: Draft, depth: int) -> Draft:
     renumber = torch.cumsum(keep.long(), 0) - 1
     parents = draft.parents[index]
     parents = torch.where(parents < 0, parents, renumber[parents.clamp(min=0)])
-    return Draft(draft.tokens[index], parents, None, catch_up_seconds=draft.catch_up_seconds)
+    return Draft(draft.tokens[index], parents, None, catch_up_seconds=draft.catch_up_seconds, evidence=draft.evidence)
 
 
 def proposing(acceptance: list[float], rate: float) -> list[float]:

@@ -28,6 +28,7 @@ import torch
 
 from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
+from specfamily.core.batch_evidence import Evidence, kept_evidence
 from specfamily.core.batch_goodput import kept_realized
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, kept_tally
 from specfamily.core.batch_plan import BatchPlanning
@@ -148,6 +149,7 @@ class _Batch(BatchPlanning, BatchRequests):
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
         self.pooled = kept_tally(target, drafter)  # every request's drafted levels and accepted, kept across calls
+        self.evidence = Evidence(kept_evidence(target, drafter))  # copy drafts' acceptance by their match length
         self.live: list[Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features

@@ -26,8 +26,8 @@ _POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to t
 
 class BatchPlanning:
     """The planning half of the batched loop: its methods read the loop's ``load`` (LengthPolicy or None),
-    ``lookahead``, ``proposal_seconds``, ``pooled``, ``prototype``, ``wave``, ``budget``, ``batch``, ``live``,
-    ``cost_clock``, ``clock`` and ``origin``."""
+    ``lookahead``, ``proposal_seconds``, ``pooled``, ``evidence``, ``prototype``, ``wave``, ``budget``, ``batch``,
+    ``live``, ``cost_clock``, ``clock`` and ``origin``."""
 
     def _planned(self, group: list[Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
         """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
@@ -40,7 +40,9 @@ class BatchPlanning:
             if any(d.q is not None or d.side is not None for d in drafts):
                 return drafts  # drafts that were drawn are fed as they are: their lengths were planned before
             pooled = self._pooled()
-            prospects = [Prospect.seen(self._alpha(r, pooled), d) for r, d in zip(group, drafts, strict=True)]
+            for r, d in zip(group, drafts, strict=True):
+                self.evidence.hold(r.index, d, len(r.new_tokens))
+            prospects = [Prospect.seen(self._valued_alpha(r, d, pooled), d) for r, d in zip(group, drafts, strict=True)]
             lengths = self._lengths(group, prospects, proposed=True)
             return [truncated(d, g) for d, g in zip(drafts, lengths, strict=True)]
         if self.lookahead is None and any(len(d) for d in drafts):
@@ -77,7 +79,7 @@ class BatchPlanning:
                 return self.load.lengths([Prospect((), ())] * len(group))
             longest = [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
             pooled = self._pooled()  # each slot's best case: a chain of its longest draft, one row a level
-            chains = [Prospect(self._alpha(r, pooled)[:g], [1] * g) for r, g in zip(group, longest, strict=True)]
+            chains = [Prospect(self._best_alpha(r, pooled)[:g], [1] * g) for r, g in zip(group, longest, strict=True)]
             contexts = self._contexts(group)
             valued = self._worth(group, chains, proposed=True)
             if valued is None:  # nothing could pay: the idle pass recorded, neither valued nor planned
@@ -154,6 +156,18 @@ class BatchPlanning:
         """The batch's pooled per-depth acceptance over the drafter's prior (the prototype's policy, which never
         drafts; worth ``_POOL_WEIGHT`` passes): computed once a pass, shared by its requests."""
         return self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
+
+    def _best_alpha(self, request: Request, pooled: list[float]) -> list[float]:
+        """A slot's best case before it proposes: what its best evidence would be accepted (its text so far having
+        decided its earlier proposals, :meth:`~specfamily.core.batch_evidence.Evidence.learn`), at least its own."""
+        self.evidence.learn(request.index, request.new_tokens)
+        return self.evidence.best(request.index, pooled, self._alpha(request, pooled))
+
+    def _valued_alpha(self, request: Request, draft: Draft, pooled: list[float]) -> list[float]:
+        """A proposed draft's per-depth acceptance: by its evidence where its drafter reports one
+        (:class:`~specfamily.core.batch_evidence.Evidence`), else the request's own (:meth:`_alpha`)."""
+        by_evidence = self.evidence.alpha(request.index, draft.evidence, pooled)
+        return self._alpha(request, pooled) if by_evidence is None else by_evidence
 
     def _alpha(self, request: Request, pooled: list[float] | None = None) -> list[float]:
         """The request's per-depth acceptance: its own counts over ``pooled`` (:meth:`_pooled`, worth

@@ -44,7 +44,9 @@ class Draft:
     ``q`` row i is the distribution token i was actually sampled from (after the target's warping),
     or ``q is None`` for deterministic proposals, which the verifier treats as one-hot. ``side``: rows fed in the same
     pass that the verifier never sees and the cache never keeps, whose logits come back to the drafter
-    (``specfamily.core.side_rows``); None for none.
+    (``specfamily.core.side_rows``); None for none. ``evidence``: what a copy drafter matched to propose it (its
+    n-gram's or suffix's length), which the batched plan values its acceptance by (``core/batch_evidence.py``); 0 for
+    a drafter that does not say.
     """
 
     tokens: torch.Tensor  # (n,) long
@@ -52,6 +54,7 @@ class Draft:
     q: torch.Tensor | None = None  # (n, V)
     catch_up_seconds: float = 0.0  # of the proposal's time, spent feeding context the drafter had not seen yet
     side: SideRows | None = None  # rows for the drafter's own reading (never verified, never committed)
+    evidence: int = 0  # a copy drafter's match length behind the proposal (prompt lookup's n, suffix's); 0: unknown
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)

@@ -46,7 +46,17 @@ def test_most_recent_match_and_what_followed():
 def test_longer_ngram_is_preferred_over_a_more_recent_shorter_one():
     index = NgramIndex(1, 3, [3, 1, 2, 8, 1, 2, 6, 3, 1, 2])
     assert index.propose(1, branches=1) == [[8]]  # "3 1 2" -> 8, although "1 2" -> 6 is more recent
-    assert index.propose(1, branches=2) == [[8], [6]]
+    assert index.propose(1, branches=2) == [[8], [6]] and index.matched == 3  # the best path's n
+
+
+def test_a_proposal_carries_its_match_length_as_evidence():
+    target = sf.testing.tiny_target("llama", vocab_size=10)
+    drafter = PromptLookupDrafter(target, gamma=3)
+    for tokens, evidence in (([3, 1, 2, 8, 1, 2, 6, 3, 1, 2], 3), ([4, 1, 2, 5, 1, 2], 2), ([4, 1, 5, 1], 1),
+                             ([4, 5, 6], 0)):
+        ctx = sf.DecodeContext(target, torch.tensor(tokens), sf.SamplingConfig(), torch.Generator(), list(tokens))
+        drafter.begin(ctx)
+        assert drafter.propose(ctx, 3).evidence == evidence
 
 
 def test_no_match_proposes_nothing():

@@ -99,7 +99,7 @@ def test_first_pass_proposes_from_the_prompt_sized_by_the_match():
     draft = drafter.propose(ctx, 8)
     # "1 2 3 4 1 2" (6 tokens, seen once before) -> "3 4 1 2", all the index saw after it (up to 6 tokens: factor 1)
     assert draft.tokens.tolist() == [3, 4, 1, 2] and draft.is_chain
-    assert drafter.last.match_length == 6
+    assert drafter.last.match_length == 6 and draft.evidence == 6  # the plan values it by its match
     assert drafter.propose(ctx, 2).tokens.tolist() == [3, 4]  # gamma caps the depth
 
 
@@ -113,6 +113,7 @@ def test_by_default_a_short_match_may_fill_the_draft_and_gamma_caps_its_tokens()
         drafter.begin(ctx)
     assert paper.propose(ctx, 8).tokens.tolist() == [2]  # the paper: a 1-token match proposes 1 token
     assert default.propose(ctx, 8).tokens.tolist() == [2, 3, 4, 6, 6, 1] and default.last.match_length == 1
+    assert default.propose(ctx, 8).evidence == 1
     tree = SuffixDrafter(target, gamma=8, min_token_prob=0.0)
     ctx = _ctx(target, TREE_PROMPT)
     tree.begin(ctx)

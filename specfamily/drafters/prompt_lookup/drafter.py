@@ -52,9 +52,11 @@ class PromptLookupDrafter(BaseDrafter):
         if not paths:
             return Draft.empty()
         if len(paths) == 1:
-            return Draft.chain(torch.tensor(paths[0], dtype=torch.long))
+            return Draft(torch.tensor(paths[0], dtype=torch.long), torch.arange(len(paths[0])) - 1,
+                         evidence=self.index.matched)
         tokens, parents = build_trie(paths)
-        return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                     evidence=self.index.matched)
 
     def _sync(self, tokens: list[int]) -> None:
         """Catch up with committed tokens ``observe`` did not see; rebuild if the context is not an extension.

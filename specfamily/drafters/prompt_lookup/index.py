@@ -22,6 +22,7 @@ class NgramIndex:
     min_ngram: int = 1
     max_ngram: int = 3
     tokens: list[int] = field(default_factory=list)
+    matched: int = field(default=0, init=False)  # the n-gram length behind the latest proposal's best path (0: none)
     _latest: dict[int, dict[tuple[int, ...], int]] = field(init=False, repr=False)
     _previous: dict[int, list[int]] = field(init=False, repr=False)
 
@@ -86,8 +87,10 @@ class NgramIndex:
 
         Longer matching n-grams come first; for the same n, more recent occurrences first. A
         continuation that is a prefix of (or equal to) one already chosen is skipped; at most
-        ``WALK_PER_BRANCH * branches`` occurrences are examined per n. No match: [].
+        ``WALK_PER_BRANCH * branches`` occurrences are examined per n. No match: []. The best path's n is kept in
+        ``matched`` (0 without one).
         """
+        self.matched = 0
         if gamma < 1 or branches < 1:
             return []
         chosen: list[list[int]] = []
@@ -101,6 +104,7 @@ class NgramIndex:
                 candidate = self.continuation(start, gamma, stop)
                 if not any(other[: len(candidate)] == candidate for other in chosen):  # not a prefix of one chosen
                     chosen.append(candidate)
+                    self.matched = self.matched or n
                     if len(chosen) == branches:
                         return chosen
                 budget -= 1

@@ -111,7 +111,8 @@ class SuffixDrafter(BaseDrafter):
         if not best.tokens:
             return Draft.empty()
         tokens = torch.tensor(best.tokens, dtype=torch.long)
-        return Draft.chain(tokens) if limits.chain else Draft(tokens, torch.tensor(best.parents, dtype=torch.long))
+        parents = torch.arange(len(tokens)) - 1 if limits.chain else torch.tensor(best.parents, dtype=torch.long)
+        return Draft(tokens, parents, evidence=best.match_length)
 
     def _sync(self, ctx: DecodeContext) -> RequestState:
         """Catch up with the committed tokens; start over when the context is not an extension of what was seen."""

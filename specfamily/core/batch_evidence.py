@@ -1,0 +1,124 @@
+"""A copy drafter's acceptance by its evidence, learned from every proposal, drafted or not.
+
+Prompt lookup and suffix report what they matched to propose (``Draft.evidence``: the n-gram's or the suffix's
+length), and a draft copied behind a long match is accepted far more often than one behind a single token. The
+batched plan valued both alike, from counts over the passes it drafted: it saw only the drafts it chose, and a pooled
+depth-1 acceptance of ~0.35 declined most of them (docs/batching.md, session 27).
+
+A deterministic proposal's acceptance needs no verification: once the request's text has gone past it, the deepest
+path of its tree that the text continues is what drafting it whole would have had accepted (under greedy decoding
+exactly; under sampling a token equals a one-hot draft's token with the probability the verifier accepts it). So every
+proposal the lookahead path sees (a full-length one, asked before the plan) is held until its request's text decides
+it, then counted in its evidence's bucket (:func:`bucket`) as the request's own (:class:`Evidence`) and the batch's
+(:func:`kept_evidence`: kept on the target per drafter class, across calls). A draft's per-depth acceptance is then
+its request's counts in its bucket over the batch's in that bucket over the batch's pooled drafted passes
+(:meth:`Evidence.alpha`); a proposal with no evidence (0) is valued as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specfamily.core.batch_lengths import Tally
+from specfamily.core.types import Draft
+
+__all__ = ["Evidence", "Proposal", "bucket", "kept_evidence", "resolve"]
+
+_BATCH_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the pooled prior is worth to a bucket, the bucket to a request's own
+
+
+def bucket(evidence: int) -> int:
+    """The bucket of a match length: 1, 2 and 3 apart (prompt lookup's n-grams), then one a doubling (4-7, 8-15, ...:
+    suffix's matches run to its ``max_depth``); 0 for none."""
+    return evidence if evidence < 4 else evidence.bit_length() + 1
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A proposal held until its request's text decides it: its tree, the new tokens it followed, its bucket."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    at: int
+    bucket: int
+
+    @classmethod
+    def of(cls, draft: Draft, at: int) -> Proposal:
+        return cls(tuple(draft.tokens.tolist()), tuple(draft.parents.tolist()), at, bucket(draft.evidence))
+
+
+def resolve(proposal: Proposal, text: Sequence[int]) -> tuple[int, int] | None:
+    """(levels a verifier would have tried, levels accepted) for ``proposal`` drafted whole, once ``text`` (the
+    request's new tokens) decides it: its path has left the tree or reached a leaf; None while the text is too short."""
+    node, depth, future = -1, 0, text[proposal.at :]
+    tokens, parents = proposal.tokens, proposal.parents
+    while True:
+        children = [i for i, p in enumerate(parents) if p == node]
+        if not children:
+            return depth, depth
+        if depth >= len(future):
+            return None
+        child = next((i for i in children if tokens[i] == future[depth]), None)
+        if child is None:
+            return depth + 1, depth
+        node, depth = child, depth + 1
+
+
+def kept_evidence(target, drafter) -> dict[int, Tally]:
+    """The batch's tallies by bucket for ``drafter``'s class on ``target`` (beside the pooled tally, ``kept_tally``),
+    kept across ``generate_batch`` calls; a target without that record: the run's own."""
+    kept = getattr(target, "batch_realized", None)
+    if kept is None or drafter is None:
+        return {}
+    return kept.setdefault(("evidence", type(drafter).__qualname__), {})
+
+
+@dataclass
+class Evidence:
+    """One batched call's proposals awaiting their text, and the tallies they teach: the batch's by bucket
+    (``kept``), each request's by bucket (``own``, keyed by request index)."""
+
+    kept: dict[int, Tally] = field(default_factory=dict)
+    own: dict[tuple[int, int], Tally] = field(default_factory=dict)
+    pending: dict[int, list[Proposal]] = field(default_factory=dict)
+
+    def learn(self, request: int, text: Sequence[int]) -> None:
+        """Count every held proposal of ``request`` that its ``text`` now decides."""
+        held = self.pending.get(request)
+        if not held:
+            return
+        left = []
+        for proposal in held:
+            verdict = resolve(proposal, text)
+            if verdict is None:
+                left.append(proposal)
+                continue
+            self.kept.setdefault(proposal.bucket, Tally()).add(*verdict)
+            self.own.setdefault((request, proposal.bucket), Tally()).add(*verdict)
+        self.pending[request] = left
+
+    def hold(self, request: int, draft: Draft, at: int) -> None:
+        """Hold ``request``'s proposal ``draft`` (deterministic, with evidence), made after ``at`` new tokens."""
+        if len(draft) and draft.evidence > 0 and draft.q is None:
+            self.pending.setdefault(request, []).append(Proposal.of(draft, at))
+
+    def alpha(self, request: int, evidence: int, pooled: Sequence[float]) -> list[float] | None:
+        """Per-depth acceptance of ``request``'s draft with ``evidence``: its own counts in the bucket over the
+        batch's (worth ``_OWN_WEIGHT`` passes), those over ``pooled`` (worth ``_BATCH_WEIGHT``); None without
+        evidence."""
+        return None if evidence <= 0 else self._in(request, bucket(evidence), pooled)
+
+    def _in(self, request: int, key: int, pooled: Sequence[float]) -> list[float]:
+        """:meth:`alpha` in bucket ``key``."""
+        batch = self.kept.get(key, Tally()).alpha(pooled, _BATCH_WEIGHT)
+        own = self.own.get((request, key))
+        return batch if own is None else own.alpha(batch, _OWN_WEIGHT)
+
+    def best(self, request: int, pooled: Sequence[float], floor: Sequence[float]) -> list[float]:
+        """Per depth, the most any bucket's draft of ``request`` is predicted to accept (:meth:`alpha`), and at least
+        ``floor`` (its acceptance without evidence): a slot's best case before it proposes."""
+        out = list(floor)
+        for key in {k for k in self.kept} | {k for r, k in self.own if r == request}:
+            out = [max(a, b) for a, b in zip(out, self._in(request, key, pooled), strict=True)]
+        return out
