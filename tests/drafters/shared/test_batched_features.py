@@ -104,8 +104,8 @@ def test_a_batch_that_plans_no_draft_runs_no_draft_layer(name, options, code_tar
     waits for a pass that drafts, so the layer is never called, and the text is plain batched decoding's."""
     from specfamily.core.batch_lengths import LengthPolicy
 
-    monkeypatch.setattr(LengthPolicy, "lengths", lambda self, prospects, proposed=False, together=False, contexts=None:
-                        [0] * len(prospects))
+    # every way the loop asks (a recorded decision or an idle bound passes more arguments): nothing drafts
+    monkeypatch.setattr(LengthPolicy, "lengths", lambda self, prospects, *args, **kwargs: [0] * len(prospects))
     calls, queued = [], []
     step, observe = EagleFamilyDrafter._step, EagleFamilyDrafter.observe
 
