@@ -114,11 +114,3 @@ class Evidence:
         batch = self.kept.get(key, Tally()).alpha(pooled, _BATCH_WEIGHT)
         own = self.own.get((request, key))
         return batch if own is None else own.alpha(batch, _OWN_WEIGHT)
-
-    def best(self, request: int, pooled: Sequence[float], floor: Sequence[float]) -> list[float]:
-        """Per depth, the most any bucket's draft of ``request`` is predicted to accept (:meth:`alpha`), and at least
-        ``floor`` (its acceptance without evidence): a slot's best case before it proposes."""
-        out = list(floor)
-        for key in {k for k in self.kept} | {k for r, k in self.own if r == request}:
-            out = [max(a, b) for a, b in zip(out, self._in(request, key, pooled), strict=True)]
-        return out

@@ -79,7 +79,7 @@ class BatchPlanning:
                 return self.load.lengths([Prospect((), ())] * len(group))
             longest = [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
             pooled = self._pooled()  # each slot's best case: a chain of its longest draft, one row a level
-            chains = [Prospect(self._best_alpha(r, pooled)[:g], [1] * g) for r, g in zip(group, longest, strict=True)]
+            chains = [Prospect(self._case_alpha(r, pooled)[:g], [1] * g) for r, g in zip(group, longest, strict=True)]
             contexts = self._contexts(group)
             valued = self._worth(group, chains, proposed=True)
             if valued is None:  # nothing could pay: the idle pass recorded, neither valued nor planned
@@ -157,11 +157,13 @@ class BatchPlanning:
         drafts; worth ``_POOL_WEIGHT`` passes): computed once a pass, shared by its requests."""
         return self.pooled.alpha(self.prototype.policy.acceptance(), _POOL_WEIGHT)
 
-    def _best_alpha(self, request: Request, pooled: list[float]) -> list[float]:
-        """A slot's best case before it proposes: what its best evidence would be accepted (its text so far having
-        decided its earlier proposals, :meth:`~specfamily.core.batch_evidence.Evidence.learn`), at least its own."""
+    def _case_alpha(self, request: Request, pooled: list[float]) -> list[float]:
+        """A slot's case before it proposes: its own acceptance (:meth:`_alpha`), its text so far having decided its
+        earlier proposals (:meth:`~specfamily.core.batch_evidence.Evidence.learn`). Not its best evidence bucket's:
+        valued that way a slot proposes on nearly every pass (suffix at B=8: 234 proposals for 17 drafted) and its
+        trees cost more than the plan then keeps (docs/batching.md, session 27)."""
         self.evidence.learn(request.index, request.new_tokens)
-        return self.evidence.best(request.index, pooled, self._alpha(request, pooled))
+        return self._alpha(request, pooled)
 
     def _valued_alpha(self, request: Request, draft: Draft, pooled: list[float]) -> list[float]:
         """A proposed draft's per-depth acceptance: by its evidence where its drafter reports one

@@ -57,7 +57,6 @@ def test_a_long_match_is_valued_above_a_short_one_and_the_request_over_the_batch
     batch_long = (10 + 0.3 * 2) / 12
     assert long[0] == (10 + batch_long * 4) / 14 and short[0] == (0 + (0.3 * 2 / 12) * 4) / 14
     assert long[1] == 0.5 and evidence.alpha(1, 3, pooled)[0] == batch_long  # another request: the batch's
-    assert evidence.best(0, pooled, [0.2, 0.4]) == [long[0], 0.5]
 
 
 def test_the_batch_tallies_are_kept_on_the_target_per_drafter_class():
