@@ -360,8 +360,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "region", py::arg("x"), py::arg("weights"), py::arg("biases"));
   m.def("linear_many_with", &linear_many_with, "linear_many on a named instruction set (tests)", py::arg("x"),
         py::arg("weights"), py::arg("biases"), py::arg("isa"));
-  m.def("pack", &pack, "the weight (n, d) as panels (ceil(n / PANEL), d, PANEL), zero-padded past n",
-        py::arg("weight"));
+  m.def(
+      "pack", [](const at::Tensor& weight) { return pack(weight, false); },
+      "the weight (n, d) as panels (ceil(n / PANEL), d, PANEL), zero-padded past n", py::arg("weight"));
   m.def("rms_norm", &specfamily::rms_norm, "weight * (x * rsqrt(mean(x^2, -1) + eps)), one call (float32 CPU rows)",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("isa", &best_isa, "the instruction set linear uses on this CPU");

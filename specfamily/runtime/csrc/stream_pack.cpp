@@ -58,23 +58,27 @@ bool same_samples(const py::handle& kept, const at::Tensor& weight) {
 
 }  // namespace
 
-// The weight (n, d) as panels (ceil(n / kPanel), d, kPanel), zero-padded past n.
-at::Tensor pack(const at::Tensor& weight) {
+// The weight (n, d) as panels (ceil(n / kPanel), d, kPanel), zero-padded past n; a copy that is `kept` (on its weight,
+// for every later product) goes in the huge-page slabs (packed_storage), a passing one in ordinary memory (the slabs
+// never reuse a freed copy's place).
+at::Tensor pack(const at::Tensor& weight, bool kept) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
               "stream_linear.pack: weight must be a 2-D float32 CPU tensor, got ", weight.scalar_type(), " of shape ",
               weight.sizes(), " on ", weight.device());
   at::NoGradGuard no_grad;
   const int64_t n = weight.size(0), d = weight.size(1), panels = (n + kPanel - 1) / kPanel;
   const at::Tensor padded = at::constant_pad_nd(weight, {0, 0, 0, panels * kPanel - n}).contiguous();
+  const at::Tensor order = padded.view({panels, kPanel, d}).transpose(1, 2);
+  if (!kept) return order.contiguous();
   at::Tensor packed = packed_storage(panels * d * kPanel).view({panels, d, kPanel});
-  packed.copy_(padded.view({panels, kPanel, d}).transpose(1, 2));
+  packed.copy_(order);
   return packed;
 }
 
 // The packed weight kept on the weight object (PACKED_ATTR) as (key, packed, samples), remade when either changed.
 // An inference tensor counts no versions (a write in place would go unseen): packed anew each product, slower.
 at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
-  if (weight.is_inference()) return pack(weight);
+  if (weight.is_inference()) return pack(weight, false);
   // The kernel reads the packed copy, so the weight is out of the caches: the samples' loads start now, under way
   // while the key is built and the cached entry looked up.
   for (int64_t s = 0; s < kLines; ++s) __builtin_prefetch(sample_run(weight, s));
@@ -84,7 +88,7 @@ at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
     const auto entry = cached.cast<py::tuple>();
     if (py::object(entry[0]).equal(key) && same_samples(entry[2], weight)) return entry[1].cast<at::Tensor>();
   }
-  at::Tensor packed = pack(weight);
+  at::Tensor packed = pack(weight, true);
   const Samples samples = samples_of(weight);
   const py::bytes kept(reinterpret_cast<const char*>(samples.data()), sizeof(Samples));
   py::setattr(owner, kPackedAttr, py::make_tuple(key, packed, kept));
@@ -95,7 +99,7 @@ at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight) {
 // the check packed_for makes on the owner's attribute, made on the record); else packed_for's, recorded.
 const at::Tensor& packed_of(Weight& w) {
   const at::Tensor& weight = w.tensor;
-  if (weight.is_inference()) return w.packed = pack(weight);
+  if (weight.is_inference()) return w.packed = pack(weight, false);
   for (int64_t s = 0; s < kLines; ++s) __builtin_prefetch(sample_run(weight, s));
   const Key key = key_of(weight);
   if (w.packed.defined() && key == w.key) {

@@ -16,8 +16,9 @@ constexpr const char* kPackedAttr = "_specfamily_packed";  // the weight's attri
 // `numel` floats for a packed weight: huge-page-backed memory shared with other packed weights (stream_slab.cpp).
 at::Tensor packed_storage(int64_t numel);
 
-// The weight (n, d) as panels (ceil(n / kPanel), d, kPanel), zero-padded past n.
-at::Tensor pack(const at::Tensor& weight);
+// The weight (n, d) as panels (ceil(n / kPanel), d, kPanel), zero-padded past n; `kept` (kept for later products): in
+// the huge-page slabs, else ordinary memory.
+at::Tensor pack(const at::Tensor& weight, bool kept = false);
 
 // The packed weight kept on `owner` (kPackedAttr), remade when the weight changed.
 at::Tensor packed_for(const py::handle& owner, const at::Tensor& weight);
