@@ -81,7 +81,7 @@ class BatchPlanning:
             pooled = self._pooled()  # each slot's best case: a chain of its longest draft, one row a level
             chains = [Prospect(self._case_alpha(r, pooled)[:g], [1] * g) for r, g in zip(group, longest, strict=True)]
             contexts = self._contexts(group)
-            valued = self._worth(group, chains, proposed=True)
+            valued = self._worth(group, chains, True, contexts)
             if valued is None:  # nothing could pay: the idle pass recorded, neither valued nor planned
                 return self.load.lengths(chains, True, False, contexts, ([0] * len(group), 0.0, _IDLE))
             decided = self.load.decision(valued[0], valued[1], contexts)
@@ -101,13 +101,13 @@ class BatchPlanning:
         """``LengthPolicy.lengths`` on the prospects as the batch values them (:meth:`_worth`), or the idle pass
         recorded without valuing nor planning them when no plan on them could pay."""
         contexts = self._contexts(group)
-        valued = self._worth(group, prospects, proposed)
+        valued = self._worth(group, prospects, proposed, contexts)
         if valued is None:
             return self.load.lengths(prospects, proposed, False, contexts, ([0] * len(group), 0.0, _IDLE))
         return self.load.lengths(valued[0], proposed, valued[1], contexts)
 
-    def _worth(self, group: list[Request], prospects: list[Prospect],
-               proposed: bool) -> tuple[list[Prospect], bool] | None:
+    def _worth(self, group: list[Request], prospects: list[Prospect], proposed: bool,
+               contexts: list[int]) -> tuple[list[Prospect], bool] | None:
         """(the prospects as the batch values them, whether its tied last slots plan together), or None when no plan
         on them could pay however they are valued (``LengthPolicy.hopeless``; the batch's last passes, planned
         jointly, are always valued). Every token alike (values 1, not together) outside a last wave, and in one
@@ -124,7 +124,7 @@ class BatchPlanning:
             share = share if tied else 1.0
             if not any(p.acceptance for p, b in zip(prospects, behind, strict=True) if b == 0):
                 return self._valued(group, prospects), True  # its plan is none, not idle: valued as before
-        if self.load.hopeless(prospects, proposed, share, self._contexts(group)):
+        if self.load.hopeless(prospects, proposed, share, contexts):
             return None
         return (prospects, False) if tied else (self._valued(group, prospects), True)
 

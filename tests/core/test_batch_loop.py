@@ -362,9 +362,9 @@ def test_a_lookahead_pass_whose_proposals_are_all_empty_is_not_valued_nor_planne
             counts["found" if any(len(d) for d in drafts) else "empty"] += 1
         return drafts, seconds
 
-    def counted(self, group, prospects, proposed=False):
+    def counted(self, group, prospects, proposed, contexts):
         counts["valued"] += self.lookahead is True  # (before lookahead is learned the lengths are planned ahead)
-        return valued(self, group, prospects, proposed)
+        return valued(self, group, prospects, proposed, contexts)
 
     def always_proposing(self, prospects, together=False, contexts=None):  # the pre-check: every pass proposes
         counts["checked"] = counts.get("checked", 0) + 1
