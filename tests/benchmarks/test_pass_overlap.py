@@ -27,18 +27,28 @@ def program(tmp_path_factory) -> Path:
     if compiler is None or not _avx512():
         pytest.skip("needs g++ and an AVX-512F CPU")
     out = tmp_path_factory.mktemp("overlap") / "pass_overlap"
-    subprocess.run([compiler, "-O2", "-mavx512f", "-mfma", "-fopenmp", "-std=c++17", str(SOURCE), "-o", str(out)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [compiler, "-O2", "-mavx512f", "-mfma", "-fopenmp", "-std=c++17", str(SOURCE), "-o", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return out
 
 
 @pytest.mark.parametrize("arm", sorted(ARMS))
 def test_every_arm_runs_an_emulated_pass(program, arm):
-    done = subprocess.run([str(program), "4096", "65536", "1", str(arm), "2"], capture_output=True, text=True,
-                          timeout=120, env={"OMP_NUM_THREADS": "2"})
+    done = subprocess.run(
+        [str(program), "4096", "65536", "1", str(arm), "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"OMP_NUM_THREADS": "2"},
+    )
     assert done.returncode == 0, done.stderr
-    found = re.fullmatch(r"kv 4096 cap 65536 gaps x1\.0  (\d+) MB  (\S+)\s+min ([\d.]+)  median ([\d.]+) ms\n",
-                         done.stdout)
+    found = re.fullmatch(
+        r"kv 4096 cap 65536 gaps x1\.0  (\d+) MB  (\S+)\s+min ([\d.]+)  median ([\d.]+) ms\n", done.stdout
+    )
     assert found, done.stdout
     megabytes, name, best, median = found.groups()
     assert name == ARMS[arm] and int(megabytes) == 28  # two layers of q/k/v, o, gate+up and down
