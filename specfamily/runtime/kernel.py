@@ -106,9 +106,10 @@ def kernel_sources(source: Path | None = None) -> list[Path]:
 def kernel_headers(source: Path) -> list[Path]:
     """The headers ``source`` may include, for its build's key (a change to one builds anew): those beside it and the
     ones every kernel may share (``csrc/cpu_isa.h``: instruction-set detection; ``csrc/stream_api.h``: the stream
-    kernel's products for another extension). Raises ``KernelUnavailable`` when one of those is missing."""
+    kernel's products for another extension; ``csrc/pass_marks.h``: timestamps a benchmark's build turns on).
+    Raises ``KernelUnavailable`` when one of those is missing."""
     csrc = Path(__file__).resolve().parent / "csrc"
-    shared = [csrc / "cpu_isa.h", csrc / "stream_api.h"]
+    shared = [csrc / "cpu_isa.h", csrc / "stream_api.h", csrc / "pass_marks.h"]
     missing = next((header for header in shared if not header.is_file()), None)
     if missing is not None:
         raise KernelUnavailable(f"the kernels' header {missing} is missing from the installed package")

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cpu_isa.h"
+#include "pass_marks.h"
 #include "stream_pack.h"
 #include "stream_panels.h"
 
@@ -232,6 +233,7 @@ void run_parts(const at::Tensor& xc, int64_t d, std::vector<Part>& parts, Panels
   const int64_t grain = std::max<int64_t>(1, kGrainFloats / (kPanel * std::max<int64_t>(d, 1)));
   const int64_t panel_bytes = kPanel * static_cast<int64_t>(sizeof(float)) * std::max<int64_t>(d, 1);
   const float* xp = xc.data_ptr<float>();
+  SF_MARK("region start");
   at::parallel_for(0, first.back(), grain, [&](int64_t g0, int64_t g1) {
     for (size_t i = 0; i < parts.size(); ++i) {
       const int64_t q0 = std::max(g0, first[i]) - first[i], q1 = std::min(g1, first[i + 1]) - first[i];
@@ -251,6 +253,7 @@ void run_parts(const at::Tensor& xc, int64_t d, std::vector<Part>& parts, Panels
       }
     }
   });
+  SF_MARK("region end");
 }
 
 // The weight object as a tensor (the packed copy is kept on the object), its inputs checked.
@@ -283,6 +286,7 @@ Part part_of(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& we
 // the kernel would not run for one of them (no rows, an empty weight, gradients), each product is on its own.
 std::vector<at::Tensor> products_with(const at::Tensor& x, const std::vector<Weight*>& weights,
                                       const std::string& isa) {
+  SF_MARK("products");
   bool each = false;
   for (const Weight* w : weights) {
     check_inputs(x, w->tensor, w->bias);
@@ -295,12 +299,17 @@ std::vector<at::Tensor> products_with(const at::Tensor& x, const std::vector<Wei
   }
   if (each) return {at::linear(x, weights[0]->tensor, weights[0]->bias)};
   const PanelsFn panels = panels_for(isa);
+  SF_MARK("checks");
   std::vector<Part> parts;
   for (Weight* w : weights) {
-    parts.push_back(part_of(x, packed_of(*w), w->tensor, w->bias));
+    const at::Tensor& packed = packed_of(*w);
+    SF_MARK("packed copy");
+    parts.push_back(part_of(x, packed, w->tensor, w->bias));
+    SF_MARK("output");
     out.push_back(parts.back().y);
   }
   run_parts(x.contiguous(), x.size(-1), parts, panels);
+  SF_MARK("products done");
   return out;
 }
 
@@ -368,6 +377,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &best_isa, "the instruction set linear uses on this CPU");
   m.def("supported_isas", &supported_isas, "every instruction set this CPU runs, best first");
   m.attr("ROWS_PER_BLOCK") = kMaxRows;
+  SF_EXPORT_MARKS(m);
   m.attr("PANEL") = kPanel;
   m.attr("PACKED_ATTR") = kPackedAttr;
   // products and rms_norm's C++ entry points, for another extension to call without Python (native_layers.cpp);

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../pass_marks.h"
 #include "../stream_api.h"
 
 namespace {
@@ -177,11 +178,14 @@ class NativeLayers {
         ++next;
       }
       // hidden + attention(...), summed into the attention's fresh output (a + b == b + a, bit for bit): no new tensor
-      hidden = combine_(
-          attention(layer, norm(hidden, layer.norm1, layer.eps1), cos, sin, plan, keys[i], values[i], starts[i]),
-          hidden, false);
+      SF_MARK("layer");
+      const at::Tensor normed = norm(hidden, layer.norm1, layer.eps1);
+      SF_MARK("norm1");
+      hidden = combine_(attention(layer, normed, cos, sin, plan, keys[i], values[i], starts[i]), hidden, false);
+      SF_MARK("residual1");
       hidden = mlp_block(layer, hidden);
     }
+    SF_MARK("layers");
     TORCH_CHECK(next == inputs.size(), "native_layers: layer inputs must be ascending layer ids below ", n);
     ++calls_;
     return {hidden, kept};
@@ -270,10 +274,16 @@ class NativeLayers {
   // the residual add run in place on the products' fresh outputs (the same kernels, the same bits; no allocation).
   at::Tensor mlp_block(const Layer& layer, const at::Tensor& hidden) const {
     const at::Tensor x = norm(hidden, layer.norm2, layer.eps2);
+    SF_MARK("norm2");
     auto [gate, up] = linears<2>(x, {&layer.gate, &layer.up});
+    SF_MARK("gate+up");
     at::silu_(gate);  // Python's order: gate, its activation, then up (each element's bits are the same either way)
+    SF_MARK("silu");
     combine_(gate, up, true);
-    return combine_(linear(gate, layer.down), hidden, false);
+    SF_MARK("mul");
+    at::Tensor down = linear(gate, layer.down);
+    SF_MARK("down");
+    return combine_(down, hidden, false);
   }
 
   // LeanLayer._attention with BufferedLayer.update's in-place write.
@@ -283,6 +293,7 @@ class NativeLayers {
     const int64_t batch = x.size(0), q_len = x.size(1), dim = layer.head_dim;
     const std::vector<int64_t> shape{batch, q_len, -1, dim};
     const auto [q_out, k_out, v_out] = linears<3>(x, {&layer.q, &layer.k, &layer.v});
+    SF_MARK("qkv");
     at::Tensor query = q_out.view(shape).transpose(1, 2);  // (B, heads, q, D)
     at::Tensor key = k_out.view(shape).transpose(1, 2);    // (B, kv heads, q, D)
     at::Tensor value = v_out.view(shape).transpose(1, 2);
@@ -304,7 +315,14 @@ class NativeLayers {
     }
     key = key_buffer.narrow(2, 0, start + q_len);
     value = value_buffer.narrow(2, 0, start + q_len);
-    if (plan.kernel) return linear(attend_(query, key, value, plan.visible, layer.scaling), layer.o);  // (1, q, H)
+    SF_MARK("rope+cache");
+    if (plan.kernel) {
+      const at::Tensor attended = attend_(query, key, value, plan.visible, layer.scaling);  // (1, q, H)
+      SF_MARK("attention");
+      at::Tensor projected = linear(attended, layer.o);
+      SF_MARK("o");
+      return projected;
+    }
     if (plan.causal && key.size(2) > q_len) {
       key = key.narrow(2, 0, q_len);
       value = value.narrow(2, 0, q_len);
@@ -320,8 +338,11 @@ class NativeLayers {
     }
     at::Tensor out = at::scaled_dot_product_attention(query, key, value, plan.mask, 0.0, plan.causal, layer.scaling,
                                                       plan.gqa);
+    SF_MARK("attention");
     out = out.reshape({out.size(0), -1, q_len, value.size(-1)}).transpose(1, 2).contiguous();
-    return linear(out.reshape({batch, q_len, -1}).contiguous(), layer.o);
+    at::Tensor projected = linear(out.reshape({batch, q_len, -1}).contiguous(), layer.o);
+    SF_MARK("o");
+    return projected;
   }
 
   // forward_slots' attention: the products on every packed row, then per slot the rope, the cache writes into the
@@ -408,4 +429,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("calls", &NativeLayers::calls)
       .def_property_readonly("fused_layers", &NativeLayers::fused_layers)
       .def("__len__", &NativeLayers::size);
+  SF_EXPORT_MARKS(m);
 }
