@@ -294,24 +294,42 @@ class NativeLayers {
     const std::vector<int64_t> shape{batch, q_len, -1, dim};
     const auto [q_out, k_out, v_out] = linears<3>(x, {&layer.q, &layer.k, &layer.v});
     SF_MARK("qkv");
-    at::Tensor query = q_out.view(shape).transpose(1, 2);  // (B, heads, q, D)
-    at::Tensor key = k_out.view(shape).transpose(1, 2);    // (B, kv heads, q, D)
-    at::Tensor value = v_out.view(shape).transpose(1, 2);
-    const at::Tensor key_slots = key_buffer.narrow(2, start, q_len), value_slots = value_buffer.narrow(2, start, q_len);
-    if (fused(query, key, value, cos, sin, key_slots, value_slots)) {
-      // rotate_pair and BufferedLayer.update's writes in one pass: the rotated key straight into its cache slots
+    at::Tensor query, key, value;
+    if (const auto heads = direct(q_out, k_out, v_out, cos, sin, key_buffer, value_buffer, start, dim)) {
+      // rotate_pair and BufferedLayer.update's writes in one pass, read and written through pointers (the views the
+      // path below makes, nine ATen calls a layer, are what a cold main thread pays for): the products' rows as
+      // (heads, q, D), the rotated queries in the strides empty_like gives that view, the rotated keys and the
+      // values straight into their cache slots
       RECORD_FUNCTION("specfamily::rope_cache", std::vector<c10::IValue>());
-      at::Tensor rotated = at::empty_like(query);  // the strides the elementwise ops give their result
-      rotate_into(Rows::of(query), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(rotated));
-      rotate_into(Rows::of(key), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(key_slots));
-      copy_into(Rows::of(value), Rows::of(value_slots));
-      query = rotated;
+      const auto [q_heads, kv_heads] = *heads;
+      query = at::empty_strided({1, q_heads, q_len, dim}, {q_len * q_heads * dim, dim, q_heads * dim, 1},
+                                q_out.options());
+      const float *c = cos.data_ptr<float>(), *n = sin.data_ptr<float>();
+      rotate_into(packed_rows(q_out, q_heads, dim), c, n, packed_rows(query, q_heads, dim));
+      rotate_into(packed_rows(k_out, kv_heads, dim), c, n, slot_rows(key_buffer, start, q_len));
+      copy_into(packed_rows(v_out, kv_heads, dim), slot_rows(value_buffer, start, q_len));
       ++fused_;
-    } else {  // rotate_pair: x * cos + roll(x, D / 2, -1) * signed sin, then the cache's writes
-      query = (query * cos) + (query.roll({query.size(-1) / 2}, {-1}) * sin);
-      key = (key * cos) + (key.roll({key.size(-1) / 2}, {-1}) * sin);
-      key_slots.copy_(key);
-      value_slots.copy_(value);
+    } else {
+      query = q_out.view(shape).transpose(1, 2);  // (B, heads, q, D)
+      key = k_out.view(shape).transpose(1, 2);    // (B, kv heads, q, D)
+      value = v_out.view(shape).transpose(1, 2);
+      const at::Tensor key_slots = key_buffer.narrow(2, start, q_len);
+      const at::Tensor value_slots = value_buffer.narrow(2, start, q_len);
+      if (fused(query, key, value, cos, sin, key_slots, value_slots)) {
+        // rotate_pair and BufferedLayer.update's writes in one pass: the rotated key straight into its cache slots
+        RECORD_FUNCTION("specfamily::rope_cache", std::vector<c10::IValue>());
+        at::Tensor rotated = at::empty_like(query);  // the strides the elementwise ops give their result
+        rotate_into(Rows::of(query), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(rotated));
+        rotate_into(Rows::of(key), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(key_slots));
+        copy_into(Rows::of(value), Rows::of(value_slots));
+        query = rotated;
+        ++fused_;
+      } else {  // rotate_pair: x * cos + roll(x, D / 2, -1) * signed sin, then the cache's writes
+        query = (query * cos) + (query.roll({query.size(-1) / 2}, {-1}) * sin);
+        key = (key * cos) + (key.roll({key.size(-1) / 2}, {-1}) * sin);
+        key_slots.copy_(key);
+        value_slots.copy_(value);
+      }
     }
     key = key_buffer.narrow(2, 0, start + q_len);
     value = value_buffer.narrow(2, 0, start + q_len);
@@ -383,6 +401,42 @@ class NativeLayers {
     }
     ++fused_;
     return linear(outs.size() == 1 ? outs[0] : at::cat(outs, 1), layer.o);
+  }
+
+  // The rope and cache writes can run through pointers (attention's first path): the products' outputs (1, q, heads
+  // * D) contiguous float32 CPU, cos and sin (q, D) elements contiguous, each buffer (1, kv heads, capacity, D) with
+  // D contiguous and room for q entries at `start`. Returns (query heads, key/value heads), or nothing.
+  static c10::optional<std::pair<int64_t, int64_t>> direct(const at::Tensor& q_out, const at::Tensor& k_out,
+                                                          const at::Tensor& v_out, const at::Tensor& cos,
+                                                          const at::Tensor& sin, const at::Tensor& key_buffer,
+                                                          const at::Tensor& value_buffer, int64_t start, int64_t dim) {
+    const int64_t q_len = q_out.size(1);
+    for (const at::Tensor* t : {&q_out, &k_out, &v_out})
+      if (!(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->dim() == 3 && t->size(0) == 1 &&
+            t->size(1) == q_len && t->size(2) % dim == 0 && t->is_contiguous()))
+        return c10::nullopt;
+    for (const at::Tensor* t : {&cos, &sin})
+      if (!(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == q_len * dim && t->size(-1) == dim))
+        return c10::nullopt;
+    const int64_t kv_heads = k_out.size(2) / dim;
+    if (v_out.size(2) != k_out.size(2)) return c10::nullopt;
+    for (const at::Tensor* t : {&key_buffer, &value_buffer})
+      if (!(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->dim() == 4 && t->size(0) == 1 &&
+            t->size(1) == kv_heads && t->size(3) == dim && t->stride(3) == 1 && start >= 0 &&
+            start + q_len <= t->size(2)))
+        return c10::nullopt;
+    return std::make_pair(q_out.size(2) / dim, kv_heads);
+  }
+
+  // A contiguous (1, q, heads * D) tensor's rows as (heads, q, D).
+  static Rows packed_rows(const at::Tensor& t, int64_t heads, int64_t dim) {
+    return {t.data_ptr<float>(), heads, t.numel() / (heads * dim), dim, dim, heads * dim};
+  }
+
+  // A cache buffer's (1, kv heads, capacity, D) entries [start, start + rows).
+  static Rows slot_rows(const at::Tensor& buffer, int64_t start, int64_t rows) {
+    return {buffer.data_ptr<float>() + start * buffer.stride(2), buffer.size(1), rows, buffer.size(3),
+            buffer.stride(1), buffer.stride(2)};
   }
 
   // The rope and cache writes can run as rotate_into and copy_into: float32 CPU rows, batch 1, cos and sin (1, 1, q,
