@@ -31,6 +31,26 @@ def test_small_packed_copies_are_carved_one_after_the_other(module):
     assert starts[1] - starts[0] == step or starts[2] - starts[1] == step
 
 
+def test_an_inference_weights_passing_copy_is_not_carved_from_the_slabs(module):
+    """An inference tensor counts no versions, so its product packs it anew every time (packed_for): that passing
+    copy takes ordinary memory, not a place in the slabs, whose bump allocator never reuses a freed place."""
+
+    def passing_product() -> None:
+        with torch.inference_mode():
+            weight = torch.randn(160, 64)
+            module.linear(torch.randn(1, 64), weight, None)
+        assert weight.is_inference() and not hasattr(weight, module.PACKED_ATTR)
+
+    kept = []
+    for _ in range(3):
+        kept.append(_packed(module, 160)[1])
+        passing_product()
+    starts = [c.data_ptr() for c in kept]
+    step = kept[0].numel() * 4
+    # the kept copies lie one after the other: nothing was carved between them (a new slab may open once)
+    assert starts[1] - starts[0] == step or starts[2] - starts[1] == step
+
+
 def test_a_large_packed_copy_starts_on_a_huge_page_of_its_own(module):
     _, large = _packed(module, 16 * 4096, 128)  # 32 MB: at least half a slab
     _, small = _packed(module, 160)
