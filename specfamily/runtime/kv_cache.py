@@ -33,6 +33,48 @@ class BufferedLayer(DynamicLayer):
     _own: torch.Tensor | None = None  # the ``keys`` view this layer last set: while ``keys is _own``, it is ours
     arena: KVArena | None = None  # the buffers' home when the layers share one tensor (``KVArena.layer``)
     in_arena: bool = False  # ``_buffers`` are this layer's slot of ``arena`` (else buffers of its own, or none)
+    _keys: torch.Tensor | None = None
+    _values: torch.Tensor | None = None
+    _seen: int = -1  # the arena's expose whose views ``_keys``/``_values`` are (``KVArena.expose``: made when read)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        arena = self.arena
+        if arena is not None and arena.following and self._seen != arena.epoch:
+            self._take(arena)
+        return self._keys
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._leave_arena()
+        self._keys = value
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        arena = self.arena
+        if arena is not None and arena.following and self._seen != arena.epoch:
+            self._take(arena)
+        return self._values
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._leave_arena()
+        self._values = value
+
+    def _take(self, arena: KVArena) -> None:
+        """This layer's views of the arena's last ``expose``, as that expose would have set them."""
+        self._keys, self._values = arena.views(self._index, arena.length)
+        self._own, self._seen = self._keys, arena.epoch
+
+    def _leave_arena(self) -> None:
+        """Before ``keys`` or ``values`` is set from anywhere but the arena: every layer takes its views of the last
+        expose (they stop following it now), then the arena counts its layers as set one by one again."""
+        arena = self.arena
+        if arena is not None and arena.following:
+            for layer in arena.layers:
+                if layer._seen != arena.epoch:
+                    layer._take(arena)
+            arena.following = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -148,11 +190,16 @@ class KVArena:
         self.data: torch.Tensor | None = None
         self.layers: list[BufferedLayer] = []
         self._slots: tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None = None  # (data, keys, values)
+        # ``expose`` sets no layer: it counts (``epoch``) and records ``length``; while ``following`` (no layer's
+        # keys or values set since), each layer makes its views of the last expose when they are read (a pass's 60
+        # views made and set at once cost ~0.2 ms on a cold cache, and the next pass reads none of them)
+        self.epoch, self.length, self.following = 0, 0, False
 
     def layer(self) -> BufferedLayer:
         """A new BufferedLayer whose buffers live here."""
         layer = BufferedLayer()
         layer.arena = self
+        layer._index = len(self.layers)
         self.layers.append(layer)
         return layer
 
@@ -197,19 +244,23 @@ class KVArena:
     def cut(self, length: int) -> bool:
         """Every layer's ``keys``/``values``: its first ``length`` entries (``expose``); False (nothing done) where a
         layer holds fewer. Needs every layer's ``keys`` to be its own view of this arena (``shared_arena``)."""
-        if length > min(layer.keys.shape[-2] for layer in self.layers):
+        held = self.length if self.following else min(layer.keys.shape[-2] for layer in self.layers)
+        if length > held:
             return False
         self.expose(length)
         return True
 
     def expose(self, length: int) -> None:
-        """Every layer's ``keys``/``values``: its buffers' first ``length`` entries (at most ``capacity``), as views
-        made by one narrow and one unbind (two narrows a layer cost ~2 us each)."""
+        """Every layer's ``keys``/``values``: its buffers' first ``length`` entries (at most ``capacity``), made when
+        a layer's are next read (``BufferedLayer.keys``); their ``_own`` with them."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"expose: {length} entries do not fit the arena's capacity {self.capacity}")
+        self.epoch, self.length, self.following = self.epoch + 1, length, True
+
+    def views(self, index: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s keys and values: its buffers' first ``length`` entries (B, H, length, D) each."""
         data = self.data
-        views = iter(data.view(-1, *data.shape[2:]).narrow(3, 0, length).unbind(0))  # keys, values of each layer
-        for layer, keys, values in zip(self.layers, views, views, strict=False):
-            layer.keys = layer._own = keys
-            layer.values = values
+        return data[index, 0].narrow(2, 0, length), data[index, 1].narrow(2, 0, length)
 
     def move(self, base: int, src: torch.Tensor) -> None:
         """Every layer's entries at ``src`` (k,) to ``base .. base + k - 1`` (``src`` ascending, each >= its target)."""
@@ -230,7 +281,8 @@ def shared_arena(layers) -> KVArena | None:
     arena = getattr(layers[0], "arena", None) if layers else None
     if arena is None or arena.data is None or len(arena.layers) != len(layers):
         return None
+    following = arena.following  # every layer's views are the last expose's (in the arena, its own)
     for layer, mine in zip(layers, arena.layers, strict=True):
-        if layer is not mine or not layer.owned or not layer.in_arena:
+        if layer is not mine or not (following or (layer.owned and layer.in_arena)):
             return None
     return arena

@@ -206,9 +206,14 @@ def _in_arena(arena: KVArena, q: int) -> Prepared | None:
     """``_per_layer`` on a shared arena whose layers hold as many entries each: grown once for all, its buffers made
     once per arena tensor (``KVArena.buffers``); None where the layers hold different lengths, or none."""
     layers = arena.layers
-    start = layers[0].keys.shape[-2]
-    if start == 0 or any(layer.keys.shape[-2] != start for layer in layers):
-        return None
+    if arena.following:  # every layer holds the last expose's entries
+        start = arena.length
+        if start == 0:
+            return None
+    else:
+        start = layers[0].keys.shape[-2]
+        if start == 0 or any(layer.keys.shape[-2] != start for layer in layers):
+            return None
     if start + q > arena.capacity:
         arena.grow(layers[0].keys, start + q)
     keys, values = arena.buffers()
