@@ -12,40 +12,53 @@ import json
 import sys
 
 
+def _passes(rows: list[dict]) -> tuple[float, int, float, float]:
+    """(decode seconds, passes after the prefill, their verify seconds, their draft seconds) of ``rows``."""
+    decode = sum(r["metrics"]["decode_seconds"] for r in rows)
+    passes = sum(len(r["trace"]["verify_seconds"]) - 1 for r in rows)
+    verify = sum(sum(r["trace"]["verify_seconds"][1:]) for r in rows)
+    draft = sum(sum(r["trace"]["draft_seconds"][1:]) for r in rows)
+    return decode, passes, verify, draft
+
+
+def split(rows: list[dict], name: str) -> dict[str, float]:
+    """``name``'s speedup over plain decoding (tokens per second) and its seconds beyond plain's price, each as a
+    share of that price: ``drafted``, ``idle_verify``, ``idle_draft``, ``other``; ``drafted_passes``, ``passes``."""
+    plain = [r for r in rows if r["drafter"] == "plain"]
+    P, Pn, Pv, Pd = _passes(plain)
+    per, loop = Pv / Pn, (P - Pv - Pd) / Pn
+    mine = [r for r in rows if r["drafter"] == name]
+    D, n, _, _ = _passes(mine)
+    T = sum(r["metrics"]["new_tokens"] for r in mine)
+    dv = ds = iv = ids = 0.0
+    dn = 0
+    for r in mine:
+        t = r["trace"]
+        for i in range(1, len(t["draft_tokens"])):
+            if len(t["draft_tokens"][i]):
+                dv, ds, dn = dv + t["verify_seconds"][i], ds + t["draft_seconds"][i], dn + 1
+            else:
+                iv, ids = iv + t["verify_seconds"][i], ids + t["draft_seconds"][i]
+    price = T * (per + loop)
+    return {
+        "speedup": (T / D) / (sum(r["metrics"]["new_tokens"] for r in plain) / P),
+        "drafted": (dv + ds - (T - (n - dn)) * per) / price,
+        "idle_verify": (iv - (n - dn) * per) / price,
+        "idle_draft": ids / price,
+        "other": (D - dv - ds - iv - ids - n * loop) / price,
+        "drafted_passes": dn,
+        "passes": n,
+    }
+
+
 def main(path: str, names: str) -> None:
     rows = [json.loads(line) for line in open(path)]
-    plain = [r for r in rows if r["drafter"] == "plain"]
-    P = sum(r["metrics"]["decode_seconds"] for r in plain)
-    PT = sum(r["metrics"]["new_tokens"] for r in plain)
-    Pn = sum(len(r["trace"]["verify_seconds"]) - 1 for r in plain)
-    Pv = sum(sum(r["trace"]["verify_seconds"][1:]) for r in plain)
-    per = Pv / Pn
-    Po = (P - Pv - sum(sum(r["trace"]["draft_seconds"][1:]) for r in plain)) / Pn
     for name in names.split(","):
-        rs = [r for r in rows if r["drafter"] == name]
-        D = sum(r["metrics"]["decode_seconds"] for r in rs)
-        T = sum(r["metrics"]["new_tokens"] for r in rs)
-        n = sum(len(r["trace"]["verify_seconds"]) - 1 for r in rs)
-        dv = ds = iv = ids = 0.0
-        dn = 0
-        for r in rs:
-            t = r["trace"]
-            for i in range(1, len(t["draft_tokens"])):
-                if len(t["draft_tokens"][i]):
-                    dv += t["verify_seconds"][i]
-                    ds += t["draft_seconds"][i]
-                    dn += 1
-                else:
-                    iv += t["verify_seconds"][i]
-                    ids += t["draft_seconds"][i]
-        other = D - dv - ds - iv - ids
-        speedup = (T / D) / (PT / P)
-        base = T * (per + Po)
-        drafted = dv + ds - (T - (n - dn)) * per
+        s = split(rows, name)
         print(
-            f"{name}: speedup {speedup:.3f} (tokens {T}, plain {PT}); beyond plain's price: drafted passes "
-            f"{100 * drafted / base:+.2f}%, idle verify {100 * (iv - (n - dn) * per) / base:+.2f}%, idle draft window "
-            f"{100 * ids / base:+.2f}%, loop other {100 * (other - n * Po) / base:+.2f}%; drafted {dn} of {n} passes"
+            f"{name}: speedup {s['speedup']:.3f}; beyond plain's price: drafted passes {100 * s['drafted']:+.2f}%, "
+            f"idle verify {100 * s['idle_verify']:+.2f}%, idle draft window {100 * s['idle_draft']:+.2f}%, "
+            f"loop other {100 * s['other']:+.2f}%; drafted {s['drafted_passes']} of {s['passes']} passes"
         )
 
 
