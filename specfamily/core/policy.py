@@ -220,8 +220,8 @@ class AutoPolicy:
     def next_gamma(self) -> int:
         self.passes += 1
         self.request_pass += 1
-        if not self.started and self.start_cost:
-            self._choice = None  # the start's share grows as the request's remaining passes shrink
+        if not self.started and self.start_cost and self._choice is not None and self._choice[0]:
+            self._choice = None  # the start's share grows as the request's remaining passes shrink (_unstarted)
         gamma = self._next()
         self.drafted += gamma > 0
         return gamma
@@ -239,7 +239,18 @@ class AutoPolicy:
             self.idle += 1
             return 0
         self._probing = True  # until a probe is verified: one cut to 0 at a request's end is asked again
+        probe = self._unstarted() or probe
         return probe or self._probe_depth()  # at the interval reached: it may change while the choice is kept
+
+    def _unstarted(self) -> int:
+        """The probe length planned again at this pass's start share, while the request has not drafted (0 when it
+        has, or has no start cost). A kept choice that drafts nothing is not planned again on idle passes: a larger
+        share only lowers every length's predicted speedup, so it stays nothing; replanning it on every pass of a
+        request that never drafts cost self_spec ~0.1 ms a pass, 0.35% of its runs (docs/policy-costs.md)."""
+        if self.started or not self.start_cost:
+            return 0
+        self._choice = None
+        return self._choose()[1]
 
     def _choose(self) -> tuple[int, int, float]:
         """(the draft length to use, 0 when none pays; the one to probe with, 0: ``_probe_depth``'s; its predicted
@@ -360,6 +371,7 @@ class AutoPolicy:
         share = self.drafted / self.passes if self.passes else 0.0
         if self.c_estimate is None:
             return f"drafted in {share:.0%} of passes; c not measured yet"
+        self._unstarted()  # at the start share the request has reached
         gamma, probe, speedup = self._choose()
         alpha = self.acceptance()[0]
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else

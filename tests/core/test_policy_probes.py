@@ -208,3 +208,47 @@ def test_the_second_drafted_pass_c_replaces_the_first_then_c_is_smoothed():
     assert policy.c_estimate == pytest.approx(0.1)
     policy.update(policy.next_gamma(), 2, 0.2, tokens=2)
     assert policy.c_estimate == pytest.approx(0.1 + 0.3 * (0.2 - 0.1))
+
+
+def _unstarted_run(replan: bool, passes: int = 400) -> tuple[list[int], list[str]]:
+    """Requests of 40 passes whose first drafted pass pays a start of 1.5 plain passes (a draft model's prefill):
+    the gammas asked and each request's account; ``replan``: drop the kept choice before every pass."""
+    policy = AutoPolicy(4, max_gamma=8, probe_every=8, verify_cost=lambda g: 1.0 + 0.03 * g)
+    gammas, notes = [], []
+    for i in range(passes):
+        if i % 40 == 0:
+            notes.append(policy.describe())
+            policy.reset()
+        if replan:
+            policy._choice = None
+        gamma = policy.next_gamma()
+        gammas.append(gamma)
+        accepted = min(gamma, (i // 40) % 3)  # requests whose drafts pay and requests whose drafts do not
+        start = 1.5 if gamma and not policy.started else 0.0
+        policy.update(gamma, accepted, 0.08 if gamma else None, tokens=gamma, overhead=start if gamma else None)
+    return gammas, notes
+
+
+def test_an_unstarted_request_decides_as_if_it_planned_every_pass_at_its_start_share():
+    gammas, notes = _unstarted_run(replan=False)
+    assert (gammas, notes) == _unstarted_run(replan=True)
+    assert 0 in gammas and sum(g > 0 for g in gammas) > 40  # idle stretches, probes and drafted requests reached
+
+
+def test_an_unstarted_request_that_drafts_nothing_is_not_planned_again_each_pass(monkeypatch):
+    """While a request has not drafted, its start's share grows every pass; a kept choice that drafts nothing stays
+    nothing (a larger share lowers every length's speedup), so only a due probe plans again (its length reads it)."""
+    import specfamily.core.policy as module
+
+    calls = []
+    monkeypatch.setattr(module, "best_draft_length", lambda *a, **k: calls.append(1) or best_draft_length(*a, **k))
+    policy = AutoPolicy(4, probe_every=16, verify_cost=lambda g: 1.0 + 0.06 * g)
+    policy.update(4, 0, 0.3, tokens=4, overhead=2.0)  # a first drafted pass: its start measured, nothing accepted
+    policy.reset()
+    policy.request_passes = 100.0  # requests run 100 passes: the start's share is 2 / the passes left
+    assert policy.next_gamma() == 0  # planned: two lengths (the best over the margin, and any)
+    planned = len(calls)
+    asked = [policy.next_gamma() for _ in range(14)]
+    assert asked == [0] * 14 and 0 < policy._start_share() and not policy.started
+    assert len(calls) == planned  # before: planned again on each of these 14 passes
+    assert policy.next_gamma() > 0 and len(calls) == planned + 2  # the probe planned again at its share
