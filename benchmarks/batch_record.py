@@ -89,8 +89,15 @@ def _install() -> None:
         out = proposals(self, group, gammas, drafts, c0)
         plan = next((r for r in RECORDS[start:] if "kind" in r), None)  # planned on these drafts (lookahead)
         if plan is not None and any(len(d) for d in drafts):
-            HELD.append((plan, [(r, batch_evidence.Proposal.of(d, len(r.new_tokens)) if len(d) else None,
-                                 d.evidence) for r, d in zip(group, drafts, strict=True)]))
+            HELD.append(
+                (
+                    plan,
+                    [
+                        (r, batch_evidence.Proposal.of(d, len(r.new_tokens)) if len(d) else None, d.evidence)
+                        for r, d in zip(group, drafts, strict=True)
+                    ],
+                )
+            )
         return out
 
     proposals = batch_plan.BatchPlanning._planned
@@ -159,10 +166,12 @@ def calibrate(records: list[dict]) -> dict:
         if "realized_gain" not in p:
             continue
         drafted = [i for i, g in enumerate(p["lengths"]) if g]
-        buckets = [batch_evidence.bucket(p["accepted"][i][0]) for i in drafted if p.get("accepted") and
-                   p["accepted"][i]]
-        tokens = sum(v * (1 + _reaches(a, g)) for v, a, g in zip(p["values"], p["acceptance"], p["lengths"],
-                                                                  strict=True))
+        buckets = [
+            batch_evidence.bucket(p["accepted"][i][0]) for i in drafted if p.get("accepted") and p["accepted"][i]
+        ]
+        tokens = sum(
+            v * (1 + _reaches(a, g)) for v, a, g in zip(p["values"], p["acceptance"], p["lengths"], strict=True)
+        )
         keys = [("all",), ("kind", p["kind"]), ("depth", max(p["lengths"])), ("bucket", max(buckets, default=0))]
         for key in keys:
             group = out["passes"].setdefault(" ".join(map(str, key)), [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
@@ -211,13 +220,19 @@ def _of_run(records: list[dict], run: int) -> list[dict]:
 
 def _calibration(records: list[dict]) -> None:
     table = calibrate(records)
-    print("drafted passes: n, gain predicted -> realized (ratio), valued tokens predicted -> committed, "
-          "seconds priced -> measured (plan, proposal, pass)")
+    print(
+        "drafted passes: n, gain predicted -> realized (ratio), valued tokens predicted -> committed, "
+        "seconds priced -> measured (plan, proposal, pass)"
+    )
     for key, (n, pg, rg, pt, rt, ps, rs) in sorted(table["passes"].items()):
-        print(f"  {key:12s} n={n:4d} gain {pg / n:.3f} -> {rg / n:.3f} ({rg / pg:.3f}) tokens {pt / n:.2f} -> "
-              f"{rt / n:.2f} ({rt / pt:.3f}) ms {1e3 * ps / n:.1f} -> {1e3 * rs / n:.1f} ({ps / rs if rs else 0:.3f})")
-    print("proposals: n, depth-1 acceptance valued -> accepted, levels accepted (drafted: to its planned depth; "
-          "declined: whole) expected -> accepted")
+        print(
+            f"  {key:12s} n={n:4d} gain {pg / n:.3f} -> {rg / n:.3f} ({rg / pg:.3f}) tokens {pt / n:.2f} -> "
+            f"{rt / n:.2f} ({rt / pt:.3f}) ms {1e3 * ps / n:.1f} -> {1e3 * rs / n:.1f} ({ps / rs if rs else 0:.3f})"
+        )
+    print(
+        "proposals: n, depth-1 acceptance valued -> accepted, levels accepted (drafted: to its planned depth; "
+        "declined: whole) expected -> accepted"
+    )
     for key, (n, a1, r1, pe, re) in sorted(table["proposals"].items()):
         print(f"  {key:20s} n={n:4d} alpha1 {a1 / n:.3f} -> {r1 / n:.3f}  levels {pe / n:.2f} -> {re / n:.2f}")
 
