@@ -66,13 +66,30 @@ class Realized:
     least: int = 3
     losing: int = 0  # the load's probes in a row that did not pay (its policy's back-off, kept with the window)
     passes: deque = field(default_factory=deque)
+    plain: deque = field(default_factory=deque)  # (priced, measured) seconds of the load's latest undrafted passes
 
     def __post_init__(self) -> None:
         self.passes = deque(self.passes, maxlen=self.window)
+        self.plain = deque(self.plain, maxlen=self.window)
 
     def add(self, predicted: float, realized: float) -> None:
         if math.isfinite(predicted) and math.isfinite(realized) and predicted > 0:
             self.passes.append((predicted, realized))
+
+    def add_plain(self, priced: float, measured: float) -> None:
+        """An undrafted pass measured ``measured`` seconds (from its plan on) where the cost table priced ``priced``
+        (t(B, B) at its contexts, before it was observed)."""
+        if math.isfinite(priced) and math.isfinite(measured) and priced > 0 and measured > 0:
+            self.plain.append((priced, measured))
+
+    def baseline(self) -> float:
+        """What an undrafted pass realizes against its price, sum priced / sum measured over the latest ones (1
+        without any): a drafted pass's realized gain is a single pass's seconds against the table's median of
+        plain ones, so what every pass suffers alike (the plan's host work, the load's slow passes, which a mean
+        of single passes counts and a median does not) reads as drafts under-delivering unless an undrafted pass,
+        measured the same way, is the yardstick (docs/batching.md, session 28)."""
+        priced, measured = sum(p for p, _ in self.plain), sum(m for _, m in self.plain)
+        return priced / measured if measured > 0 else 1.0
 
     def correction(self, borrowed: Sequence[tuple[float, float]] = ()) -> float:
         """The correction over this window's passes and ``borrowed`` ones (a neighbouring load's): their ratio, shrunk
@@ -82,6 +99,7 @@ class Realized:
         passes = [*self.passes, *borrowed]
         if not passes:
             return min(1.0, self.doubt)
+        passes = [(p * self.baseline(), r) for p, r in passes]  # against an undrafted pass measured alike
         ratio = sum(r for _, r in passes) / sum(p for p, _ in passes)
         shrunk = (len(passes) * ratio + self.weight * self.doubt) / (len(passes) + self.weight)
         if len(passes) < self.least:

@@ -197,6 +197,7 @@ class LengthPolicy:
     choices: dict[int, list[int]] = field(default_factory=dict)  # B -> draft rows planned on every pass at B
     realized: dict[int, Realized] = field(default_factory=dict)  # B -> drafted passes' gains (batch_goodput)
     predicted: tuple | None = None  # the last plan that drafted, not jointly: (B, its gain, the values, contexts)
+    priced: float | None = None  # the last timed pass's t(B, B) at its contexts, if it drafted nothing (``settle``)
 
     def may_draft(self, batch: int) -> bool:
         """Whether a pass of ``batch`` requests may draft at all (its plain pass measured, no refresh due)."""
@@ -307,11 +308,15 @@ class LengthPolicy:
     def settle(self, committed: Sequence[int], seconds: float) -> None:
         """The last planned pass committed ``committed`` tokens per request (accepted + 1) in ``seconds`` (draft,
         forward, verification, commit): if it drafted, its realized gain is learned against its predicted one, over
-        a plain pass at its B valued as the plan valued it. A probe that paid ends the back-off. A joint pass at the
-        batch's end is neither learned nor probed: its advance (the least of its tied requests' acceptances) swings
-        far from its expectation pass by pass, and a window of them held back the next run's plans at that load
-        (docs/batching.md, session 23)."""
+        a plain pass at its B valued as the plan valued it; if it drafted nothing, its seconds against the t(B, B)
+        it was priced at are the load's yardstick (``Realized.baseline``). A probe that paid ends the back-off. A
+        joint pass at the batch's end is neither learned nor probed: its advance (the least of its tied requests'
+        acceptances) swings far from its expectation pass by pass, and a window of them held back the next run's
+        plans at that load (docs/batching.md, session 23)."""
         if self.predicted is None:
+            if self.priced is not None:  # an undrafted pass: the yardstick of drafted ones (``Realized.baseline``)
+                self.realized.setdefault(len(committed), Realized()).add_plain(self.priced, seconds)
+            self.priced = None
             return
         (batch, gain, values, slots), self.predicted = self.predicted, None
         plain = self.costs.measured(batch, batch, slots)  # a plain pass at the pass's contexts
@@ -328,6 +333,7 @@ class LengthPolicy:
         """A steady pass over ``batch`` requests of ``rows`` fed rows in all, after ``steps`` draft steps that took
         ``draft_seconds``, took ``seconds`` (forward, verification, commit); its slots held ``slots`` cached tokens
         and its draft rows attended ``drafted`` (``RowCosts.observe``)."""
+        self.priced = self.costs.measured(batch, batch, slots) if rows == batch else None  # before it is observed
         self.costs.observe(batch, rows, seconds, slots, drafted)
         self.costs.observe_draft(batch, steps, draft_seconds)
         self.unrefreshed[batch] = self.unrefreshed.get(batch, 0) + 1 if rows > batch else 0

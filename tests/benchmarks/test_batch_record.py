@@ -12,6 +12,7 @@ import torch
 
 import specfamily as sf
 from specfamily.core.batch_lengths import LengthPolicy
+from specfamily.core.batch_plan import BatchPlanning
 from specfamily.testing import tiny_target
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -23,6 +24,7 @@ def batch_record(monkeypatch):
     sys.modules.pop("batch_record", None)
     for name in ("_plan", "timed", "settle"):  # _install patches these: undone after the test
         monkeypatch.setattr(LengthPolicy, name, getattr(LengthPolicy, name))
+    monkeypatch.setattr(BatchPlanning, "_planned", BatchPlanning._planned)
     module = importlib.import_module("batch_record")
     yield module
     sys.modules.pop("batch_record", None)
@@ -40,3 +42,7 @@ def test_each_plan_is_recorded_as_decided_and_joined_with_its_pass(batch_record)
             assert r["N"] == r["B"]  # a plan decided as drafting nothing fed the roots alone
     joined = batch_record.passes(batch_record.RECORDS)
     assert joined and all(p["rows"] >= p["B"] and p["seconds"] > 0 for p in joined)
+    assert all(len(p["acceptance"]) == len(p["lengths"]) == len(p["values"]) == p["B"] for p in plans)
+    assert all(sum(p["lengths"]) == 0 for p in plans if p["kind"] in ("none", "idle"))
+    batch_record.decide()  # each held proposal decided by its request's final text, then the calibration table
+    assert set(batch_record.calibrate(batch_record.RECORDS)) == {"passes", "proposals"}
