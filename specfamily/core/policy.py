@@ -246,7 +246,7 @@ class AutoPolicy:
         """The probe length planned again at this pass's start share, while the request has not drafted (0 when it
         has, or has no start cost). A kept choice that drafts nothing is not planned again on idle passes: a larger
         share only lowers every length's predicted speedup, so it stays nothing; replanning it on every pass of a
-        request that never drafts cost self_spec ~0.1 ms a pass, 0.35% of its runs (docs/policy-costs.md)."""
+        request that never drafts was most of a non-drafting drafter's idle cost (docs/policy-costs.md)."""
         if self.started or not self.start_cost:
             return 0
         self._choice = None

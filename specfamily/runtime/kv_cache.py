@@ -39,9 +39,7 @@ class BufferedLayer(DynamicLayer):
 
     @property
     def keys(self) -> torch.Tensor | None:
-        arena = self.arena
-        if arena is not None and arena.following and self._seen != arena.epoch:
-            self._take(arena)
+        self._follow()
         return self._keys
 
     @keys.setter
@@ -51,15 +49,19 @@ class BufferedLayer(DynamicLayer):
 
     @property
     def values(self) -> torch.Tensor | None:
-        arena = self.arena
-        if arena is not None and arena.following and self._seen != arena.epoch:
-            self._take(arena)
+        self._follow()
         return self._values
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:
         self._leave_arena()
         self._values = value
+
+    def _follow(self) -> None:
+        """Before ``keys`` or ``values`` is read: this layer's views of its arena's last expose, if not made yet."""
+        arena = self.arena
+        if arena is not None and arena.following and self._seen != arena.epoch:
+            self._take(arena)
 
     def _take(self, arena: KVArena) -> None:
         """This layer's views of the arena's last ``expose``, as that expose would have set them."""
