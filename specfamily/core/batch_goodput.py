@@ -99,7 +99,8 @@ class Realized:
         passes = [*self.passes, *borrowed]
         if not passes:
             return min(1.0, self.doubt)
-        passes = [(p * self.baseline(), r) for p, r in passes]  # against an undrafted pass measured alike
+        baseline = self.baseline()  # against an undrafted pass measured alike
+        passes = [(p * baseline, r) for p, r in passes]
         ratio = sum(r for _, r in passes) / sum(p for p, _ in passes)
         shrunk = (len(passes) * ratio + self.weight * self.doubt) / (len(passes) + self.weight)
         if len(passes) < self.least:

@@ -296,10 +296,10 @@ class NativeLayers {
     SF_MARK("qkv");
     at::Tensor query, key, value;
     if (const auto heads = direct(q_out, k_out, v_out, cos, sin, key_buffer, value_buffer, start, dim)) {
-      // rotate_pair and BufferedLayer.update's writes in one pass, read and written through pointers (the views the
-      // path below makes, nine ATen calls a layer, are what a cold main thread pays for): the products' rows as
-      // (heads, q, D), the rotated queries in the strides empty_like gives that view, the rotated keys and the
-      // values straight into their cache slots
+      // rotate_pair and BufferedLayer.update's writes in one pass, read and written through pointers (views and
+      // narrows, nine ATen calls a layer, are what a cold main thread pays for): the products' rows as (heads, q,
+      // D), the rotated queries in the strides the elementwise ops would give (B, heads, q, D) views of q_out, the
+      // rotated keys and the values straight into their cache slots
       RECORD_FUNCTION("specfamily::rope_cache", std::vector<c10::IValue>());
       const auto [q_heads, kv_heads] = *heads;
       query = at::empty_strided({1, q_heads, q_len, dim}, {q_len * q_heads * dim, dim, q_heads * dim, 1},
@@ -313,23 +313,11 @@ class NativeLayers {
       query = q_out.view(shape).transpose(1, 2);  // (B, heads, q, D)
       key = k_out.view(shape).transpose(1, 2);    // (B, kv heads, q, D)
       value = v_out.view(shape).transpose(1, 2);
-      const at::Tensor key_slots = key_buffer.narrow(2, start, q_len);
-      const at::Tensor value_slots = value_buffer.narrow(2, start, q_len);
-      if (fused(query, key, value, cos, sin, key_slots, value_slots)) {
-        // rotate_pair and BufferedLayer.update's writes in one pass: the rotated key straight into its cache slots
-        RECORD_FUNCTION("specfamily::rope_cache", std::vector<c10::IValue>());
-        at::Tensor rotated = at::empty_like(query);  // the strides the elementwise ops give their result
-        rotate_into(Rows::of(query), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(rotated));
-        rotate_into(Rows::of(key), cos.data_ptr<float>(), sin.data_ptr<float>(), Rows::of(key_slots));
-        copy_into(Rows::of(value), Rows::of(value_slots));
-        query = rotated;
-        ++fused_;
-      } else {  // rotate_pair: x * cos + roll(x, D / 2, -1) * signed sin, then the cache's writes
-        query = (query * cos) + (query.roll({query.size(-1) / 2}, {-1}) * sin);
-        key = (key * cos) + (key.roll({key.size(-1) / 2}, {-1}) * sin);
-        key_slots.copy_(key);
-        value_slots.copy_(value);
-      }
+      // rotate_pair: x * cos + roll(x, D / 2, -1) * signed sin, then the cache's writes
+      query = (query * cos) + (query.roll({query.size(-1) / 2}, {-1}) * sin);
+      key = (key * cos) + (key.roll({key.size(-1) / 2}, {-1}) * sin);
+      key_buffer.narrow(2, start, q_len).copy_(key);
+      value_buffer.narrow(2, start, q_len).copy_(value);
     }
     key = key_buffer.narrow(2, 0, start + q_len);
     value = value_buffer.narrow(2, 0, start + q_len);
@@ -437,19 +425,6 @@ class NativeLayers {
   static Rows slot_rows(const at::Tensor& buffer, int64_t start, int64_t rows) {
     return {buffer.data_ptr<float>() + start * buffer.stride(2), buffer.size(1), rows, buffer.size(3),
             buffer.stride(1), buffer.stride(2)};
-  }
-
-  // The rope and cache writes can run as rotate_into and copy_into: float32 CPU rows, batch 1, cos and sin (1, 1, q,
-  // D) contiguous, the buffers' slots not overlapping the inputs.
-  static bool fused(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& cos,
-                    const at::Tensor& sin, const at::Tensor& key_slots, const at::Tensor& value_slots) {
-    for (const at::Tensor* t : {&query, &key, &value, &key_slots, &value_slots})
-      if (!Rows::fits(*t)) return false;
-    const int64_t q_len = query.size(2), dim = query.size(3);
-    for (const at::Tensor* t : {&cos, &sin})
-      if (!(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == q_len * dim && t->size(-1) == dim))
-        return false;
-    return key.sizes() == key_slots.sizes() && value.sizes() == value_slots.sizes() && key.size(3) == dim;
   }
 
   // transformers' repeat_kv: (B, kv heads, S, D) -> (B, kv heads * groups, S, D).
