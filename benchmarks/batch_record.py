@@ -14,13 +14,11 @@ measured.
 from __future__ import annotations
 
 import atexit
-import itertools
 import json
-import operator
 import statistics
 import sys
 
-from specfamily.core import batch_evidence, batch_lengths, batch_plan
+from specfamily.core import batch_evidence, batch_lengths, batch_plan, theory
 
 RECORDS: list[dict] = []
 RUNS: dict[int, int] = {}  # a length policy's id -> the run it plans (in order of its first plan)
@@ -154,7 +152,7 @@ def show(records: list[dict]) -> None:
 
 def _reaches(acceptance: list[float], depth: int) -> float:
     """Expected levels accepted of a draft cut to ``depth`` with per-depth ``acceptance``."""
-    return sum(itertools.accumulate(acceptance[:depth], operator.mul))
+    return theory.expected_tokens_by_depth(acceptance, min(depth, len(acceptance))) - 1.0
 
 
 def calibrate(records: list[dict]) -> dict:
