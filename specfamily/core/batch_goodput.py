@@ -65,6 +65,7 @@ class Realized:
     weight: float = 2.0
     least: int = 3
     losing: int = 0  # the load's probes in a row that did not pay (its policy's back-off, kept with the window)
+    waves_closed: int = 0  # runs its last waves still plan jointly only (``batch_waves.judge``; keyed by slots)
     passes: deque = field(default_factory=deque)
     plain: deque = field(default_factory=deque)  # (priced, measured) seconds of the load's latest undrafted passes
 

@@ -198,6 +198,8 @@ class LengthPolicy:
     realized: dict[int, Realized] = field(default_factory=dict)  # B -> drafted passes' gains (batch_goodput)
     predicted: tuple | None = None  # the last plan that drafted, not jointly: (B, its gain, the values, contexts)
     priced: float | None = None  # the last timed pass's t(B, B) at its contexts, if it drafted nothing (``settle``)
+    joint_only: bool = False  # last waves plan jointly only, near their end or not (``batch_waves``)
+    kind: str = ""  # the kind of the last plan recorded (``_decide``)
 
     def may_draft(self, batch: int) -> bool:
         """Whether a pass of ``batch`` requests may draft at all (its plain pass measured, no refresh due)."""
@@ -264,7 +266,7 @@ class LengthPolicy:
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
             return [1 if p.acceptance and p.value > 0 else 0 for p in prospects], 0.0, "explore"
         step = 0.0 if proposed else self.costs.draft_step(batch)
-        if together and near_end(prospects):  # the batch's last passes: drafted jointly where that pays
+        if together and (self.joint_only or near_end(prospects)):  # the batch's last passes: jointly, if it pays
             lengths, gain = _joint(prospects, seconds, step, self.costs.row_token())
             pays = any(lengths) and gain * self.correction(batch) > self.min_gain
             return (lengths if pays else [0] * batch), gain, "joint"
@@ -281,6 +283,7 @@ class LengthPolicy:
         """:meth:`_decide`'s lengths (or ``decided``'s, already made), recording what the plan keeps: idle passes,
         probes and their back-off, the pending prediction a drafted pass settles."""
         lengths, gain, kind = decided or self._decide(batch, prospects, proposed, together)
+        self.kind = kind
         prediction = (batch, gain, [p.value for p in prospects], sum(p.context for p in prospects))
         if kind == "pays":
             self.idle[batch] = 0

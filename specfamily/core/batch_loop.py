@@ -29,12 +29,13 @@ import torch
 from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_evidence import Evidence, kept_evidence
-from specfamily.core.batch_goodput import kept_realized
+from specfamily.core.batch_goodput import Realized, kept_realized
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, kept_tally
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.core.batch_requests import BatchRequests, Request
 from specfamily.core.batch_slots import SlotCopier, propose_batch
 from specfamily.core.batch_target import BatchTarget, SlotFeed
+from specfamily.core.batch_waves import WaveLedger, judge
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import Drafter
 from specfamily.core.loop import (
@@ -146,6 +147,10 @@ class _Batch(BatchPlanning, BatchRequests):
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
         self.load = LengthPolicy(costs=RowCosts.of(target), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
+        self.waves = WaveLedger()  # this run's last-wave passes (batch_waves): judged at its end
+        self.wave_pass: tuple[int, float | None] | None = None  # a steady last-wave pass's start (_wave_before)
+        if self.load is not None:
+            self.load.joint_only = self._wave_record().waves_closed > 0
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
         self.pooled = kept_tally(target, drafter)  # every request's drafted levels and accepted, kept across calls
@@ -172,6 +177,8 @@ class _Batch(BatchPlanning, BatchRequests):
                 self.wave = self._last_wave(waiting, arrivals)
                 self._step()  # a newcomer's prompt rides beside the others' roots: no slot waits a pass for it
                 self._retire()
+            if self.load is not None:
+                judge(self.waves, self._wave_record())
         finally:
             for request in self.live:
                 if request.own is not None:
@@ -209,10 +216,16 @@ class _Batch(BatchPlanning, BatchRequests):
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
+        if steady:
+            self._wave_passed(group, drafts, c2 - planning)
         self.passes += 1
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
+
+    def _wave_record(self):
+        """The load's kept record at this batch's slots (``batch_goodput.Realized``: its ``waves_closed``)."""
+        return self.load.realized.setdefault(self.batch.cache.slots, Realized())
 
     def _plan_drafts(self, group: list[Request], gammas: list[int], proposed: list[Draft], c0: float) -> list[Draft]:
         """A steady pass's drafts as planned (``BatchPlanning._planned``), but a lookahead pass whose proposals all

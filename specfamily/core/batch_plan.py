@@ -27,7 +27,7 @@ _POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to t
 class BatchPlanning:
     """The planning half of the batched loop: its methods read the loop's ``load`` (LengthPolicy or None),
     ``lookahead``, ``proposal_seconds``, ``pooled``, ``evidence``, ``prototype``, ``wave``, ``budget``, ``batch``,
-    ``live``, ``cost_clock``, ``clock`` and ``origin``."""
+    ``live``, ``cost_clock``, ``clock``, ``origin``, ``waves`` and ``wave_pass``."""
 
     def _planned(self, group: list[Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
         """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
@@ -74,6 +74,7 @@ class BatchPlanning:
     def _load_gammas(self, group: list[Request]) -> list[int]:
         """Each request's draft length for this pass: under lookahead its longest (cut once the drafts are seen),
         else planned for the batch's goodput from its own acceptance estimate and the measured row costs."""
+        self._wave_before(group)
         if self.lookahead:
             if not self.load.may_draft(len(group)):
                 return self.load.lengths([Prospect((), ())] * len(group))
@@ -126,7 +127,30 @@ class BatchPlanning:
                 return self._valued(group, prospects), True  # its plan is none, not idle: valued as before
         if self.load.hopeless(prospects, proposed, share, contexts):
             return None
-        return (prospects, False) if tied else (self._valued(group, prospects), True)
+        return (prospects, False) if tied and not self.load.joint_only else (self._valued(group, prospects), True)
+
+    def _horizon(self, group: list[Request]) -> int:
+        """The batch's projected end in a last wave, tokens at one a pass (``batch_goodput.projected_ends``)."""
+        return max(projected_ends([self.budget - len(r.new_tokens) for r in group], self.wave, self.budget))
+
+    def _wave_before(self, group: list[Request]) -> None:
+        """At a steady pass's start: in a last wave, the batch's projected end and a plain pass's price now."""
+        self.wave_pass = None
+        if self.wave is not None:
+            priced = self.load.costs.measured(len(group), len(group), sum(self._contexts(group)))
+            self.wave_pass = (self._horizon(group), priced)
+
+    def _wave_passed(self, group: list[Request], drafts: list[Draft], seconds: float) -> None:
+        """After a steady pass measured from its plan on: a last-wave pass's record in the run's ledger
+        (``batch_waves``); a request that ended before its budget (at EOS) moves the end by what plain decoding's
+        would too, so its pass counts a plain pass's progress."""
+        if self.wave_pass is None:
+            return
+        (before, priced), self.wave_pass = self.wave_pass, None
+        early = any(r.done and len(r.new_tokens) < self.budget for r in group)
+        advance = 1.0 if early else float(before - self._horizon(group))
+        drafted = any(len(d) for d in drafts)
+        self.waves.record(advance, seconds, priced, drafted, drafted and self.load.kind in ("pays", "probe"))
 
     def _contexts(self, group: list[Request]) -> list[int]:
         """Each live slot's cached tokens (its draft rows attend them: ``RowCosts``)."""
