@@ -256,11 +256,15 @@ class AutoPolicy:
         """(the draft length to use, 0 when none pays; the one to probe with, 0: ``_probe_depth``'s; its predicted
         speedup), kept until the estimates change: while it drafts nothing a pass costs no arithmetic."""
         if self._choice is None:
-            acceptance, overhead = self.acceptance(), self.overhead + self._start_share()
-            gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup, overhead)
-            best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, overhead)
-            self._choice = (gamma, gamma or best[0], speedup if gamma else best[1])
+            self._choice = self._planned()
         return self._choice
+
+    def _planned(self) -> tuple[int, int, float]:
+        """:meth:`_choose`'s plan on the current estimates and start share, computed afresh, kept nowhere."""
+        acceptance, overhead = self.acceptance(), self.overhead + self._start_share()
+        gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup, overhead)
+        best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, overhead)
+        return gamma, gamma or best[0], speedup if gamma else best[1]
 
     def _start_share(self) -> float:
         """Until this request drafted: its start (the drafter's catch-up over the prompt and all it skipped, as the
@@ -371,8 +375,8 @@ class AutoPolicy:
         share = self.drafted / self.passes if self.passes else 0.0
         if self.c_estimate is None:
             return f"drafted in {share:.0%} of passes; c not measured yet"
-        self._unstarted()  # at the start share the request has reached
-        gamma, probe, speedup = self._choose()
+        unstarted = not self.started and self.start_cost  # at the start share the request has reached, kept as is
+        gamma, probe, speedup = self._planned() if unstarted else self._choose()
         alpha = self.acceptance()[0]
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")

@@ -252,3 +252,19 @@ def test_an_unstarted_request_that_drafts_nothing_is_not_planned_again_each_pass
     assert asked == [0] * 14 and 0 < policy._start_share() and not policy.started
     assert len(calls) == planned  # before: planned again on each of these 14 passes
     assert policy.next_gamma() > 0 and len(calls) == planned + 2  # the probe planned again at its share
+
+
+def test_describing_an_unstarted_request_reports_its_start_share_and_keeps_its_choice():
+    """The account is planned at the start share the request has reached, but a report changes nothing: the kept
+    choice (the one its later passes use) is the same object after it."""
+    policy = AutoPolicy(4, probe_every=16, verify_cost=lambda g: 1.0 + 0.06 * g)
+    policy.update(4, 0, 0.3, tokens=4, overhead=2.0)
+    policy.reset()
+    policy.request_passes = 100.0
+    assert policy.next_gamma() == 0
+    kept = policy._choice
+    for _ in range(5):
+        policy.next_gamma()
+    note = policy.describe()
+    assert policy._choice is kept and "predicted gain below" in note
+    assert f"(best {policy._planned()[2]:.2f})" in note  # at this pass's share, not the kept choice's
