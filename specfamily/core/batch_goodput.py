@@ -30,7 +30,7 @@ import operator
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import integrate, special
@@ -269,8 +269,11 @@ def finishing(prospects: Sequence, remaining: Sequence[int], waiting: int = 0, b
     with the last slots' levels past b. Re-decided every pass."""
     behind = behind_ends(remaining, waiting, budget)
     horizon = max(projected_ends(remaining, waiting, budget), default=0)
-    odds = end_odds(behind, horizon, *_pace(prospects))
-    return [replace(p, value=v, behind=b, horizon=horizon) for p, b, v in zip(prospects, behind, odds, strict=True)]
+    tied = min(behind, default=0) == max(behind, default=0)  # end_odds shares it equally whatever the spread
+    odds = end_odds(behind, horizon, *((0.0, 1.0) if tied else _pace(prospects)))
+    # built directly, as batch_lengths._at_contexts does: ``replace`` inspects the fields on every call
+    return [type(p)(p.acceptance, p.rows, v, b, horizon, p.context) for p, b, v in zip(prospects, behind, odds,
+                                                                                     strict=True)]
 
 
 def near_end(prospects: Sequence) -> bool:
