@@ -113,9 +113,11 @@ class _Spent:
         return call
 
     def plan(self, own):
-        def call(*a, **k):
-            out = own(*a, **k)
-            self.counts["probes"] += self.kind == "probe"
+        def call(*a, **k):  # LengthPolicy._plan(self, batch, prospects, proposed, together, decided=None)
+            decided = a[5] if len(a) > 5 else k.get("decided")
+            out = own(*a, **k)  # decides (``decide`` keeps the kind) unless ``decided`` was made before
+            self.counts["probes"] += (self.kind if decided is None else decided[2]) == "probe"
+            self.kind = ""
             return out
 
         return call

@@ -80,6 +80,24 @@ class EagleFamilyDrafter(FeatureDrafter):
         self.total_tokens = total_tokens or (calibration.get("total_tokens") if calibrated_tree else None) \
             or shape.total_tokens
         self.tree_sampling = tree_sampling or DEFAULT_TREE_SAMPLING
+        if target.matmul == "stream":
+            self._pack_products(target)
+
+    def _pack_products(self, target: Target) -> None:
+        """One dry call of the draft layer and the head, so the stream kernel packs every weight they multiply now,
+        with the weights' loading, not on the first proposal of the drafter's first run (the kernel packs a weight on
+        its first product and keeps the copy on it: a fresh drafter's draft-vocabulary head rows and layer would be
+        packed inside a timed run, docs/batching.md, session 29). Nothing of it is kept but the packed copies."""
+        with torch.no_grad():
+            features = torch.zeros(1, self._feature_width(), dtype=target.dtype, device=target.device)
+            token = torch.zeros(1, 1, dtype=torch.long, device=target.device)
+            out = self._step(token, self._fuse(features)[None], torch.zeros_like(token), None, DynamicCache())
+            self._draft_logits(out[0].repeat(2, 1))  # a tree depth's rows: the head's product over several rows
+
+    def _feature_width(self) -> int:
+        """Width of the target's features this variant reads: the last layer's, the layer's own width (``fc`` maps
+        them and the token's embedding to it)."""
+        return self.model.fc.out_features
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Roll back the last draft's entries and queue the target's features of the committed positions."""
@@ -176,6 +194,9 @@ class Eagle3Drafter(EagleFamilyDrafter):
         if features.shape[-1] != width:
             raise RuntimeError(f"eagle3 fuses {width}-wide features (layers {list(self.needs_features)}); "
                                f"got {features.shape[-1]}")
+
+    def _feature_width(self) -> int:
+        return self.model.fc.in_features  # the fused layers' features, side by side
 
     def _fuse(self, features: torch.Tensor) -> torch.Tensor:
         if self.quantize:

@@ -126,6 +126,16 @@ class MedusaDrafter(HeadsDrafter):
         # the shared head multiplied as the target multiplies (only passed when that is not F.linear: heads
         # written for the drafter before it took a ``linear`` keep working)
         self._head_options = {} if target.matmul == "exact" else {"linear": linear_for(target.matmul)}
+        if target.matmul == "stream":
+            self._pack_products(target)
+
+    def _pack_products(self, target) -> None:
+        """One dry call of every head, so the stream kernel packs the shared projection's weight now, with the heads'
+        loading, not on the first proposal of the drafter's first run (the kernel packs a weight on its first product
+        and keeps the copy on it; docs/batching.md, session 29)."""
+        with torch.no_grad():
+            features = torch.zeros(2, self.heads.shape.hidden_size, dtype=target.dtype, device=target.device)
+            self.heads(features, **self._head_options)
 
     @torch.inference_mode()
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
