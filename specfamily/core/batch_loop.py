@@ -116,6 +116,15 @@ def _note_compiled(target: Target) -> None:
         logger.warning(COMPILED_PASS_NOTE)
 
 
+def _kept_steps(target: Target, drafter: Drafter) -> dict:
+    """The batched draft steps' seconds by B of ``drafter``'s class on ``target``, kept across ``generate_batch``
+    calls (a target without the record: a fresh dict). Each run's first drafted pass would otherwise be planned with
+    a step of 0 (a feature drafter at B=8 then drafted every slot and paid its catch-up; docs/batching.md, session 29);
+    the steps are measured without the catch-up over what a slot committed since it last drafted."""
+    kept = getattr(target, "batch_draft_steps", None)
+    return {} if kept is None else kept.setdefault(type(drafter).__qualname__, {})
+
+
 def _one_by_one(target: Target, drafter: Drafter | None, ids: list[torch.Tensor], max_new_tokens: int,
                 sampling: SamplingConfig, seed: int, arrivals: list[float], trace: bool,
                 clock: LoopClock) -> list[GenerationResult]:
@@ -147,6 +156,8 @@ class _Batch(BatchPlanning, BatchRequests):
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
         self.load = LengthPolicy(costs=RowCosts.of(target), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
+        if self.load is not None:  # a draft step costs what it cost in this drafter's earlier runs
+            self.load.costs.steps = _kept_steps(target, drafter)
         self.waves = WaveLedger()  # this run's last-wave passes (batch_waves): judged at its end
         self.wave_pass: tuple[int, float | None] | None = None  # a steady last-wave pass's start (_wave_before)
         if self.load is not None:
@@ -209,8 +220,9 @@ class _Batch(BatchPlanning, BatchRequests):
         t2, c2 = self.clock(), self.cost_clock()
         if steady and all(d.side is None for d in drafts):
             attended = sum(len(d) * c for d, c in zip(drafts, contexts, strict=True))
-            self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), c1 - c0, c2 - c1,
-                            sum(contexts), attended)
+            catch_up = sum(d.catch_up_seconds for d in proposed)  # a start, not a step (kept across runs)
+            self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), max(0.0, c1 - c0 - catch_up),
+                            c2 - c1, sum(contexts), attended)
             # realized vs. predicted, the plan's own host seconds in: plain decoding spends none
             self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c2 - planning)
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
