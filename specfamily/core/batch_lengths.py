@@ -63,14 +63,21 @@ class Tally:
 
     def add(self, tried: int, accepted: int) -> None:
         """A pass that verified ``tried`` levels and accepted ``accepted`` of them (from the root down)."""
-        if tried > len(self.tried):
-            grow = tried - len(self.tried)
-            self.tried += [0.0] * grow
-            self.accepted += [0.0] * grow
+        self._grow(tried)
         for depth in range(tried):
             self.tried[depth] += 1
         for depth in range(min(accepted, tried)):
             self.accepted[depth] += 1
+
+    def add_level(self, depth: int, accepted: bool) -> None:
+        """One level at ``depth`` (1: the first) verified, accepted or not, its shallower levels counted before."""
+        self._grow(depth)
+        self.tried[depth - 1] += 1
+        self.accepted[depth - 1] += accepted
+
+    def _grow(self, depth: int) -> None:
+        more = [0.0] * max(0, depth - len(self.tried))
+        self.tried, self.accepted = self.tried + more, self.accepted + more
 
     def alpha(self, prior: Sequence[float], weight: float) -> list[float]:
         """Conditional acceptance at depths 1 .. len(prior): the counts, with ``prior`` worth ``weight`` passes."""
