@@ -336,12 +336,13 @@ class LengthPolicy:
             self._lost(batch, 0)
 
     def timed(self, batch: int, rows: int, steps: int, draft_seconds: float, seconds: float, slots: float = 0.0,
-              drafted: float = 0.0) -> None:
+              drafted: float = 0.0, host: float | None = None) -> None:
         """A steady pass over ``batch`` requests of ``rows`` fed rows in all, after ``steps`` draft steps that took
         ``draft_seconds``, took ``seconds`` (forward, verification, commit); its slots held ``slots`` cached tokens
-        and its draft rows attended ``drafted`` (``RowCosts.observe``)."""
+        and its draft rows attended ``drafted`` (``RowCosts.observe``); ``host``: its seconds outside the forward
+        (``RowCosts.observe``), if measured."""
         self.priced = self.costs.measured(batch, batch, slots) if rows == batch else None  # before it is observed
-        self.costs.observe(batch, rows, seconds, slots, drafted)
+        self.costs.observe(batch, rows, seconds, slots, drafted, host)
         self.costs.observe_draft(batch, steps, draft_seconds)
         self.unrefreshed[batch] = self.unrefreshed.get(batch, 0) + 1 if rows > batch else 0
 
