@@ -14,9 +14,10 @@ it, then counted in its evidence's bucket (:func:`bucket`) as the request's own 
 decides it (:class:`Held`), not once the whole proposal is decided: a proposal missed at depth 1 is decided by the next
 token and one accepted deep only tokens later, so counting whole proposals counted the misses first, and the
 acceptances still pending at any time pulled every estimate below what the drafts were accepted at
-(docs/batching.md, session 29). A draft's per-depth acceptance is then
-its request's counts in its bucket over the batch's in that bucket over the batch's pooled drafted passes
-(:meth:`Evidence.alpha`); a proposal with no evidence (0) is valued as before.
+(docs/batching.md, session 29). A request's text copies itself more as it grows, so its proposals are accepted more
+the later they come: counts are also kept by the proposal's position in its text (:func:`band`). A draft's per-depth
+acceptance is its request's counts in its bucket at its band over the batch's there, over the batch's in that bucket,
+over the batch's pooled drafted passes (:meth:`Evidence.alpha`); a proposal with no evidence (0) is valued as before.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from specfamily.core.batch_lengths import Tally
 from specfamily.core.types import Draft
 
-__all__ = ["Evidence", "Held", "Proposal", "bucket", "kept_evidence", "resolve"]
+__all__ = ["Evidence", "Held", "Proposal", "band", "bucket", "kept_evidence", "resolve"]
 
 _BATCH_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the pooled prior is worth to a bucket, the bucket to a request's own
 
@@ -36,6 +37,11 @@ def bucket(evidence: int) -> int:
     """The bucket of a match length: 1, 2 and 3 apart (prompt lookup's n-grams), then one a doubling (4-7, 8-15, ...:
     suffix's matches run to its ``max_depth``); 0 for none."""
     return evidence if evidence < 4 else evidence.bit_length() + 1
+
+
+def band(at: int) -> int:
+    """The band of a proposal made after ``at`` new tokens of its request: one a doubling (0, 1, 2-3, 4-7, ...)."""
+    return at.bit_length()
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,8 @@ class Evidence:
     """One batched call's proposals awaiting their text, and the tallies they teach: the batch's by bucket
     (``kept``), each request's by bucket (``own``, keyed by request index)."""
 
-    kept: dict[int, Tally] = field(default_factory=dict)
-    own: dict[tuple[int, int], Tally] = field(default_factory=dict)
+    kept: dict = field(default_factory=dict)  # bucket, and (bucket, band) -> the batch's tally
+    own: dict[tuple[int, int, int], Tally] = field(default_factory=dict)  # (request, bucket, band) -> its tally
     pending: dict[int, list[Held]] = field(default_factory=dict)
 
     def learn(self, request: int, text: Sequence[int]) -> None:
@@ -125,11 +131,12 @@ class Evidence:
             start = each.depth
             levels, done = each.advance(text)
             if levels:
-                kept = self.kept.setdefault(each.proposal.bucket, Tally())
-                own = self.own.setdefault((request, each.proposal.bucket), Tally())
+                key, at = each.proposal.bucket, band(each.proposal.at)
+                tallies = [self.kept.setdefault(k, Tally()) for k in (key, (key, at))]
+                tallies.append(self.own.setdefault((request, key, at), Tally()))
                 for depth, accepted in enumerate(levels, start=start + 1):
-                    kept.add_level(depth, accepted)
-                    own.add_level(depth, accepted)
+                    for tally in tallies:
+                        tally.add_level(depth, accepted)
             if not done:
                 left.append(each)
         self.pending[request] = left
@@ -139,14 +146,18 @@ class Evidence:
         if len(draft) and draft.evidence > 0 and draft.q is None:
             self.pending.setdefault(request, []).append(Held(Proposal.of(draft, at)))
 
-    def alpha(self, request: int, evidence: int, pooled: Sequence[float]) -> list[float] | None:
-        """Per-depth acceptance of ``request``'s draft with ``evidence``: its own counts in the bucket over the
-        batch's (worth ``_OWN_WEIGHT`` passes), those over ``pooled`` (worth ``_BATCH_WEIGHT``); None without
-        evidence."""
-        return None if evidence <= 0 else self._in(request, bucket(evidence), pooled)
+    def alpha(self, request: int, evidence: int, pooled: Sequence[float], at: int | None = None) -> list[float] | None:
+        """Per-depth acceptance of ``request``'s draft with ``evidence``, made after ``at`` new tokens: its own counts
+        in the bucket at that :func:`band` over the batch's there (worth ``_OWN_WEIGHT`` passes), those over the
+        batch's in the bucket (worth ``_BATCH_WEIGHT``), those over ``pooled`` (worth ``_BATCH_WEIGHT``); ``at``
+        None: the batch's in the bucket alone. None without evidence."""
+        return None if evidence <= 0 else self._in(request, bucket(evidence), pooled, at)
 
-    def _in(self, request: int, key: int, pooled: Sequence[float]) -> list[float]:
+    def _in(self, request: int, key: int, pooled: Sequence[float], at: int | None) -> list[float]:
         """:meth:`alpha` in bucket ``key``."""
         batch = self.kept.get(key, Tally()).alpha(pooled, _BATCH_WEIGHT)
-        own = self.own.get((request, key))
+        if at is None:
+            return batch
+        batch = self.kept.get((key, band(at)), Tally()).alpha(batch, _BATCH_WEIGHT)
+        own = self.own.get((request, key, band(at)))
         return batch if own is None else own.alpha(batch, _OWN_WEIGHT)
