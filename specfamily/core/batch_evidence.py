@@ -102,9 +102,9 @@ class Held:
             self.node, self.depth = child, self.depth + 1
 
 
-def kept_evidence(target, drafter) -> dict[int, Tally]:
-    """The batch's tallies by bucket for ``drafter``'s class on ``target`` (beside the pooled tally, ``kept_tally``),
-    kept across ``generate_batch`` calls; a target without that record: the run's own."""
+def kept_evidence(target, drafter) -> dict:
+    """The batch's tallies by bucket and by (bucket, band) for ``drafter``'s class on ``target`` (beside the pooled
+    tally, ``kept_tally``), kept across ``generate_batch`` calls; a target without that record: the run's own."""
     kept = getattr(target, "batch_realized", None)
     if kept is None or drafter is None:
         return {}
