@@ -64,9 +64,10 @@ def _install() -> None:
         RECORDS.append(record)
         return lengths
 
-    def timed_(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0):
-        RECORDS.append({"event": "timed", "B": batch, "rows": rows, "draft": draft_seconds, "seconds": seconds})
-        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted)
+    def timed_(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None):
+        RECORDS.append({"event": "timed", "B": batch, "rows": rows, "draft": draft_seconds, "seconds": seconds,
+                        "host": host})
+        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host)
 
     def settled(self, committed, seconds):
         if self.predicted is None:
@@ -124,7 +125,8 @@ def passes(records: list[dict]) -> list[dict]:
         if "kind" in record:
             pending = record
         elif record.get("event") == "timed" and pending is not None:
-            out.append({**pending, "rows": record["rows"], "draft": record["draft"], "seconds": record["seconds"]})
+            out.append({**pending, "rows": record["rows"], "draft": record["draft"], "seconds": record["seconds"],
+                        "host": record.get("host") or 0.0})
             pending = None
         elif record.get("event") == "settle" and out:
             out[-1]["committed"] = record["committed"]
@@ -145,7 +147,8 @@ def show(records: list[dict]) -> None:
             print(
                 f"  N={p['rows']:3d} {'tree' if p['tree'] else 'chain'} {p['kind']:5s} gain={p['gain']:.2f} "
                 f"corr={p['correction']:.2f} predicted={1e3 * p['predicted']:.1f} ms "
-                f"measured={1e3 * p['seconds']:.1f} ms propose={1e3 * p['draft']:.1f} ms resting={p['resting']} "
+                f"measured={1e3 * (p['seconds'] + p['host']):.1f} ms (host {1e3 * p['host']:.1f}) "
+                f"propose={1e3 * p['draft']:.1f} ms resting={p['resting']} "
                 f"tokens={sum(p.get('committed', []))} rows a slot={p['per_slot']}"
             )
 

@@ -12,7 +12,11 @@ t0 the context-free cost: medians of the latest few passes per (B, N) less their
 N through the measured points, scaled by what this B measured against it), and the two slopes fitted on the run's
 passes within each (B, N), refitted as the caches grow (a pass of the same shape at another context is the
 measurement: plain passes at several contexts give k_slot, drafted ones then k_row). The seconds of one batched draft
-step per B are kept beside them.
+step per B are kept beside them, and the host seconds a steady pass spends outside its forward (its plan, its
+proposals, its drafts' commit), drafted and undrafted passes apart: the table prices a pass at what it costs whole,
+an undrafted pass's host seconds beside t(B, B) and a drafted pass's beside every t(B, N > B). A drafted pass plans on
+its proposals, cuts and verifies them and records them, host work that grows no cheaper with the forward's threads
+(docs/batching.md, session 29).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class RowCosts:
     ridge: float = 32768.0  # tokens^2: the slopes' prior of no context term, worth 8 passes 64 tokens apart
     passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)  # (B, N) -> (s, slots, drafted)
     steps: dict[int, deque] = field(default_factory=dict, repr=False)
+    host: dict[tuple[int, bool], deque] = field(default_factory=dict, repr=False)  # (B, drafted) -> host seconds
     slopes: tuple[float, float] = (0.0, 0.0)  # seconds per cached token: of a slot, of a draft row
     _since: int = field(default=0, repr=False)
     _medians: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
@@ -56,9 +61,13 @@ class RowCosts:
         passes = getattr(target, "batch_pass_costs", None)
         return cls() if passes is None else cls(passes=passes)
 
-    def observe(self, batch: int, rows: int, seconds: float, slots: float = 0.0, drafted: float = 0.0) -> None:
+    def observe(self, batch: int, rows: int, seconds: float, slots: float = 0.0, drafted: float = 0.0,
+                host: float | None = None) -> None:
         """A pass of ``batch`` slots feeding ``rows`` rows took ``seconds``; its slots held ``slots`` cached tokens in
-        all and its draft rows attended ``drafted`` (each draft row its slot's cached length)."""
+        all and its draft rows attended ``drafted`` (each draft row its slot's cached length); ``host``: its seconds
+        outside the forward, if measured (:meth:`observe_host`)."""
+        if host is not None:
+            self.observe_host(batch, rows > batch, host)
         if not (math.isfinite(seconds) and seconds > 0):
             return
         kept = self.passes.setdefault((batch, rows), deque(maxlen=self.history))
@@ -90,6 +99,21 @@ class RowCosts:
         if steps > 0 and math.isfinite(seconds) and seconds >= 0:
             self.steps.setdefault(batch, deque(maxlen=self.window)).append(seconds / steps)
 
+    def observe_host(self, batch: int, drafted: bool, seconds: float) -> None:
+        """A steady pass of ``batch`` requests (``drafted``: it fed draft rows) spent ``seconds`` outside its
+        forward."""
+        if math.isfinite(seconds) and seconds >= 0:
+            self.host.setdefault((batch, drafted), deque(maxlen=self.history)).append(seconds)
+
+    def host_seconds(self, batch: int) -> tuple[float, float]:
+        """(an undrafted pass's, a drafted pass's) mean host seconds at ``batch``: the mean, as a run's seconds are a
+        sum of passes; a kind not measured yet is priced as the other, neither as 0."""
+        undrafted, drafted = (self.host.get((batch, d)) for d in (False, True))
+        plain = statistics.fmean(undrafted) if undrafted else None
+        fed = statistics.fmean(drafted) if drafted else None
+        plain = fed if plain is None else plain
+        return (plain or 0.0), (plain if fed is None else fed) or 0.0
+
     def known(self, batch: int, rows: int) -> bool:
         return (batch, rows) in self._medians
 
@@ -114,9 +138,10 @@ class RowCosts:
 
     def table(self, batch: int, most: int, slots: float = 0.0) -> list[float] | None:
         """t(batch, N) for N = 0 .. min(most, :meth:`reach`) (measured, else predicted) with the slots holding
-        ``slots`` cached tokens in all, draft rows' context terms left out (``row_token``), or None while the curve
-        has < 2 points. Predicted: the curve over N scaled by what this B measured against it. The plan
-        cannot feed more rows than the table holds."""
+        ``slots`` cached tokens in all, draft rows' context terms left out (``row_token``), each with its pass's host
+        seconds (:meth:`host_seconds`: a drafted pass's from N > batch on), or None while the curve has < 2 points.
+        Predicted: the curve over N scaled by what this B measured against it. The plan cannot feed more rows than
+        the table holds."""
         xs, ys = self.curve()
         if len(xs) < 2:
             return None
@@ -127,7 +152,8 @@ class RowCosts:
         for n, s in own.items():
             if n <= top:
                 table[n] = s
-        return [t + self.slopes[0] * slots for t in table]
+        plain, drafted = self.host_seconds(batch)
+        return [t + self.slopes[0] * slots + (drafted if n > batch else plain) for n, t in enumerate(table)]
 
     def reach(self, batch: int) -> int:
         """The most rows a pass of ``batch`` requests may be priced at: its largest measured pass plus one draft row

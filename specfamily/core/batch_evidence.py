@@ -10,9 +10,14 @@ path of its tree that the text continues is what drafting it whole would have ha
 exactly; under sampling a token equals a one-hot draft's token with the probability the verifier accepts it). So every
 proposal the lookahead path sees (a full-length one, asked before the plan) is held until its request's text decides
 it, then counted in its evidence's bucket (:func:`bucket`) as the request's own (:class:`Evidence`) and the batch's
-(:func:`kept_evidence`: kept on the target per drafter class, across calls). A draft's per-depth acceptance is then
-its request's counts in its bucket over the batch's in that bucket over the batch's pooled drafted passes
-(:meth:`Evidence.alpha`); a proposal with no evidence (0) is valued as before.
+(:func:`kept_evidence`: kept on the target per drafter class, across calls). Each level is counted as soon as the text
+decides it (:class:`Held`), not once the whole proposal is decided: a proposal missed at depth 1 is decided by the next
+token and one accepted deep only tokens later, so counting whole proposals counted the misses first, and the
+acceptances still pending at any time pulled every estimate below what the drafts were accepted at
+(docs/batching.md, session 29). A request's text copies itself more as it grows, so its proposals are accepted more
+the later they come: counts are also kept by the proposal's position in its text (:func:`band`). A draft's per-depth
+acceptance is its request's counts in its bucket at its band over the batch's there, over the batch's in that bucket,
+over the batch's pooled drafted passes (:meth:`Evidence.alpha`); a proposal with no evidence (0) is valued as before.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from specfamily.core.batch_lengths import Tally
 from specfamily.core.types import Draft
 
-__all__ = ["Evidence", "Proposal", "bucket", "kept_evidence", "resolve"]
+__all__ = ["Evidence", "Held", "Proposal", "band", "bucket", "kept_evidence", "resolve"]
 
 _BATCH_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the pooled prior is worth to a bucket, the bucket to a request's own
 
@@ -32,6 +37,11 @@ def bucket(evidence: int) -> int:
     """The bucket of a match length: 1, 2 and 3 apart (prompt lookup's n-grams), then one a doubling (4-7, 8-15, ...:
     suffix's matches run to its ``max_depth``); 0 for none."""
     return evidence if evidence < 4 else evidence.bit_length() + 1
+
+
+def band(at: int) -> int:
+    """The band of a proposal made after ``at`` new tokens of its request: one a doubling (0, 1, 2-3, 4-7, ...)."""
+    return at.bit_length()
 
 
 @dataclass(frozen=True)
@@ -65,9 +75,36 @@ def resolve(proposal: Proposal, text: Sequence[int]) -> tuple[int, int] | None:
         node, depth = child, depth + 1
 
 
-def kept_evidence(target, drafter) -> dict[int, Tally]:
-    """The batch's tallies by bucket for ``drafter``'s class on ``target`` (beside the pooled tally, ``kept_tally``),
-    kept across ``generate_batch`` calls; a target without that record: the run's own."""
+@dataclass
+class Held:
+    """A held proposal and how far its request's text has decided it: the node its path reached (-1: none), the
+    levels counted."""
+
+    proposal: Proposal
+    node: int = -1
+    depth: int = 0
+
+    def advance(self, text: Sequence[int]) -> tuple[list[bool], bool]:
+        """(each level ``text`` newly decides, in order: accepted or not; whether the proposal is decided whole: its
+        path left the tree or reached a leaf)."""
+        future, tokens, parents = text[self.proposal.at :], self.proposal.tokens, self.proposal.parents
+        levels = []
+        while True:
+            children = [i for i, p in enumerate(parents) if p == self.node]
+            if not children:
+                return levels, True
+            if self.depth >= len(future):
+                return levels, False
+            child = next((i for i in children if tokens[i] == future[self.depth]), None)
+            levels.append(child is not None)
+            if child is None:
+                return levels, True
+            self.node, self.depth = child, self.depth + 1
+
+
+def kept_evidence(target, drafter) -> dict:
+    """The batch's tallies by bucket and by (bucket, band) for ``drafter``'s class on ``target`` (beside the pooled
+    tally, ``kept_tally``), kept across ``generate_batch`` calls; a target without that record: the run's own."""
     kept = getattr(target, "batch_realized", None)
     if kept is None or drafter is None:
         return {}
@@ -79,38 +116,48 @@ class Evidence:
     """One batched call's proposals awaiting their text, and the tallies they teach: the batch's by bucket
     (``kept``), each request's by bucket (``own``, keyed by request index)."""
 
-    kept: dict[int, Tally] = field(default_factory=dict)
-    own: dict[tuple[int, int], Tally] = field(default_factory=dict)
-    pending: dict[int, list[Proposal]] = field(default_factory=dict)
+    kept: dict = field(default_factory=dict)  # bucket, and (bucket, band) -> the batch's tally
+    own: dict[tuple[int, int, int], Tally] = field(default_factory=dict)  # (request, bucket, band) -> its tally
+    pending: dict[int, list[Held]] = field(default_factory=dict)
 
     def learn(self, request: int, text: Sequence[int]) -> None:
-        """Count every held proposal of ``request`` that its ``text`` now decides."""
+        """Count every level of ``request``'s held proposals that its ``text`` now decides (:meth:`Held.advance`);
+        a proposal decided whole is let go."""
         held = self.pending.get(request)
         if not held:
             return
         left = []
-        for proposal in held:
-            verdict = resolve(proposal, text)
-            if verdict is None:
-                left.append(proposal)
-                continue
-            self.kept.setdefault(proposal.bucket, Tally()).add(*verdict)
-            self.own.setdefault((request, proposal.bucket), Tally()).add(*verdict)
+        for each in held:
+            start = each.depth
+            levels, done = each.advance(text)
+            if levels:
+                key, at = each.proposal.bucket, band(each.proposal.at)
+                tallies = [self.kept.setdefault(k, Tally()) for k in (key, (key, at))]
+                tallies.append(self.own.setdefault((request, key, at), Tally()))
+                for depth, accepted in enumerate(levels, start=start + 1):
+                    for tally in tallies:
+                        tally.add_level(depth, accepted)
+            if not done:
+                left.append(each)
         self.pending[request] = left
 
     def hold(self, request: int, draft: Draft, at: int) -> None:
         """Hold ``request``'s proposal ``draft`` (deterministic, with evidence), made after ``at`` new tokens."""
         if len(draft) and draft.evidence > 0 and draft.q is None:
-            self.pending.setdefault(request, []).append(Proposal.of(draft, at))
+            self.pending.setdefault(request, []).append(Held(Proposal.of(draft, at)))
 
-    def alpha(self, request: int, evidence: int, pooled: Sequence[float]) -> list[float] | None:
-        """Per-depth acceptance of ``request``'s draft with ``evidence``: its own counts in the bucket over the
-        batch's (worth ``_OWN_WEIGHT`` passes), those over ``pooled`` (worth ``_BATCH_WEIGHT``); None without
-        evidence."""
-        return None if evidence <= 0 else self._in(request, bucket(evidence), pooled)
+    def alpha(self, request: int, evidence: int, pooled: Sequence[float], at: int | None = None) -> list[float] | None:
+        """Per-depth acceptance of ``request``'s draft with ``evidence``, made after ``at`` new tokens: its own counts
+        in the bucket at that :func:`band` over the batch's there (worth ``_OWN_WEIGHT`` passes), those over the
+        batch's in the bucket (worth ``_BATCH_WEIGHT``), those over ``pooled`` (worth ``_BATCH_WEIGHT``); ``at``
+        None: the batch's in the bucket alone. None without evidence."""
+        return None if evidence <= 0 else self._in(request, bucket(evidence), pooled, at)
 
-    def _in(self, request: int, key: int, pooled: Sequence[float]) -> list[float]:
+    def _in(self, request: int, key: int, pooled: Sequence[float], at: int | None) -> list[float]:
         """:meth:`alpha` in bucket ``key``."""
         batch = self.kept.get(key, Tally()).alpha(pooled, _BATCH_WEIGHT)
-        own = self.own.get((request, key))
+        if at is None:
+            return batch
+        batch = self.kept.get((key, band(at)), Tally()).alpha(batch, _BATCH_WEIGHT)
+        own = self.own.get((request, key, band(at)))
         return batch if own is None else own.alpha(batch, _OWN_WEIGHT)

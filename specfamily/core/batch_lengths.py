@@ -63,14 +63,21 @@ class Tally:
 
     def add(self, tried: int, accepted: int) -> None:
         """A pass that verified ``tried`` levels and accepted ``accepted`` of them (from the root down)."""
-        if tried > len(self.tried):
-            grow = tried - len(self.tried)
-            self.tried += [0.0] * grow
-            self.accepted += [0.0] * grow
+        self._grow(tried)
         for depth in range(tried):
             self.tried[depth] += 1
         for depth in range(min(accepted, tried)):
             self.accepted[depth] += 1
+
+    def add_level(self, depth: int, accepted: bool) -> None:
+        """One level at ``depth`` (1: the first) verified, accepted or not, its shallower levels counted before."""
+        self._grow(depth)
+        self.tried[depth - 1] += 1
+        self.accepted[depth - 1] += accepted
+
+    def _grow(self, depth: int) -> None:
+        more = [0.0] * max(0, depth - len(self.tried))
+        self.tried, self.accepted = self.tried + more, self.accepted + more
 
     def alpha(self, prior: Sequence[float], weight: float) -> list[float]:
         """Conditional acceptance at depths 1 .. len(prior): the counts, with ``prior`` worth ``weight`` passes."""
@@ -332,12 +339,13 @@ class LengthPolicy:
             self._lost(batch, 0)
 
     def timed(self, batch: int, rows: int, steps: int, draft_seconds: float, seconds: float, slots: float = 0.0,
-              drafted: float = 0.0) -> None:
+              drafted: float = 0.0, host: float | None = None) -> None:
         """A steady pass over ``batch`` requests of ``rows`` fed rows in all, after ``steps`` draft steps that took
         ``draft_seconds``, took ``seconds`` (forward, verification, commit); its slots held ``slots`` cached tokens
-        and its draft rows attended ``drafted`` (``RowCosts.observe``)."""
+        and its draft rows attended ``drafted`` (``RowCosts.observe``); ``host``: its seconds outside the forward
+        (``RowCosts.observe``), if measured."""
         self.priced = self.costs.measured(batch, batch, slots) if rows == batch else None  # before it is observed
-        self.costs.observe(batch, rows, seconds, slots, drafted)
+        self.costs.observe(batch, rows, seconds, slots, drafted, host)
         self.costs.observe_draft(batch, steps, draft_seconds)
         self.unrefreshed[batch] = self.unrefreshed.get(batch, 0) + 1 if rows > batch else 0
 

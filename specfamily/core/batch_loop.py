@@ -218,18 +218,20 @@ class _Batch(BatchPlanning, BatchRequests):
             self.batch.commit(slot, accepted)
             verdicts.append((accepted, next_token))
         t2, c2 = self.clock(), self.cost_clock()
-        if steady and all(d.side is None for d in drafts):
-            attended = sum(len(d) * c for d, c in zip(drafts, contexts, strict=True))
-            catch_up = sum(d.catch_up_seconds for d in proposed)  # a start, not a step (kept across runs)
-            self.load.timed(len(group), self.batch.rows, max(_depth(d) for d in proposed), max(0.0, c1 - c0 - catch_up),
-                            c2 - c1, sum(contexts), attended)
-            # realized vs. predicted, the plan's own host seconds in: plain decoding spends none
-            self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c2 - planning)
+        rows = self.batch.rows
         for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
                                                                    strict=True):
             self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
         if steady:
-            self._wave_passed(group, drafts, c2 - planning)
+            c3 = self.cost_clock()
+            if all(d.side is None for d in drafts):
+                attended = sum(len(d) * c for d, c in zip(drafts, contexts, strict=True))
+                catch_up = sum(d.catch_up_seconds for d in proposed)  # a start, not a step (kept across runs)
+                self.load.timed(len(group), rows, max(_depth(d) for d in proposed), max(0.0, c1 - c0 - catch_up),
+                                c2 - c1, sum(contexts), attended, (c1 - planning) + (c3 - c2))
+                # realized vs. predicted, the pass whole: its plan, proposals, forward and its drafts' commit
+                self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c3 - planning)
+            self._wave_passed(group, drafts, c3 - planning)
         self.passes += 1
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)

@@ -192,7 +192,7 @@ class BatchPlanning:
     def _valued_alpha(self, request: Request, draft: Draft, pooled: list[float]) -> list[float]:
         """A proposed draft's per-depth acceptance: by its evidence where its drafter reports one
         (:class:`~specfamily.core.batch_evidence.Evidence`), else the request's own (:meth:`_alpha`)."""
-        by_evidence = self.evidence.alpha(request.index, draft.evidence, pooled)
+        by_evidence = self.evidence.alpha(request.index, draft.evidence, pooled, len(request.new_tokens))
         return self._alpha(request, pooled) if by_evidence is None else by_evidence
 
     def _alpha(self, request: Request, pooled: list[float] | None = None) -> list[float]:

@@ -104,3 +104,70 @@ def test_generate_batch_prices_each_draft_row_over_its_slots_cache(monkeypatch):
     unpriced, flat = _context_priced_run(monkeypatch)
     assert _share(flat, near=True) < 1.5 * _share(flat, near=False)  # unpriced: a row is a row wherever it is
     assert seconds < 0.95 * unpriced
+
+
+def test_a_pass_is_priced_with_its_host_seconds_drafted_and_undrafted_apart():
+    costs = RowCosts(ridge=0.0)
+    _passes(costs)
+    assert costs.host_seconds(4) == (0.0, 0.0)
+    costs.observe_host(4, False, 0.001)
+    costs.observe_host(4, False, 0.003)
+    table = costs.table(4, 12, slots=2800)
+    assert costs.host_seconds(4) == pytest.approx((0.002, 0.002))  # a drafted pass not measured yet: as undrafted
+    assert table[4] == pytest.approx(_true(4, 4, 2800, 0) + 0.002)
+    assert table[12] == pytest.approx(_true(4, 12, 2800, 0) + 0.002)
+    costs.observe_host(4, True, 0.005)
+    costs.observe_host(4, True, float("nan"))  # not a measurement
+    table = costs.table(4, 12, slots=2800)
+    assert table[4] == pytest.approx(_true(4, 4, 2800, 0) + 0.002)
+    assert table[5] == pytest.approx(_true(4, 5, 2800, 0) + 0.005)
+    assert table[12] == pytest.approx(_true(4, 12, 2800, 0) + 0.005)
+    assert costs.measured(4, 4, 2800) == pytest.approx(_true(4, 4, 2800, 0))  # the forward alone
+    assert costs.host_seconds(8) == (0.0, 0.0)
+
+
+def test_a_drafted_pass_whose_host_work_eats_its_gain_is_not_planned():
+    """The same prospects and forwards: drafting pays while a drafted pass's host seconds are an undrafted pass's,
+    and not once they cost it more than its expected tokens buy."""
+    from specfamily.core.batch_lengths import LengthPolicy
+
+    def policy(drafted_host: float) -> LengthPolicy:
+        load = LengthPolicy()
+        for _ in range(3):
+            load.timed(4, 4, 0, 0.0, 0.040, host=0.002)
+            load.timed(4, 8, 1, 0.0, 0.044, host=drafted_host)
+        return load
+
+    prospects = [Prospect([0.5], [1])] * 4  # 4 rows: 2 tokens expected for a tenth more forward
+    assert policy(0.002).lengths(prospects, proposed=True) == [1, 1, 1, 1]
+    assert policy(0.020).lengths(prospects, proposed=True) == [0, 0, 0, 0]  # (6 / 0.064) / (4 / 0.042) < 1
+
+
+def test_the_batched_loop_times_each_steady_pass_whole_its_host_seconds_apart(monkeypatch):
+    """Each steady pass gives the policy its forward and its host seconds (plan, proposals, commit), and settles on
+    their sum: the pass whole, drafted and undrafted alike; the texts stay plain decoding's."""
+    from specfamily.core.batch_lengths import LengthPolicy
+
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 8, 5, 6], [10, 11, 12, 10, 11, 12], [20, 21, 22, 20]]
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=24)]
+    timed, settle, seen, policies = LengthPolicy.timed, LengthPolicy.settle, [], []
+
+    def timing(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None):
+        seen.append([rows > batch, seconds, host])
+        policies.append(self)
+        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host)
+
+    def settling(self, committed, seconds):
+        seen[-1].append(seconds)
+        return settle(self, committed, seconds)
+
+    monkeypatch.setattr(LengthPolicy, "timed", timing)
+    monkeypatch.setattr(LengthPolicy, "settle", settling)
+    texts = [r.tokens for r in sf.generate_batch(target, sf.create_drafter("prompt_lookup", target), prompts, 24)]
+    assert texts == plain and len(seen) >= 10 and any(d for d, *_ in seen)
+    for _, forward, host, whole in seen:
+        assert host >= 0 and whole == pytest.approx(forward + host, abs=1e-9)
+    kept = policies[0].costs.host
+    assert {d for _, d in kept} == {d for d, *_ in seen}
+    assert sum(len(v) for v in kept.values()) == len(seen)  # every steady pass, fewer than a window
