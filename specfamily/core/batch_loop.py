@@ -156,12 +156,11 @@ class _Batch(BatchPlanning, BatchRequests):
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
         self.load = LengthPolicy(costs=RowCosts.of(target), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
-        if self.load is not None:  # a draft step costs what it cost in this drafter's earlier runs
-            self.load.costs.steps = _kept_steps(target, drafter)
         self.waves = WaveLedger()  # this run's last-wave passes (batch_waves): judged at its end
         self.wave_pass: tuple[int, float | None] | None = None  # a steady last-wave pass's start (_wave_before)
         if self.load is not None:
-            self.load.joint_only = self._wave_record().waves_closed > 0
+            self.load.costs.steps = _kept_steps(target, drafter)  # a step costs what it cost in earlier runs
+            self.load.joint_only = self._wave_record().waves_closed > 0  # earlier runs' last waves closed it
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged
         self.pooled = kept_tally(target, drafter)  # every request's drafted levels and accepted, kept across calls
@@ -237,7 +236,7 @@ class _Batch(BatchPlanning, BatchRequests):
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
 
-    def _wave_record(self):
+    def _wave_record(self) -> Realized:
         """The load's kept record at this batch's slots (``batch_goodput.Realized``: its ``waves_closed``)."""
         return self.load.realized.setdefault(self.batch.cache.slots, Realized())
 
