@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specfamily.core.batch_lengths import Tally
+from specfamily.core.batch_tally import Tally
 from specfamily.core.types import Draft
 
 __all__ = ["Evidence", "Held", "Proposal", "band", "bucket", "kept_evidence", "resolve"]

@@ -30,10 +30,11 @@ from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_evidence import Evidence, kept_evidence
 from specfamily.core.batch_goodput import Realized, kept_realized
-from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts, kept_tally
+from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.core.batch_requests import BatchRequests, Request
 from specfamily.core.batch_slots import SlotCopier, propose_batch
+from specfamily.core.batch_tally import kept_tally
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.batch_waves import WaveLedger, judge
 from specfamily.core.costs import device_clock

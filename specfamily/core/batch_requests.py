@@ -8,14 +8,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specfamily.core import acceptance
-from specfamily.core.batch_lengths import Tally
 from specfamily.core.batch_slots import SlotTarget
+from specfamily.core.batch_tally import Tally
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import CostCurve
 from specfamily.core.drafter import Drafter, Hooks, hooks
 from specfamily.core.loop import _bind_costs
 from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.policy import policy_hooks
+from specfamily.core.policy_protocol import policy_hooks
 from specfamily.core.trace import TraceRecorder
 from specfamily.core.types import GenerationResult
 

@@ -16,7 +16,7 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, process_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
 from specfamily.core.metrics import MetricsRecorder
-from specfamily.core.policy import BoundHooks, policy_hooks
+from specfamily.core.policy_protocol import BoundHooks, policy_hooks
 from specfamily.core.target import Target
 from specfamily.core.trace import TraceRecorder
 from specfamily.core.types import Draft, GenerationResult, SamplingConfig, VerifyOutcome

@@ -1,6 +1,6 @@
 """The draft-length schedules that are not cost-aware: a constant gamma, Hugging Face's heuristic schedule and the
-theory-optimal gamma at running estimates (``specfamily.core.policy`` holds the protocol, the cost-aware ``auto``
-policy and ``make_policy``, which builds these by name)."""
+theory-optimal gamma at running estimates (``specfamily.core.policy_protocol`` holds the protocol;
+``specfamily.core.policy`` the cost-aware ``auto`` policy and ``make_policy``, which builds these by name)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specfamily.core.policy import Policy, policy_hooks
+from specfamily.core.policy_protocol import Policy, policy_hooks
 from specfamily.core.theory import VerifyCost
 from specfamily.core.types import Draft
 from specfamily.drafters.merge.config import CREDITS
