@@ -47,6 +47,7 @@ class RowCosts:
     _since: int = field(default=0, repr=False)
     _medians: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     _by_batch: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # B -> {N: median}
+    _host_means: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)  # host_seconds'
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -104,10 +105,17 @@ class RowCosts:
         forward."""
         if math.isfinite(seconds) and seconds >= 0:
             self.host.setdefault((batch, drafted), deque(maxlen=self.history)).append(seconds)
+            self._host_means.pop(batch, None)
 
     def host_seconds(self, batch: int) -> tuple[float, float]:
         """(an undrafted pass's, a drafted pass's) mean host seconds at ``batch``: the mean, as a run's seconds are a
-        sum of passes; a kind not measured yet is priced as the other, neither as 0."""
+        sum of passes; a kind not measured yet is priced as the other, neither as 0. Kept until ``batch`` observes
+        another pass (every :meth:`table` of a pass asks it)."""
+        if batch not in self._host_means:
+            self._host_means[batch] = self._host_mean(batch)
+        return self._host_means[batch]
+
+    def _host_mean(self, batch: int) -> tuple[float, float]:
         undrafted, drafted = (self.host.get((batch, d)) for d in (False, True))
         plain = statistics.fmean(undrafted) if undrafted else None
         fed = statistics.fmean(drafted) if drafted else None
