@@ -56,11 +56,17 @@ class RowCosts:
         self.refit()
 
     @classmethod
-    def of(cls, target) -> RowCosts:
+    def of(cls, target, drafter=None) -> RowCosts:
         """Costs over the target's ``batch_pass_costs`` (kept across runs: passes cost what they cost whichever
-        drafter feeds them); draft steps are the run's own."""
+        drafter feeds them) and ``batch_draft_steps`` of ``drafter``'s class (kept across runs per class: a run's
+        first drafted pass would otherwise be priced at a step of 0; docs/batching.md, session 29); either the
+        run's own where the target has no such record."""
         passes = getattr(target, "batch_pass_costs", None)
-        return cls() if passes is None else cls(passes=passes)
+        costs = cls() if passes is None else cls(passes=passes)
+        steps = getattr(target, "batch_draft_steps", None)
+        if steps is not None and drafter is not None:
+            costs.steps = steps.setdefault(type(drafter).__qualname__, {})
+        return costs
 
     def observe(self, batch: int, rows: int, seconds: float, slots: float = 0.0, drafted: float = 0.0,
                 host: float | None = None) -> None:

@@ -117,15 +117,6 @@ def _note_compiled(target: Target) -> None:
         logger.warning(COMPILED_PASS_NOTE)
 
 
-def _kept_steps(target: Target, drafter: Drafter) -> dict:
-    """The batched draft steps' seconds by B of ``drafter``'s class on ``target``, kept across ``generate_batch``
-    calls (a target without the record: a fresh dict). Each run's first drafted pass would otherwise be planned with
-    a step of 0 (a feature drafter at B=8 then drafted every slot and paid its catch-up; docs/batching.md, session 29);
-    the steps are measured without the catch-up over what a slot committed since it last drafted."""
-    kept = getattr(target, "batch_draft_steps", None)
-    return {} if kept is None else kept.setdefault(type(drafter).__qualname__, {})
-
-
 def _one_by_one(target: Target, drafter: Drafter | None, ids: list[torch.Tensor], max_new_tokens: int,
                 sampling: SamplingConfig, seed: int, arrivals: list[float], trace: bool,
                 clock: LoopClock) -> list[GenerationResult]:
@@ -155,12 +146,11 @@ class _Batch(BatchPlanning, BatchRequests):
         self.cost_clock = cost_clock  # the policy's pass times: CPU time on a one-thread CPU run
         self.origin, self.trace = 0.0, True
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
-        self.load = LengthPolicy(costs=RowCosts.of(target), realized=kept_realized(target, drafter)) \
+        self.load = LengthPolicy(costs=RowCosts.of(target, drafter), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
         self.waves = WaveLedger()  # this run's last-wave passes (batch_waves): judged at its end
         self.wave_pass: tuple[int, float | None] | None = None  # a steady last-wave pass's start (_wave_before)
         if self.load is not None:
-            self.load.costs.steps = _kept_steps(target, drafter)  # a step costs what it cost in earlier runs
             self.load.joint_only = self._wave_record().waves_closed > 0  # earlier runs' last waves closed it
         self.lookahead: bool | None = None  # propose at full length, then plan on the drafts (learned: _learn)
         self.proposal_seconds: deque[float] = deque(maxlen=5)  # seconds of the latest proposals _learn judged

@@ -88,7 +88,7 @@ class Target:
         self.verify_costs: dict[int, float] | None = None  # t(g + 1) / t(1) by g, measured on first need (core.costs)
         self.batch_pass_costs: dict = {}  # (B, N) -> the latest batched passes' (seconds, contexts) (core.batch_costs)
         self.batch_realized: dict = {}  # drafter class -> B -> drafted passes' gains (core.batch_goodput.kept_realized)
-        self.batch_draft_steps: dict = {}  # drafter class -> B -> a batched draft step's seconds (core.batch_loop)
+        self.batch_draft_steps: dict = {}  # drafter class -> B -> a batched draft step's seconds (core.batch_costs)
         self._layouts: OrderedDict[tuple, TreeLayout] = OrderedDict()  # by (m, parents, device, dtype)
         lean = fast and lean_unsupported(model) is None
         self.matmul_choice: MatmulChoice = choose_matmul(matmul, model if lean else None)  # auto's timings with it

@@ -307,3 +307,7 @@ def test_pass_costs_are_kept_on_the_target_across_runs():
     assert RowCosts.of(target).known(3, 3)  # the next run (another drafter) starts from what this one measured
     assert all(isinstance(b, int) and isinstance(n, int) for b, n in target.batch_pass_costs)
     assert not RowCosts.of(object()).passes  # a target without the attribute: the run's own costs
+    drafter = object()
+    RowCosts.of(target, drafter).observe_draft(3, 2, 0.4)
+    assert RowCosts.of(target, drafter).draft_step(3) == pytest.approx(0.2)  # a step kept per drafter class
+    assert RowCosts.of(target).draft_step(3) == 0.0  # no drafter named: the run's own steps
