@@ -36,6 +36,7 @@ class BufferedLayer(DynamicLayer):
     _keys: torch.Tensor | None = None
     _values: torch.Tensor | None = None
     _seen: int = -1  # the arena's expose whose views ``_keys``/``_values`` are (``KVArena.expose``: made when read)
+    _index: int = 0  # its place in ``arena.layers`` (``KVArena.layer``)
 
     @property
     def keys(self) -> torch.Tensor | None:
