@@ -183,6 +183,14 @@ class LengthPolicy:
                                                                                      strict=True)))
         return lengths
 
+    def held(self, batch: int, kind: str) -> list[int]:
+        """No draft for a pass of ``batch`` requests whose verdict to draft nothing, of ``kind``, holds
+        (``batch_hold``): recorded as :meth:`lengths` records that verdict planned."""
+        self.predicted = None
+        lengths = self._plan(batch, (), True, False, ([0] * batch, 0.0, kind))
+        self.choices.setdefault(batch, []).append(0)
+        return lengths
+
     def decision(self, prospects: Sequence[Prospect], together: bool = False,
                  contexts: Sequence[int] | None = None) -> Decision:
         """:meth:`lengths`' plan on these prospects (already proposed), recording nothing: (lengths, predicted gain,
@@ -201,7 +209,7 @@ class LengthPolicy:
         times the correction is within ``min_gain``. Records nothing; pass ``(zeros, 0.0, "idle")`` to
         :meth:`lengths` as ``decided`` to record the idle pass (docs/batching.md, session 27)."""
         batch = len(prospects)
-        if not any(p.acceptance for p in prospects) or not self.may_draft(batch) or self._probe_due(batch):
+        if not any(p.acceptance for p in prospects) or not self.may_draft(batch) or self.probe_due(batch):
             return False
         contexts = [0] * batch if contexts is None else contexts
         seconds = self.costs.table(batch, batch + sum(sum(p.rows) for p in prospects), sum(contexts))
@@ -211,10 +219,11 @@ class LengthPolicy:
         bound = pay_bound(prospects, seconds, step, share, self.costs.row_token() * min(contexts))
         return bound * self.correction(batch) <= self.min_gain
 
-    def _probe_due(self, batch: int) -> bool:
+    def probe_due(self, batch: int) -> bool:
         """Whether a pass at ``batch`` on which nothing pays would be a probe (every ``probe_every`` idle passes,
         backing off while probes keep losing)."""
-        losing = self.losing.get(batch, backoff(self.realized, batch))
+        losing = self.losing.get(batch)
+        losing = backoff(self.realized, batch) if losing is None else losing
         return self.idle.get(batch, 0) + 1 >= self.probe_every * 2 ** min(losing, self.max_backoff)
 
     def _decide(self, batch: int, prospects: Sequence[Prospect], proposed: bool, together: bool) -> Decision:
@@ -235,7 +244,7 @@ class LengthPolicy:
         lengths, gain = plan_lengths(prospects, seconds, step, row_token=self.costs.row_token())
         if any(lengths) and gain * self.correction(batch) > self.min_gain:
             return lengths, gain, "pays"
-        if not self._probe_due(batch):
+        if not self.probe_due(batch):
             return [0] * batch, gain, "idle"
         lengths, gain = plan_lengths(prospects, seconds, step, True, self.costs.row_token())  # a probe: estimates
         return lengths, gain, "probe"
@@ -253,7 +262,8 @@ class LengthPolicy:
             self.predicted = prediction
         elif kind == "idle":
             self.idle[batch] = self.idle.get(batch, 0) + 1
-            self.losing.setdefault(batch, backoff(self.realized, batch))
+            if batch not in self.losing:
+                self.losing[batch] = backoff(self.realized, batch)
         elif kind == "probe":
             self.idle[batch] = 0
             self._lost(batch, self.losing.setdefault(batch, backoff(self.realized, batch)) + 1)

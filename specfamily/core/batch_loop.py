@@ -30,6 +30,7 @@ from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_evidence import Evidence, kept_evidence
 from specfamily.core.batch_goodput import Realized, kept_realized
+from specfamily.core.batch_hold import VerdictHold
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.core.batch_requests import BatchRequests, Request
@@ -148,6 +149,8 @@ class _Batch(BatchPlanning, BatchRequests):
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
         self.load = LengthPolicy(costs=RowCosts.of(target, drafter), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
+        self.hold = VerdictHold()  # a steady pass's verdict to draft nothing, held while nothing it rests on moves
+        self.deepest = len(drafter.policy.acceptance()) if by_load else 0  # the levels a slot may draft
         self.waves = WaveLedger()  # this run's last-wave passes (batch_waves): judged at its end
         self.wave_pass: tuple[int, float | None] | None = None  # a steady last-wave pass's start (_wave_before)
         if self.load is not None:

@@ -26,7 +26,8 @@ _POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to t
 
 class BatchPlanning:
     """The planning half of the batched loop: its methods read the loop's ``load`` (LengthPolicy or None),
-    ``lookahead``, ``proposal_seconds``, ``pooled``, ``evidence``, ``prototype``, ``wave``, ``budget``, ``batch``,
+    ``hold`` (a ``batch_hold.VerdictHold``), ``deepest`` (the levels a slot's drafter may draft), ``lookahead``,
+    ``proposal_seconds``, ``pooled``, ``evidence``, ``prototype``, ``wave``, ``budget``, ``batch``,
     ``live``, ``cost_clock``, ``clock``, ``origin``, ``waves`` and ``wave_pass``."""
 
     def _planned(self, group: list[Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
@@ -72,9 +73,29 @@ class BatchPlanning:
         return max(0, min(gamma, self.budget - len(request.new_tokens) - 1))
 
     def _load_gammas(self, group: list[Request]) -> list[int]:
-        """Each request's draft length for this pass: under lookahead its longest (cut once the drafts are seen),
-        else planned for the batch's goodput from its own acceptance estimate and the measured row costs."""
+        """Each request's draft length for this pass: :meth:`_plan_gammas`, or none while a verdict to draft
+        nothing holds (``batch_hold``: recorded as the pass's plan, not planned again)."""
         self._wave_before(group)
+        key = self._hold_key(group)
+        kind = self.hold.held(key, self.load.probe_due(len(group)))
+        if kind is not None:
+            return self.load.held(len(group), kind)
+        gammas = self._plan_gammas(group)
+        self.hold.keep(key, self.load.kind, any(gammas))
+        return gammas
+
+    def _hold_key(self, group: list[Request]) -> tuple:
+        """What a verdict to draft nothing rests on beyond the drift of one pass (``batch_hold``): the slots, the
+        wave, whether the batch is within its joint end (``batch_goodput.near_end`` on the deepest each slot may
+        draft), the policy's joint-only and lookahead. Not the acceptance counts: they grow only on a pass that
+        drafted, which no verdict held survives."""
+        near = self.wave_pass is not None and \
+            self.wave_pass[0] <= 2 * max(self._capped(r, self.deepest) for r in group)
+        return tuple(r.index for r in group), self.wave, near, self.load.joint_only, self.lookahead
+
+    def _plan_gammas(self, group: list[Request]) -> list[int]:
+        """Each request's draft length planned anew: under lookahead its longest (cut once the drafts are seen),
+        else planned for the batch's goodput from its own acceptance estimate and the measured row costs."""
         if self.lookahead:
             if not self.load.may_draft(len(group)):
                 return self.load.lengths([Prospect((), ())] * len(group))

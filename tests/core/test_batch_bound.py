@@ -11,6 +11,7 @@ from flawed_oracle import FlawedOracle
 import specfamily as sf
 from specfamily.core import batch_goodput, batch_loop, batch_plan
 from specfamily.core.arrivals import LoopClock
+from specfamily.core.batch_hold import VerdictHold
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, _joint, pay_bound, plan_lengths
 from specfamily.testing import tiny_target
 
@@ -104,6 +105,7 @@ def _run(monkeypatch, bounded: bool):
     monkeypatch.setattr(LengthPolicy, "_plan", planning)
     monkeypatch.setattr(LengthPolicy, "hopeless", bounding)
     monkeypatch.setattr(batch_plan, "finishing", valuing)
+    monkeypatch.setattr(batch_loop, "VerdictHold", lambda: VerdictHold(passes=1))  # each pass planned: test_batch_hold
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
     _, seen = priced_run(
         monkeypatch, lambda b, n: 1.0 + 0.02 * n**2, drafter_of, [0.0] * 12, max_batch=6, max_new_tokens=40
