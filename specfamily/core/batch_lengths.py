@@ -141,6 +141,7 @@ def pay_bound(prospects: Sequence[Prospect], seconds: Sequence[float], step: flo
     return best
 
 
+_NOTHING = Prospect((), ())  # a slot's prospects on a pass not planned (``LengthPolicy.held``)
 Decision = tuple[list[int], float, str]  # a plan's lengths, its predicted gain and its kind (LengthPolicy._decide)
 
 
@@ -187,7 +188,7 @@ class LengthPolicy:
         """No draft for a pass of ``batch`` requests whose verdict to draft nothing, of ``kind``, holds
         (``batch_hold``): recorded as :meth:`lengths` records that verdict planned."""
         self.predicted = None
-        lengths = self._plan(batch, (), True, False, ([0] * batch, 0.0, kind))
+        lengths = self._plan(batch, [_NOTHING] * batch, True, False, ([0] * batch, 0.0, kind))
         self.choices.setdefault(batch, []).append(0)
         return lengths
 
