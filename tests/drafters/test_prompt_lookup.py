@@ -211,7 +211,7 @@ def test_index_follows_the_committed_tokens():
     drafter = PromptLookupDrafter(target)
     result = sf.generate(target, drafter, list(PROMPT), max_new_tokens=30)
     committed = list(PROMPT) + result.tokens
-    # observe() saw every pass but the last one, whose tokens end the request
+    # the index caught up at each proposal: the tokens up to the last one (the last pass's end the request)
     assert drafter.index.tokens == committed[: len(drafter.index)]
     assert len(drafter.index) < len(committed)
     fresh = NgramIndex(1, 3, drafter.index.tokens)

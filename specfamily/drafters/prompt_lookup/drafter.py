@@ -43,7 +43,8 @@ class PromptLookupDrafter(BaseDrafter):
         self.index = NgramIndex(self.config.min_ngram, self.config.max_ngram, ctx.tokens)
 
     def observe(self, outcome: VerifyOutcome) -> None:
-        self.index.extend(outcome.tokens)
+        """Nothing: the index catches up with the committed tokens when it next proposes (``_sync``), so a pass
+        that asked it for nothing (a batched pass whose plan drafts nothing) costs it nothing."""
 
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         self._sync(ctx.tokens)
@@ -59,15 +60,16 @@ class PromptLookupDrafter(BaseDrafter):
                      evidence=self.index.matched)
 
     def _sync(self, tokens: list[int]) -> None:
-        """Catch up with committed tokens ``observe`` did not see; rebuild if the context is not an extension.
+        """Catch up with the tokens committed since the last proposal; rebuild if the context is not an extension.
 
-        Within a request (``begin`` first) the index is in sync when the lengths agree; only the last
-        token is compared then, so the check stays O(1) per proposal.
+        Within a request (``begin`` first) the context only grows, so the index is an extension's prefix when its
+        last token is the context's at that position: only that token is compared, the check stays O(1) per
+        proposal.
         """
         index = self.index
         if len(index) == len(tokens) and (not tokens or index.tokens[-1] == tokens[-1]):
             return
-        if len(index) < len(tokens) and index.tokens == tokens[: len(index)]:
+        if 0 < len(index) < len(tokens) and index.tokens[-1] == tokens[len(index) - 1]:
             index.extend(tokens[len(index) :])
         else:
             self.index = NgramIndex(self.config.min_ngram, self.config.max_ngram, tokens)
