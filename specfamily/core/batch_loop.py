@@ -240,8 +240,9 @@ class _Batch(BatchPlanning, BatchRequests):
         prospect holding a level its plan is no draft. What ``_planned`` keeps of such a pass is kept (the slots'
         asked counts, the proposal's time for ``_learn``, the length policy's record of a pass that drafted
         nothing)."""
-        if not (self.lookahead and any(gammas)) or any(len(d) or d.q is not None or d.side is not None
-                                                        for d in proposed):
+        if not any(gammas):  # nothing asked of any slot: nothing to keep (the plan recorded its idle pass)
+            return proposed
+        if not self.lookahead or any(len(d) or d.q is not None or d.side is not None for d in proposed):
             return self._planned(group, gammas, proposed, c0)
         for request, gamma in zip(group, gammas, strict=True):
             request.asked += gamma > 0
