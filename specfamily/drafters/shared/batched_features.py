@@ -52,7 +52,7 @@ def propose_feature_batch(drafters: list[FeatureDrafter], ctxs: list[DecodeConte
     cache = _Span(rows.cache, held)
     try:
         roots = _catch_up(lead, cache, [drafters[i] for i in live], [ctxs[i] for i in live])  # (B, H)
-        catch_up_seconds = (clock() - start) / len(drafters)
+        catch_up_seconds = (clock() - start) / len(live)  # each drafting slot its share: they sum to the call
         slots = [(i, drafters[i], ctxs[i], gammas[i]) for i in live]
         if lead.mode == "chain":
             made = _chains(lead, cache, slots, roots)

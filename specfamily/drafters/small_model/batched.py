@@ -67,7 +67,7 @@ def propose_small_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[
         _pass(batch, [s.feed[:-1] if late else None for s, late in zip(slots, backlog, strict=True)])
         for s, late in zip(slots, backlog, strict=True):
             s.feed = s.feed[-1:] if late else s.feed
-    catch_up = (clock() - begin) / len(drafters) if any(backlog) else 0.0
+    catch_up = (clock() - begin) / len(slots) if any(backlog) else 0.0  # shares of the drafting slots: they sum to it
     for step in range(slots[0].gamma):
         active = [not s.done and step < s.gamma for s in slots]
         if not any(active):  # every draft ended early (a low-confidence token)
