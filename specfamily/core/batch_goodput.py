@@ -153,7 +153,8 @@ def backoff(realized: dict[int, Realized], batch: int) -> int:
 def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[int]], seconds: Sequence[float],
                   step: float, batch: int, drafted: bool = False,
                   behind: Sequence[int] | None = None,
-                  attended: tuple[Sequence[Sequence[float]], float] | None = None) -> tuple[int, float]:
+                  attended: tuple[Sequence[Sequence[float]], float] | None = None,
+                  starts: Sequence[float] | None = None) -> tuple[int, float]:
     """(the depth k the slots projected to end last draft to, the plan's goodput over a plain pass's) for the
     slots' ``reaches`` (reach[d - 1]: the probability a request accepts d deep) and ``rows`` (rows[d - 1]: draft rows
     its level d adds) in a pass of ``batch`` requests. ``behind[i]``: the passes slot i's projected end is before the
@@ -161,12 +162,13 @@ def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[in
     slot less than k behind must accept k - behind[i] deep, so a slot drafts k - behind[i] levels (none from k <=
     behind[i]): the depth with the most expected batch advance, 1 + sum over k of the product of those reaches, per
     second of t(B, B + rows) + k step (``drafted``: the best that drafts), plus, with ``attended`` (each slot's
-    per-level attended tokens, seconds a draft row costs per attended token), the draft rows' context costs. Levels
-    that end no slot sooner than another slot that stays put are never drafted."""
+    per-level attended tokens, seconds a draft row costs per attended token), the draft rows' context costs, and
+    with ``starts`` each slot's seconds before its first level (``batch_catchup``) once it drafts. Levels that end no
+    slot sooner than another slot that stays put are never drafted."""
     behind = [0] * len(reaches) if behind is None else behind
     plain = 1.0 / seconds[batch]
     best, best_rate = 0, (0.0 if drafted else plain)
-    advance, fed, context = 1.0, batch, 0.0
+    advance, fed, context, started = 1.0, batch, 0.0, 0.0
     tokens, per_token = attended if attended is not None else (None, 0.0)
     deepest = min((b + len(r) for b, r in zip(behind, reaches, strict=True)), default=0)
     for depth in range(1, deepest + 1):
@@ -174,10 +176,11 @@ def plan_together(reaches: Sequence[Sequence[float]], rows: Sequence[Sequence[in
         gain = math.prod(reaches[i][level - 1] for i, level in levels)
         fed += sum(rows[i][level - 1] for i, level in levels)
         context += sum(tokens[i][level - 1] for i, level in levels) if tokens is not None else 0.0
+        started += sum(starts[i] for i, level in levels if level == 1) if starts is not None else 0.0
         if gain <= 0 or fed >= len(seconds):
             break
         advance += gain
-        rate = advance / (seconds[fed] + per_token * context + depth * step)
+        rate = advance / (seconds[fed] + per_token * context + depth * step + started)
         if rate > best_rate:
             best, best_rate = depth, rate
     return best, (best_rate / plain if best else 1.0)
@@ -272,8 +275,8 @@ def finishing(prospects: Sequence, remaining: Sequence[int], waiting: int = 0, b
     tied = min(behind, default=0) == max(behind, default=0)  # end_odds shares it equally whatever the spread
     odds = end_odds(behind, horizon, *((0.0, 1.0) if tied else _pace(prospects)))
     # built directly, as batch_lengths._at_contexts does: ``replace`` inspects the fields on every call
-    return [type(p)(p.acceptance, p.rows, v, b, horizon, p.context) for p, b, v in zip(prospects, behind, odds,
-                                                                                     strict=True)]
+    return [type(p)(p.acceptance, p.rows, v, b, horizon, p.context, p.start) for p, b, v in zip(prospects, behind,
+                                                                                              odds, strict=True)]
 
 
 def near_end(prospects: Sequence) -> bool:

@@ -66,13 +66,14 @@ class Prospect:
     behind: int = 0  # in a last wave: passes its slot's projected end is before the batch's (``finishing``)
     horizon: int = 0  # in a last wave: passes to the batch's projected end at one token a pass (``finishing``)
     context: int = 0  # its slot's cached tokens: each of its draft rows attends them (``RowCosts.row_token``)
+    start: float = 0.0  # seconds its drafter spends catching up before its first level, if it drafts (batch_catchup)
 
     @classmethod
-    def planned(cls, acceptance: Sequence[float], width: float, limit: int) -> Prospect:
-        """A draft not proposed yet: up to ``limit`` levels of ``width`` tokens each."""
+    def planned(cls, acceptance: Sequence[float], width: float, limit: int, start: float = 0.0) -> Prospect:
+        """A draft not proposed yet: up to ``limit`` levels of ``width`` tokens each, after ``start`` seconds."""
         limit = min(limit, len(acceptance))
         fed = [math.ceil(g * width - 1e-9) for g in range(limit + 1)]
-        return cls(acceptance[:limit], [b - a for a, b in zip(fed, fed[1:], strict=False)])
+        return cls(acceptance[:limit], [b - a for a, b in zip(fed, fed[1:], strict=False)], start=start)
 
     @classmethod
     def seen(cls, acceptance: Sequence[float], draft: Draft) -> Prospect:
@@ -89,8 +90,9 @@ def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: 
     """(each request's draft length, the plan's goodput over a plain pass's): the best prefix of the units in the
     order of gain (``drafted``: the best that drafts anything). ``seconds[N]``: t(B, N) for every N the units can
     reach (at the slots' contexts); ``step``: one draft level's seconds for the batch; ``row_token``: a draft row's
-    seconds per cached token of its slot (``Prospect.context``). A request's tokens count ``Prospect.value`` each (1
-    unless :func:`finishing` says otherwise), its expected gain too."""
+    seconds per cached token of its slot (``Prospect.context``); a request drafted at all adds its ``Prospect.start``.
+    A request's tokens count ``Prospect.value`` each (1 unless :func:`finishing` says otherwise), its expected gain
+    too."""
     batch = len(prospects)
     units = []  # (-gain, request, depth)
     for i, prospect in enumerate(prospects):
@@ -105,14 +107,15 @@ def plan_lengths(prospects: Sequence[Prospect], seconds: Sequence[float], step: 
     if tokens <= 0:
         return [0] * batch, 1.0
     plain = tokens / seconds[batch]
-    best, best_rate = 0, (0.0 if drafted else plain)
+    best, best_rate, started = 0, (0.0 if drafted else plain), 0.0
     for k, (gain, i, depth) in enumerate(units, start=1):
         added = prospects[i].rows[depth - 1]
         tokens, rows, deepest = tokens - gain, rows + added, max(deepest, depth)
         attended += added * prospects[i].context
+        started += prospects[i].start if depth == 1 else 0.0  # a request's levels come in order of depth
         if rows >= len(seconds):
             break
-        rate = tokens / (seconds[rows] + row_token * attended + deepest * step)
+        rate = tokens / (seconds[rows] + row_token * attended + deepest * step + started)
         if rate > best_rate:
             best, best_rate = k, rate
     lengths = [0] * batch
@@ -328,8 +331,9 @@ class LengthPolicy:
 def _at_contexts(prospects: Sequence[Prospect], contexts: Sequence[int]) -> list[Prospect]:
     """The prospects at their slots' cached lengths (built directly: ``dataclasses.replace`` inspects the fields on
     every call, host work between two forwards; docs/batching.md, session 27)."""
-    return [Prospect(p.acceptance, p.rows, p.value, p.behind, p.horizon, c) for p, c in zip(prospects, contexts,
-                                                                                            strict=True)]
+    return [Prospect(p.acceptance, p.rows, p.value, p.behind, p.horizon, c, p.start) for p, c in zip(prospects,
+                                                                                                     contexts,
+                                                                                                     strict=True)]
 
 
 def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float, row_token: float = 0.0,
@@ -343,7 +347,7 @@ def _joint(prospects: Sequence[Prospect], seconds: Sequence[float], step: float,
     behind = [p.behind for p in prospects]
     attended = [[n * p.context for n in p.rows] for p in prospects]  # each level's draft rows' cached tokens
     depth, gain = plan_together(reaches, [p.rows for p in prospects], seconds, step, len(prospects), drafted, behind,
-                                (attended, row_token))
+                                (attended, row_token), [p.start for p in prospects])
     return [max(0, depth - b) for b in behind], gain
 
 

@@ -28,6 +28,7 @@ import torch
 
 from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
+from specfamily.core.batch_catchup import kept_catch_up
 from specfamily.core.batch_evidence import Evidence, kept_evidence
 from specfamily.core.batch_goodput import Realized, kept_realized
 from specfamily.core.batch_hold import VerdictHold
@@ -149,6 +150,7 @@ class _Batch(BatchPlanning, BatchRequests):
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
         self.load = LengthPolicy(costs=RowCosts.of(target, drafter), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
+        self.catch_up = kept_catch_up(target, drafter)  # seconds a drafter spends per token of its backlog
         self.hold = VerdictHold()  # a steady pass's verdict to draft nothing, held while nothing it rests on moves
         self.deepest = len(drafter.policy.acceptance()) if by_load else 0  # the levels a slot may draft
         self.waves = WaveLedger()  # this run's last-wave passes (batch_waves): judged at its end
@@ -257,7 +259,19 @@ class _Batch(BatchPlanning, BatchRequests):
         t0 = self.clock()
         drafts = propose_batch(self.prototype, [r.drafter for r in group], [r.ctx for r in group], gammas)
         share = (self.clock() - t0) / len(group)
+        self._caught_up(group, gammas, drafts)
         return drafts, [share if gamma else 0.0 for gamma in gammas]
+
+    def _caught_up(self, group: list[Request], gammas: list[int], drafts: list[Draft]) -> None:
+        """The slots asked for tokens caught their drafters up: their backlogs and catch-up seconds measured
+        (``batch_catchup``), their backlogs cleared."""
+        tokens, seconds = 0, 0.0
+        for request, gamma, draft in zip(group, gammas, drafts, strict=True):
+            if gamma:
+                tokens += len(request.ctx.tokens) - request.synced
+                seconds += draft.catch_up_seconds
+                request.synced = len(request.ctx.tokens)
+        self.catch_up.observe(tokens, seconds)
 
     def _commit(self, request: Request, draft: Draft, out, accepted: list[int], next_token: int,
                 draft_seconds: float, verify_seconds: float, end: float) -> None:

@@ -26,7 +26,8 @@ _POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to t
 
 class BatchPlanning:
     """The planning half of the batched loop: its methods read the loop's ``load`` (LengthPolicy or None),
-    ``hold`` (a ``batch_hold.VerdictHold``), ``deepest`` (the levels a slot's drafter may draft), ``lookahead``,
+    ``hold`` (a ``batch_hold.VerdictHold``), ``deepest`` (the levels a slot's drafter may draft), ``catch_up``
+    (a ``batch_catchup.CatchUp``), ``lookahead``,
     ``proposal_seconds``, ``pooled``, ``evidence``, ``prototype``, ``wave``, ``budget``, ``batch``,
     ``live``, ``cost_clock``, ``clock``, ``origin``, ``waves`` and ``wave_pass``."""
 
@@ -101,7 +102,9 @@ class BatchPlanning:
                 return self.load.lengths([Prospect((), ())] * len(group))
             longest = [self._capped(r, len(r.drafter.policy.acceptance())) for r in group]
             pooled = self._pooled()  # each slot's best case: a chain of its longest draft, one row a level
-            chains = [Prospect(self._case_alpha(r, pooled)[:g], [1] * g) for r, g in zip(group, longest, strict=True)]
+            rate = self.catch_up.per_token()
+            chains = [Prospect(self._case_alpha(r, pooled)[:g], [1] * g, start=self._start(r, rate))
+                      for r, g in zip(group, longest, strict=True)]
             contexts = self._contexts(group)
             valued = self._worth(group, chains, True, contexts)
             if valued is None:  # nothing could pay: the idle pass recorded, neither valued nor planned
@@ -113,11 +116,18 @@ class BatchPlanning:
             return [0] * len(group)
         if not self.load.may_draft(len(group)):  # nothing to plan: no acceptance, odds nor table this pass
             return self.load.lengths([Prospect((), ())] * len(group))
-        prospects, pooled = [], self._pooled()
+        prospects, pooled, rate = [], self._pooled(), self.catch_up.per_token()
         for r in group:
             alpha = proposing(self._alpha(r, pooled), (r.given + 1) / (r.asked + 1))
-            prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha))))
+            prospects.append(Prospect.planned(alpha, r.drafter.policy.width, self._capped(r, len(alpha)),
+                                              self._start(r, rate)))
         return self._lengths(group, prospects)
+
+    def _start(self, request: Request, rate: float) -> float:
+        """Seconds the request's drafter would spend catching up before drafting (``batch_catchup``): the tokens
+        committed since it last proposed, at ``rate`` seconds a token, spread over the passes the request has left
+        at most (once caught up it drafts on from there: a restart serves the rest of the request)."""
+        return (len(request.ctx.tokens) - request.synced) * rate / max(1, self.budget - len(request.new_tokens))
 
     def _lengths(self, group: list[Request], prospects: list[Prospect], proposed: bool = False) -> list[int]:
         """``LengthPolicy.lengths`` on the prospects as the batch values them (:meth:`_worth`), or the idle pass

@@ -42,6 +42,7 @@ class Request:
     given: int = 0  # the ones it proposed some in (prompt lookup and suffix often find nothing to propose)
     done: bool = False
     tally: Tally = field(default_factory=Tally)  # its drafted levels verified and accepted, per depth
+    synced: int = 0  # its context's length when its drafter last proposed (the tokens after: its backlog)
 
 
 class BatchRequests:
