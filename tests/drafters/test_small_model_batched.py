@@ -119,3 +119,27 @@ def test_tiny_models_of_both_families_draft_in_batches_what_they_draft_alone(fam
     sf.generate_batch(target, drafter, prompts, max_new_tokens=15, max_batch=3, sampling=SETTINGS[1])
     assert log.sampled >= 3 * 4 and log.widest == 3
     assert (drafter.runner.lean is None) == (family == "gpt2")
+
+
+def test_a_catch_up_is_shared_among_the_slots_that_caught_up(code_target, prompts, monkeypatch):
+    """Slot 0 alone asked for tokens, with its prompt as backlog: the catch-up pass's seconds (one tick of a fake
+    clock) are its own, not split with a slot that proposed nothing; the loop subtracts their sum from the draft
+    step it measures."""
+    from specfamily.drafters.small_model import batched
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(batched, "device_clock", lambda device: lambda: float(next(ticks)))
+    drafter = sf.create_drafter("small_model", code_target, gamma=3)
+    seen = []
+    proposing = SmallModelDrafter.propose_batch
+
+    def first_slot_only(self, drafters, ctxs, gammas):
+        gammas = [g if i == 0 else 0 for i, g in enumerate(gammas)]
+        drafts = proposing(self, drafters, ctxs, gammas)
+        seen.append((len(drafters), [d.catch_up_seconds for d in drafts]))
+        return drafts
+
+    monkeypatch.setattr(SmallModelDrafter, "propose_batch", first_slot_only)
+    sf.generate_batch(code_target, drafter, prompts[:2], max_new_tokens=6, max_batch=2)
+    shares = next(s for n, s in seen if n == 2 and any(s))
+    assert shares == [1.0, 0.0]
