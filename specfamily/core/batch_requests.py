@@ -111,7 +111,7 @@ class BatchRequests:
         if self.load is None:
             return policy_hooks(request.drafter.policy).describe()
         alpha = ", ".join(f"{a:.2f}" for a in self._alpha(request)[:4])
-        return (f"{self.load.describe()} (the batch's length policy planned every pass; this request's drafter "
+        return (f"{self.load.describe()} (the batch's length policy decided every pass; this request's drafter "
                 f"proposed in {request.given} of the {request.asked} passes it was asked to, acceptance at depths 1-4 "
                 f"[{alpha}])")
 

@@ -232,7 +232,7 @@ def test_generate_batch_plans_each_requests_length_from_what_its_passes_cost(mon
         assert sum(sum(d) > 0 for d in loaded) >= len(loaded) - 3
     note = results[0].metrics.policy_note
     assert note.startswith("draft lengths per request by goodput: B=1:")  # what planned the drafts
-    assert "the batch's length policy planned every pass" in note and "drafted in" not in note
+    assert "the batch's length policy decided every pass" in note and "drafted in" not in note
     assert re.search(r"proposed in \d+ of the \d+ passes it was asked to, acceptance at depths 1-4 \[0\.\d\d", note)
     prefills = [max(d) for batch, d, steady in seen if not steady]
     assert prefills == [0, 0]  # the two prefill passes drafted nothing
