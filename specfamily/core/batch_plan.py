@@ -25,11 +25,10 @@ _POOL_WEIGHT, _OWN_WEIGHT = 2.0, 4.0  # passes the drafter's prior is worth to t
 
 
 class BatchPlanning:
-    """The planning half of the batched loop: its methods read the loop's ``load`` (LengthPolicy or None),
-    ``hold`` (a ``batch_hold.VerdictHold``), ``deepest`` (the levels a slot's drafter may draft), ``catch_up``
-    (a ``batch_catchup.CatchUp``), ``lookahead``,
-    ``proposal_seconds``, ``pooled``, ``evidence``, ``prototype``, ``wave``, ``budget``, ``batch``,
-    ``live``, ``cost_clock``, ``clock``, ``origin``, ``waves`` and ``wave_pass``."""
+    """The planning half of the batched loop: its methods read the loop's ``load`` (LengthPolicy or None), ``hold``
+    (a ``batch_hold.VerdictHold``), ``deepest`` (the levels a slot's drafter may draft), ``catch_up`` (a
+    ``batch_catchup.CatchUp``), ``lookahead``, ``proposal_seconds``, ``pooled``, ``evidence``, ``prototype``,
+    ``wave``, ``budget``, ``batch``, ``live``, ``cost_clock``, ``clock``, ``origin``, ``waves`` and ``wave_pass``."""
 
     def _planned(self, group: list[Request], gammas: list[int], drafts: list[Draft], c0: float) -> list[Draft]:
         """A steady pass's drafts as fed: proposed at full length under lookahead, then cut to the lengths planned on
