@@ -42,12 +42,12 @@ class RowCosts:
     ridge: float = 32768.0  # tokens^2: the slopes' prior of no context term, worth 8 passes 64 tokens apart
     passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)  # (B, N) -> (s, slots, drafted)
     steps: dict[int, deque] = field(default_factory=dict, repr=False)
-    host: dict[tuple[int, bool], deque] = field(default_factory=dict, repr=False)  # (B, drafted) -> host seconds
+    host: dict[tuple[int, bool], deque] = field(default_factory=dict, repr=False)  # (B, drafted) -> (host, after)
     slopes: tuple[float, float] = (0.0, 0.0)  # seconds per cached token: of a slot, of a draft row
     _since: int = field(default=0, repr=False)
     _medians: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     _by_batch: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # B -> {N: median}
-    _host_means: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)  # host_seconds'
+    _host_means: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)  # host_seconds'
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,12 +69,12 @@ class RowCosts:
         return costs
 
     def observe(self, batch: int, rows: int, seconds: float, slots: float = 0.0, drafted: float = 0.0,
-                host: float | None = None) -> None:
+                host: float | None = None, after: float = 0.0) -> None:
         """A pass of ``batch`` slots feeding ``rows`` rows took ``seconds``; its slots held ``slots`` cached tokens in
         all and its draft rows attended ``drafted`` (each draft row its slot's cached length); ``host``: its seconds
-        outside the forward, if measured (:meth:`observe_host`)."""
+        outside the forward, if measured, ``after`` of them after it (:meth:`observe_host`)."""
         if host is not None:
-            self.observe_host(batch, rows > batch, host)
+            self.observe_host(batch, rows > batch, host, after)
         if not (math.isfinite(seconds) and seconds > 0):
             return
         kept = self.passes.setdefault((batch, rows), deque(maxlen=self.history))
@@ -106,27 +106,36 @@ class RowCosts:
         if steps > 0 and math.isfinite(seconds) and seconds >= 0:
             self.steps.setdefault(batch, deque(maxlen=self.window)).append(seconds / steps)
 
-    def observe_host(self, batch: int, drafted: bool, seconds: float) -> None:
+    def observe_host(self, batch: int, drafted: bool, seconds: float, after: float = 0.0) -> None:
         """A steady pass of ``batch`` requests (``drafted``: it fed draft rows) spent ``seconds`` outside its
-        forward."""
+        forward, ``after`` of them after it (its commits and records: what a plan made after the proposals has still
+        to spend, :meth:`host_seconds`)."""
         if math.isfinite(seconds) and seconds >= 0:
-            self.host.setdefault((batch, drafted), deque(maxlen=self.history)).append(seconds)
+            after = after if math.isfinite(after) and 0 <= after <= seconds else 0.0
+            self.host.setdefault((batch, drafted), deque(maxlen=self.history)).append((seconds, after))
             self._host_means.pop(batch, None)
 
-    def host_seconds(self, batch: int) -> tuple[float, float]:
+    def host_seconds(self, batch: int, proposed: bool = False) -> tuple[float, float]:
         """(an undrafted pass's, a drafted pass's) mean host seconds at ``batch``: the mean, as a run's seconds are a
-        sum of passes; a kind not measured yet is priced as the other, neither as 0. Kept until ``batch`` observes
-        another pass (every :meth:`table` of a pass asks it)."""
+        sum of passes; a kind not measured yet is priced as the other, neither as 0. ``proposed``: for a plan made
+        after the drafts were proposed (lookahead), whose seconds before the forward (the plan before them, the
+        proposals, the plan on them) are spent whichever way it goes: a drafted pass then costs an undrafted pass's
+        host seconds with its seconds after the forward a drafted pass's. Kept until ``batch`` observes another pass
+        (every :meth:`table` of a pass asks it)."""
         if batch not in self._host_means:
             self._host_means[batch] = self._host_mean(batch)
-        return self._host_means[batch]
+        plain, drafted, plain_after, drafted_after = self._host_means[batch]
+        return (plain, plain - plain_after + drafted_after) if proposed else (plain, drafted)
 
-    def _host_mean(self, batch: int) -> tuple[float, float]:
+    def _host_mean(self, batch: int) -> tuple[float, float, float, float]:
+        """(undrafted, drafted, undrafted after the forward, drafted after the forward) means at ``batch``, a kind
+        not measured yet as the other, neither as 0."""
         undrafted, drafted = (self.host.get((batch, d)) for d in (False, True))
-        plain = statistics.fmean(undrafted) if undrafted else None
-        fed = statistics.fmean(drafted) if drafted else None
+        plain = _means(undrafted) if undrafted else None
+        fed = _means(drafted) if drafted else None
         plain = fed if plain is None else plain
-        return (plain or 0.0), (plain if fed is None else fed) or 0.0
+        fed = plain if fed is None else fed
+        return (0.0, 0.0, 0.0, 0.0) if plain is None else (plain[0], fed[0], plain[1], fed[1])
 
     def known(self, batch: int, rows: int) -> bool:
         return (batch, rows) in self._medians
@@ -150,10 +159,11 @@ class RowCosts:
         nearest = min(self.steps, key=lambda b: (abs(b - batch), b))
         return statistics.median(self.steps[nearest]) * batch / nearest
 
-    def table(self, batch: int, most: int, slots: float = 0.0) -> list[float] | None:
+    def table(self, batch: int, most: int, slots: float = 0.0, proposed: bool = False) -> list[float] | None:
         """t(batch, N) for N = 0 .. min(most, :meth:`reach`) (measured, else predicted) with the slots holding
         ``slots`` cached tokens in all, draft rows' context terms left out (``row_token``), each with its pass's host
-        seconds (:meth:`host_seconds`: a drafted pass's from N > batch on), or None while the curve has < 2 points.
+        seconds (:meth:`host_seconds`, ``proposed`` or not: a drafted pass's from N > batch on), or None while the
+        curve has < 2 points.
         Predicted: the curve over N scaled by what this B measured against it. The plan cannot feed more rows than
         the table holds."""
         xs, ys = self.curve()
@@ -166,7 +176,7 @@ class RowCosts:
         for n, s in own.items():
             if n <= top:
                 table[n] = s
-        plain, drafted = self.host_seconds(batch)
+        plain, drafted = self.host_seconds(batch, proposed)
         return [t + self.slopes[0] * slots + (drafted if n > batch else plain) for n, t in enumerate(table)]
 
     def reach(self, batch: int) -> int:
@@ -226,3 +236,8 @@ def _at(xs: list[int], ys: list[float], x: float) -> float:
         return max(y1 + (y1 - y0) * (x - x1) / (x1 - x0), y1)
     x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _means(kept: deque) -> tuple[float, float]:
+    """The means of the kept (host, after) pairs."""
+    return statistics.fmean(h for h, _ in kept), statistics.fmean(a for _, a in kept)

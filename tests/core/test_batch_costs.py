@@ -139,8 +139,42 @@ def test_a_drafted_pass_whose_host_work_eats_its_gain_is_not_planned():
         return load
 
     prospects = [Prospect([0.5], [1])] * 4  # 4 rows: 2 tokens expected for a tenth more forward
-    assert policy(0.002).lengths(prospects, proposed=True) == [1, 1, 1, 1]
-    assert policy(0.020).lengths(prospects, proposed=True) == [0, 0, 0, 0]  # (6 / 0.064) / (4 / 0.042) < 1
+    assert policy(0.002).lengths(prospects) == [1, 1, 1, 1]
+    assert policy(0.020).lengths(prospects) == [0, 0, 0, 0]  # (6 / 0.064) / (4 / 0.042) < 1
+
+
+def test_a_plan_made_after_the_proposals_prices_only_the_host_seconds_still_to_spend():
+    """After proposing (lookahead) the seconds before the forward are spent whichever way the plan goes: a drafted
+    pass whose extra host work all came before its forward (its proposals and their plan) is priced at an undrafted
+    pass's host seconds and drafts; the same extra after its forward (its commits) is still to spend and does not;
+    a plan before the proposals prices the drafted pass whole."""
+    from specfamily.core.batch_lengths import LengthPolicy
+
+    def policy(after: float) -> LengthPolicy:
+        load = LengthPolicy()
+        for _ in range(3):
+            load.timed(4, 4, 0, 0.0, 0.040, host=0.002, after=0.001)
+            load.timed(4, 8, 1, 0.0, 0.044, host=0.020, after=after)
+        return load
+
+    assert policy(0.001).costs.host_seconds(4) == pytest.approx((0.002, 0.020))
+    assert policy(0.001).costs.host_seconds(4, proposed=True) == pytest.approx((0.002, 0.002))
+    assert policy(0.019).costs.host_seconds(4, proposed=True) == pytest.approx((0.002, 0.020))
+    table = policy(0.003).costs.table(4, 8, proposed=True)
+    assert table[4] == pytest.approx(0.040 + 0.002) and table[8] == pytest.approx(0.044 + 0.004)
+    prospects = [Prospect([0.5], [1])] * 4
+    assert policy(0.001).lengths(prospects, proposed=True) == [1, 1, 1, 1]  # spent: (6 / 0.046) / (4 / 0.042)
+    assert policy(0.019).lengths(prospects, proposed=True) == [0, 0, 0, 0]  # to spend: (6 / 0.064) / (4 / 0.042)
+    assert policy(0.001).lengths(prospects) == [0, 0, 0, 0]  # before proposing: the drafted pass whole
+
+
+def test_host_seconds_after_the_forward_are_kept_within_the_pass_s():
+    costs = RowCosts()
+    costs.observe_host(4, True, 0.002, after=0.003)  # more after than in all: not a split, kept whole before
+    costs.observe_host(4, True, 0.002, after=float("nan"))
+    costs.observe_host(4, False, 0.001, after=0.0005)
+    assert list(costs.host[4, True]) == [(0.002, 0.0), (0.002, 0.0)]
+    assert costs.host_seconds(4, proposed=True) == pytest.approx((0.001, 0.0005))
 
 
 def test_the_batched_loop_times_each_steady_pass_whole_its_host_seconds_apart(monkeypatch):
@@ -153,10 +187,11 @@ def test_the_batched_loop_times_each_steady_pass_whole_its_host_seconds_apart(mo
     plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=24)]
     timed, settle, seen, policies = LengthPolicy.timed, LengthPolicy.settle, [], []
 
-    def timing(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None):
+    def timing(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None, after=0.0):
+        assert 0 <= after <= host  # its commits and records, after the forward
         seen.append([rows > batch, seconds, host])
         policies.append(self)
-        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host)
+        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host, after)
 
     def settling(self, committed, seconds):
         seen[-1].append(seconds)
