@@ -280,7 +280,10 @@ class LengthPolicy:
         plans at that load (docs/batching.md, session 23)."""
         if self.predicted is None:
             if self.priced is not None:  # an undrafted pass: the yardstick of drafted ones (``Realized.baseline``)
-                self.realized.setdefault(len(committed), Realized()).add_plain(self.priced, seconds)
+                kept = self.realized.get(len(committed))  # not setdefault: a Realized built every pass for nothing
+                if kept is None:
+                    kept = self.realized[len(committed)] = Realized()
+                kept.add_plain(self.priced, seconds)
             self.priced = None
             return
         (batch, gain, values, slots), self.predicted = self.predicted, None
@@ -301,7 +304,8 @@ class LengthPolicy:
         if measured, ``after`` of them after it (``RowCosts.observe``)."""
         self.priced = self.costs.measured(batch, batch, slots) if rows == batch else None  # before it is observed
         self.costs.observe(batch, rows, seconds, slots, drafted, host, after)
-        self.costs.observe_draft(batch, steps, draft_seconds)
+        if steps > 0:  # else nothing to observe (the call alone is host work every undrafted pass)
+            self.costs.observe_draft(batch, steps, draft_seconds)
         self.unrefreshed[batch] = self.unrefreshed.get(batch, 0) + 1 if rows > batch else 0
 
     def describe(self) -> str:

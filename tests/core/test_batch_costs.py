@@ -173,7 +173,7 @@ def test_host_seconds_after_the_forward_are_kept_within_the_pass_s():
     costs.observe_host(4, True, 0.002, after=0.003)  # more after than in all: not a split, kept whole before
     costs.observe_host(4, True, 0.002, after=float("nan"))
     costs.observe_host(4, False, 0.001, after=0.0005)
-    assert list(costs.host[4, True]) == [(0.002, 0.0), (0.002, 0.0)]
+    assert list(costs.host[4, True]) == [0.002, 0.002] and list(costs.host_after[4, True]) == [0.0, 0.0]
     assert costs.host_seconds(4, proposed=True) == pytest.approx((0.001, 0.0005))
 
 
@@ -206,3 +206,42 @@ def test_the_batched_loop_times_each_steady_pass_whole_its_host_seconds_apart(mo
     kept = policies[0].costs.host
     assert {d for _, d in kept} == {d for d, *_ in seen}
     assert sum(len(v) for v in kept.values()) == len(seen)  # every steady pass, fewer than a window
+
+
+def test_a_table_is_built_again_once_a_median_moves_and_only_then():
+    """The tables are kept between passes (the plan asks the same one several times a pass): a pass that moves its
+    shape's median (or measures a new shape) changes them, one that leaves every median where it was does not."""
+    costs = RowCosts(refit_every=1000)
+    for _ in range(5):
+        costs.observe(4, 4, 0.040)
+        costs.observe(4, 8, 0.048)
+    before = costs.table(4, 12)
+    assert before[4] == pytest.approx(0.040) and before[8] == pytest.approx(0.048)
+    costs.observe(4, 4, 0.040)  # the median stays
+    assert costs.table(4, 12) == before and costs._bases
+    costs.observe(4, 4, 0.050)
+    costs.observe(4, 4, 0.050)
+    assert costs.table(4, 12) == before  # 3 of the latest 5 still at 0.040
+    costs.observe(4, 4, 0.050)
+    moved = costs.table(4, 12)
+    assert moved[4] == pytest.approx(0.050) and moved[8] == pytest.approx(0.048)
+    costs.observe(4, 6, 0.041)  # a new shape: the curve through it
+    assert costs.table(4, 12)[6] == pytest.approx(0.041) and costs.reach(4) == 12
+
+
+def test_the_medians_and_means_are_the_statistics_modules():
+    """The bookkeeping's own median and means (cheaper each pass) give statistics' numbers exactly."""
+    import random
+    import statistics
+
+    rng = random.Random(3)
+    for n in (1, 2, 5, 6, 31):
+        values = [rng.random() for _ in range(n)]
+        assert batch_costs._median(list(values)) == statistics.median(values)
+    costs = RowCosts()
+    hosts = [rng.random() * 1e-3 for _ in range(40)]
+    for h in hosts:
+        costs.observe_host(4, False, h, h / 3)
+    kept = hosts[-costs.history :]
+    assert costs.host_seconds(4)[0] == statistics.fmean(kept)
+    assert costs._means((4, False))[1] == statistics.fmean(h / 3 for h in kept)
