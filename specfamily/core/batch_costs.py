@@ -16,7 +16,10 @@ step per B are kept beside them, and the host seconds a steady pass spends outsi
 proposals, its drafts' commit), drafted and undrafted passes apart: the table prices a pass at what it costs whole,
 an undrafted pass's host seconds beside t(B, B) and a drafted pass's beside every t(B, N > B). A drafted pass plans on
 its proposals, cuts and verifies them and records them, host work that grows no cheaper with the forward's threads
-(docs/batching.md, session 29).
+(docs/batching.md, session 29). A plan made once its drafts are proposed (lookahead: prompt lookup, suffix) has spent
+its seconds before the forward whichever way it goes, and prices only what is still to spend
+(``table(..., proposed=True)``: each pass's seconds after its forward are kept beside its host seconds;
+docs/batching.md, session 30).
 """
 
 from __future__ import annotations
