@@ -168,7 +168,7 @@ def test_a_plan_made_after_the_proposals_prices_only_the_host_seconds_still_to_s
     assert policy(0.001).lengths(prospects) == [0, 0, 0, 0]  # before proposing: the drafted pass whole
 
 
-def test_host_seconds_after_the_forward_are_kept_within_the_pass_s():
+def test_the_seconds_after_the_forward_are_kept_within_the_host_seconds():
     costs = RowCosts()
     costs.observe_host(4, True, 0.002, after=0.003)  # more after than in all: not a split, kept whole before
     costs.observe_host(4, True, 0.002, after=float("nan"))
