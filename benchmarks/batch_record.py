@@ -64,10 +64,10 @@ def _install() -> None:
         RECORDS.append(record)
         return lengths
 
-    def timed_(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None):
+    def timed_(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None, after=0.0):
         RECORDS.append({"event": "timed", "B": batch, "rows": rows, "draft": draft_seconds, "seconds": seconds,
-                        "host": host})
-        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host)
+                        "host": host, "host_after": after})
+        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host, after)
 
     def settled(self, committed, seconds):
         if self.predicted is None:

@@ -16,7 +16,10 @@ step per B are kept beside them, and the host seconds a steady pass spends outsi
 proposals, its drafts' commit), drafted and undrafted passes apart: the table prices a pass at what it costs whole,
 an undrafted pass's host seconds beside t(B, B) and a drafted pass's beside every t(B, N > B). A drafted pass plans on
 its proposals, cuts and verifies them and records them, host work that grows no cheaper with the forward's threads
-(docs/batching.md, session 29).
+(docs/batching.md, session 29). A plan made once its drafts are proposed (lookahead: prompt lookup, suffix) has spent
+its seconds before the forward whichever way it goes, and prices only what is still to spend
+(``table(..., proposed=True)``: each pass's seconds after its forward are kept beside its host seconds;
+docs/batching.md, session 30).
 """
 
 from __future__ import annotations
@@ -43,12 +46,14 @@ class RowCosts:
     passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)  # (B, N) -> (s, slots, drafted)
     steps: dict[int, deque] = field(default_factory=dict, repr=False)
     host: dict[tuple[int, bool], deque] = field(default_factory=dict, repr=False)  # (B, drafted) -> host seconds
+    host_after: dict[tuple[int, bool], deque] = field(default_factory=dict, repr=False)  # of them, after the forward
     slopes: tuple[float, float] = (0.0, 0.0)  # seconds per cached token: of a slot, of a draft row
     _since: int = field(default=0, repr=False)
     _medians: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     _by_batch: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)  # B -> {N: median}
-    _host_means: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)  # host_seconds'
+    _host_means: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)  # host_seconds'
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
+    _bases: dict[tuple[int, int], list[float]] = field(default_factory=dict, repr=False)  # table's before its terms
 
     def __post_init__(self) -> None:
         for key, kept in self.passes.items():
@@ -69,15 +74,17 @@ class RowCosts:
         return costs
 
     def observe(self, batch: int, rows: int, seconds: float, slots: float = 0.0, drafted: float = 0.0,
-                host: float | None = None) -> None:
+                host: float | None = None, after: float = 0.0) -> None:
         """A pass of ``batch`` slots feeding ``rows`` rows took ``seconds``; its slots held ``slots`` cached tokens in
         all and its draft rows attended ``drafted`` (each draft row its slot's cached length); ``host``: its seconds
-        outside the forward, if measured (:meth:`observe_host`)."""
+        outside the forward, if measured, ``after`` of them after it (:meth:`observe_host`)."""
         if host is not None:
-            self.observe_host(batch, rows > batch, host)
+            self.observe_host(batch, rows > batch, host, after)
         if not (math.isfinite(seconds) and seconds > 0):
             return
-        kept = self.passes.setdefault((batch, rows), deque(maxlen=self.history))
+        kept = self.passes.get((batch, rows))
+        if kept is None:  # not setdefault: a deque built on every pass for nothing
+            kept = self.passes[batch, rows] = deque(maxlen=self.history)
         kept.append((seconds, float(slots), float(drafted)))
         self._since += 1
         if self._since >= self.refit_every:
@@ -89,44 +96,73 @@ class RowCosts:
         """The slopes over every kept pass (:func:`context_slopes`), then every (B, N)'s context-free median."""
         self._since = 0
         self.slopes = context_slopes(list(self.passes.values()), self.ridge)
-        self._medians.clear()
-        self._by_batch.clear()
         for batch, rows in self.passes:
             self._note(batch, rows)
 
     def _note(self, batch: int, rows: int) -> None:
+        """(B, N)'s context-free median over its latest ``window`` passes; the curve and the tables built on the
+        medians are built again only once one moved."""
         k_slot, k_row = self.slopes
-        latest = list(self.passes[batch, rows])[-self.window :]
-        median = statistics.median(s - k_slot * c - k_row * d for s, c, d in latest)
-        self._medians[batch, rows] = median
-        self._by_batch.setdefault(batch, {})[rows] = median
-        self._curve = None
+        kept = self.passes[batch, rows]
+        latest = list(kept)[-self.window :] if len(kept) > self.window else kept
+        median = _median([s - k_slot * c - k_row * d for s, c, d in latest])
+        if self._medians.get((batch, rows)) != median:
+            self._medians[batch, rows] = median
+            own = self._by_batch.get(batch)
+            if own is None:
+                own = self._by_batch[batch] = {}
+            own[rows] = median
+            self._curve = None
+            self._bases.clear()
 
     def observe_draft(self, batch: int, steps: int, seconds: float) -> None:
         if steps > 0 and math.isfinite(seconds) and seconds >= 0:
-            self.steps.setdefault(batch, deque(maxlen=self.window)).append(seconds / steps)
+            kept = self.steps.get(batch)
+            if kept is None:
+                kept = self.steps[batch] = deque(maxlen=self.window)
+            kept.append(seconds / steps)
 
-    def observe_host(self, batch: int, drafted: bool, seconds: float) -> None:
+    def observe_host(self, batch: int, drafted: bool, seconds: float, after: float = 0.0) -> None:
         """A steady pass of ``batch`` requests (``drafted``: it fed draft rows) spent ``seconds`` outside its
-        forward."""
+        forward, ``after`` of them after it (its commits and records: what a plan made after the proposals has still
+        to spend, :meth:`host_seconds`)."""
         if math.isfinite(seconds) and seconds >= 0:
-            self.host.setdefault((batch, drafted), deque(maxlen=self.history)).append(seconds)
+            after = after if math.isfinite(after) and 0 <= after <= seconds else 0.0
+            kept = self.host.get((batch, drafted))
+            if kept is None:
+                kept = self.host[batch, drafted] = deque(maxlen=self.history)
+                self.host_after[batch, drafted] = deque(maxlen=self.history)
+            kept.append(seconds)
+            self.host_after[batch, drafted].append(after)
             self._host_means.pop(batch, None)
 
-    def host_seconds(self, batch: int) -> tuple[float, float]:
+    def host_seconds(self, batch: int, proposed: bool = False) -> tuple[float, float]:
         """(an undrafted pass's, a drafted pass's) mean host seconds at ``batch``: the mean, as a run's seconds are a
-        sum of passes; a kind not measured yet is priced as the other, neither as 0. Kept until ``batch`` observes
-        another pass (every :meth:`table` of a pass asks it)."""
+        sum of passes; a kind not measured yet is priced as the other, neither as 0. ``proposed``: for a plan made
+        after the drafts were proposed (lookahead), whose seconds before the forward (the plan before them, the
+        proposals, the plan on them) are spent whichever way it goes: a drafted pass then costs an undrafted pass's
+        host seconds with its seconds after the forward a drafted pass's. Kept until ``batch`` observes another pass
+        (every :meth:`table` of a pass asks it)."""
         if batch not in self._host_means:
             self._host_means[batch] = self._host_mean(batch)
-        return self._host_means[batch]
+        plain, drafted, plain_after, drafted_after = self._host_means[batch]
+        return (plain, plain - plain_after + drafted_after) if proposed else (plain, drafted)
 
-    def _host_mean(self, batch: int) -> tuple[float, float]:
-        undrafted, drafted = (self.host.get((batch, d)) for d in (False, True))
-        plain = statistics.fmean(undrafted) if undrafted else None
-        fed = statistics.fmean(drafted) if drafted else None
+    def _host_mean(self, batch: int) -> tuple[float, float, float, float]:
+        """(undrafted, drafted, undrafted after the forward, drafted after the forward) means at ``batch``, a kind
+        not measured yet as the other, neither as 0."""
+        plain, fed = (self._means((batch, d)) for d in (False, True))
         plain = fed if plain is None else plain
-        return (plain or 0.0), (plain if fed is None else fed) or 0.0
+        fed = plain if fed is None else fed
+        return (0.0, 0.0, 0.0, 0.0) if plain is None else (plain[0], fed[0], plain[1], fed[1])
+
+    def _means(self, key: tuple[int, bool]) -> tuple[float, float] | None:
+        """The kept host seconds' mean and their after-forward seconds' at ``key`` (statistics.fmean's numbers), or
+        None without any."""
+        kept = self.host.get(key)
+        if not kept:
+            return None
+        return math.fsum(kept) / len(kept), math.fsum(self.host_after[key]) / len(kept)
 
     def known(self, batch: int, rows: int) -> bool:
         return (batch, rows) in self._medians
@@ -150,24 +186,37 @@ class RowCosts:
         nearest = min(self.steps, key=lambda b: (abs(b - batch), b))
         return statistics.median(self.steps[nearest]) * batch / nearest
 
-    def table(self, batch: int, most: int, slots: float = 0.0) -> list[float] | None:
+    def table(self, batch: int, most: int, slots: float = 0.0, proposed: bool = False) -> list[float] | None:
         """t(batch, N) for N = 0 .. min(most, :meth:`reach`) (measured, else predicted) with the slots holding
         ``slots`` cached tokens in all, draft rows' context terms left out (``row_token``), each with its pass's host
-        seconds (:meth:`host_seconds`: a drafted pass's from N > batch on), or None while the curve has < 2 points.
+        seconds (:meth:`host_seconds`, ``proposed`` or not: a drafted pass's from N > batch on), or None while the
+        curve has < 2 points.
         Predicted: the curve over N scaled by what this B measured against it. The plan cannot feed more rows than
         the table holds."""
+        top = min(most, self.reach(batch))
+        table = self._base(batch, top)
+        if table is None:
+            return None
+        plain, drafted = self.host_seconds(batch, proposed)
+        return [t + self.slopes[0] * slots + (drafted if n > batch else plain) for n, t in enumerate(table)]
+
+    def _base(self, batch: int, top: int) -> list[float] | None:
+        """:meth:`table`'s context-free forwards for N = 0 .. ``top``, kept until a median moves (the plan asks
+        the same table several times a pass)."""
+        table = self._bases.get((batch, top))
+        if table is not None:
+            return table
         xs, ys = self.curve()
         if len(xs) < 2:
             return None
         own = self._by_batch.get(batch, {})
-        scale = statistics.median(s / _at(xs, ys, n) for n, s in own.items()) if own else 1.0
-        top = min(most, self.reach(batch))
+        scale = _median([s / _at(xs, ys, n) for n, s in own.items()]) if own else 1.0
         table = [_at(xs, ys, n) * scale for n in range(top + 1)]
         for n, s in own.items():
             if n <= top:
                 table[n] = s
-        plain, drafted = self.host_seconds(batch)
-        return [t + self.slopes[0] * slots + (drafted if n > batch else plain) for n, t in enumerate(table)]
+        self._bases[batch, top] = table
+        return table
 
     def reach(self, batch: int) -> int:
         """The most rows a pass of ``batch`` requests may be priced at: its largest measured pass plus one draft row
@@ -196,9 +245,10 @@ def context_slopes(groups: list, ridge: float = 0.0) -> tuple[float, float]:
     both, neither below 0 (a slope that fits below 0 is refitted at 0 and the other alone)."""
     sxx = sxy = syy = sxs = sys_ = 0.0  # x: slots, y: drafted, s: seconds, after each group's means
     for group in groups:
-        if len(group) < 2:
+        n = len(group)
+        if n < 2:
             continue
-        ms, mx, my = (statistics.fmean(o[i] for o in group) for i in range(3))
+        ms, mx, my = (math.fsum(column) / n for column in zip(*group, strict=True))  # statistics.fmean's numbers
         for s, x, y in group:
             s, x, y = s - ms, x - mx, y - my
             sxx, sxy, syy, sxs, sys_ = sxx + x * x, sxy + x * y, syy + y * y, sxs + x * s, sys_ + y * s
@@ -226,3 +276,10 @@ def _at(xs: list[int], ys: list[float], x: float) -> float:
         return max(y1 + (y1 - y0) * (x - x1) / (x1 - x0), y1)
     x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _median(values: list[float]) -> float:
+    """statistics.median's number, without its generic checks (every pass asks it)."""
+    values.sort()
+    half = len(values) // 2
+    return values[half] if len(values) % 2 else (values[half - 1] + values[half]) / 2

@@ -216,7 +216,7 @@ class LengthPolicy:
         if not any(p.acceptance for p in prospects) or not self.may_draft(batch) or self.probe_due(batch):
             return False
         contexts = [0] * batch if contexts is None else contexts
-        seconds = self.costs.table(batch, batch + sum(sum(p.rows) for p in prospects), sum(contexts))
+        seconds = self.costs.table(batch, batch + sum(sum(p.rows) for p in prospects), sum(contexts), proposed)
         if seconds is None:
             return False
         step = 0.0 if proposed else self.costs.draft_step(batch)
@@ -237,7 +237,7 @@ class LengthPolicy:
         if not any(p.acceptance and p.value > 0 for p in prospects) or not self.may_draft(batch):
             return [0] * batch, 0.0, "none"
         seconds = self.costs.table(batch, batch + sum(sum(p.rows) for p in prospects),
-                                   sum(p.context for p in prospects))
+                                   sum(p.context for p in prospects), proposed)
         if seconds is None:  # a drafted pass cannot be predicted yet: measure the cheapest one
             return [1 if p.acceptance and p.value > 0 else 0 for p in prospects], 0.0, "explore"
         step = 0.0 if proposed else self.costs.draft_step(batch)
@@ -294,7 +294,10 @@ class LengthPolicy:
         plans at that load (docs/batching.md, session 23)."""
         if self.predicted is None:
             if self.priced is not None:  # an undrafted pass: the yardstick of drafted ones (``Realized.baseline``)
-                self.realized.setdefault(len(committed), Realized()).add_plain(self.priced, seconds)
+                kept = self.realized.get(len(committed))  # not setdefault: a Realized built every pass for nothing
+                if kept is None:
+                    kept = self.realized[len(committed)] = Realized()
+                kept.add_plain(self.priced, seconds)
             self.priced = None
             return
         (batch, gain, values, slots), self.predicted = self.predicted, None
@@ -308,14 +311,15 @@ class LengthPolicy:
             self._lost(batch, 0)
 
     def timed(self, batch: int, rows: int, steps: int, draft_seconds: float, seconds: float, slots: float = 0.0,
-              drafted: float = 0.0, host: float | None = None) -> None:
+              drafted: float = 0.0, host: float | None = None, after: float = 0.0) -> None:
         """A steady pass over ``batch`` requests of ``rows`` fed rows in all, after ``steps`` draft steps that took
         ``draft_seconds``, took ``seconds`` (forward, verification, commit); its slots held ``slots`` cached tokens
-        and its draft rows attended ``drafted`` (``RowCosts.observe``); ``host``: its seconds outside the forward
-        (``RowCosts.observe``), if measured."""
+        and its draft rows attended ``drafted`` (``RowCosts.observe``); ``host``: its seconds outside the forward,
+        if measured, ``after`` of them after it (``RowCosts.observe``)."""
         self.priced = self.costs.measured(batch, batch, slots) if rows == batch else None  # before it is observed
-        self.costs.observe(batch, rows, seconds, slots, drafted, host)
-        self.costs.observe_draft(batch, steps, draft_seconds)
+        self.costs.observe(batch, rows, seconds, slots, drafted, host, after)
+        if steps > 0:  # else nothing to observe (the call alone is host work every undrafted pass)
+            self.costs.observe_draft(batch, steps, draft_seconds)
         self.unrefreshed[batch] = self.unrefreshed.get(batch, 0) + 1 if rows > batch else 0
 
     def describe(self) -> str:

@@ -223,7 +223,7 @@ class _Batch(BatchPlanning, BatchRequests):
                 attended = sum(len(d) * c for d, c in zip(drafts, contexts, strict=True))
                 catch_up = sum(d.catch_up_seconds for d in proposed)  # a start, not a step (kept across runs)
                 self.load.timed(len(group), rows, max(_depth(d) for d in proposed), max(0.0, c1 - c0 - catch_up),
-                                c2 - c1, sum(contexts), attended, (c1 - planning) + (c3 - c2))
+                                c2 - c1, sum(contexts), attended, (c1 - planning) + (c3 - c2), c3 - c2)
                 # realized vs. predicted, the pass whole: its plan, proposals, forward and its drafts' commit
                 self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c3 - planning)
             self._wave_passed(group, drafts, c3 - planning)

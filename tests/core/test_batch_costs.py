@@ -139,8 +139,42 @@ def test_a_drafted_pass_whose_host_work_eats_its_gain_is_not_planned():
         return load
 
     prospects = [Prospect([0.5], [1])] * 4  # 4 rows: 2 tokens expected for a tenth more forward
-    assert policy(0.002).lengths(prospects, proposed=True) == [1, 1, 1, 1]
-    assert policy(0.020).lengths(prospects, proposed=True) == [0, 0, 0, 0]  # (6 / 0.064) / (4 / 0.042) < 1
+    assert policy(0.002).lengths(prospects) == [1, 1, 1, 1]
+    assert policy(0.020).lengths(prospects) == [0, 0, 0, 0]  # (6 / 0.064) / (4 / 0.042) < 1
+
+
+def test_a_plan_made_after_the_proposals_prices_only_the_host_seconds_still_to_spend():
+    """After proposing (lookahead) the seconds before the forward are spent whichever way the plan goes: a drafted
+    pass whose extra host work all came before its forward (its proposals and their plan) is priced at an undrafted
+    pass's host seconds and drafts; the same extra after its forward (its commits) is still to spend and does not;
+    a plan before the proposals prices the drafted pass whole."""
+    from specfamily.core.batch_lengths import LengthPolicy
+
+    def policy(after: float) -> LengthPolicy:
+        load = LengthPolicy()
+        for _ in range(3):
+            load.timed(4, 4, 0, 0.0, 0.040, host=0.002, after=0.001)
+            load.timed(4, 8, 1, 0.0, 0.044, host=0.020, after=after)
+        return load
+
+    assert policy(0.001).costs.host_seconds(4) == pytest.approx((0.002, 0.020))
+    assert policy(0.001).costs.host_seconds(4, proposed=True) == pytest.approx((0.002, 0.002))
+    assert policy(0.019).costs.host_seconds(4, proposed=True) == pytest.approx((0.002, 0.020))
+    table = policy(0.003).costs.table(4, 8, proposed=True)
+    assert table[4] == pytest.approx(0.040 + 0.002) and table[8] == pytest.approx(0.044 + 0.004)
+    prospects = [Prospect([0.5], [1])] * 4
+    assert policy(0.001).lengths(prospects, proposed=True) == [1, 1, 1, 1]  # spent: (6 / 0.046) / (4 / 0.042)
+    assert policy(0.019).lengths(prospects, proposed=True) == [0, 0, 0, 0]  # to spend: (6 / 0.064) / (4 / 0.042)
+    assert policy(0.001).lengths(prospects) == [0, 0, 0, 0]  # before proposing: the drafted pass whole
+
+
+def test_the_seconds_after_the_forward_are_kept_within_the_host_seconds():
+    costs = RowCosts()
+    costs.observe_host(4, True, 0.002, after=0.003)  # more after than in all: not a split, kept whole before
+    costs.observe_host(4, True, 0.002, after=float("nan"))
+    costs.observe_host(4, False, 0.001, after=0.0005)
+    assert list(costs.host[4, True]) == [0.002, 0.002] and list(costs.host_after[4, True]) == [0.0, 0.0]
+    assert costs.host_seconds(4, proposed=True) == pytest.approx((0.001, 0.0005))
 
 
 def test_the_batched_loop_times_each_steady_pass_whole_its_host_seconds_apart(monkeypatch):
@@ -153,10 +187,11 @@ def test_the_batched_loop_times_each_steady_pass_whole_its_host_seconds_apart(mo
     plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=24)]
     timed, settle, seen, policies = LengthPolicy.timed, LengthPolicy.settle, [], []
 
-    def timing(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None):
+    def timing(self, batch, rows, steps, draft_seconds, seconds, slots=0.0, drafted=0.0, host=None, after=0.0):
+        assert 0 <= after <= host  # its commits and records, after the forward
         seen.append([rows > batch, seconds, host])
         policies.append(self)
-        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host)
+        return timed(self, batch, rows, steps, draft_seconds, seconds, slots, drafted, host, after)
 
     def settling(self, committed, seconds):
         seen[-1].append(seconds)
@@ -171,3 +206,42 @@ def test_the_batched_loop_times_each_steady_pass_whole_its_host_seconds_apart(mo
     kept = policies[0].costs.host
     assert {d for _, d in kept} == {d for d, *_ in seen}
     assert sum(len(v) for v in kept.values()) == len(seen)  # every steady pass, fewer than a window
+
+
+def test_a_table_is_built_again_once_a_median_moves_and_only_then():
+    """The tables are kept between passes (the plan asks the same one several times a pass): a pass that moves its
+    shape's median (or measures a new shape) changes them, one that leaves every median where it was does not."""
+    costs = RowCosts(refit_every=1000)
+    for _ in range(5):
+        costs.observe(4, 4, 0.040)
+        costs.observe(4, 8, 0.048)
+    before = costs.table(4, 12)
+    assert before[4] == pytest.approx(0.040) and before[8] == pytest.approx(0.048)
+    costs.observe(4, 4, 0.040)  # the median stays
+    assert costs.table(4, 12) == before and costs._bases
+    costs.observe(4, 4, 0.050)
+    costs.observe(4, 4, 0.050)
+    assert costs.table(4, 12) == before  # 3 of the latest 5 still at 0.040
+    costs.observe(4, 4, 0.050)
+    moved = costs.table(4, 12)
+    assert moved[4] == pytest.approx(0.050) and moved[8] == pytest.approx(0.048)
+    costs.observe(4, 6, 0.041)  # a new shape: the curve through it
+    assert costs.table(4, 12)[6] == pytest.approx(0.041) and costs.reach(4) == 12
+
+
+def test_the_medians_and_means_are_the_statistics_modules():
+    """The bookkeeping's own median and means (cheaper each pass) give statistics' numbers exactly."""
+    import random
+    import statistics
+
+    rng = random.Random(3)
+    for n in (1, 2, 5, 6, 31):
+        values = [rng.random() for _ in range(n)]
+        assert batch_costs._median(list(values)) == statistics.median(values)
+    costs = RowCosts()
+    hosts = [rng.random() * 1e-3 for _ in range(40)]
+    for h in hosts:
+        costs.observe_host(4, False, h, h / 3)
+    kept = hosts[-costs.history :]
+    assert costs.host_seconds(4)[0] == statistics.fmean(kept)
+    assert costs._means((4, False))[1] == statistics.fmean(h / 3 for h in kept)
