@@ -21,6 +21,17 @@ class FakeClock:
         self.t += seconds
 
 
+def price_passes(monkeypatch, clock: FakeClock, per_row: float = 0.01) -> None:
+    """Every batched target pass advances ``clock`` by 1 + ``per_row`` a fed row (root, prompt or draft)."""
+    forward = batch_loop.BatchTarget.forward
+
+    def priced(self, lo, feeds, features=False):
+        clock.t += 1.0 + per_row * sum(f.pending.numel() + len(f.draft) for f in feeds)
+        return forward(self, lo, feeds, features)
+
+    monkeypatch.setattr(batch_loop.BatchTarget, "forward", priced)
+
+
 def priced_run(monkeypatch, cost, drafter_of, arrivals, passes=None, max_batch=None, max_new_tokens=60, target=None):
     """generate_batch on a fake clock where each target pass costs cost(B, N) (N: the rows fed); the greedy texts,
     and (B, each slot's draft length, steady) of every pass."""

@@ -2,10 +2,9 @@
 
 import pytest
 import torch
-from batch_clock import FakeClock
+from batch_clock import FakeClock, price_passes
 
 import specfamily as sf
-from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
 from specfamily.core.batch_catchup import CatchUp, kept_catch_up
 from specfamily.core.batch_goodput import plan_together
@@ -59,13 +58,7 @@ class LateOracle(OracleDrafter):
 def test_the_loop_learns_the_rate_from_each_slots_backlog_and_keeps_it_on_the_target(monkeypatch):
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     clock = LateOracle.clock = FakeClock()
-    forward = batch_loop.BatchTarget.forward
-
-    def priced(self, lo, feeds, features=False):
-        clock.t += 1.0 + 0.01 * sum(f.pending.numel() + len(f.draft) for f in feeds)
-        return forward(self, lo, feeds, features)
-
-    monkeypatch.setattr(batch_loop.BatchTarget, "forward", priced)
+    price_passes(monkeypatch, clock)
     prompts = [[3, 5, 7], [2, 4, 6, 8], [1, 9, 4]]
     drafter = LateOracle(target, gamma=4, policy="auto", horizon=200)
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=30, clock=LoopClock(clock.now, clock.sleep))

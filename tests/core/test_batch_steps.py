@@ -1,7 +1,7 @@
 """A batched draft step costs what it cost in the drafter's earlier runs, measured without its catch-up."""
 
 import torch
-from batch_clock import FakeClock
+from batch_clock import FakeClock, price_passes
 
 import specfamily as sf
 from specfamily.core import batch_loop
@@ -28,13 +28,7 @@ class SlowOracle(OracleDrafter):
 def test_a_later_run_plans_its_first_drafts_with_the_steps_earlier_runs_measured_without_their_catch_up(monkeypatch):
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     clock = SlowOracle.clock = FakeClock()
-    forward = batch_loop.BatchTarget.forward
-
-    def priced(self, lo, feeds, features=False):
-        clock.t += 1.0 + 0.01 * sum(f.pending.numel() + len(f.draft) for f in feeds)
-        return forward(self, lo, feeds, features)
-
-    monkeypatch.setattr(batch_loop.BatchTarget, "forward", priced)
+    price_passes(monkeypatch, clock)
     first_step = []
     lengths = batch_loop.LengthPolicy.lengths
 
