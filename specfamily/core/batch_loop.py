@@ -30,6 +30,7 @@ from specfamily.core import batch_log
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_catchup import kept_catch_up
 from specfamily.core.batch_evidence import Evidence, kept_evidence
+from specfamily.core.batch_gate import gated, kept_gate
 from specfamily.core.batch_goodput import Realized, kept_realized
 from specfamily.core.batch_hold import VerdictHold
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts
@@ -150,6 +151,7 @@ class _Batch(BatchPlanning, BatchRequests):
         by_load = drafter is not None and isinstance(drafter.policy, AutoPolicy)  # a cost-aware drafter's length
         self.load = LengthPolicy(costs=RowCosts.of(target, drafter), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
+        self.gate = kept_gate(target, drafter) if gated(drafter) else None  # its own lengths, by load (batch_gate)
         self.catch_up = kept_catch_up(target, drafter)  # seconds a drafter spends per token of its backlog
         self.hold = VerdictHold()  # a steady pass's verdict to draft nothing, held while nothing it rests on moves
         self.deepest = len(drafter.policy.acceptance()) if by_load else 0  # the levels a slot may draft
@@ -199,6 +201,8 @@ class _Batch(BatchPlanning, BatchRequests):
         steady = self.load is not None and prefilled  # no newcomer's prompt in the pass: lengths by load
         planning = self.cost_clock()
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
+        if self.gate is not None and prefilled:  # lengths of its own: drafted only where they pay (batch_gate)
+            gammas = self.gate.lengths(gammas)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
         drafts = self._plan_drafts(group, gammas, proposed, c0) if steady else proposed
@@ -227,6 +231,9 @@ class _Batch(BatchPlanning, BatchRequests):
                 # realized vs. predicted, the pass whole: its plan, proposals, forward and its drafts' commit
                 self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c3 - planning)
             self._wave_passed(group, drafts, c3 - planning)
+        if self.gate is not None and prefilled:
+            self.gate.record(len(group), any(len(d) for d in drafts), sum(len(a) + 1 for a, _ in verdicts),
+                             self.cost_clock() - planning)
         self.passes += 1
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)

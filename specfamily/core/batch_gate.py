@@ -1,0 +1,101 @@
+"""Whether a drafter that keeps lengths of its own drafts at a batch size: its drafted passes against its plain ones.
+
+The batched loop plans draft lengths by load only for cost-aware drafters (``AutoPolicy``: ``batch_lengths``). A
+drafter whose defaults keep lengths of their own (lookahead decoding's constant N - 1, whose Jacobi window runs only
+in passes that draft; merge's parts' policies) drafts them at every load, and where a pass of many requests costs
+several plain passes its drafts lose however well they are accepted. :class:`LoadGate` measures, per batch size,
+the committed tokens per second of the steady passes that drafted and of those that did not, and lets the drafter's
+own lengths through while its drafted passes beat its plain ones (by ``min_gain``, a noise margin); else the pass
+drafts nothing, but for a probe every ``probe_every`` passes (backing off while probes keep losing). A plain pass is
+measured first at each batch size and again every ``refresh_every`` drafted passes. Only a drafter at its defaults
+is gated (:func:`gated`): a length a user chose (a ``gamma`` or ``policy`` given) is left alone, as the conformance
+kit's and the sweep's fixed-gamma runs need. The verdict is kept across runs per drafter class on the target.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from specfamily.core.policy import AutoPolicy
+
+__all__ = ["GateWindow", "LoadGate", "gated", "kept_gate"]
+
+
+@dataclass
+class GateWindow:
+    """One batch size's latest drafted and plain steady passes, (tokens committed, seconds) each."""
+
+    drafted: deque = field(default_factory=lambda: deque(maxlen=16))
+    plain: deque = field(default_factory=lambda: deque(maxlen=16))
+    since_plain: int = 0  # drafted passes since the last plain one
+    idle: int = 0  # plain passes in a row while closed
+    losing: int = 0  # probes in a row that did not beat the plain passes
+
+    @staticmethod
+    def rate(passes: deque) -> float | None:
+        seconds = sum(s for _, s in passes)
+        return sum(t for t, _ in passes) / seconds if passes and seconds > 0 else None
+
+
+@dataclass
+class LoadGate:
+    """Per batch size, whether the drafter's own lengths go through (:meth:`lengths`), from what passes realized
+    (:meth:`record`)."""
+
+    min_gain: float = 1.02  # drafted passes must beat plain ones' tokens a second by this factor (a noise margin)
+    probe_every: int = 16
+    max_backoff: int = 5  # probes at a load that keeps losing: every probe_every * 2**k passes, k <= max_backoff
+    refresh_every: int = 32
+    windows: dict[int, GateWindow] = field(default_factory=dict)
+
+    def lengths(self, gammas: list[int]) -> list[int]:
+        """``gammas`` (the slots' own lengths) if the drafter drafts at this batch size this pass, else none."""
+        window = self.windows.setdefault(len(gammas), GateWindow())
+        plain, drafted = GateWindow.rate(window.plain), GateWindow.rate(window.drafted)
+        if plain is None or window.since_plain >= self.refresh_every:
+            return [0] * len(gammas)  # a plain pass to measure against
+        if drafted is None or drafted > self.min_gain * plain:
+            return gammas
+        if window.idle + 1 >= self.probe_every * 2 ** min(window.losing, self.max_backoff):
+            return gammas  # a probe: what drafting realizes now
+        return [0] * len(gammas)
+
+    def record(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A steady pass at ``batch`` that committed ``tokens`` in ``seconds``, drafted or not."""
+        if seconds <= 0:
+            return
+        window = self.windows.setdefault(batch, GateWindow())
+        if not drafted:
+            window.plain.append((tokens, seconds))
+            window.since_plain, window.idle = 0, window.idle + 1
+            return
+        closed = self.closed(window)
+        window.drafted.append((tokens, seconds))
+        window.since_plain += 1
+        if closed:  # a probe: the back-off grows while drafting keeps losing
+            window.idle = 0
+            window.losing = window.losing + 1 if self.closed(window) else 0
+
+    def closed(self, window: GateWindow) -> bool:
+        """Whether ``window``'s drafted passes, both kinds measured, do not beat its plain ones by ``min_gain``."""
+        plain, drafted = GateWindow.rate(window.plain), GateWindow.rate(window.drafted)
+        return plain is not None and drafted is not None and drafted <= self.min_gain * plain
+
+
+def gated(drafter) -> bool:
+    """Whether the batched loop gates ``drafter`` by load: not cost-aware (the length policy plans those) and at its
+    defaults (its config gives neither a gamma nor a policy)."""
+    if drafter is None or isinstance(drafter.policy, AutoPolicy):
+        return False
+    config = getattr(drafter, "config", None)
+    return config is not None and getattr(config, "gamma", 0) is None and getattr(config, "policy", 0) is None
+
+
+def kept_gate(target, drafter) -> LoadGate:
+    """``drafter``'s class's gate on ``target``, kept across ``generate_batch`` calls beside its realized windows
+    (``Target.batch_realized``; a target without it: a fresh one, the run's own)."""
+    kept = getattr(target, "batch_realized", None)
+    if kept is None:
+        return LoadGate()
+    return kept.setdefault(("gate", type(drafter).__qualname__), LoadGate())

@@ -1,0 +1,82 @@
+"""A drafter at lengths of its own drafts under load only while its drafted passes beat its plain ones."""
+
+import torch
+from batch_clock import priced_run
+
+import specfamily as sf
+from specfamily.core.batch_gate import LoadGate, gated, kept_gate
+from specfamily.testing import OracleDrafter, tiny_target
+
+
+def test_the_gate_measures_a_plain_pass_then_drafts_and_closes_where_drafts_lose():
+    gate = LoadGate(probe_every=4, max_backoff=1)
+    own = [3, 3]
+    assert gate.lengths(own) == [0, 0]  # nothing measured at B=2: a plain pass first
+    gate.record(2, False, 2, 1.0)
+    assert gate.lengths(own) == own  # no drafted pass measured yet
+    gate.record(2, True, 3, 2.0)  # 1.5 tokens a second against 2: closed
+    assert [gate.lengths(own) for _ in range(2)] == [[0, 0]] * 2
+    for _ in range(3):
+        gate.record(2, False, 2, 1.0)
+    assert gate.lengths(own) == own  # the fourth idle pass: a probe
+    gate.record(2, True, 3, 2.0)  # lost again: the next probe after 8 idle passes
+    assert gate.windows[2].losing == 1
+    for _ in range(7):
+        assert gate.lengths(own) == [0, 0]
+        gate.record(2, False, 2, 1.0)
+    assert gate.lengths(own) == own
+    gate.record(2, True, 40, 1.0)  # drafts that pay reopen it
+    assert gate.windows[2].losing == 0 and gate.lengths(own) == own
+    assert gate.lengths([3, 3, 3]) == [0, 0, 0]  # another batch size: its own measurements
+
+
+def test_a_plain_pass_is_measured_again_every_refresh_every_drafted_passes():
+    gate = LoadGate(refresh_every=3)
+    gate.record(2, False, 2, 1.0)
+    for _ in range(3):
+        assert gate.lengths([2, 2]) == [2, 2]
+        gate.record(2, True, 6, 1.0)
+    assert gate.lengths([2, 2]) == [0, 0]
+    gate.record(2, False, 2, 1.0)
+    assert gate.lengths([2, 2]) == [2, 2]
+
+
+def test_only_a_drafter_at_lengths_of_its_own_by_default_is_gated():
+    target = sf.load_target("zoo:code-target")
+    assert gated(sf.create_drafter("lookahead", target))  # constant by design
+    assert gated(sf.create_drafter("merge", target, parts=["prompt_lookup", "suffix"]))  # its parts' policies
+    assert not gated(sf.create_drafter("lookahead", target, gamma=2))  # a length a user chose
+    assert not gated(sf.create_drafter("prompt_lookup", target))  # cost-aware: the length policy plans it
+    assert not gated(sf.create_drafter("prompt_lookup", target, gamma=3))
+    assert not gated(OracleDrafter(target, gamma=4)) and not gated(None)  # no config: a test's or a user's class
+
+
+class Costly(OracleDrafter):
+    """Drafts its own constant lengths by default, like lookahead decoding (a config with neither set)."""
+
+    def __init__(self, target=None):
+        super().__init__(target, gamma=4)
+        self.config = type("Config", (), {"gamma": None, "policy": None})()
+
+
+def test_drafts_that_cost_more_than_they_commit_stop_and_are_probed(monkeypatch):
+    """Every draft accepted, but a pass costs the square of its rows: a drafted pass at B=4 commits 5 times a plain
+    pass's tokens for 25 times its seconds; the gate closes after measuring both and drafts only in probes, the
+    texts greedy's (``priced_run``). At nearly free rows it stays open."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+
+    def steady_drafted(cost) -> tuple[int, int]:
+        seen = []
+        priced_run(monkeypatch, cost, lambda t: Costly(t), [0.0] * 4, seen, max_batch=4, max_new_tokens=40,
+                   target=target)
+        monkeypatch.undo()
+        steady = [d for b, d, s in seen if s and b == 4]
+        return len(steady), sum(sum(d) > 0 for d in steady)
+
+    steady, drafted = steady_drafted(lambda batch, rows: rows * rows / 16.0)
+    assert steady >= 20 and 1 <= drafted <= 3  # the first measurement, then probes only
+    gate = kept_gate(target, Costly())
+    assert gate.closed(gate.windows[4])
+    target.batch_realized.clear()
+    steady, drafted = steady_drafted(lambda batch, rows: 1.0 + 0.01 * rows)
+    assert drafted >= steady - 2  # a plain pass first (and a refresh), the rest drafted
