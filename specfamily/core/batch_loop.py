@@ -232,8 +232,8 @@ class _Batch(BatchPlanning, BatchRequests):
                 self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c3 - planning)
             self._wave_passed(group, drafts, c3 - planning)
         if self.gate is not None and prefilled:
-            self.gate.record(len(group), any(len(d) for d in drafts), sum(len(a) + 1 for a, _ in verdicts),
-                             self.cost_clock() - planning)
+            committed = sum(len(accepted) + 1 for accepted, _ in verdicts)
+            self.gate.record(len(group), any(gammas), committed, self.cost_clock() - planning)
         self.passes += 1
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
