@@ -231,7 +231,9 @@ class _Batch(BatchPlanning, BatchRequests):
                 # realized vs. predicted, the pass whole: its plan, proposals, forward and its drafts' commit
                 self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c3 - planning)
             self._wave_passed(group, drafts, c3 - planning)
-        if self.gate is not None and prefilled:
+        if self.gate is not None and prefilled and (any(len(d) for d in drafts) or not any(gammas)):
+            # a pass that verified drafts, or one that asked for none; not one that fed side rows alone (lookahead's
+            # window with an empty pool: an investment in later drafts, neither kind)
             committed = sum(len(accepted) + 1 for accepted, _ in verdicts)
             self.gate.record(len(group), any(gammas), committed, self.cost_clock() - planning)
         self.passes += 1
