@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from specfamily.core.batch_kept import kept_record
+
 __all__ = ["CatchUp", "kept_catch_up"]
 
 
@@ -42,7 +44,4 @@ class CatchUp:
 def kept_catch_up(target, drafter) -> CatchUp:
     """The catch-up rate of ``drafter``'s class on ``target``, kept across ``generate_batch`` calls beside its
     realized windows (``Target.batch_realized``; a target without it: a fresh one, the run's own)."""
-    kept = getattr(target, "batch_realized", None)
-    if kept is None or drafter is None:
-        return CatchUp()
-    return kept.setdefault(("catch_up", type(drafter).__qualname__), CatchUp())
+    return kept_record(target, drafter, "catch_up", CatchUp)

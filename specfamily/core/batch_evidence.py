@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specfamily.core.batch_kept import kept_record
 from specfamily.core.batch_tally import Tally
 from specfamily.core.types import Draft
 
@@ -58,23 +59,6 @@ class Proposal:
         return cls(tuple(draft.tokens.tolist()), tuple(draft.parents.tolist()), at, bucket(draft.evidence))
 
 
-def resolve(proposal: Proposal, text: Sequence[int]) -> tuple[int, int] | None:
-    """(levels a verifier would have tried, levels accepted) for ``proposal`` drafted whole, once ``text`` (the
-    request's new tokens) decides it: its path has left the tree or reached a leaf; None while the text is too short."""
-    node, depth, future = -1, 0, text[proposal.at :]
-    tokens, parents = proposal.tokens, proposal.parents
-    while True:
-        children = [i for i, p in enumerate(parents) if p == node]
-        if not children:
-            return depth, depth
-        if depth >= len(future):
-            return None
-        child = next((i for i in children if tokens[i] == future[depth]), None)
-        if child is None:
-            return depth + 1, depth
-        node, depth = child, depth + 1
-
-
 @dataclass
 class Held:
     """A held proposal and how far its request's text has decided it: the node its path reached (-1: none), the
@@ -102,13 +86,17 @@ class Held:
             self.node, self.depth = child, self.depth + 1
 
 
+def resolve(proposal: Proposal, text: Sequence[int]) -> tuple[int, int] | None:
+    """(levels a verifier would have tried, levels accepted) for ``proposal`` drafted whole, once ``text`` (the
+    request's new tokens) decides it: its path has left the tree or reached a leaf; None while the text is too short."""
+    levels, done = Held(proposal).advance(text)
+    return (len(levels), sum(levels)) if done else None
+
+
 def kept_evidence(target, drafter) -> dict:
     """The batch's tallies by bucket and by (bucket, band) for ``drafter``'s class on ``target`` (beside the pooled
     tally, ``kept_tally``), kept across ``generate_batch`` calls; a target without that record: the run's own."""
-    kept = getattr(target, "batch_realized", None)
-    if kept is None or drafter is None:
-        return {}
-    return kept.setdefault(("evidence", type(drafter).__qualname__), {})
+    return kept_record(target, drafter, "evidence", dict)
 
 
 @dataclass

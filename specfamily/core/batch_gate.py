@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from specfamily.core.batch_kept import kept_record
 from specfamily.core.policy import AutoPolicy
 
 __all__ = ["GateWindow", "LoadGate", "gated", "kept_gate"]
@@ -95,7 +96,4 @@ def gated(drafter) -> bool:
 def kept_gate(target, drafter) -> LoadGate:
     """``drafter``'s class's gate on ``target``, kept across ``generate_batch`` calls beside its realized windows
     (``Target.batch_realized``; a target without it: a fresh one, the run's own)."""
-    kept = getattr(target, "batch_realized", None)
-    if kept is None:
-        return LoadGate()
-    return kept.setdefault(("gate", type(drafter).__qualname__), LoadGate())
+    return kept_record(target, drafter, "gate", LoadGate)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specfamily.core.batch_kept import kept_record
+
 __all__ = ["Tally", "kept_tally"]
 
 
@@ -49,7 +51,4 @@ def kept_tally(target, drafter) -> Tally:
     A call that started from the drafter's prior (worth ``batch_plan._POOL_WEIGHT`` passes) let its first requests'
     first few misses pull every request's estimate to ~0.1, which then drafted nothing to learn otherwise
     (docs/batching.md, session 25)."""
-    kept = getattr(target, "batch_realized", None)
-    if kept is None or drafter is None:
-        return Tally()
-    return kept.setdefault(("acceptance", type(drafter).__qualname__), Tally())
+    return kept_record(target, drafter, "acceptance", Tally)
