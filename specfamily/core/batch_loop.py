@@ -152,7 +152,7 @@ class _Batch(BatchPlanning, BatchRequests):
         self.load = LengthPolicy(costs=RowCosts.of(target, drafter), realized=kept_realized(target, drafter)) \
             if by_load else None  # t(B, N) and what drafted passes realized kept across calls
         self.gate = kept_gate(target, drafter) if gated(drafter) else None  # its own lengths, by load (batch_gate)
-        self.catch_up = kept_catch_up(target, drafter)  # seconds a drafter spends per token of its backlog
+        self.catch_up = kept_catch_up(target, drafter) if by_load else None  # seconds a token of a backlog costs
         self.hold = VerdictHold()  # a steady pass's verdict to draft nothing, held while nothing it rests on moves
         self.deepest = len(drafter.policy.acceptance()) if by_load else 0  # the levels a slot may draft
         self.waves = WaveLedger()  # this run's last-wave passes (batch_waves): judged at its end
@@ -268,7 +268,8 @@ class _Batch(BatchPlanning, BatchRequests):
         t0 = self.clock()
         drafts = propose_batch(self.prototype, [r.drafter for r in group], [r.ctx for r in group], gammas)
         share = (self.clock() - t0) / len(group)
-        self._caught_up(group, gammas, drafts)
+        if self.catch_up is not None:  # the plans that price a backlog (BatchPlanning._start)
+            self._caught_up(group, gammas, drafts)
         return drafts, [share if gamma else 0.0 for gamma in gammas]
 
     def _caught_up(self, group: list[Request], gammas: list[int], drafts: list[Draft]) -> None:
