@@ -55,7 +55,7 @@ def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty:
 def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int,
              logits: torch.Tensor | None = None, side_logits: torch.Tensor | None = None) -> VerifyOutcome:
     rows = None if features is None else _feature_rows(features, pending, accepted)
-    return VerifyOutcome(committed, accepted, len(draft), rows, start, logits, side_logits)
+    return VerifyOutcome(committed, accepted, len(draft), rows, start, logits, side_logits, draft.tokens)
 
 
 def _feature_rows(features: torch.Tensor, pending: int, accepted: list[int]) -> torch.Tensor:

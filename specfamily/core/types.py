@@ -113,6 +113,9 @@ class VerifyOutcome:
     warping): row 0 at the root, row i + 1 after draft node i, every drafted node, accepted or not. For drafters
     that learn from what the target already computed (Token Recycling); a view that is only valid during ``observe``.
     ``side_logits``: (s, V) the target's logits at the draft's side rows, in their order (None without side rows).
+    ``drafted``: (draft_size,) the tokens of the draft as it was fed, in node order. The batched loop may feed a
+    deterministic proposal cut to its first levels (``core.batch_lengths.truncated``), so a drafter that keeps
+    what it proposed learns here which of it the pass fed (None: not told, the caller built the outcome itself).
     """
 
     tokens: list[int]
@@ -122,6 +125,7 @@ class VerifyOutcome:
     feature_start: int = 0
     logits: torch.Tensor | None = None  # (draft_size + 1, V)
     side_logits: torch.Tensor | None = None  # (s, V)
+    drafted: torch.Tensor | None = None  # (draft_size,)
 
 
 @dataclass

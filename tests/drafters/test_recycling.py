@@ -175,3 +175,54 @@ def test_scored_lossless_at_depth_two(sampling):
     [fit] = assert_lossless(lambda t: RecyclingDrafter(t, gamma=3, template="scored", max_tree_size=12, threshold=0.0),
                             configs=[sampling], min_depth=2)
     assert fit.passed
+
+
+def test_observe_learns_the_rows_of_a_cut_draft_it_was_told_of():
+    """The batched loop may feed a deterministic proposal cut to its first levels (``batch_lengths.truncated``):
+    the outcome names the fed draft's tokens, and the rows rewritten are the root's and those tokens'."""
+    from specfamily.core.batch_lengths import truncated
+    from specfamily.core.context import DecodeContext
+    target = tiny_target("llama", vocab_size=16)
+    drafter = RecyclingDrafter(target, gamma=3, template="scored", max_tree_size=8)
+    ctx = DecodeContext(target, torch.tensor([1, 2]), sf.SamplingConfig(), torch.Generator(), tokens=[1, 2])
+    drafter.begin(ctx)
+    drafter.table.update([2, 5, 6], torch.eye(16)[[5, 6, 7]] * 9)  # 2 -> 5 -> 6 -> 7: a three-deep chain
+    proposed = drafter.propose(ctx, 3)
+    assert proposed.tokens.tolist()[:3] == [5, 6, 7] and int(proposed.depths().max()) == 3
+    fed = truncated(proposed, 1)
+    logits = torch.arange(16.0).repeat(len(fed) + 1, 1)
+    drafter.observe(VerifyOutcome([5, 9], [0], len(fed), logits=logits, drafted=fed.tokens))
+    assert drafter.table.successors[5].tolist() == list(range(15, 7, -1))  # the fed node's row rewritten
+    assert drafter.table.successors[6].tolist()[0] == 7  # an unfed node's row left as it was
+
+
+def test_batched_with_drafts_cut_by_the_plan_keeps_the_plain_text(monkeypatch):
+    """A batched run whose plan cuts every tree to one level (lookahead): each slot's text is its plain batched text
+    and the drafter learned from the cut drafts' rows (it used to be told of none and refuse the logits)."""
+    from specfamily.core import batch_loop
+    from specfamily.core.batch_lengths import LengthPolicy
+    from specfamily.core.batch_plan import BatchPlanning
+    target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float32)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], [1, 4, 1, 4, 2, 1], [5, 5, 3, 5]]
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=24)]
+    learn, lengths, cut = batch_loop._Batch._learn, BatchPlanning._lengths, []
+
+    def always_lookahead(self, group, drafts, seconds):  # the tiny target's pass is too fast to judge proposals cheap
+        learn(self, group, drafts, seconds)
+        self.lookahead = True
+
+    def one_level(self, group, prospects, proposed=False):  # planned as ever, then drafted: seen drafts at one level
+        lengths(self, group, prospects, proposed)
+        cut.append(proposed and any(len(p.rows) > 1 for p in prospects))
+        return [1 if len(p.rows) else 0 for p in prospects] if proposed else [len(p.rows) for p in prospects]
+
+    def always_proposing(self, prospects, together=False, contexts=None):  # the pre-check: every pass proposes
+        return [1] * len(prospects), 1.0, "pays"
+
+    monkeypatch.setattr(batch_loop._Batch, "_learn", always_lookahead)
+    monkeypatch.setattr(BatchPlanning, "_lengths", one_level)
+    monkeypatch.setattr(LengthPolicy, "decision", always_proposing)
+    drafter = RecyclingDrafter(target, gamma=3, policy="auto", max_tree_size=12, template="2.2.2")
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=24, max_batch=2)
+    assert [r.tokens for r in results] == plain
+    assert any(cut)  # a deeper proposal was cut to one level

@@ -73,7 +73,10 @@ class RecyclingDrafter(BaseDrafter):
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Rewrite the rows of every token this pass fed (the root, every drafted node) from its logits."""
-        fed = self._fed if len(self._fed) == outcome.draft_size + 1 else [self._last]  # no proposal: the root alone
+        if outcome.drafted is not None:  # the draft as fed: the batched loop may have cut the proposal's levels
+            fed = [self._last, *outcome.drafted.tolist()]
+        else:
+            fed = self._fed if len(self._fed) == outcome.draft_size + 1 else [self._last]  # none: the root alone
         if outcome.logits is not None and self.table is not None:
             self.table.update(fed, outcome.logits)
         self._fed, self._last = [], outcome.tokens[-1]
