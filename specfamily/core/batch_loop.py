@@ -36,7 +36,7 @@ from specfamily.core.batch_hold import VerdictHold
 from specfamily.core.batch_lengths import LengthPolicy, Prospect, RowCosts
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.core.batch_requests import BatchRequests, Request
-from specfamily.core.batch_slots import SlotCopier, propose_batch
+from specfamily.core.batch_slots import SlotCopier, observe_batch, propose_batch
 from specfamily.core.batch_tally import kept_tally
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.batch_waves import WaveLedger, judge
@@ -55,7 +55,7 @@ from specfamily.core.loop import (
 )
 from specfamily.core.policy import AutoPolicy
 from specfamily.core.target import Target
-from specfamily.core.types import Draft, GenerationResult, SamplingConfig
+from specfamily.core.types import Draft, GenerationResult, SamplingConfig, VerifyOutcome
 
 __all__ = ["COMPILED_PASS_NOTE", "cache_capacity", "generate_batch"]
 
@@ -218,9 +218,10 @@ class _Batch(BatchPlanning, BatchRequests):
             verdicts.append((accepted, next_token))
         t2, c2 = self.clock(), self.cost_clock()
         rows = self.batch.rows
-        for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds, verdicts,
-                                                                   strict=True):
-            self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
+        told = [self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
+                for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds,
+                                                                          verdicts, strict=True)]
+        self._observed(group, told)
         if steady:
             c3 = self.cost_clock()
             if all(d.side is None for d in drafts):
@@ -283,9 +284,17 @@ class _Batch(BatchPlanning, BatchRequests):
                 request.synced = len(request.ctx.tokens)
         self.catch_up.observe(tokens, seconds)
 
+    def _observed(self, group: list[Request], told: list[VerifyOutcome | None]) -> None:
+        """Every slot's drafter that goes on told its outcome, in one call (``batch_slots.observe_batch``)."""
+        going = [(request.drafter, outcome) for request, outcome in zip(group, told, strict=True)
+                 if outcome is not None]
+        if going:
+            observe_batch(self.prototype, [drafter for drafter, _ in going], [outcome for _, outcome in going])
+
     def _commit(self, request: Request, draft: Draft, out, accepted: list[int], next_token: int,
-                draft_seconds: float, verify_seconds: float, end: float) -> None:
-        """Record the pass for ``request``, append its new tokens, tell its drafter."""
+                draft_seconds: float, verify_seconds: float, end: float) -> VerifyOutcome | None:
+        """Record the pass for ``request``, append its new tokens, report to its drafter's policy; the outcome its
+        drafter observes (None: the request is done, or has no drafter)."""
         depth = _depth(draft)
         verified = draft.verified_depth(accepted) if depth else 0
         request.recorder.record_pass(depth, len(accepted), draft_seconds, verify_seconds, proposed_tokens=len(draft),
@@ -303,9 +312,10 @@ class _Batch(BatchPlanning, BatchRequests):
         request.prefilled = True
         if finished or self.budget == 0:
             request.done = True
-            return
-        if request.drafter is not None:
-            _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds)
-            request.drafter.observe(_outcome(draft, accepted, committed, out.features, m, start, out.logits))
+            return None
         request.pending = torch.tensor([next_token], dtype=torch.long, device=self.device)
+        if request.drafter is None:
+            return None
+        _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds)
+        return _outcome(draft, accepted, committed, out.features, m, start, out.logits)
 

@@ -7,7 +7,8 @@ weights), every lean forward over such a module (its tables are read-only too: a
 weight views), every tokenizer, the verifying target, and the attributes the drafter names in ``batch_shared`` (e.g.
 a cache meant to learn across requests). :func:`propose_batch` asks every slot for its draft through the prototype's
 ``propose_batch(drafters, ctxs, gammas)``: BaseDrafter's default loops over each slot's ``propose``, so a third-party
-batch-1 drafter works unchanged; a family with a model of its own batches its draft forwards (Medusa).
+batch-1 drafter works unchanged; a family with a model of its own batches its draft forwards (Medusa). After the pass
+:func:`observe_batch` hands every slot its outcome the same way (``observe_batch``, BaseDrafter's default looping).
 
 Each slot's :class:`DecodeContext` carries a :class:`SlotTarget`: the target as that slot's request sees it (its
 ``cached_length`` and a batch-1 view of its cache rows), so a drafter that runs the target's own layers over its
@@ -25,11 +26,11 @@ from transformers import PreTrainedTokenizerBase
 
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import Drafter
-from specfamily.core.types import Draft
+from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.runtime.batch_cache import BatchCache
 from specfamily.runtime.lean import LeanLlama
 
-__all__ = ["SlotCopier", "SlotTarget", "propose_batch", "slot_copy"]
+__all__ = ["SlotCopier", "SlotTarget", "observe_batch", "propose_batch", "slot_copy"]
 
 _WALK_DEPTH = 6
 
@@ -58,7 +59,15 @@ class SlotTarget:
         return self._cache
 
     def __getattr__(self, name: str):
-        return getattr(self._target, name)
+        target = self.__dict__.get("_target")
+        if target is None:  # an instance not initialized (unpickling looks up __setstate__): nothing to forward to
+            raise AttributeError(name)
+        return getattr(target, name)
+
+    def __deepcopy__(self, memo: dict) -> SlotTarget:
+        """Itself: a view of the batch's shared target and cache, shared by a copy of a drafter that holds it (a
+        drafter's kept context), as the target is."""
+        return self
 
     def __repr__(self) -> str:
         return f"SlotTarget(slot={self.slot}, cached_length={self.cached_length}, {self._target!r})"
@@ -144,3 +153,15 @@ def propose_batch(prototype: Drafter, drafters: Sequence[Drafter], ctxs: Sequenc
         return drafts
     return [drafter.propose(ctx, gamma) if gamma > 0 else Draft.empty()
             for drafter, ctx, gamma in zip(drafters, ctxs, gammas, strict=True)]
+
+
+def observe_batch(prototype: Drafter, drafters: Sequence[Drafter], outcomes: Sequence[VerifyOutcome]) -> None:
+    """Each slot's drafter observes its outcome of the pass: the prototype's ``observe_batch(drafters, outcomes)``
+    (BaseDrafter's default loops), or, for a drafter that does not derive from BaseDrafter and has none, each slot's
+    own ``observe``."""
+    own = getattr(prototype, "observe_batch", None)
+    if callable(own):
+        own(list(drafters), list(outcomes))
+        return
+    for drafter, outcome in zip(drafters, outcomes, strict=True):
+        drafter.observe(outcome)

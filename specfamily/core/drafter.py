@@ -2,9 +2,10 @@
 
 Required: ``begin``, ``propose``, ``observe`` and the attributes ``needs_features``, ``lossy``, ``policy``.
 Optional (declared on :class:`DrafterHooks`, defaults on :class:`BaseDrafter`): ``end()`` after each request, and
-``accept`` (a lossy drafter's own acceptance rule); for batched decoding ``propose_batch`` (BaseDrafter's default loops
-over each slot's ``propose``) and ``batch_shared``. :func:`hooks` resolves them once per request, so a drafter that
-implements only the required protocol gets the defaults and the loop never probes for them.
+``accept`` (a lossy drafter's own acceptance rule); for batched decoding ``propose_batch`` and ``observe_batch``
+(BaseDrafter's defaults loop over each slot's ``propose`` and ``observe``) and ``batch_shared``. :func:`hooks`
+resolves them once per request, so a drafter that implements only the required protocol gets the defaults and the
+loop never probes for them.
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ class BaseDrafter:
         own overrides it with one draft forward per step for the whole batch."""
         return [drafter.propose(ctx, gamma) if gamma > 0 else Draft.empty()
                 for drafter, ctx, gamma in zip(drafters, ctxs, gammas, strict=True)]
+
+    def observe_batch(self, drafters: list[Drafter], outcomes: list[VerifyOutcome]) -> None:
+        """Batched decoding, after a pass: each slot's copy observes its outcome (called on the prototype, slots in
+        order). This default loops over the slots' ``observe``; a drafter whose observation computes over the
+        pass's logits or features may do it for every slot at once (Token Recycling's table)."""
+        for drafter, outcome in zip(drafters, outcomes, strict=True):
+            drafter.observe(outcome)
 
     def observe(self, outcome: VerifyOutcome) -> None:
         pass

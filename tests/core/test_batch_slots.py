@@ -43,6 +43,18 @@ def test_slot_copies_share_weights_and_named_state_and_own_the_rest(code_target)
     assert other.global_cache is suffix.global_cache  # batch_shared: learns across every slot's requests
 
 
+def test_a_copy_of_a_drafter_holding_its_slot_s_target_shares_that_view(code_target):
+    """A drafter copied mid-request (suffix keeps its context, whose target is the slot's view) shares the view, as
+    it shares the target: copying it used to recurse forever (its attribute lookup ran before it had a target)."""
+    cache = BatchCache(code_target.model.config, 2, 16)
+    view = SlotTarget(code_target, cache, 1)
+    suffix = sf.create_drafter("suffix", code_target)
+    suffix.begin(DecodeContext(view, torch.tensor([1, 2]), SamplingConfig(), torch.Generator(), tokens=[1, 2]))
+    other = slot_copy(suffix, code_target)
+    assert other._ctx.target is view and other._ctx is not suffix._ctx
+    assert view.vocab_size == code_target.vocab_size and view.slot == 1
+
+
 def test_slot_copies_see_a_hook_added_to_the_shared_draft_model_after_they_were_made(code_target):
     """A slot copy's lean forward watches the draft model's own hook tables (shared with the module), not copies
     made at admission that never see a hook added later: with one, the copy falls back to the model's forward."""

@@ -10,7 +10,7 @@ from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.recycling.config import RecyclingConfig
 from specfamily.drafters.recycling.drafter import RecyclingDrafter
 from specfamily.drafters.recycling.scored import grow_scored
-from specfamily.drafters.recycling.table import AdjacencyTable
+from specfamily.drafters.recycling.table import AdjacencyTable, top_k
 from specfamily.drafters.recycling.template import TEMPLATES, grow, make_template, rank_paths
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
@@ -66,6 +66,19 @@ def test_table_update_keeps_each_fed_tokens_top_k_the_last_write_winning():
     assert table.known.tolist() == [False, True, False, False, True, False]
     with pytest.raises(ValueError, match="2 tokens but 3 rows of logits"):
         table.update([1, 2], logits)
+
+
+@pytest.mark.parametrize("vocab", [49152, 4096, 1000])
+def test_the_two_stage_top_k_is_torch_s(vocab):
+    """Random rows (no ties), rows whose top k sit in one block, and a vocabulary not a multiple of 64 (one stage)."""
+    torch.manual_seed(0)
+    rows = torch.randn(6, vocab)
+    rows[1, 128:136] += 50.0  # the whole top 8 in one block
+    rows[2, ::64] += 50.0  # one of the top 8 in each of many blocks
+    values, indices = top_k(rows, 8)
+    top = torch.topk(rows, 8, dim=-1)
+    assert torch.equal(values, top.values) and torch.equal(indices, top.indices)
+    assert indices[1].tolist() == torch.topk(rows[1, 128:136], 8).indices.add(128).tolist()
 
 
 def test_observe_learns_from_every_drafted_row_and_a_second_request_is_drafted_deeper():
@@ -226,3 +239,38 @@ def test_batched_with_drafts_cut_by_the_plan_keeps_the_plain_text(monkeypatch):
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=24, max_batch=2)
     assert [r.tokens for r in results] == plain
     assert any(cut)  # a deeper proposal was cut to one level
+
+
+def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_each_slot_learns_alone(monkeypatch):
+    """Each batched observation (every slot's root and fed nodes, drafted trees among them) leaves each slot's table
+    as its own ``observe`` would, with one top-k over the pass's rows; the texts are the plain batched texts."""
+    from specfamily.core.batch_slots import slot_copy
+    target = tiny_target("llama", vocab_size=256, spread=1.0, dtype=torch.float32)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], [1, 4, 1, 4, 2, 1], [5, 5, 3, 5]]
+    plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=20)]
+    batched, scored, checked = RecyclingDrafter.observe_batch, AdjacencyTable.scored, []
+    calls = []
+
+    def counted(self, logits):
+        calls.append(logits.shape[0])
+        return scored(self, logits)
+
+    def twinned(self, drafters, outcomes):
+        twins = [slot_copy(d, target) for d in drafters]
+        for twin, outcome in zip(twins, outcomes, strict=True):
+            twin.observe(outcome)
+        before = len(calls)
+        batched(self, drafters, outcomes)
+        assert len(calls) == before + 1 and calls[-1] == sum(o.draft_size + 1 for o in outcomes)  # every row at once
+        for drafter, twin in zip(drafters, twins, strict=True):
+            assert np.array_equal(drafter.table.successors, twin.table.successors)
+            assert np.array_equal(drafter.table.scores, twin.table.scores)
+            assert np.array_equal(drafter.table.known, twin.table.known)
+        checked.append((len(drafters), sum(o.draft_size for o in outcomes)))
+
+    monkeypatch.setattr(AdjacencyTable, "scored", counted)
+    monkeypatch.setattr(RecyclingDrafter, "observe_batch", twinned)
+    drafter = RecyclingDrafter(target, gamma=3, max_tree_size=8, template="2.2.2")
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=20, max_batch=3)
+    assert [r.tokens for r in results] == plain
+    assert max(slots for slots, _ in checked) == 3 and sum(nodes for _, nodes in checked) > 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specfamily.core.batch_slots import propose_batch
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import BaseDrafter, Drafter, hooks
 from specfamily.core.plugins import create_drafter
@@ -100,21 +101,59 @@ class MergeDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         """Every part's draft (with ``min_tokens``, a part's only while the drafts before it hold fewer tokens: a
         choice made from those drafts alone, independent of its own draws, so the merge stays exact), merged."""
-        planned = self.policy.take() if isinstance(self.policy, PartsPolicy) else None
-        gammas = [gamma if cap is None else min(gamma, cap) for cap in self.caps]
-        if planned is not None:  # each part's own length (decided before anything was drawn this pass)
-            gammas = [min(own, part_gamma) for own, part_gamma in zip(planned, gammas, strict=True)]
-        self.passes, drafted, enough = [], 0, self.config.min_tokens
-        for part, part_gamma in zip(self.parts, gammas, strict=True):
+        passes, drafted, enough = [], 0, self.config.min_tokens
+        for part, part_gamma in zip(self.parts, self._part_gammas(gamma), strict=True):
             if part_gamma <= 0 or (enough is not None and drafted >= enough):
-                self.passes.append(PartPass(Draft.empty()))  # not asked: it observes a pass it did not draft for
+                passes.append(PartPass(Draft.empty()))  # not asked: it observes a pass it did not draft for
                 continue
             started = time.perf_counter()
             part_draft = part.propose(ctx, part_gamma)
-            self.passes.append(PartPass(part_draft, time.perf_counter() - started))
+            passes.append(PartPass(part_draft, time.perf_counter() - started))
             drafted += len(part_draft)
-        drafts = [own.draft for own in self.passes]
-        self.last = merge_drafts(drafts, ctx.target.vocab_size)
+        return self._merged(passes, ctx.target.vocab_size)
+
+    def propose_batch(self, drafters: list, ctxs: list[DecodeContext], gammas: list[int]) -> list[Draft]:
+        """Batched decoding: each part proposes for every slot in one call of its own ``propose_batch`` (a model
+        part's draft forwards batched), then each slot's parts' drafts are merged, as :meth:`propose` does for one.
+        A part's seconds are its call's, shared by the slots it drafted for."""
+        if not all(type(d) is type(self) and len(d.parts) == len(self.parts) for d in drafters):
+            return super().propose_batch(drafters, ctxs, gammas)
+        asking = [i for i, gamma in enumerate(gammas) if gamma > 0]
+        plans = {i: drafters[i]._part_gammas(gammas[i]) for i in asking}
+        passes: dict[int, list[PartPass]] = {i: [] for i in asking}
+        drafted, enough = dict.fromkeys(asking, 0), self.config.min_tokens
+        for k, part in enumerate(self.parts):
+            ask = [0] * len(drafters)
+            for i in asking:
+                if plans[i][k] > 0 and (enough is None or drafted[i] < enough):
+                    ask[i] = plans[i][k]
+            drafts, share = [Draft.empty()] * len(drafters), 0.0
+            if any(ask):
+                started = time.perf_counter()
+                drafts = propose_batch(part, [d.parts[k] for d in drafters], ctxs, ask)
+                share = (time.perf_counter() - started) / sum(gamma > 0 for gamma in ask)
+            for i in asking:
+                passes[i].append(PartPass(drafts[i], share) if ask[i] else PartPass(Draft.empty()))
+                drafted[i] += len(drafts[i])
+        merged = [Draft.empty()] * len(drafters)
+        for i in asking:
+            merged[i] = drafters[i]._merged(passes[i], ctxs[i].target.vocab_size)
+        return merged
+
+    def _part_gammas(self, gamma: int) -> list[int]:
+        """Each part's length this pass: ``gamma`` under its cap, and under its own policy's plan (``PartsPolicy``:
+        decided before anything was drawn this pass)."""
+        planned = self.policy.take() if isinstance(self.policy, PartsPolicy) else None
+        gammas = [gamma if cap is None else min(gamma, cap) for cap in self.caps]
+        if planned is not None:
+            gammas = [min(own, part_gamma) for own, part_gamma in zip(planned, gammas, strict=True)]
+        return gammas
+
+    def _merged(self, passes: list[PartPass], vocab_size: int) -> Draft:
+        """The parts' drafts merged into this pass's draft, kept (``last``, ``passes``) until its verification."""
+        self.passes = passes
+        drafts = [own.draft for own in passes]
+        self.last = merge_drafts(drafts, vocab_size)
         draft = self.last.draft
         draft.catch_up_seconds = sum(part_draft.catch_up_seconds for part_draft in drafts)
         return draft

@@ -73,10 +73,33 @@ class RecyclingDrafter(BaseDrafter):
 
     def observe(self, outcome: VerifyOutcome) -> None:
         """Rewrite the rows of every token this pass fed (the root, every drafted node) from its logits."""
-        if outcome.drafted is not None:  # the draft as fed: the batched loop may have cut the proposal's levels
-            fed = [self._last, *outcome.drafted.tolist()]
-        else:
-            fed = self._fed if len(self._fed) == outcome.draft_size + 1 else [self._last]  # none: the root alone
         if outcome.logits is not None and self.table is not None:
-            self.table.update(fed, outcome.logits)
+            self.table.update(self._fed_tokens(outcome), outcome.logits)
         self._fed, self._last = [], outcome.tokens[-1]
+
+    def observe_batch(self, drafters: list, outcomes: list[VerifyOutcome]) -> None:
+        """Batched decoding: every slot's fed rows scored in one top-k over the pass's logits (``AdjacencyTable
+        .scored``), then written into each slot's table in slot order, as each slot's ``observe`` would."""
+        tables = [getattr(d, "table", None) for d in drafters]
+        if (len(drafters) < 2 or not all(type(d) is type(self) for d in drafters) or
+                any(t is None or t.k != self.config.top_k for t in tables) or
+                any(o.logits is None or o.logits.shape[-1] != outcomes[0].logits.shape[-1] for o in outcomes)):
+            super().observe_batch(drafters, outcomes)
+            return
+        fed = [d._fed_tokens(o) for d, o in zip(drafters, outcomes, strict=True)]
+        for tokens, outcome in zip(fed, outcomes, strict=True):
+            if outcome.logits.shape[0] != len(tokens):
+                raise ValueError(f"{len(tokens)} tokens but {outcome.logits.shape[0]} rows of logits")
+        successors, scores = tables[0].scored(torch.cat([o.logits for o in outcomes]))
+        start = 0
+        for drafter, table, tokens, outcome in zip(drafters, tables, fed, outcomes, strict=True):
+            table.write(tokens, successors[start:start + len(tokens)], scores[start:start + len(tokens)])
+            start += len(tokens)
+            drafter._fed, drafter._last = [], outcome.tokens[-1]
+
+    def _fed_tokens(self, outcome: VerifyOutcome) -> list[int]:
+        """The tokens the pass fed: the root, then the draft's nodes as fed (the batched loop may have cut the
+        proposal's levels: ``outcome.drafted``), or the proposal's own when not told."""
+        if outcome.drafted is not None:
+            return [self._last, *outcome.drafted.tolist()]
+        return self._fed if len(self._fed) == outcome.draft_size + 1 else [self._last]  # none: the root alone

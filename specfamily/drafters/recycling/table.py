@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+_BLOCK = 64  # logits per block of the two-stage top-k (top_k)
+
 
 @dataclass
 class AdjacencyTable:
@@ -32,10 +34,36 @@ class AdjacencyTable:
         twice keeps its last row, as the reference's scatter does."""
         if logits.shape[0] != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
-        k = min(self.k, logits.shape[-1])
-        top = torch.topk(logits, k, dim=-1)  # the softmax's top-k, without writing a (n, V) softmax every pass
-        probs = torch.exp(top.values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
-        rows = np.asarray(tokens, dtype=np.int64)
-        self.successors[rows, :k] = top.indices.cpu().numpy()
-        self.scores[rows, :k] = probs.cpu().numpy()
+        self.write(tokens, *self.scored(logits))
+
+    def scored(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """(n, k) the top-k successors of each row of ``logits`` (n, V') and (n, k) their probabilities: the
+        softmax's top-k, without writing a (n, V) softmax."""
+        values, indices = top_k(logits, min(self.k, logits.shape[-1]))
+        probs = torch.exp(values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
+        return indices.cpu().numpy(), probs.cpu().numpy()
+
+    def write(self, tokens: list[int], successors: np.ndarray, scores: np.ndarray) -> None:
+        """Rows ``tokens`` rewritten with ``scored``'s successors and probabilities (the last of a repeated token's
+        rows winning)."""
+        rows, k = np.asarray(tokens, dtype=np.int64), successors.shape[1]
+        self.successors[rows, :k] = successors
+        self.scores[rows, :k] = scores
         self.known[rows] = True
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(logits, k)`` over the last dimension of (n, V), in two stages: the k blocks of 64 logits with the
+    largest maxima hold the top k (a logit of the top k lies in a block whose maximum is at least itself, and fewer
+    than k logits are above it), then the top k of those blocks' 64 k logits: far less sorting work than one top-k
+    over V. Values equal ``torch.topk``'s; where values tie, other indices of the same values may be chosen. A
+    vocabulary not a multiple of 64, or under 4 k blocks, takes ``torch.topk`` itself."""
+    n, vocab = logits.shape
+    blocks = vocab // _BLOCK
+    if vocab % _BLOCK or blocks < 4 * k:
+        top = torch.topk(logits, k, dim=-1)
+        return top.values, top.indices
+    grouped = logits.reshape(n, blocks, _BLOCK)
+    best = torch.topk(grouped.amax(-1), k, dim=-1).indices  # (n, k) the blocks holding the top k
+    candidates = torch.gather(grouped, 1, best[..., None].expand(-1, -1, _BLOCK)).flatten(1)  # (n, k * 64)
+    values, where = torch.topk(candidates, k, dim=-1)
+    return values, best.gather(1, torch.div(where, _BLOCK, rounding_mode="floor")) * _BLOCK + where % _BLOCK
