@@ -6,14 +6,19 @@ in passes that draft; merge's parts' policies) drafts them at every load, and wh
 several plain passes its drafts lose however well they are accepted. :class:`LoadGate` measures, per batch size,
 the committed tokens per second of the steady passes that drafted and of those that did not, and lets the drafter's
 own lengths through while its drafted passes beat its plain ones (by ``min_gain``, a noise margin); else the pass
-drafts nothing, but for a probe every ``probe_every`` passes (backing off while probes keep losing). A plain pass is
-measured first at each batch size and again every ``refresh_every`` drafted passes. Only a drafter at its defaults
+drafts nothing, but for a probe every ``probe_every`` passes, backing off while probes keep losing, and never sooner
+than lets a probe's extra seconds over a plain pass stay within ``probe_share`` of the plain passes between probes
+(merge's drafted pass at B=8 costs several plain ones: one every 16 passes spent more than its drafts ever won). A
+plain pass is measured first at each batch size and again every ``refresh_every`` drafted passes. A pass that
+prefills a newcomer is not measured; on it the drafter drafts only where the gate is open (:meth:`LoadGate.opens`):
+no probe, no measurement, rows beside a prompt's. Only a drafter at its defaults
 is gated (:func:`gated`): a length a user chose (a ``gamma`` or ``policy`` given) is left alone, as the conformance
 kit's and the sweep's fixed-gamma runs need. The verdict is kept across runs per drafter class on the target.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -30,13 +35,18 @@ class GateWindow:
     drafted: deque = field(default_factory=lambda: deque(maxlen=16))
     plain: deque = field(default_factory=lambda: deque(maxlen=16))
     since_plain: int = 0  # drafted passes since the last plain one
-    idle: int = 0  # plain passes in a row while closed
+    idle: int = 0  # plain passes since the last drafted one
     losing: int = 0  # probes in a row that did not beat the plain passes
 
     @staticmethod
     def rate(passes: deque) -> float | None:
         seconds = sum(s for _, s in passes)
         return sum(t for t, _ in passes) / seconds if passes and seconds > 0 else None
+
+    @staticmethod
+    def seconds(passes: deque) -> float | None:
+        """A pass's mean seconds (None: none measured)."""
+        return sum(s for _, s in passes) / len(passes) if passes else None
 
 
 @dataclass
@@ -48,6 +58,7 @@ class LoadGate:
     probe_every: int = 16
     max_backoff: int = 5  # probes at a load that keeps losing: every probe_every * 2**k passes, k <= max_backoff
     refresh_every: int = 32
+    probe_share: float = 0.02  # a probe's extra seconds at most this share of the plain passes' since the last one
     windows: dict[int, GateWindow] = field(default_factory=dict)
 
     def lengths(self, gammas: list[int]) -> list[int]:
@@ -58,9 +69,27 @@ class LoadGate:
             return [0] * len(gammas)  # a plain pass to measure against
         if drafted is None or drafted > self.min_gain * plain:
             return gammas
-        if window.idle + 1 >= self.probe_every * 2 ** min(window.losing, self.max_backoff):
+        if window.idle + 1 >= self.interval(window):
             return gammas  # a probe: what drafting realizes now
         return [0] * len(gammas)
+
+    def opens(self, batch: int) -> bool:
+        """Whether drafted passes at ``batch`` beat its plain ones now (both measured): a pass the gate does not
+        record (one that prefills a newcomer) drafts only then."""
+        window = self.windows.get(batch)
+        plain = None if window is None else GateWindow.rate(window.plain)
+        drafted = None if window is None else GateWindow.rate(window.drafted)
+        return plain is not None and drafted is not None and drafted > self.min_gain * plain
+
+    def interval(self, window: GateWindow) -> int:
+        """Plain passes from one probe to the next while closed: ``probe_every``, doubled for each probe in a row
+        that lost (up to ``max_backoff`` times), and at least as many as keep a probe's extra seconds over a plain
+        pass within ``probe_share`` of theirs."""
+        backoff = self.probe_every * 2 ** min(window.losing, self.max_backoff)
+        plain, drafted = GateWindow.seconds(window.plain), GateWindow.seconds(window.drafted)
+        if plain is None or drafted is None or drafted <= plain:
+            return backoff
+        return max(backoff, math.ceil((drafted - plain) / (self.probe_share * plain)))
 
     def record(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A steady pass at ``batch`` that committed ``tokens`` in ``seconds``, drafted or not."""
@@ -73,9 +102,8 @@ class LoadGate:
             return
         closed = self.closed(window)
         window.drafted.append((tokens, seconds))
-        window.since_plain += 1
+        window.since_plain, window.idle = window.since_plain + 1, 0  # plain passes are counted from the last drafted
         if closed:  # a probe: the back-off grows while drafting keeps losing
-            window.idle = 0
             window.losing = window.losing + 1 if self.closed(window) else 0
 
     def closed(self, window: GateWindow) -> bool:

@@ -201,8 +201,8 @@ class _Batch(BatchPlanning, BatchRequests):
         steady = self.load is not None and prefilled  # no newcomer's prompt in the pass: lengths by load
         planning = self.cost_clock()
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
-        if self.gate is not None and prefilled:  # lengths of its own: drafted only where they pay (batch_gate)
-            gammas = self.gate.lengths(gammas)
+        if self.gate is not None:  # lengths of its own: drafted only where they pay (batch_gate)
+            gammas = self.gate.lengths(gammas) if prefilled else self._opened(gammas)
         c0 = self.cost_clock()
         proposed, draft_seconds = self._propose(group, gammas)
         drafts = self._plan_drafts(group, gammas, proposed, c0) if steady else proposed
@@ -241,6 +241,11 @@ class _Batch(BatchPlanning, BatchRequests):
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
+
+    def _opened(self, gammas: list[int]) -> list[int]:
+        """A pass that prefills a newcomer: a gated drafter's own lengths where its gate is open at this batch size,
+        else none (nothing measures drafts beside a prompt's rows; a lone newcomer's first pass is no exception)."""
+        return gammas if self.gate.opens(len(gammas)) else [0] * len(gammas)
 
     def _wave_record(self) -> Realized:
         """The load's kept record at this batch's slots (``batch_goodput.Realized``: its ``waves_closed``)."""

@@ -9,7 +9,7 @@ from specfamily.testing import OracleDrafter, tiny_target
 
 
 def test_the_gate_measures_a_plain_pass_then_drafts_and_closes_where_drafts_lose():
-    gate = LoadGate(probe_every=4, max_backoff=1)
+    gate = LoadGate(probe_every=4, max_backoff=1, probe_share=1.0)  # probes paced by their back-off alone
     own = [3, 3]
     assert gate.lengths(own) == [0, 0]  # nothing measured at B=2: a plain pass first
     gate.record(2, False, 2, 1.0)
@@ -28,6 +28,33 @@ def test_the_gate_measures_a_plain_pass_then_drafts_and_closes_where_drafts_lose
     gate.record(2, True, 40, 1.0)  # drafts that pay reopen it
     assert gate.windows[2].losing == 0 and gate.lengths(own) == own
     assert gate.lengths([3, 3, 3]) == [0, 0, 0]  # another batch size: its own measurements
+
+
+def test_a_probe_dearer_than_plain_passes_waits_until_its_extra_seconds_are_a_share_of_theirs():
+    """A drafted pass of 11 s against plain passes of 1 s: 10 s extra, at most 5% of the plain passes between probes,
+    so the next probe after 200 of them (its back-off alone would probe after 4)."""
+    gate = LoadGate(probe_every=4, probe_share=0.05)
+    gate.record(2, False, 2, 1.0)
+    gate.record(2, True, 3, 11.0)
+    assert gate.interval(gate.windows[2]) == 200
+    for _ in range(199):
+        assert gate.lengths([3, 3]) == [0, 0]
+        gate.record(2, False, 2, 1.0)
+    assert gate.lengths([3, 3]) == [3, 3]
+    cheap = LoadGate(probe_every=4, probe_share=0.05)
+    cheap.record(2, False, 2, 1.0)
+    cheap.record(2, True, 2, 1.1)  # 0.1 s extra: 2 passes' share, so the back-off's 4
+    assert cheap.interval(cheap.windows[2]) == 4
+
+
+def test_a_pass_that_prefills_drafts_only_where_the_gate_is_open():
+    gate = LoadGate()
+    assert not gate.opens(2)  # nothing measured
+    gate.record(2, False, 2, 1.0)
+    gate.record(2, True, 6, 1.0)
+    assert gate.opens(2) and not gate.opens(3)
+    gate.record(2, True, 1, 10.0)
+    assert not gate.opens(2)  # drafts lose now: no probe on a prefill
 
 
 def test_a_plain_pass_is_measured_again_every_refresh_every_drafted_passes():
@@ -80,3 +107,24 @@ def test_drafts_that_cost_more_than_they_commit_stop_and_are_probed(monkeypatch)
     target.batch_realized.clear()
     steady, drafted = steady_drafted(lambda batch, rows: 1.0 + 0.01 * rows)
     assert drafted >= steady - 2  # a plain pass first (and a refresh), the rest drafted
+
+
+def test_a_newcomer_s_pass_drafts_only_where_the_gate_is_open(monkeypatch):
+    """Six requests through four slots (admissions beside drafting slots): where drafted passes lose (a pass costs
+    the square of its rows) no pass that prefills a newcomer drafts; where they win and the gate is open (a run
+    after one that measured it), such passes draft."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+
+    def prefill_drafts(cost) -> list[int]:
+        seen = []
+        priced_run(monkeypatch, cost, lambda t: Costly(t), [0.0] * 6, seen, max_batch=4, max_new_tokens=30,
+                   target=target)
+        monkeypatch.undo()
+        return [sum(d) for b, d, steady in seen if not steady]
+
+    dear = lambda batch, rows: rows * rows / 16.0  # noqa: E731
+    assert len(prefill_drafts(dear)) >= 2 and not any(prefill_drafts(dear))
+    target.batch_realized.clear()
+    cheap = lambda batch, rows: 1.0 + 0.01 * rows  # noqa: E731
+    assert not any(prefill_drafts(cheap)[:1])  # the first pass: nothing measured at B=4 yet
+    assert any(prefill_drafts(cheap))
