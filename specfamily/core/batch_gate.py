@@ -1,19 +1,19 @@
 """Whether a drafter that keeps lengths of its own drafts at a batch size: its drafted passes against its plain ones.
 
-The batched loop plans draft lengths by load only for cost-aware drafters (``AutoPolicy``: ``batch_lengths``). A
-drafter whose defaults keep lengths of their own (lookahead decoding's constant N - 1, whose Jacobi window runs only
-in passes that draft; merge's parts' policies) drafts them at every load, and where a pass of many requests costs
-several plain passes its drafts lose however well they are accepted. :class:`LoadGate` measures, per batch size,
-the committed tokens per second of the steady passes that drafted and of those that did not, and lets the drafter's
-own lengths through while its drafted passes beat its plain ones (by ``min_gain``, a noise margin); else the pass
-drafts nothing, but for a probe every ``probe_every`` passes, backing off while probes keep losing, and never sooner
-than lets a probe's extra seconds over a plain pass stay within ``probe_share`` of the plain passes between probes
-(merge's drafted pass at B=8 costs several plain ones: one every 16 passes spent more than its drafts ever won). A
-plain pass is measured first at each batch size and again every ``refresh_every`` drafted passes. A pass that
-prefills a newcomer is not measured; on it the drafter drafts only where the gate is open (:meth:`LoadGate.opens`):
-no probe, no measurement, rows beside a prompt's. Only a drafter at its defaults
-is gated (:func:`gated`): a length a user chose (a ``gamma`` or ``policy`` given) is left alone, as the conformance
-kit's and the sweep's fixed-gamma runs need. The verdict is kept across runs per drafter class on the target.
+The batched loop plans draft lengths by load only for cost-aware drafters (``AutoPolicy``: ``batch_lengths``). A drafter
+whose defaults keep lengths of their own (lookahead decoding's constant N - 1, whose Jacobi window runs only in passes
+that draft; merge's parts' policies) drafts them at every load, and where a pass of many requests costs several plain
+passes its drafts lose however well they are accepted. :class:`LoadGate` measures, per batch size, the committed tokens
+per second of the steady passes that asked for drafts (whatever came back) and of those that did not, and lets the
+drafter's own lengths through while its drafted passes beat its plain ones (by ``min_gain``, a noise margin); else the
+pass drafts nothing, but for a probe every ``probe_every`` passes, backing off while probes keep losing, and never
+sooner than lets a probe's extra seconds over a plain pass stay within ``probe_share`` of the plain passes between
+probes (merge's drafted pass at B=8 costs several plain ones: one every 16 passes spent more than its drafts ever won).
+A plain pass is measured first at each batch size and again every ``refresh_every`` drafted passes. A pass that prefills
+a newcomer is not measured; on it the drafter drafts only where the gate is open (:meth:`LoadGate.opens`): no probe, no
+measurement, rows beside a prompt's. Only a drafter at its defaults is gated (:func:`gated`): a length a user chose (a
+``gamma`` or ``policy`` given) is left alone, as the conformance kit's and the sweep's fixed-gamma runs need. The
+verdict is kept across runs per drafter class on the target.
 """
 
 from __future__ import annotations

@@ -232,9 +232,10 @@ class _Batch(BatchPlanning, BatchRequests):
                 # realized vs. predicted, the pass whole: its plan, proposals, forward and its drafts' commit
                 self.load.settle([len(accepted) + 1 for accepted, _ in verdicts], c3 - planning)
             self._wave_passed(group, drafts, c3 - planning)
-        if self.gate is not None and prefilled and (any(len(d) for d in drafts) or not any(gammas)):
-            # a pass that verified drafts, or one that asked for none; not one that fed side rows alone (lookahead's
-            # window with an empty pool: an investment in later drafts, neither kind)
+        if self.gate is not None and prefilled:
+            # drafted: any pass that asked for drafts, whatever came back (lookahead's window fed alone while its pool
+            # holds no match is what its drafted passes cost too; left out, the gate saw only passes whose pool
+            # matched and kept a drafter open that lost 10% at B=8)
             committed = sum(len(accepted) + 1 for accepted, _ in verdicts)
             self.gate.record(len(group), any(gammas), committed, self.cost_clock() - planning)
         self.passes += 1

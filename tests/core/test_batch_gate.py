@@ -128,3 +128,21 @@ def test_a_newcomer_s_pass_drafts_only_where_the_gate_is_open(monkeypatch):
     cheap = lambda batch, rows: 1.0 + 0.01 * rows  # noqa: E731
     assert not any(prefill_drafts(cheap)[:1])  # the first pass: nothing measured at B=4 yet
     assert any(prefill_drafts(cheap))
+
+
+class Fruitless(Costly):
+    """Asked for drafts, proposes none (lookahead's window fed while its pool matches nothing, without the rows)."""
+
+    def propose(self, ctx, gamma):
+        return sf.Draft.empty()
+
+
+def test_a_pass_that_asked_for_drafts_is_a_drafted_pass_whatever_came_back(monkeypatch):
+    """Passes that asked and got nothing commit what plain passes commit: recorded as drafted, they close the gate
+    (recorded as neither, nothing ever measured the drafted side and every pass kept asking)."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    seen = []
+    priced_run(monkeypatch, lambda batch, rows: 1.0 + 0.01 * rows, lambda t: Fruitless(t), [0.0] * 4, seen,
+               max_batch=4, max_new_tokens=40, target=target)
+    gate = kept_gate(target, Fruitless())
+    assert len(gate.windows[4].drafted) >= 1 and gate.closed(gate.windows[4])

@@ -41,6 +41,8 @@ def test_slot_copies_share_weights_and_named_state_and_own_the_rest(code_target)
     suffix = sf.create_drafter("suffix", code_target)
     other = slot_copy(suffix, code_target)
     assert other.global_cache is suffix.global_cache  # batch_shared: learns across every slot's requests
+    rest = sf.create_drafter("rest", code_target)
+    assert slot_copy(rest, code_target).datastore is rest.datastore  # read-only, memory-mapped: not read into a copy
 
 
 def test_a_copy_of_a_drafter_holding_its_slot_s_target_shares_that_view(code_target):

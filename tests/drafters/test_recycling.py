@@ -241,9 +241,12 @@ def test_batched_with_drafts_cut_by_the_plan_keeps_the_plain_text(monkeypatch):
     assert any(cut)  # a deeper proposal was cut to one level
 
 
-def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_each_slot_learns_alone(monkeypatch):
-    """Each batched observation (every slot's root and fed nodes, drafted trees among them) leaves each slot's table
-    as its own ``observe`` would, with one top-k over the pass's rows; the texts are the plain batched texts."""
+def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_learn_one_by_one(monkeypatch):
+    """Each batched observation (every slot's root and fed nodes, drafted trees among them) leaves the slots' one
+    table as their own ``observe`` calls in slot order would, with one top-k over the pass's rows; the texts are the
+    plain batched texts."""
+    import copy
+
     from specfamily.core.batch_slots import slot_copy
     target = tiny_target("llama", vocab_size=256, spread=1.0, dtype=torch.float32)
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], [1, 4, 1, 4, 2, 1], [5, 5, 3, 5]]
@@ -256,7 +259,10 @@ def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_each_slot_
         return scored(self, logits)
 
     def twinned(self, drafters, outcomes):
-        twins = [slot_copy(d, target) for d in drafters]
+        twins, table = [slot_copy(d, target) for d in drafters], copy.deepcopy(drafters[0].table)
+        assert all(d.table is drafters[0].table for d in drafters)  # batch_shared: one table for every slot
+        for twin in twins:
+            twin.table = table  # the twins share a copy of it
         for twin, outcome in zip(twins, outcomes, strict=True):
             twin.observe(outcome)
         before = len(calls)

@@ -27,7 +27,8 @@ class RecyclingConfig:
     depth 6, ranks < 8), of which ``max_tree_size`` keeps the first nodes by depth + summed rank (a parent always
     comes first; null: the whole template). ``threshold`` applies to ``scored`` only.
     ``gamma``: the depth cap (null: cost-aware, see policy). ``keep``: keep the table across requests (the reference
-    does: it is one matrix for the whole run) or start each request empty.
+    does: it is one matrix for the whole run; in a batch every slot's requests learn into it) or start each request
+    empty.
     """
 
     gamma: int | None = None  # depth cap of the tree; null: cost-aware (see policy)

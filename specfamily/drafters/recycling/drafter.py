@@ -26,6 +26,7 @@ class RecyclingDrafter(BaseDrafter):
     """Grows the template from the last token through the adjacency table; learns the table from each pass."""
 
     auto_max_gamma = None  # auto drafts at most the template's depth
+    batch_shared = ("table",)  # batched decoding: every slot learns into and drafts from the one table (keep=True)
 
     def __init__(
         self,

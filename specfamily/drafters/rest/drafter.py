@@ -64,6 +64,7 @@ class RestDrafter(BaseDrafter):
     """Proposes the most frequent continuations of the longest matching suffix (see the config)."""
 
     auto_max_gamma = None  # auto drafts at most the continuation length
+    batch_shared = ("datastore",)  # read-only and memory-mapped: a batch slot's copy reads the prototype's
 
     def __init__(
         self,
