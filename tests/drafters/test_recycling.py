@@ -81,6 +81,26 @@ def test_the_two_stage_top_k_is_torch_s(vocab):
     assert indices[1].tolist() == torch.topk(rows[1, 128:136], 8).indices.add(128).tolist()
 
 
+def test_deferred_rows_are_written_as_updates_would_be_and_only_the_latest_passes_are_kept():
+    from specfamily.drafters.recycling.table import PENDING_PASSES
+    torch.manual_seed(1)
+    passes = [([i % 5, 5 + i % 3], torch.randn(2, 64)) for i in range(PENDING_PASSES + 2)]
+    now, later = AdjacencyTable.empty(64, 4), AdjacencyTable.empty(64, 4)
+    for tokens, logits in passes[2:]:
+        now.update(tokens, logits)
+    for tokens, logits in passes:
+        later.defer(tokens, logits)
+    assert not later.known.any() and len(later.pending) == PENDING_PASSES  # the two oldest dropped
+    later.flush()
+    assert not later.pending and np.array_equal(now.successors, later.successors)
+    assert np.array_equal(now.scores, later.scores) and np.array_equal(now.known, later.known)
+    later.defer([9], torch.randn(1, 64))
+    later.update([10], torch.randn(1, 64))  # an update writes what waits first
+    assert later.known[9] and later.known[10] and not later.pending
+    with pytest.raises(ValueError, match="1 tokens but 2 rows of logits"):
+        later.defer([1], torch.randn(2, 64))
+
+
 def test_observe_learns_from_every_drafted_row_and_a_second_request_is_drafted_deeper():
     target = tiny_target("llama", vocab_size=32, spread=1.0, dtype=torch.float64)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -243,8 +263,8 @@ def test_batched_with_drafts_cut_by_the_plan_keeps_the_plain_text(monkeypatch):
 
 def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_learn_one_by_one(monkeypatch):
     """Each batched observation (every slot's root and fed nodes, drafted trees among them) leaves the slots' one
-    table as their own ``observe`` calls in slot order would, with one top-k over the pass's rows; the texts are the
-    plain batched texts."""
+    table as their own ``observe`` calls in slot order would, with one top-k over the pass's rows (on a pass no slot
+    drafted for, once the table is read); the texts are the plain batched texts."""
     import copy
 
     from specfamily.core.batch_slots import slot_copy
@@ -265,8 +285,10 @@ def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_
             twin.table = table  # the twins share a copy of it
         for twin, outcome in zip(twins, outcomes, strict=True):
             twin.observe(outcome)
-        before = len(calls)
+        before, idle = len(calls), not any(d._fed for d in drafters) and len(drafters) > 1
         batched(self, drafters, outcomes)
+        assert len(drafters[0].table.pending) == idle  # a pass no slot drafted for is scored when next read
+        drafters[0].table.flush()
         assert len(calls) == before + 1 and calls[-1] == sum(o.draft_size + 1 for o in outcomes)  # every row at once
         for drafter, twin in zip(drafters, twins, strict=True):
             assert np.array_equal(drafter.table.successors, twin.table.successors)
@@ -274,9 +296,18 @@ def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_
             assert np.array_equal(drafter.table.known, twin.table.known)
         checked.append((len(drafters), sum(o.draft_size for o in outcomes)))
 
+    from specfamily.core.batch_plan import BatchPlanning
+    own, passes = BatchPlanning._prefill_gammas, []
+
+    def every_third_idle(self, group):  # every third pass asks no slot for a draft: its rows wait
+        passes.append(len(passes) % 3 != 2)
+        return own(self, group) if passes[-1] else [0] * len(group)
+
+    monkeypatch.setattr(BatchPlanning, "_prefill_gammas", every_third_idle)
     monkeypatch.setattr(AdjacencyTable, "scored", counted)
     monkeypatch.setattr(RecyclingDrafter, "observe_batch", twinned)
     drafter = RecyclingDrafter(target, gamma=3, max_tree_size=8, template="2.2.2")
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=20, max_batch=3)
     assert [r.tokens for r in results] == plain
     assert max(slots for slots, _ in checked) == 3 and sum(nodes for _, nodes in checked) > 0
+    assert passes.count(False) >= 3

@@ -62,6 +62,7 @@ class RecyclingDrafter(BaseDrafter):
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
         root = self._last = ctx.tokens[-1]
         table, config = self.table, self.config
+        table.flush()  # the rows of idle batched passes, scored before the table is read
         if self.template is None:
             tokens, parents = grow_scored(root, table.successors, table.scores, table.known,
                                           config.max_tree_size or SCORED_SIZE, gamma, config.threshold, self.stop)
@@ -80,7 +81,9 @@ class RecyclingDrafter(BaseDrafter):
 
     def observe_batch(self, drafters: list, outcomes: list[VerifyOutcome]) -> None:
         """Batched decoding: every slot's fed rows scored in one top-k over the pass's logits (``AdjacencyTable
-        .scored``), then written into each slot's table in slot order, as each slot's ``observe`` would."""
+        .scored``), then written into each slot's table in slot order, as each slot's ``observe`` would; on a pass
+        where no slot was asked for a draft, the rows are deferred (``AdjacencyTable.defer``) until the table is
+        next read."""
         tables = [getattr(d, "table", None) for d in drafters]
         if (len(drafters) < 2 or not all(type(d) is type(self) for d in drafters) or
                 any(t is None or t.k != self.config.top_k for t in tables) or
@@ -91,7 +94,14 @@ class RecyclingDrafter(BaseDrafter):
         for tokens, outcome in zip(fed, outcomes, strict=True):
             if outcome.logits.shape[0] != len(tokens):
                 raise ValueError(f"{len(tokens)} tokens but {outcome.logits.shape[0]} rows of logits")
-        successors, scores = tables[0].scored(torch.cat([o.logits for o in outcomes]))
+        logits = torch.cat([o.logits for o in outcomes])
+        if all(t is tables[0] for t in tables) and not any(d._fed for d in drafters):  # no slot asked: kept for later
+            tables[0].defer([token for tokens in fed for token in tokens], logits)
+            for drafter, outcome in zip(drafters, outcomes, strict=True):
+                drafter._last = outcome.tokens[-1]
+            return
+        tables[0].flush()
+        successors, scores = tables[0].scored(logits)
         start = 0
         for drafter, table, tokens, outcome in zip(drafters, tables, fed, outcomes, strict=True):
             table.write(tokens, successors[start:start + len(tokens)], scores[start:start + len(tokens)])

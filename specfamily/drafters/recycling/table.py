@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 _BLOCK = 64  # logits per block of the two-stage top-k (top_k)
+PENDING_PASSES = 8  # idle batched passes whose rows wait to be scored (defer); older ones are dropped unscored
 
 
 @dataclass
@@ -19,6 +21,7 @@ class AdjacencyTable:
     successors: np.ndarray  # (V, k) int64
     known: np.ndarray  # (V,) bool
     scores: np.ndarray  # (V, k) float32
+    pending: deque = field(default_factory=lambda: deque(maxlen=PENDING_PASSES), repr=False, compare=False)
 
     @classmethod
     def empty(cls, vocab_size: int, k: int) -> AdjacencyTable:
@@ -34,6 +37,25 @@ class AdjacencyTable:
         twice keeps its last row, as the reference's scatter does."""
         if logits.shape[0] != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
+        self.flush()
+        self.write(tokens, *self.scored(logits))
+
+    def defer(self, tokens: list[int], logits: torch.Tensor) -> None:
+        """Keep a pass's rows (``logits`` a tensor of the caller's own, not a view of the pass's) to be scored by
+        the next :meth:`flush`: a batched pass on which no slot drafted. Of a run of idle passes the latest
+        ``PENDING_PASSES`` are scored when the table is next read; older ones are dropped unscored (the rows of a
+        table that drafts nothing under load cost a top-k and a softmax over the vocabulary each, every pass)."""
+        if logits.shape[0] != len(tokens):
+            raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
+        self.pending.append((list(tokens), logits))
+
+    def flush(self) -> None:
+        """Score and write the deferred rows, oldest first (one top-k over all of them)."""
+        if not self.pending:
+            return
+        tokens = [token for fed, _ in self.pending for token in fed]
+        logits = torch.cat([rows for _, rows in self.pending])
+        self.pending.clear()
         self.write(tokens, *self.scored(logits))
 
     def scored(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
