@@ -49,6 +49,7 @@ from specfamily.core.batch_loop import cache_capacity
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.types import Draft
 from specfamily.eval.batching import poisson_arrivals
+from specfamily.eval.plots import line_style
 
 PASS_TOKENS = 5  # the method's picture: verify 5 tokens per request against writing 1
 
@@ -268,12 +269,11 @@ def plot(result: Sweep, batches: list[int], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r.method for r in result.rows):
-        if method == "plain":
-            continue
+    methods = [method for method in dict.fromkeys(r.method for r in result.rows) if method != "plain"]
+    for index, method in enumerate(methods):
         xs = [b for b in batches if result.speedup(method, b) is not None]
         ys = [result.speedup(method, b) for b in xs]
-        (line,) = ax.plot(xs, ys, marker="o", label=method)
+        (line,) = ax.plot(xs, ys, marker="o", label=method, linestyle=line_style(index))
         cross = result.crossover(method, xs)
         if cross is not None:
             ax.plot([cross], [result.speedup(method, cross)], marker="x", markersize=12, color=line.get_color())

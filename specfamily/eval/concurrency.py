@@ -109,15 +109,17 @@ goodput in tokens/s. crossover = the smallest B at which the drafter is slower t
 
 def plot_speedup_by_batch(all_series: list[Series], path: Path) -> Path:
     """Speedup against batch size (log 2 axis), one line per drafter (and series), each crossover marked x."""
-    from specfamily.eval.plots import _figure, _save
+    from specfamily.eval.plots import _figure, _save, line_style
 
     figure = _figure(7.0, 4.5)
     ax = figure.add_subplot()
+    lines = 0
     for series in all_series:
         for drafter, by_batch in series.speedup.items():
             xs = [b for b in series.batches if b in by_batch]
             label = drafter if len(all_series) == 1 else f"{drafter} [{series.name or 'default'}]"
-            (line,) = ax.plot(xs, [by_batch[b] for b in xs], marker="o", label=label)
+            (line,) = ax.plot(xs, [by_batch[b] for b in xs], marker="o", label=label, linestyle=line_style(lines))
+            lines += 1
             cross = series.crossover(drafter)
             if cross is not None:
                 ax.plot([cross], [by_batch[cross]], marker="x", markersize=13, markeredgewidth=2,

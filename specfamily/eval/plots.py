@@ -18,6 +18,15 @@ from specfamily.io.files import write_atomically
 PLOTS = ("speedup_vs_gamma.png", "per_position_acceptance.png", "tau_by_dataset.png")
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def line_style(index: int) -> str:
+    """The style of a plot's ``index``-th line: solid for the colour cycle's first ten, then dashed, dotted, ...,
+    so a plot of more lines than colours (every registered drafter) still tells each apart."""
+    return LINE_STYLES[(index // 10) % len(LINE_STYLES)]
+
+
 def _figure(width: float = 6.4, height: float = 4.2):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -58,5 +58,5 @@ def test_a_model_part_drafts_every_slot_in_one_call(code_target, prompts, monkey
     assert not alone  # no slot's eagle3 proposed on its own
     assert [r.tokens for r in results] == [r.tokens for r in sf.generate_batch(code_target, None, prompts[:4],
                                                                               max_new_tokens=16, max_batch=4)]
-    assert sum(r.metrics.mean_accepted_length > 0 for r in results) > 0
+    assert any(r.metrics.mean_accepted_length > 1.0 for r in results)  # drafts were accepted, not only proposed
 

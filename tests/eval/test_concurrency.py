@@ -121,3 +121,16 @@ def test_batch_1_records_have_goodput_by_their_own_seconds_and_no_load_section(s
     (row,) = goodput_rows(records, ".")
     assert (row.seconds, row.goodput, row.batch_size) == (4.0, 5.0, 1) and math.isnan(row.cpu_goodput)
     assert goodput_markdown([row]) == ""
+
+
+def test_every_drafter_of_a_sweep_gets_a_line_of_its_own(tmp_path, monkeypatch):
+    """Twelve drafters and more lines than the colour cycle's ten: no two share both colour and line style."""
+    from specfamily.eval import plots
+    from specfamily.eval.concurrency import Series, plot_speedup_by_batch
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda figure, path: figures.append(figure) or path)
+    speedup = {f"drafter{i}": {1: 1.0 + i / 100, 2: 0.99} for i in range(13)}
+    plot_speedup_by_batch([Series("", "wall", [1, 2], {1: 10.0, 2: 20.0}, speedup)], tmp_path / "p.png")
+    drawn = [line for line in figures[0].axes[0].get_lines() if line.get_label() in speedup]
+    assert len(drawn) == 13
+    assert len({(line.get_color(), line.get_linestyle()) for line in drawn}) == 13
