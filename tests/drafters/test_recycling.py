@@ -311,3 +311,21 @@ def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_
     assert [r.tokens for r in results] == plain
     assert max(slots for slots, _ in checked) == 3 and sum(nodes for _, nodes in checked) > 0
     assert passes.count(False) >= 3
+
+
+def test_rows_waiting_in_any_slot_s_table_are_written_before_a_pass_s_newer_rows():
+    """Slots with tables of their own (keep=False), one still holding deferred rows: a drafted pass writes them
+    first, so the newer row of a token fed again is the one kept."""
+    from specfamily.core.context import DecodeContext
+    target = tiny_target("llama", vocab_size=16)
+    a, b = (RecyclingDrafter(target, gamma=2, keep=False) for _ in range(2))
+    for drafter in (a, b):
+        drafter.begin(DecodeContext(target, torch.tensor([1, 7]), sf.SamplingConfig(), torch.Generator(),
+                                    tokens=[1, 7]))
+    b.table.defer([7], torch.eye(16)[[3]] * 9)  # older: 7 -> 3
+    a._fed = [7]  # a was asked this pass (it proposed nothing)
+    newer = torch.eye(16)[[5]] * 9  # this pass: 7 -> 5
+    a.observe_batch([a, b], [VerifyOutcome([2], [], 0, logits=newer, drafted=torch.tensor([], dtype=torch.long)),
+                             VerifyOutcome([2], [], 0, logits=newer, drafted=torch.tensor([], dtype=torch.long))])
+    b.table.flush()
+    assert not b.table.pending and b.table.successors[7][0] == 5

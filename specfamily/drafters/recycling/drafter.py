@@ -100,7 +100,8 @@ class RecyclingDrafter(BaseDrafter):
             for drafter, outcome in zip(drafters, outcomes, strict=True):
                 drafter._last = outcome.tokens[-1]
             return
-        tables[0].flush()
+        for table in {id(t): t for t in tables}.values():  # what waits is older than this pass's rows
+            table.flush()
         successors, scores = tables[0].scored(logits)
         start = 0
         for drafter, table, tokens, outcome in zip(drafters, tables, fed, outcomes, strict=True):
