@@ -235,7 +235,7 @@ class _Batch(BatchPlanning, BatchRequests):
         if self.gate is not None and prefilled:
             # drafted: any pass that asked for drafts, whatever came back (lookahead's window fed alone while its pool
             # holds no match is what its drafted passes cost too; left out, the gate saw only passes whose pool
-            # matched and kept a drafter open that lost 10% at B=8)
+            # matched and kept open a drafter that lost under load: docs/batching.md, session 31)
             committed = sum(len(accepted) + 1 for accepted, _ in verdicts)
             self.gate.record(len(group), any(gammas), committed, self.cost_clock() - planning)
         self.passes += 1
