@@ -64,10 +64,9 @@ class LoadGate:
     def lengths(self, gammas: list[int]) -> list[int]:
         """``gammas`` (the slots' own lengths) if the drafter drafts at this batch size this pass, else none."""
         window = self.windows.setdefault(len(gammas), GateWindow())
-        plain, drafted = GateWindow.rate(window.plain), GateWindow.rate(window.drafted)
-        if plain is None or window.since_plain >= self.refresh_every:
+        if not window.plain or window.since_plain >= self.refresh_every:
             return [0] * len(gammas)  # a plain pass to measure against
-        if drafted is None or drafted > self.min_gain * plain:
+        if self.beats(window) is not False:  # open, or no drafted pass measured yet
             return gammas
         if window.idle + 1 >= self.interval(window):
             return gammas  # a probe: what drafting realizes now
@@ -77,9 +76,13 @@ class LoadGate:
         """Whether drafted passes at ``batch`` beat its plain ones now (both measured): a pass the gate does not
         record (one that prefills a newcomer) drafts only then."""
         window = self.windows.get(batch)
-        plain = None if window is None else GateWindow.rate(window.plain)
-        drafted = None if window is None else GateWindow.rate(window.drafted)
-        return plain is not None and drafted is not None and drafted > self.min_gain * plain
+        return window is not None and self.beats(window) is True
+
+    def beats(self, window: GateWindow) -> bool | None:
+        """Whether ``window``'s drafted passes beat its plain ones in tokens a second by ``min_gain`` (None: either
+        kind not measured)."""
+        plain, drafted = GateWindow.rate(window.plain), GateWindow.rate(window.drafted)
+        return None if plain is None or drafted is None else drafted > self.min_gain * plain
 
     def interval(self, window: GateWindow) -> int:
         """Plain passes from one probe to the next while closed: ``probe_every``, doubled for each probe in a row
@@ -108,8 +111,7 @@ class LoadGate:
 
     def closed(self, window: GateWindow) -> bool:
         """Whether ``window``'s drafted passes, both kinds measured, do not beat its plain ones by ``min_gain``."""
-        plain, drafted = GateWindow.rate(window.plain), GateWindow.rate(window.drafted)
-        return plain is not None and drafted is not None and drafted <= self.min_gain * plain
+        return self.beats(window) is False
 
 
 def gated(drafter) -> bool:

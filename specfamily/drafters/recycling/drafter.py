@@ -18,7 +18,7 @@ from specfamily.core.target import Target
 from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.recycling.config import SCORED, SCORED_DEPTH, SCORED_SIZE, RecyclingConfig
 from specfamily.drafters.recycling.scored import grow_scored
-from specfamily.drafters.recycling.table import AdjacencyTable
+from specfamily.drafters.recycling.table import AdjacencyTable, check_rows
 from specfamily.drafters.recycling.template import grow, make_template
 
 
@@ -92,8 +92,7 @@ class RecyclingDrafter(BaseDrafter):
             return
         fed = [d._fed_tokens(o) for d, o in zip(drafters, outcomes, strict=True)]
         for tokens, outcome in zip(fed, outcomes, strict=True):
-            if outcome.logits.shape[0] != len(tokens):
-                raise ValueError(f"{len(tokens)} tokens but {outcome.logits.shape[0]} rows of logits")
+            check_rows(tokens, outcome.logits)
         logits = torch.cat([o.logits for o in outcomes])
         if all(t is tables[0] for t in tables) and not any(d._fed for d in drafters):  # no slot asked: kept for later
             tables[0].defer([token for tokens in fed for token in tokens], logits)

@@ -35,8 +35,7 @@ class AdjacencyTable:
     def update(self, tokens: list[int], logits: torch.Tensor) -> None:
         """Rewrite the rows of ``tokens`` (n,) from ``logits`` (n, V'): row i is what followed tokens[i]. A token fed
         twice keeps its last row, as the reference's scatter does."""
-        if logits.shape[0] != len(tokens):
-            raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
+        check_rows(tokens, logits)
         self.flush()
         self.write(tokens, *self.scored(logits))
 
@@ -45,8 +44,7 @@ class AdjacencyTable:
         the next :meth:`flush`: a batched pass on which no slot drafted. Of a run of idle passes the latest
         ``PENDING_PASSES`` are scored when the table is next read; older ones are dropped unscored (the rows of a
         table that drafts nothing under load cost a top-k and a softmax over the vocabulary each, every pass)."""
-        if logits.shape[0] != len(tokens):
-            raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
+        check_rows(tokens, logits)
         self.pending.append((list(tokens), logits))
 
     def flush(self) -> None:
@@ -72,6 +70,13 @@ class AdjacencyTable:
         self.successors[rows, :k] = successors
         self.scores[rows, :k] = scores
         self.known[rows] = True
+
+
+def check_rows(tokens: list[int], logits: torch.Tensor) -> None:
+    """Refuse logits whose rows are not one per fed token."""
+    if logits.shape[0] != len(tokens):
+        raise ValueError(f"{len(tokens)} tokens but {logits.shape[0]} rows of logits")
+
 
 def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(logits, k)`` over the last dimension of (n, V), in two stages: the k blocks of 64 logits with the
