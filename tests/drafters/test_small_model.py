@@ -124,3 +124,18 @@ def test_a_proposal_cut_to_nothing_leaves_only_committed_tokens_cached():
     assert drafter.runner.cached_length == len(ids) + 1  # the committed 9 kept, the unaccepted draft dropped
     drafter.observe(sf.VerifyOutcome(tokens=[3], accepted_nodes=[], draft_size=0))  # a pass with no proposal
     assert drafter.runner.cached_length == len(ids) + 1
+
+
+def test_a_request_that_ended_on_a_draft_leaves_nothing_to_roll_back_in_the_next():
+    """The loop does not observe a request's last pass (it committed the last token): the next request's first
+    pass, when it drafts nothing (a policy that learned drafting does not pay), must not roll the fresh cache back
+    to the old request's draft (it raised "cannot roll back to 8 tokens: 0 are cached")."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    drafter = SmallModelDrafter(target, model=tiny_model("llama", 64, seed=7, dtype=torch.float32, layers=1), gamma=4)
+    ids = [1, 2, 3, 4, 5]
+    ctx = sf.DecodeContext(target, torch.tensor(ids), sf.SamplingConfig(temperature=0.0), torch.Generator(), list(ids))
+    drafter.begin(ctx)
+    drafter.propose(ctx, 4)  # the request's last pass: never observed
+    drafter.begin(ctx)
+    drafter.observe(sf.VerifyOutcome(tokens=[9], accepted_nodes=[], draft_size=0))  # the next request's prefill
+    assert drafter.runner.cached_length == 0

@@ -249,3 +249,40 @@ def test_sampled_q_drafters_have_power_at_depth_three(case, sampling):
     [fit] = assert_lossless(case.factory, configs=[sampling], min_depth=DEPTH, max_samples=20000,
                             prompt=case.prompt())
     assert fit.depth_power >= 0.9, fit.describe()
+
+
+@dataclass
+class Scripted:
+    """A draft-length policy that answers a script, then ``then`` (the protocol's three methods)."""
+
+    script: list[int]
+    then: int = DEPTH
+
+    def reset(self) -> None:
+        pass
+
+    def next_gamma(self) -> int:
+        return self.script.pop(0) if self.script else self.then
+
+    def update(self, proposed, accepted, c=None, tokens=None, verified=None, overhead=None) -> None:
+        pass
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case.mode == "chain" or case.name in
+                                  ("recycling", "merge", "prompt_lookup")], ids=str)
+def test_a_request_after_one_that_ended_on_a_draft_keeps_the_greedy_text(case):
+    """The loop does not observe a request's last pass. A drafter whose next request opens with passes that draft
+    nothing (a policy that learned, or was handed from an earlier drafter, that drafting does not pay) must not act
+    on that unobserved draft (small_model rolled its fresh cache back to it and raised)."""
+    target = tiny_target("llama", vocab_size=8, spread=1.0, dtype=torch.float32)
+    prompt = list(case.prompt())
+    drafter = case.factory(target)
+    drafter.policy = Scripted([])
+    first = sf.generate(target, drafter, prompt, max_new_tokens=6)
+    tokens = prompt + first.tokens
+    ctx = sf.DecodeContext(target, torch.tensor(prompt), sf.SamplingConfig(temperature=0.0), torch.Generator(), tokens)
+    assert len(drafter.propose(ctx, DEPTH)), "no last draft: the case tests nothing"  # the pass that ended it
+    drafter.policy = Scripted([0, 0, 0])
+    second = sf.generate(target, drafter, prompt[1:], max_new_tokens=12)
+    assert second.tokens == sf.generate(target, None, prompt[1:], max_new_tokens=12).tokens
+    assert any(len(tokens) for tokens in second.trace.draft_tokens)  # it drafted again after the plain passes

@@ -56,6 +56,7 @@ class SmallModelDrafter(BaseDrafter):
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
         self.runner.reset()
+        self._base = self._gamma = 0  # the last request's last draft was never observed (the loop ends before)
 
     @torch.inference_mode()
     def propose(self, ctx: DecodeContext, gamma: int) -> Draft:
