@@ -16,6 +16,7 @@ from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, process_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
 from specfamily.core.metrics import MetricsRecorder
+from specfamily.core.policy_kept import continue_policy
 from specfamily.core.policy_protocol import BoundHooks, policy_hooks
 from specfamily.core.target import Target
 from specfamily.core.trace import TraceRecorder
@@ -89,6 +90,8 @@ def generate(
     accept = acceptance.acceptance(own, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     clock, cost_clock = device_clock(device), _planning_clock(device)
+    if drafter is not None:
+        continue_policy(target, drafter)  # a fresh drafter continues from the last of its class on this target
     policy = policy_hooks(drafter.policy) if drafter is not None else None
     if policy is not None:
         recorder.calibration_seconds = _bind_costs(policy, target, ids, clock)

@@ -9,8 +9,9 @@ its optional hooks are :mod:`specfamily.core.policy_protocol`'s.
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from specfamily.core.costs import MeasuredCost
@@ -145,6 +146,24 @@ class AutoPolicy:
         self.costs.observe(tokens, seconds, self._prior(tokens))
         if self.costs.points is not points:
             self._choice = None
+
+    def resume(self, previous: AutoPolicy) -> bool:
+        """Continue from ``previous``, an earlier policy of the same drafter class on the same target (the loop's
+        ``core.policy_kept``), as that one would start its next request: its costs, acceptance counts, start cost and
+        probe schedule, copied (its own pass counts, which ``describe`` reports, are not). Only a policy that has not
+        been asked for a length yet resumes, and only from one of the same settings; returns whether it did."""
+        if self.passes or not isinstance(previous, AutoPolicy) or previous is self:
+            return False
+        if any(getattr(self, f.name) != getattr(previous, f.name) for f in fields(self)
+               if f.init and f.name != "verify_cost"):
+            return False
+        for f in fields(self):
+            if not f.init and f.name not in ("passes", "drafted", "_choice"):
+                setattr(self, f.name, copy.deepcopy(getattr(previous, f.name)))
+        if self.verify_cost is None:
+            self.verify_cost = previous.verify_cost
+        self._choice = None
+        return True
 
     def reset(self) -> None:
         """A new request: the counts are down-weighted to ``memory`` of them (acceptance differs between requests;
