@@ -4,7 +4,8 @@ The batched loop plans draft lengths by load only for cost-aware drafters (``Aut
 whose defaults keep lengths of their own (lookahead decoding's constant N - 1, whose Jacobi window runs only in passes
 that draft; merge's parts' policies) drafts them at every load, and where a pass of many requests costs several plain
 passes its drafts lose however well they are accepted. :class:`LoadGate` measures, per batch size, the committed tokens
-per second of the steady passes that asked for drafts (whatever came back) and of those that did not, and lets the
+per second of the steady passes that asked for drafts (whatever came back) and of those that did not (in a batch's
+last wave the progress of its projected end instead: tokens of slots that run ahead end it no sooner), and lets the
 drafter's own lengths through while its drafted passes beat its plain ones (by ``min_gain``, a noise margin); else the
 pass drafts nothing, but for a probe every ``probe_every`` passes, backing off while probes keep losing, and never
 sooner than lets a probe's extra seconds over a plain pass stay within ``probe_share`` of the plain passes between
@@ -30,7 +31,7 @@ __all__ = ["GateWindow", "LoadGate", "gated", "kept_gate"]
 
 @dataclass
 class GateWindow:
-    """One batch size's latest drafted and plain steady passes, (tokens committed, seconds) each."""
+    """One batch size's latest drafted and plain steady passes, (tokens brought, seconds) each."""
 
     drafted: deque = field(default_factory=lambda: deque(maxlen=16))
     plain: deque = field(default_factory=lambda: deque(maxlen=16))
@@ -94,8 +95,9 @@ class LoadGate:
             return backoff
         return max(backoff, math.ceil((drafted - plain) / (self.probe_share * plain)))
 
-    def record(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A steady pass at ``batch`` that committed ``tokens`` in ``seconds``, drafted or not."""
+    def record(self, batch: int, drafted: bool, tokens: float, seconds: float) -> None:
+        """A steady pass at ``batch`` that brought the batch ``tokens`` (committed ones; in a last wave its end's
+        advance for every slot, the loop's ``_brought``) in ``seconds``, drafted or not."""
         if seconds <= 0:
             return
         window = self.windows.setdefault(batch, GateWindow())

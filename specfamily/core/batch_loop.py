@@ -200,6 +200,7 @@ class _Batch(BatchPlanning, BatchRequests):
         left = [self.budget - len(r.new_tokens) for r in group] if logged else []  # tokens left, for the debug log
         steady = self.load is not None and prefilled  # no newcomer's prompt in the pass: lengths by load
         planning = self.cost_clock()
+        horizon = self._horizon(group) if self.gate is not None and prefilled and self.wave is not None else None
         gammas = self._load_gammas(group) if steady else self._prefill_gammas(group)
         if self.gate is not None:  # lengths of its own: drafted only where they pay (batch_gate)
             gammas = self.gate.lengths(gammas) if prefilled else self._opened(gammas)
@@ -236,12 +237,23 @@ class _Batch(BatchPlanning, BatchRequests):
             # drafted: any pass that asked for drafts, whatever came back (lookahead's window fed alone while its pool
             # holds no match is what its drafted passes cost too; left out, the gate saw only passes whose pool
             # matched and kept open a drafter that lost under load: docs/batching.md, session 31)
-            committed = sum(len(accepted) + 1 for accepted, _ in verdicts)
-            self.gate.record(len(group), any(gammas), committed, self.cost_clock() - planning)
+            self.gate.record(len(group), any(gammas), self._brought(group, verdicts, horizon),
+                             self.cost_clock() - planning)
         self.passes += 1
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
+
+    def _brought(self, group: list[Request], verdicts: list, horizon: int | None) -> float:
+        """What a pass brought the batch, for the gate: the tokens it committed; in a last wave (``horizon``: the
+        batch's projected end before the pass) its end's advance for every slot, as a plain pass brings one token
+        each: tokens of slots that only run ahead of the others end the batch no sooner (``batch_waves``; lookahead
+        at B=4 opened on its committed tokens and lost 4%, docs/batching.md, session 32). A request that ended at EOS
+        counts a plain pass's advance, as the wave ledger counts it."""
+        if horizon is None:
+            return float(sum(len(accepted) + 1 for accepted, _ in verdicts))
+        early = any(r.done and len(r.new_tokens) < self.budget for r in group)
+        return len(group) * (1.0 if early else float(horizon - self._horizon(group)))
 
     def _opened(self, gammas: list[int]) -> list[int]:
         """A pass that prefills a newcomer: a gated drafter's own lengths where its gate is open at this batch size,

@@ -146,3 +146,28 @@ def test_a_pass_that_asked_for_drafts_is_a_drafted_pass_whatever_came_back(monke
                max_batch=4, max_new_tokens=40, target=target)
     gate = kept_gate(target, Fruitless())
     assert len(gate.windows[4].drafted) >= 1 and gate.closed(gate.windows[4])
+
+
+class OneSlotOracle(Costly):
+    """The target's own continuation for the request with the shortest prompt, a wrong one for the others: drafts
+    that only one slot accepts."""
+
+    def propose(self, ctx, gamma):
+        draft = super().propose(ctx, gamma)
+        return draft if len(ctx.prompt_ids) == 3 else sf.Draft.chain([(t + 1) % 64 for t in draft.tokens.tolist()])
+
+
+def test_in_a_last_wave_drafts_that_only_run_one_slot_ahead_do_not_open_the_gate(monkeypatch):
+    """Two requests in two slots (a last wave from the start): one slot accepts every draft and runs ahead, the other
+    accepts none and ends the batch. By committed tokens a drafted pass brings 6 for 1.6 s against a plain pass's 2
+    for 1.2 s, and the gate stayed open; by the batch's projected end it brings 2 (the trailing slot's one token
+    each), so drafting loses and only probes draft. A batch whose slots all accept still drafts
+    (``test_drafts_that_cost_more_than_they_commit_stop_and_are_probed``)."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    seen = []
+    priced_run(monkeypatch, lambda batch, rows: 1.0 + 0.1 * rows, lambda t: OneSlotOracle(t), [0.0] * 2, seen,
+               max_batch=2, max_new_tokens=40, target=target)
+    steady = [d for b, d, s in seen if s and b == 2]
+    assert len(steady) >= 20 and 1 <= sum(sum(d) > 0 for d in steady) <= 3, steady
+    gate = kept_gate(target, OneSlotOracle())
+    assert gate.closed(gate.windows[2]) and max(t for t, _ in gate.windows[2].drafted) == 2.0
