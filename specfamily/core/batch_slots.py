@@ -108,7 +108,10 @@ def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> 
         return
     if isinstance(obj, nn.Module):
         for module in obj.modules():
+            if id(module) in memo:  # walked as part of a module reached before (self_spec's layers: its model's)
+                continue
             memo[id(module)] = module
+            seen.add(id(module))
             _share_module_state(module, memo)
         for tensor in (*obj.parameters(), *obj.buffers()):
             memo[id(tensor)] = tensor
@@ -121,10 +124,11 @@ def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> 
         children = obj
     else:
         attributes = getattr(obj, "__dict__", {})
-        for name in getattr(obj, "batch_shared", ()):  # a wrapped drafter's shared attributes are shared too
+        shared = getattr(obj, "batch_shared", ())
+        for name in shared:  # a wrapped drafter's shared attributes are shared too
             if name in attributes:
                 memo[id(attributes[name])] = attributes[name]
-        children = attributes.values()
+        children = [value for name, value in attributes.items() if name not in shared]  # a shared one is not copied
     for child in children:
         _share_modules(child, memo, seen, depth - 1)
 

@@ -121,6 +121,7 @@ class SelfSpecDrafter(BaseDrafter):
     as a draft step."""
 
     default_gamma = 4
+    batch_shared = ("runner", "plan", "kept", "skipped")  # read-only: the target's layers and which of them it runs
 
     def __init__(self, target: Target, skip: Any = None, gamma: int | None = None, policy: str | None = None,
                  **options: Any) -> None:
