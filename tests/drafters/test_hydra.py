@@ -219,3 +219,13 @@ def test_a_warm_start_from_medusa_heads_proposes_what_they_propose(target):
     top = medusa.heads(features[-2], 4).topk(medusa.tree.top_k, dim=-1).indices.reshape(-1)
     assert hydra.draft_tokens(features[-2], PROMPT[-1], 4).tolist() == top[medusa.tree.gather].tolist()
     assert [len(h.blocks) for h in hydra.heads.heads] == [2, 2, 2, 2]
+
+
+def test_a_drafter_drafts_one_full_tree_at_load(target, monkeypatch):
+    """Its heads' first tree costs ~60 ms more than the next on SmolLM2 (docs/batching.md, session 32): paid at load,
+    not by the first drafted pass, which the length policy would count as that pass's cost."""
+    depths = []
+    draft_tokens = HydraDrafter.draft_tokens
+    monkeypatch.setattr(HydraDrafter, "draft_tokens", lambda self, f, r, d: depths.append(d) or draft_tokens(self, f, r, d))
+    drafter = sf.create_drafter("hydra", target, weights="random")
+    assert depths == [drafter.tree.depth]

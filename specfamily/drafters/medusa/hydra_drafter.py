@@ -80,6 +80,15 @@ class HydraDrafter(HeadsDrafter):
         self.parents = self.tree.parents.to(device)
         self._root: int | None = None
         self._linear = None if target.matmul == "exact" else linear_for(target.matmul)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One full tree at load, from a zero feature: a fresh drafter's first tree cost ~60 ms more than the next
+        (SmolLM2's heads, 5 ms warm: docs/batching.md, session 32), which its first drafted pass would otherwise pay
+        and the length policy count as that pass's cost (as small_model's draft model warms up at load)."""
+        param = next(self.heads.parameters())
+        self.draft_tokens(torch.zeros(self.heads.shape.hidden_size, device=param.device, dtype=param.dtype), 0,
+                          self.tree.depth)
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
@@ -119,7 +128,6 @@ def measure_hydra_cost(drafter: HydraDrafter, seconds_per_pass: float, repeats: 
     """c: time of one full-tree proposal relative to one target pass t(1)."""
     param = next(drafter.heads.parameters())
     feature = torch.zeros(drafter.heads.shape.hidden_size, device=param.device, dtype=param.dtype)
-    drafter.draft_tokens(feature, 0, drafter.tree.depth)  # warm-up
     clock = process_clock(feature.device)
     times = []
     for _ in range(repeats):
