@@ -226,6 +226,7 @@ def test_a_drafter_drafts_one_full_tree_at_load(target, monkeypatch):
     not by the first drafted pass, which the length policy would count as that pass's cost."""
     depths = []
     draft_tokens = HydraDrafter.draft_tokens
-    monkeypatch.setattr(HydraDrafter, "draft_tokens", lambda self, f, r, d: depths.append(d) or draft_tokens(self, f, r, d))
+    monkeypatch.setattr(HydraDrafter, "draft_tokens",
+                        lambda self, f, r, d: depths.append(d) or draft_tokens(self, f, r, d))
     drafter = sf.create_drafter("hydra", target, weights="random")
     assert depths == [drafter.tree.depth]

@@ -80,15 +80,14 @@ class HydraDrafter(HeadsDrafter):
         self.parents = self.tree.parents.to(device)
         self._root: int | None = None
         self._linear = None if target.matmul == "exact" else linear_for(target.matmul)
-        self._warm_up()
+        self._warm_up(target)
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, target) -> None:
         """One full tree at load, from a zero feature: a fresh drafter's first tree cost ~60 ms more than the next
         (SmolLM2's heads, 5 ms warm: docs/batching.md, session 32), which its first drafted pass would otherwise pay
         and the length policy count as that pass's cost (as small_model's draft model warms up at load)."""
-        param = next(self.heads.parameters())
-        self.draft_tokens(torch.zeros(self.heads.shape.hidden_size, device=param.device, dtype=param.dtype), 0,
-                          self.tree.depth)
+        feature = torch.zeros(self.heads.shape.hidden_size, device=target.device, dtype=target.dtype)  # a target's
+        self.draft_tokens(feature, 0, self.tree.depth)
 
     def begin(self, ctx: DecodeContext) -> None:
         super().begin(ctx)
