@@ -59,7 +59,8 @@ class LoadGate:
     probe_every: int = 16
     max_backoff: int = 5  # probes at a load that keeps losing: every probe_every * 2**k passes, k <= max_backoff
     refresh_every: int = 32
-    probe_share: float = 0.02  # a probe's extra seconds at most this share of the plain passes' since the last one
+    probe_share: float = 0.01  # a probe's extra seconds at most this share of the plain passes' since the last one
+    # (probing and a drafter's idle bookkeeping must fit together in the 2% a drafter may lose: docs/batching.md)
     windows: dict[int, GateWindow] = field(default_factory=dict)
 
     def lengths(self, gammas: list[int]) -> list[int]:
