@@ -248,12 +248,11 @@ class _Batch(BatchPlanning, BatchRequests):
         """What a pass brought the batch, for the gate: the tokens it committed; in a last wave (``horizon``: the
         batch's projected end before the pass) its end's advance for every slot, as a plain pass brings one token
         each: tokens of slots that only run ahead of the others end the batch no sooner (``batch_waves``; lookahead
-        at B=4 opened on its committed tokens and lost 4%, docs/batching.md, session 32). A request that ended at EOS
-        counts a plain pass's advance, as the wave ledger counts it."""
+        at B=4 opened on its committed tokens and lost 4%, docs/batching.md, session 32), as the wave ledger counts
+        it (``_advance``)."""
         if horizon is None:
             return float(sum(len(accepted) + 1 for accepted, _ in verdicts))
-        early = any(r.done and len(r.new_tokens) < self.budget for r in group)
-        return len(group) * (1.0 if early else float(horizon - self._horizon(group)))
+        return len(group) * self._advance(group, horizon)
 
     def _opened(self, gammas: list[int]) -> list[int]:
         """A pass that prefills a newcomer: a gated drafter's own lengths where its gate is open at this batch size,

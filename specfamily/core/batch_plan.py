@@ -172,15 +172,20 @@ class BatchPlanning:
 
     def _wave_passed(self, group: list[Request], drafts: list[Draft], seconds: float) -> None:
         """After a steady pass measured from its plan on: a last-wave pass's record in the run's ledger
-        (``batch_waves``); a request that ended before its budget (at EOS) moves the end by what plain decoding's
-        would too, so its pass counts a plain pass's progress."""
+        (``batch_waves``)."""
         if self.wave_pass is None:
             return
         (before, priced), self.wave_pass = self.wave_pass, None
-        early = any(r.done and len(r.new_tokens) < self.budget for r in group)
-        advance = 1.0 if early else float(before - self._horizon(group))
+        advance = self._advance(group, before)
         drafted = any(len(d) for d in drafts)
         self.waves.record(advance, seconds, priced, drafted, drafted and self.load.kind in ("pays", "probe"))
+
+    def _advance(self, group: list[Request], before: int) -> float:
+        """How many tokens nearer a last-wave pass brought the batch's projected end (``before``: it at the pass's
+        start); a request that ended before its budget (at EOS) moves the end by what plain decoding's would too, so
+        its pass counts a plain pass's progress, 1."""
+        early = any(r.done and len(r.new_tokens) < self.budget for r in group)
+        return 1.0 if early else float(before - self._horizon(group))
 
     def _contexts(self, group: list[Request]) -> list[int]:
         """Each live slot's cached tokens (its draft rows attend them: ``RowCosts``)."""
