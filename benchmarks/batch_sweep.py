@@ -13,7 +13,8 @@ in one process at a fixed thread count and matmul kind (``--matmul``):
 - each drafter at its defaults (``sf.create_drafter(name, target)``), through ``sf.generate_batch``;
 
 methods interleaved within each round (each round starting one method later than the one before, so that no method
-always runs first), ``--warmup`` untimed rounds at every B (default 1: a B's first run meets new pass shapes and
+always runs first; plain ``--plain-runs`` times a round, default 3, spread through it: its runs' mean is the reference
+of every drafter's ratio in the round), ``--warmup`` untimed rounds at every B (default 1: a B's first run meets new pass shapes and
 learns t(B, n)), then ``--repeats`` timed rounds, the median time kept. Tokens/s counts each request's new tokens;
 every drafter's tokens are compared with plain batched decoding's, request by request. The table gives each method's
 tokens/s and its ratio to plain batched decoding at the same B (medians' ratio; with two or more rounds, after it,
@@ -165,20 +166,40 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
         times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0, float("nan"), 0))
     methods = ["plain", *names]
     shift = len(times.get("plain", ())) % len(methods)  # each round starts one method later: no method always first
-    runs = {}
-    for name in methods[shift:] + methods[:shift]:
+    runs: dict[str, list] = {}
+    for name in round_order(methods[shift:] + methods[:shift], args.plain_runs):
         drafter = None if name == "plain" else make_drafter(name, target, args.gamma)  # loading is not timed
         start = clock()
         results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch, arrivals=arrivals)
-        runs[name] = (clock() - start, results)
-    plain = [r.tokens for r in runs["plain"][1]]
+        runs.setdefault(name, []).append((clock() - start, results))
+    plain = [r.tokens for r in runs["plain"][0][1]]
     for name in methods:
-        seconds, results = runs[name]
+        seconds, results = statistics.mean(s for s, _ in runs[name]), runs[name][0][1]
+        if any([r.tokens for r in again] != plain for _, again in runs[name][1:]):
+            raise RuntimeError(f"{name}: its runs in one round decoded different tokens")
         out = [r.tokens for r in results]
         mismatched = sum(a != b for a, b in zip(out, plain, strict=True))
         latency = statistics.median(r.metrics.finish_s - r.metrics.arrival_s for r in results)
         passes = sum(r.metrics.target_passes for r in results)
         times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched, latency, passes))
+
+
+def round_order(methods: list[str], plain_runs: int) -> list[str]:
+    """``methods`` (plain among them once) with plain run ``plain_runs`` times (at most as many as methods), spread
+    through the round from where it stands. Plain's time is every drafter's reference in the round, so their ratios
+    share its noise (one lucky plain run moves every drafter's cell at a batch size together: docs/batching.md,
+    session 33); it runs more often than any one drafter and its runs' mean is the round's reference."""
+    if plain_runs < 1:
+        raise ValueError(f"--plain-runs must be at least 1, got {plain_runs}")
+    start, slots = methods.index("plain"), len(methods)
+    runs = min(plain_runs, slots)
+    marks = {(start + k * slots // runs) % slots for k in range(runs)}  # indices into ``methods``
+    order = []
+    for index, name in enumerate(methods):
+        if index in marks and name != "plain":
+            order.append("plain")
+        order.append(name)
+    return order
 
 
 def make_drafter(name: str, target, gamma: int | None):
@@ -303,6 +324,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Spec-Bench questions per category (13 categories; the default run: 1)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones, at every B")
+    parser.add_argument("--plain-runs", type=int, default=3,
+                        help="plain's runs a round, spread through it (their mean: every drafter's reference)")
     parser.add_argument("--gamma", type=int, default=None,
                         help="every drafter at this constant draft length (default: its own, cost-aware)")
     parser.add_argument("--arrival-rate", type=float, default=None,

@@ -97,7 +97,7 @@ def test_every_batch_size_is_warmed_up_and_each_round_starts_one_method_later(sw
     monkeypatch.setattr(sweep_module.sf, "generate_batch", generate_batch)
     args = ["--batch-sizes", "1,2", "--drafters", "prompt_lookup,suffix", "--no-hf", "--max-new-tokens", "2",
             "--clock", "wall", "--repeats", "3", "--max-prompt-tokens", "8"]
-    result = sweep_module.sweep(sweep_module.parse_args(args))
+    result = sweep_module.sweep(sweep_module.parse_args([*args, "--plain-runs", "1"]))
     methods = [name for _, name in order]
     rounds = [methods[i : i + 3] for i in range(0, len(methods), 3)]
     warm = ["plain", "prompt_lookup", "suffix"]  # a warm-up round, then three timed ones, each starting later
@@ -107,6 +107,10 @@ def test_every_batch_size_is_warmed_up_and_each_round_starts_one_method_later(sw
     assert all(r.mismatched == 0 for r in result.rows)
     assert all(len(r.rounds) == 3 for r in result.rows)  # each timed round's own ratio to plain, paired
     assert all(r.rounds == [1.0] * 3 for r in result.rows if r.method == "plain")
+    order.clear()
+    result = sweep_module.sweep(sweep_module.parse_args([*args, "--batch-sizes", "2", "--repeats", "1"]))
+    assert [name for _, name in order] == ["plain", "plain", "prompt_lookup", "plain", "suffix"] * 2  # --plain-runs 3
+    assert [len(r.rounds) for r in result.rows] == [1, 1, 1] and all(r.mismatched == 0 for r in result.rows)
 
 
 def test_each_cell_gives_the_t_interval_of_its_paired_round_ratios(sweep_module):
@@ -120,3 +124,13 @@ def test_each_cell_gives_the_t_interval_of_its_paired_round_ratios(sweep_module)
     assert low == pytest.approx(0.98 - half, abs=1e-4) and high == pytest.approx(0.98 + half, abs=1e-4)
     assert result.interval("plain", 4) is None and sweep_module.paired_interval([0.97]) is None
     assert "| suffix | 10.0 tok/s (1.00x, 0.73-1.23) |" in sweep_module.table(result, [4])
+
+
+def test_plain_runs_spread_through_the_round_from_where_it_stands(sweep_module):
+    order = sweep_module.round_order
+    methods = ["a", "b", "plain", "c", "d", "e"]
+    assert order(methods, 1) == methods
+    assert order(methods, 3) == ["plain", "a", "b", "plain", "c", "plain", "d", "e"]  # before methods 0, 2, 4
+    assert order(["plain", "a"], 5) == ["plain", "plain", "a"]  # at most as many runs as methods
+    with pytest.raises(ValueError, match="--plain-runs must be at least 1, got 0"):
+        order(methods, 0)
