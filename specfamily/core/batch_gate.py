@@ -10,6 +10,8 @@ drafter's own lengths through while its drafted passes beat its plain ones (by `
 pass drafts nothing, but for a probe every ``probe_every`` passes, backing off while probes keep losing, and never
 sooner than lets a probe's extra seconds over a plain pass stay within ``probe_share`` of the plain passes between
 probes (merge's drafted pass at B=8 costs several plain ones: one every 16 passes spent more than its drafts ever won).
+A batch size it has not drafted at yet goes by a losing one no fuller, or at most ``near`` times fuller, until its own
+first drafted pass (:meth:`LoadGate.lost_near`), else drafts to measure.
 A plain pass is measured first at each batch size and again every ``refresh_every`` drafted passes. A pass that prefills
 a newcomer is not measured; on it the drafter drafts only where the gate is open (:meth:`LoadGate.opens`): no probe, no
 measurement, rows beside a prompt's. Only a drafter at its defaults is gated (:func:`gated`): a length a user chose (a
@@ -59,6 +61,7 @@ class LoadGate:
     probe_every: int = 16
     max_backoff: int = 5  # probes at a load that keeps losing: every probe_every * 2**k passes, k <= max_backoff
     refresh_every: int = 32
+    near: float = 1.5  # a batch size goes by a losing one at most this many times fuller (lost_near)
     probe_share: float = 0.01  # a probe's extra seconds at most this share of the plain passes' since the last one
     # (probing and a drafter's idle bookkeeping must fit together in the 2% a drafter may lose: docs/batching.md)
     windows: dict[int, GateWindow] = field(default_factory=dict)
@@ -68,11 +71,22 @@ class LoadGate:
         window = self.windows.setdefault(len(gammas), GateWindow())
         if not window.plain or window.since_plain >= self.refresh_every:
             return [0] * len(gammas)  # a plain pass to measure against
-        if self.beats(window) is not False:  # open, or no drafted pass measured yet
+        guide = window if window.drafted else self.lost_near(len(gammas))
+        if guide is None or self.beats(guide) is not False:  # open, or no drafted pass measured that says closed
             return gammas
-        if window.idle + 1 >= self.interval(window):
+        if window.idle + 1 >= self.interval(guide):
             return gammas  # a probe: what drafting realizes now
         return [0] * len(gammas)
+
+    def lost_near(self, batch: int) -> GateWindow | None:
+        """For a batch size the drafter has not drafted at, the window (drafted and plain passes measured, drafts
+        losing) whose verdict it goes by until its own first drafted pass: drafts lose more the fuller the batch, so
+        losing at a batch size no fuller says they lose here, and losing at one at most ``near`` times fuller is the
+        best guess there is (exploring every size a last wave shrinks through cost merge a drafted pass each, 9 plain
+        ones at B=16: docs/batching.md, session 33); the nearest by ratio of them, else None (it drafts to measure)."""
+        lost = [(abs(math.log(size / batch)), size) for size, w in self.windows.items()
+                if w.plain and w.drafted and size <= self.near * batch and self.beats(w) is False]
+        return self.windows[min(lost)[1]] if lost else None
 
     def opens(self, batch: int) -> bool:
         """Whether drafted passes at ``batch`` beat its plain ones now (both measured): a pass the gate does not

@@ -171,3 +171,43 @@ def test_in_a_last_wave_drafts_that_only_run_one_slot_ahead_do_not_open_the_gate
     assert len(steady) >= 20 and 1 <= sum(sum(d) > 0 for d in steady) <= 3, steady
     gate = kept_gate(target, OneSlotOracle())
     assert gate.closed(gate.windows[2]) and max(t for t, _ in gate.windows[2].drafted) == 2.0
+
+
+def test_a_batch_size_not_drafted_at_goes_by_a_losing_one_no_more_than_near_times_fuller():
+    """B=15 and B=12 after B=16 lost (a drafted pass 10 s against 1 s): closed from their first measured plain pass,
+    probed at B=16's pace (9 s extra at most 1% of the plain passes': 900 of them); B=8 (16 is twice as full) and
+    B=4 (drafts paid at B=2) draft to measure; B=24 goes by B=16 (drafts lose more the fuller the batch)."""
+    gate = LoadGate(probe_share=0.01)
+    gate.record(16, False, 16, 1.0)
+    assert gate.lengths([2] * 16) == [2] * 16  # nothing drafted at any batch size: drafts to measure
+    gate.record(16, True, 20, 10.0)
+    for batch in (15, 12, 24):
+        assert gate.lengths([2] * batch) == [0] * batch  # a plain pass to measure against first
+        gate.record(batch, False, batch, 1.0)
+        assert gate.lengths([2] * batch) == [0] * batch  # B=16's verdict
+        assert gate.lost_near(batch) is gate.windows[16]
+    assert gate.interval(gate.lost_near(15)) == 900
+    gate.record(8, False, 8, 1.0)
+    assert gate.lost_near(8) is None and gate.lengths([2] * 8) == [2] * 8
+    gate.record(2, False, 2, 1.0)
+    gate.record(2, True, 6, 1.0)  # drafts pay at B=2
+    gate.record(4, False, 4, 1.0)
+    assert gate.lost_near(4) is None and gate.lengths([2] * 4) == [2] * 4
+    gate.record(4, True, 4, 3.0)  # and lose at B=4: B=3 goes by it, B=2 by its own passes
+    assert gate.lost_near(3) is gate.windows[4] and gate.lengths([2] * 2) == [2] * 2
+    gate.record(3, False, 3, 1.0)
+    assert gate.lengths([2] * 3) == [0] * 3
+
+
+def test_a_batch_that_grows_and_shrinks_does_not_explore_each_size_where_drafts_lost(monkeypatch):
+    """Four requests arriving a second apart through slots of B=1, 4 and 3 (a pass costs the square of its rows /
+    16): drafting lost at B=1, so B=4 and B=3 never draft (each drafted once to measure before, B=4's costing 100
+    plain passes); the texts greedy's (``priced_run``)."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    seen = []
+    priced_run(monkeypatch, lambda batch, rows: rows * rows / 16.0, lambda t: Costly(t), [0.0, 1.0, 2.0, 3.0], seen,
+               max_new_tokens=40, target=target)
+    steady = [(b, sum(d) > 0) for b, d, s in seen if s]
+    assert {b for b, _ in steady} == {1, 3, 4} and [b for b, drafted in steady if drafted] == [1]
+    gate = kept_gate(target, Costly())
+    assert gate.closed(gate.windows[1]) and not gate.windows[4].drafted and not gate.windows[3].drafted
