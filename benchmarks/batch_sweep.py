@@ -14,18 +14,18 @@ in one process at a fixed thread count and matmul kind (``--matmul``):
 
 methods interleaved within each round (each round starting one method later than the one before, so that no method
 always runs first; plain ``--plain-runs`` times a round, default 3, spread through it: its runs' mean is the reference
-of every drafter's ratio in the round), ``--warmup`` untimed rounds at every B (default 1: a B's first run meets new pass shapes and
-learns t(B, n)), then ``--repeats`` timed rounds, the median time kept. Tokens/s counts each request's new tokens;
-every drafter's tokens are compared with plain batched decoding's, request by request. The table gives each method's
-tokens/s and its ratio to plain batched decoding at the same B (medians' ratio; with two or more rounds, after it,
-the 95% t interval of the mean of the rounds' own ratios: each round runs every method back to back, so the interval
-says whether a cell's gap to 1 is more than the machine's drift), and each drafter's crossover (the smallest B at
-which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill passes
-included) and tau (new tokens per pass, summed over the requests). Beside it, the method's own picture measured here:
-the time of one batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the batched
-cache's bytes per request at the capacity these runs preallocate. ``--plot`` writes speedup against B per drafter
-with the crossovers marked. Numbers are as quiet as the machine: the CPU clock (``--clock cpu``, one thread) is
-steadier where other processes share the cores.
+of every drafter's ratio in the round), ``--warmup`` untimed rounds at every B (default 1: a B's first run meets new
+pass shapes and learns t(B, n)), then ``--repeats`` timed rounds, the median time kept. Tokens/s counts each request's
+new tokens; every drafter's tokens are compared with plain batched decoding's, request by request. The table gives
+each method's tokens/s and its ratio to plain batched decoding at the same B (medians' ratio; with two or more rounds,
+after it, the 95% t interval of the mean of the rounds' own ratios: each round runs every method back to back, so the
+interval says whether a cell's gap to 1 is more than the machine's drift), and each drafter's crossover (the smallest
+B at which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill
+passes included) and tau (new tokens per pass, summed over the requests). Beside it, the method's own picture measured
+here: the time of one batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the
+batched cache's bytes per request at the capacity these runs preallocate. ``--plot`` writes speedup against B per
+drafter with the crossovers marked. Numbers are as quiet as the machine: the CPU clock (``--clock cpu``, one thread)
+is steadier where other processes share the cores.
 
     python benchmarks/batch_sweep.py --threads 1 --matmul stream --batch-sizes 1,2,4,8,16,32 --plot docs/batching.png
 

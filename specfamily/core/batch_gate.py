@@ -85,7 +85,7 @@ class LoadGate:
         best guess there is (exploring every size a last wave shrinks through cost merge a drafted pass each, 9 plain
         ones at B=16: docs/batching.md, session 33); the nearest by ratio of them, else None (it drafts to measure)."""
         lost = [(abs(math.log(size / batch)), size) for size, w in self.windows.items()
-                if w.plain and w.drafted and size <= self.near * batch and self.beats(w) is False]
+                if size <= self.near * batch and self.beats(w) is False]
         return self.windows[min(lost)[1]] if lost else None
 
     def opens(self, batch: int) -> bool:
