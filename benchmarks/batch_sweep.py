@@ -94,6 +94,7 @@ class Sweep:
     cache_bytes_per_request: int = 0  # at the capacity generate_batch preallocates for these prompts
     cache_capacity: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
+    plain_runs: int = 1  # plain's runs a round (their mean: the round's reference)
 
     def tps(self, method: str, batch: int) -> float | None:
         row = next((r for r in self.rows if r.method == method and r.batch == batch), None)
@@ -214,7 +215,8 @@ def sweep(args) -> Sweep:
     if max(batches) * args.requests_per_slot > len(prompts):
         raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")
     result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.max_prompt_tokens,
-                   args.per_category, [len(p) for p in prompts], args.requests_per_slot, args.arrival_rate)
+                   args.per_category, [len(p) for p in prompts], args.requests_per_slot, args.arrival_rate,
+                   plain_runs=args.plain_runs)
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:

@@ -111,6 +111,7 @@ def test_every_batch_size_is_warmed_up_and_each_round_starts_one_method_later(sw
     result = sweep_module.sweep(sweep_module.parse_args([*args, "--batch-sizes", "2", "--repeats", "1"]))
     assert [name for _, name in order] == ["plain", "plain", "prompt_lookup", "plain", "suffix"] * 2  # --plain-runs 3
     assert [len(r.rounds) for r in result.rows] == [1, 1, 1] and all(r.mismatched == 0 for r in result.rows)
+    assert result.plain_runs == 3
 
 
 def test_each_cell_gives_the_t_interval_of_its_paired_round_ratios(sweep_module):
