@@ -71,8 +71,8 @@ class LoadGate:
         window = self.windows.setdefault(len(gammas), GateWindow())
         if not window.plain or window.since_plain >= self.refresh_every:
             return [0] * len(gammas)  # a plain pass to measure against
-        guide = window if window.drafted else self.lost_near(len(gammas))
-        if guide is None or self.beats(guide) is not False:  # open, or no drafted pass measured that says closed
+        guide = self.lost_near(len(gammas)) if not window.drafted else window if self.closed(window) else None
+        if guide is None:  # open, or no drafted pass measured that says closed
             return gammas
         if window.idle + 1 >= self.interval(guide):
             return gammas  # a probe: what drafting realizes now
@@ -84,9 +84,8 @@ class LoadGate:
         losing at a batch size no fuller says they lose here, and losing at one at most ``near`` times fuller is the
         best guess there is (exploring every size a last wave shrinks through cost merge a drafted pass each, 9 plain
         ones at B=16: docs/batching.md, session 33); the nearest by ratio of them, else None (it drafts to measure)."""
-        lost = [(abs(math.log(size / batch)), size) for size, w in self.windows.items()
-                if size <= self.near * batch and self.beats(w) is False]
-        return self.windows[min(lost)[1]] if lost else None
+        near = sorted((abs(math.log(size / batch)), size) for size in self.windows if size <= self.near * batch)
+        return next((self.windows[size] for _, size in near if self.closed(self.windows[size])), None)
 
     def opens(self, batch: int) -> bool:
         """Whether drafted passes at ``batch`` beat its plain ones now (both measured): a pass the gate does not
