@@ -14,18 +14,18 @@ in one process at a fixed thread count and matmul kind (``--matmul``):
 
 methods interleaved within each round (each round starting one method later than the one before, so that no method
 always runs first; plain ``--plain-runs`` times a round, default 3, spread through it: its runs' mean is the reference
-of every drafter's ratio in the round), ``--warmup`` untimed rounds at every B (default 1: a B's first run meets new
-pass shapes and learns t(B, n)), then ``--repeats`` timed rounds, the median time kept. Tokens/s counts each request's
-new tokens; every drafter's tokens are compared with plain batched decoding's, request by request. The table gives
-each method's tokens/s and its ratio to plain batched decoding at the same B (medians' ratio; with two or more rounds,
-after it, the 95% t interval of the mean of the rounds' own ratios: each round runs every method back to back, so the
-interval says whether a cell's gap to 1 is more than the machine's drift), and each drafter's crossover (the smallest
-B at which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill
-passes included) and tau (new tokens per pass, summed over the requests). Beside it, the method's own picture measured
-here: the time of one batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the
-batched cache's bytes per request at the capacity these runs preallocate. ``--plot`` writes speedup against B per
-drafter with the crossovers marked. Numbers are as quiet as the machine: the CPU clock (``--clock cpu``, one thread)
-is steadier where other processes share the cores.
+of every drafter's ratio in the round; hf in the first ``--hf-rounds`` timed rounds only, if given), ``--warmup``
+untimed rounds at every B (default 1: a B's first run meets new pass shapes and learns t(B, n)), then ``--repeats``
+timed rounds, the median time kept. Tokens/s counts each request's new tokens; every drafter's tokens are compared with
+plain batched decoding's, request by request. The table gives each method's tokens/s and its ratio to plain batched
+decoding at the same B (medians' ratio; with two or more rounds, after it, the 95% t interval of the mean of the rounds'
+own ratios: each round runs every method back to back, so the interval says whether a cell's gap to 1 is more than the
+machine's drift), and each drafter's crossover (the smallest B at which it is slower than plain); a second table gives
+each arm's target passes over its requests (the prefill passes included) and tau (new tokens per pass, summed over the
+requests). Beside it, the method's own picture measured here: the time of one batched pass feeding 5 tokens per request
+against one feeding 1 (t(B, 5) / t(B, 1)), and the batched cache's bytes per request at the capacity these runs
+preallocate. ``--plot`` writes speedup against B per drafter with the crossovers marked. Numbers are as quiet as the
+machine: the CPU clock (``--clock cpu``, one thread) is steadier where other processes share the cores.
 
     python benchmarks/batch_sweep.py --threads 1 --matmul stream --batch-sizes 1,2,4,8,16,32 --plot docs/batching.png
 
@@ -95,6 +95,7 @@ class Sweep:
     cache_capacity: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
     plain_runs: int = 1  # plain's runs a round (their mean: the round's reference)
+    hf_rounds: int | None = None  # the timed rounds hf ran in, the first ones (None: every one)
 
     def tps(self, method: str, batch: int) -> float | None:
         row = next((r for r in self.rows if r.method == method and r.batch == batch), None)
@@ -153,14 +154,14 @@ def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> fl
     return timed(PASS_TOKENS) / timed(1)
 
 
-def run_round(target, names: list[str], prompts: list[list[int]], args, clock, times: dict) -> None:
-    """One round at one batch size: hf, plain, each drafter (a fresh one: suffix's cache must not have seen these
-    prompts' outputs in an earlier round), interleaved; times appended to ``times``. With ``--arrival-rate`` the
-    requests arrive as a seeded Poisson process (the same for every method) and hf, which cannot take arrivals, is
-    left out, as it is with ``--no-hf``."""
+def run_round(target, names: list[str], prompts: list[list[int]], args, clock, times: dict, hf: bool = True) -> None:
+    """One round at one batch size: hf (unless ``hf`` is false), plain, each drafter (a fresh one: suffix's cache
+    must not have seen these prompts' outputs in an earlier round), interleaved; times appended to ``times``. With
+    ``--arrival-rate`` the requests arrive as a seeded Poisson process (the same for every method) and hf, which
+    cannot take arrivals, is left out, as it is with ``--no-hf``."""
     batch = len(prompts) // args.requests_per_slot
     arrivals = poisson_arrivals(len(prompts), args.arrival_rate, seed=0)
-    if arrivals is None and not args.no_hf:
+    if hf and arrivals is None and not args.no_hf:
         start = clock()
         hf_rows = [row for i in range(0, len(prompts), batch)
                    for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids)]
@@ -216,7 +217,9 @@ def sweep(args) -> Sweep:
         raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")
     result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.max_prompt_tokens,
                    args.per_category, [len(p) for p in prompts], args.requests_per_slot, args.arrival_rate,
-                   plain_runs=args.plain_runs)
+                   plain_runs=args.plain_runs, hf_rounds=args.hf_rounds)
+    if args.hf_rounds is not None and args.hf_rounds < 1:
+        raise ValueError(f"--hf-rounds must be at least 1, got {args.hf_rounds} (--no-hf leaves hf out)")
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:
@@ -229,12 +232,12 @@ def sweep(args) -> Sweep:
         times: dict[str, list] = {}
         for _ in range(args.warmup):  # every B: its pass shapes and t(B, n) are new to the first run at it
             run_round(target, names, chosen, args, clock, {})
-        for _ in range(args.repeats):
-            run_round(target, names, chosen, args, clock, times)
+        for index in range(args.repeats):
+            run_round(target, names, chosen, args, clock, times, hf=args.hf_rounds is None or index < args.hf_rounds)
         plain = times["plain"]
         for method, rounds in times.items():
             paired = [(p[0] / p[1]) / (r[0] / r[1]) if r[1] and p[1] else float("nan")
-                      for r, p in zip(rounds, plain, strict=True)]  # tokens/s over plain's, round by round
+                      for r, p in zip(rounds, plain[: len(rounds)], strict=True)]  # over plain's, round by round
             result.rows.append(Row(method, batch, statistics.median(r[0] for r in rounds), rounds[-1][1],
                                    max(r[2] for r in rounds), statistics.median(r[3] for r in rounds),
                                    rounds[-1][4], paired))
@@ -333,6 +336,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arrival-rate", type=float, default=None,
                         help="requests per second, seeded Poisson arrivals (default: all at once); leaves hf out")
     parser.add_argument("--no-hf", action="store_true", help="leave transformers' generate out")
+    parser.add_argument("--hf-rounds", type=int, default=None,
+                        help="time hf in the first N rounds only (default: every round; it runs 2x plain's time, "
+                             "far from plain: fewer rounds buy the drafters' cells more rounds in the same time)")
     parser.add_argument("--plot", default="")
     parser.add_argument("--json", default="")
     return parser.parse_args(argv)

@@ -114,6 +114,25 @@ def test_every_batch_size_is_warmed_up_and_each_round_starts_one_method_later(sw
     assert result.plain_runs == 3
 
 
+def test_hf_rounds_times_hf_in_the_first_rounds_only_paired_with_plains_same_rounds(sweep_module, monkeypatch):
+    """hf runs in the warm-up and the first --hf-rounds timed rounds: its cell has that many paired ratios, each
+    against the plain reference of its own round; 0 is refused, naming --no-hf."""
+    monkeypatch.setattr(sweep_module.sf, "load_target", lambda *a, **k: tiny_target("llama", vocab_size=64))
+    monkeypatch.setattr(sys.modules["common"], "spec_bench_prompts",
+                        lambda per_category, tokenizer: ([list(range(3, 13)), list(range(20, 30))], ["a", "b"]))
+    calls, real = [], sweep_module.hf_batch
+    monkeypatch.setattr(sweep_module, "hf_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    args = ["--batch-sizes", "1", "--drafters", "prompt_lookup", "--max-new-tokens", "2", "--clock", "wall",
+            "--repeats", "3", "--max-prompt-tokens", "8", "--plain-runs", "1"]
+    result = sweep_module.sweep(sweep_module.parse_args([*args, "--hf-rounds", "1"]))
+    hf = next(r for r in result.rows if r.method == "hf")
+    assert len(calls) == 2  # the warm-up round and the first timed round (of three)
+    assert len(hf.rounds) == 1 and all(len(r.rounds) == 3 for r in result.rows if r.method != "hf")
+    assert result.hf_rounds == 1
+    with pytest.raises(ValueError, match=r"--hf-rounds must be at least 1, got 0 \(--no-hf leaves hf out\)"):
+        sweep_module.sweep(sweep_module.parse_args([*args, "--hf-rounds", "0"]))
+
+
 def test_each_cell_gives_the_t_interval_of_its_paired_round_ratios(sweep_module):
     """A cell's interval is the mean of its rounds' ratios to plain (each round's methods back to back) plus or minus
     t(0.975, n - 1) times their standard error: two rounds at 0.96 and 1.00 give 0.98 +- 12.706 * 0.02."""
