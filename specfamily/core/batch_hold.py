@@ -9,7 +9,10 @@ model's refit. Planning anew each time is host work between two forwards on ever
 not pay, the passes whose time is plain decoding's; so a verdict to draft nothing (``idle``: nothing pays; ``joint``:
 the batch's tied last slots, planned together, draft nothing) is kept while its key holds (the same slots, the same
 wave, the same side of the last wave's joint end, no count added, no probe due) and re-planned every ``passes``
-passes against the drift. A verdict to draft, and ``none`` (a table not measured yet, a refresh due), is never held.
+passes against the drift, or every ``per_slot`` passes a slot where that is longer: a plan's host time grows with the
+batch (each slot's prospect; suffix's full-length proposals at B=16, ~1 ms a plan, read ~250 us a pass at 8) while
+a batch that full seldom drafts. A verdict to draft, and ``none`` (a table not measured yet, a refresh due), is never
+held.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ HELD_KINDS = ("idle", "joint")  # LengthPolicy.kind of a verdict to draft nothin
 class VerdictHold:
     """The last verdict to draft nothing, its key, and the passes it may still stand for."""
 
-    passes: int = 8  # a held verdict is planned anew at least every this many passes
+    passes: int = 8  # a held verdict is planned anew at least every this many passes,
+    per_slot: int = 1  # or every this many a slot of the pass if that is more (a plan's host time grows with B)
     key: Hashable | None = None
     kind: str = ""
     left: int = 0
@@ -40,10 +44,10 @@ class VerdictHold:
         self.left -= 1
         return self.kind
 
-    def keep(self, key: Hashable, kind: str, drafted: bool) -> None:
-        """After a pass planned anew: hold its verdict for the next ``passes - 1`` passes if it drafts nothing and is
-        of a kind that may be held."""
+    def keep(self, key: Hashable, kind: str, drafted: bool, slots: int = 0) -> None:
+        """After a pass of ``slots`` requests planned anew: hold its verdict for the next ``max(passes, per_slot *
+        slots) - 1`` passes if it drafts nothing and is of a kind that may be held."""
         if drafted or kind not in HELD_KINDS:
             self.left = 0
             return
-        self.key, self.kind, self.left = key, kind, self.passes - 1
+        self.key, self.kind, self.left = key, kind, max(self.passes, self.per_slot * slots) - 1

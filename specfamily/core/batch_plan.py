@@ -81,7 +81,7 @@ class BatchPlanning:
         if kind is not None:
             return self.load.held(len(group), kind)
         gammas = self._plan_gammas(group)
-        self.hold.keep(key, self.load.kind, any(gammas))
+        self.hold.keep(key, self.load.kind, any(gammas), len(group))
         return gammas
 
     def _hold_key(self, group: list[Request]) -> tuple:

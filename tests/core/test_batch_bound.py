@@ -105,7 +105,8 @@ def _run(monkeypatch, bounded: bool):
     monkeypatch.setattr(LengthPolicy, "_plan", planning)
     monkeypatch.setattr(LengthPolicy, "hopeless", bounding)
     monkeypatch.setattr(batch_plan, "finishing", valuing)
-    monkeypatch.setattr(batch_loop, "VerdictHold", lambda: VerdictHold(passes=1))  # each pass planned: test_batch_hold
+    every_pass = lambda: VerdictHold(passes=1, per_slot=0)  # noqa: E731 (each pass planned: test_batch_hold)
+    monkeypatch.setattr(batch_loop, "VerdictHold", every_pass)
     drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
     _, seen = priced_run(
         monkeypatch, lambda b, n: 1.0 + 0.02 * n**2, drafter_of, [0.0] * 12, max_batch=6, max_new_tokens=40

@@ -29,6 +29,17 @@ def test_a_verdict_to_draft_nothing_stands_for_its_passes_while_its_key_holds():
         assert hold.held("k", False) is None
 
 
+def test_a_fuller_pass_holds_its_verdict_a_pass_a_slot_when_that_is_longer():
+    """A plan's host time grows with the batch: a verdict of 16 slots stands 16 passes, one of 4 the 8 of ``passes``."""
+    for slots, stands in ((16, 16), (4, 8), (0, 8)):
+        hold = VerdictHold()
+        hold.keep("k", "idle", drafted=False, slots=slots)
+        assert [hold.held("k", False) for _ in range(stands)] == ["idle"] * (stands - 1) + [None]
+    hold = VerdictHold(passes=1, per_slot=0)  # every pass planned (the tests that compare holding with not)
+    hold.keep("k", "idle", drafted=False, slots=16)
+    assert hold.held("k", False) is None
+
+
 class Planner(BatchPlanning):
     """The planning half alone, in a last wave whose projected end is ``horizon`` passes off."""
 
@@ -90,7 +101,7 @@ def _plans(monkeypatch, drafter, cost, passes: int, requests: int, max_batch: in
 
         monkeypatch.setattr(batch_plan.BatchPlanning, "_plan_gammas", counted)
         monkeypatch.setattr(VerdictHold, "held", holding)
-        monkeypatch.setattr(batch_loop, "VerdictHold", lambda: VerdictHold(passes=passes))
+        monkeypatch.setattr(batch_loop, "VerdictHold", lambda: VerdictHold(passes=passes, per_slot=0))
         priced_run(monkeypatch, cost, lambda t: drafter(t, gamma=4, policy="auto"), [0.0] * requests, seen,
                    max_batch=max_batch, max_new_tokens=40, target=target)
         monkeypatch.undo()
