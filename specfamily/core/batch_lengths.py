@@ -137,9 +137,11 @@ def pay_bound(prospects: Sequence[Prospect], seconds: Sequence[float], step: flo
     reaches = [list(itertools.accumulate(p.acceptance, operator.mul)) for p in prospects]
     top = list(itertools.accumulate(sorted((r for each in reaches for r in each), reverse=True)))
     own = [list(itertools.accumulate(each)) for each in reaches if each]
+    deepest = max(map(len, own), default=0)  # past it, one request's first n levels are its whole: the best one's stays
+    alone = [max(o[min(n, len(o)) - 1] for o in own) for n in range(1, deepest + 1)]
     best = 1.0
     for n in range(1, min(len(top), len(seconds) - 1 - batch) + 1):
-        gain = min(share * top[n - 1], max(o[min(n, len(o)) - 1] for o in own))
+        gain = min(share * top[n - 1], alone[min(n, deepest) - 1])
         best = max(best, (1.0 + gain) * seconds[batch] / (seconds[batch + n] + step + row_context * n))
     return best
 
