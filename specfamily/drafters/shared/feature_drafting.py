@@ -60,7 +60,7 @@ class FeatureState:
 def crop(cache: DynamicCache, length: int) -> None:
     """Drop every cache entry at or after ``length``."""
     for layer in cache.layers:
-        if layer.keys is not None and layer.keys.numel():
+        if layer.keys is not None and layer.keys.shape[2] > length:  # nothing past it: nothing to drop
             layer.keys = layer.keys[:, :, :length]
             layer.values = layer.values[:, :, :length]
 
