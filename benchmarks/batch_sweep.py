@@ -211,6 +211,8 @@ def make_drafter(name: str, target, gamma: int | None):
 
 
 def sweep(args) -> Sweep:
+    if args.hf_rounds is not None and args.hf_rounds < 1:  # refused before the target loads
+        raise ValueError(f"--hf-rounds must be at least 1, got {args.hf_rounds} (--no-hf leaves hf out)")
     clock, target, prompts = workload(args)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     if max(batches) * args.requests_per_slot > len(prompts):
@@ -218,8 +220,6 @@ def sweep(args) -> Sweep:
     result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.max_prompt_tokens,
                    args.per_category, [len(p) for p in prompts], args.requests_per_slot, args.arrival_rate,
                    plain_runs=args.plain_runs, hf_rounds=args.hf_rounds)
-    if args.hf_rounds is not None and args.hf_rounds < 1:
-        raise ValueError(f"--hf-rounds must be at least 1, got {args.hf_rounds} (--no-hf leaves hf out)")
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:

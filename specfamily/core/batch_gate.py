@@ -71,12 +71,19 @@ class LoadGate:
         window = self.windows.setdefault(len(gammas), GateWindow())
         if not window.plain or window.since_plain >= self.refresh_every:
             return [0] * len(gammas)  # a plain pass to measure against
-        guide = self.lost_near(len(gammas)) if not window.drafted else window if self.closed(window) else None
+        guide = self._guide(window, len(gammas))
         if guide is None:  # open, or no drafted pass measured that says closed
             return gammas
         if window.idle + 1 >= self.interval(guide):
             return gammas  # a probe: what drafting realizes now
         return [0] * len(gammas)
+
+    def _guide(self, window: GateWindow, batch: int) -> GateWindow | None:
+        """The window whose losing verdict closes ``batch`` this pass: its own once it drafted (if closed), else a
+        losing one near it (:meth:`lost_near`); None: it drafts."""
+        if window.drafted:
+            return window if self.closed(window) else None
+        return self.lost_near(batch)
 
     def lost_near(self, batch: int) -> GateWindow | None:
         """For a batch size the drafter has not drafted at, the window (drafted and plain passes measured, drafts
