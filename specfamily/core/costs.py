@@ -204,10 +204,12 @@ class MeasuredCost:
             return points[-1][1]
         return _interpolate(points, g)
 
-    def observe(self, tokens: int, seconds: float, prior: float) -> bool:
+    def observe(self, tokens: int, seconds: float, prior: float, fresh: bool = False) -> bool:
         """One timed pass over the root plus ``tokens`` draft tokens, which the prior costs ``prior`` plain passes;
         whether an estimate changed (a drafted pass before any plain one is kept until a plain one comes; a
-        non-finite or non-positive time or prior is ignored)."""
+        non-finite or non-positive time or prior is ignored). ``fresh``: the pass replaces what was measured at its
+        token count rather than joining it (a probe's: a window of slow passes that made a policy idle is never
+        outvoted otherwise, for an idle policy drafts one pass an interval)."""
         if not (math.isfinite(seconds) and seconds > 0 and math.isfinite(prior) and prior > 0):
             return False
         self.unrefreshed = self.unrefreshed + 1 if tokens else 0
@@ -220,6 +222,8 @@ class MeasuredCost:
         if self.plain_seconds is None:
             self.early = [*self.early, (tokens, seconds, prior)][-self.window :]
             return False
+        if fresh:
+            self.ratios.pop(tokens, None)
         self._add(tokens, seconds, prior)
         return True
 

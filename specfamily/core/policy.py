@@ -139,11 +139,13 @@ class AutoPolicy:
     def timed(self, tokens: int, seconds: float) -> None:
         """One pass the run made (``tokens`` draft tokens, 0: plain) took ``seconds``: corrects its costs. The kept
         choice is planned again only when what it reads changed (the measured scale's points): a plain pass moves
-        t(1) alone, which no choice reads, so an idle policy does not plan again after every pass."""
+        t(1) alone, which no choice reads, so an idle policy does not plan again after every pass. A probe's pass
+        replaces what was measured at its size, as its c replaces the estimate: the newest evidence about a cost that
+        made the policy idle."""
         tokens = check_int(tokens, "tokens", 0)
         self._timed = (tokens, seconds) if tokens else None
         points = self.costs.points
-        self.costs.observe(tokens, seconds, self._prior(tokens))
+        self.costs.observe(tokens, seconds, self._prior(tokens), fresh=self._probing)
         if self.costs.points is not points:
             self._choice = None
 

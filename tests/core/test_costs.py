@@ -64,3 +64,15 @@ def test_measured_cost_scales_the_prior_per_size_against_the_latest_plain_passes
 def test_measured_cost_refuses_a_bad_window():
     with pytest.raises(ValueError, match="window must be an integer >= 1, got 0"):
         MeasuredCost(window=0)
+
+
+def test_a_fresh_pass_replaces_the_window_at_its_size_only():
+    costs = MeasuredCost(window=5)
+    costs.observe(0, 0.010, 1.0)
+    for _ in range(5):
+        costs.observe(2, 0.030, 1.0)
+        costs.observe(4, 0.030, 1.0)
+    assert costs.observe(2, 0.010, 1.0)  # one pass joins a window of five: the median stays
+    assert costs.scale(2) == pytest.approx(3.0)
+    assert costs.observe(2, 0.010, 1.0, fresh=True)
+    assert costs.scale(2) == pytest.approx(1.0) and costs.scale(4) == pytest.approx(3.0)

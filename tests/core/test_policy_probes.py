@@ -268,3 +268,33 @@ def test_describing_an_unstarted_request_reports_its_start_share_and_keeps_its_c
     note = policy.describe()
     assert policy._choice is kept and "predicted gain below" in note
     assert f"(best {policy._planned()[2]:.2f})" in note  # at this pass's share, not the kept choice's
+
+
+def test_a_probes_timed_pass_replaces_the_slow_window_that_made_the_policy_idle():
+    """Drafting pays until five drafted passes in a row run three times slower (a burst of load): the measured
+    scale at their size makes every length lose and the policy idles. Its probe, timed at the normal cost, replaces
+    that window (one pass would never outvote the median of five, and an idle policy drafts one pass an interval),
+    so it drafts again at once; joining the window, the probe left it idle."""
+    plain = 0.01
+
+    def drafted(policy: AutoPolicy, gamma: int, seconds: float) -> None:
+        policy.timed(gamma, seconds)
+        policy.update(gamma, gamma, 0.05, tokens=gamma)
+
+    policy = AutoPolicy(1, max_gamma=1, probe_every=3, verify_cost=1.0, refresh_every=1000)  # probes its size
+    policy.timed(0, plain)
+    for _ in range(6):
+        gamma = policy.next_gamma()
+        assert gamma == 1
+        drafted(policy, gamma, plain)
+    for _ in range(5):  # the burst: the policy drafts on until the window's median moves
+        gamma = policy.next_gamma()
+        if gamma == 0:
+            break
+        drafted(policy, gamma, 3 * plain)
+    assert gamma == 0 and policy.costs.scale(1) == pytest.approx(3.0)
+    while (gamma := policy.next_gamma()) == 0:
+        policy.timed(0, plain)
+    drafted(policy, gamma, plain)  # the probe, at the normal cost
+    assert policy.costs.scale(1) == pytest.approx(1.0)
+    assert policy.next_gamma() == 1
