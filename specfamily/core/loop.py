@@ -128,7 +128,7 @@ def generate(
             if drafter is not None:
                 if len(pending) == 1 and draft.side is None:  # not the prefill nor side rows: a pass the policy plans
                     policy.timed(len(draft), c2 - c1)
-                _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1)
+                _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, asked=draft is not empty)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start, out.logits,
                                          out.side_logits))
             pending = torch.tensor([next_token], dtype=torch.long, device=device)
@@ -169,13 +169,17 @@ def _bind_costs(policy: BoundHooks, target: Target, ids: torch.Tensor, clock) ->
     return clock() - start
 
 
-def _report(policy, draft: Draft, depth: int, accepted: list[int], draft_seconds: float, verify_seconds: float) -> None:
+def _report(policy, draft: Draft, depth: int, accepted: list[int], draft_seconds: float, verify_seconds: float,
+            asked: bool = False) -> None:
     """Tell the policy about one verification: this pass's own c (one draft step, catch-up left out, over this
-    verification) and its catch-up over it (the policy tells a steady backlog from an idle stretch's)."""
+    verification) and its catch-up over it (the policy tells a steady backlog from an idle stretch's). ``asked``: the
+    drafter was asked for a draft; one that came back empty reports its proposal's time over the pass as c."""
     c = overhead = None
     if depth and verify_seconds > 0:
         c = max(0.0, draft_seconds - draft.catch_up_seconds) / depth / verify_seconds
         overhead = draft.catch_up_seconds / verify_seconds
+    elif asked and verify_seconds > 0:
+        c = draft_seconds / verify_seconds
     verified = draft.verified_depth(accepted) if depth else 0
     policy.update(depth, len(accepted), c, tokens=len(draft), verified=verified, overhead=overhead)
 

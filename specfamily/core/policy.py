@@ -27,11 +27,16 @@ class AutoPolicy:
 
     Acceptance is counted per depth, as the verifier tried them: depth d is tried when the accepted path reached
     d - 1 and its last node has children there (``verified``; a chain: every shallower token accepted). Each depth
-    is smoothed towards the one above it (depth 1 towards ``prior_alpha``) with ``prior_weight`` pseudo-observations,
-    so a deeper draft is predicted from what was measured, not from an i.i.d. assumption. c is one draft step's
+    is smoothed towards the one above it with ``prior_weight`` pseudo-observations, so a deeper draft is predicted
+    from what was measured, not from an i.i.d. assumption; depth 1 towards the earlier requests' depth-1 acceptance
+    (``earlier_alpha``: their latest ``run_window`` tries, smoothed towards ``prior_alpha``), so a request's start
+    begins from what the drafter has done, not from a fixed guess that counts down-weighted at every request fall
+    back to (a drafter that never paid drafted again at each request's start: docs/policy-costs.md). c is one draft step's
     time over one one-token target pass, each pass's own ratio converted with that pass's own size; a drafter's
     per-pass ``overhead`` (feeding what it had not seen, measured only on a pass that follows a drafted pass, so an
-    idle stretch's backlog is not counted) is added to each drafted pass's cost. A probe's c replaces the estimate
+    idle stretch's backlog is not counted) is added to each drafted pass's cost, and so is ``empty``, the time of
+    the drafts asked for between two drafted passes that came back empty (a lookup that matched nothing). A probe's
+    c replaces the estimate
     (the newest evidence about a cost that made it idle: one dear cold start must not silence a run), and so does
     the second drafted pass's c the first's (a fresh drafter's first forward is cold: eagle's head measured c 0.5-0.6
     on it, 0.08 after).
@@ -71,10 +76,15 @@ class AutoPolicy:
     c_smoothing: float = 0.3
     refresh_every: int = 32
     probe_cost: float = 1.5
+    run_window: float = 64.0
     tried: list[float] = field(init=False, repr=False)
     accepted: list[float] = field(init=False, repr=False)
+    earlier: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0], repr=False)  # depth 1's tries
+    # and acceptances in the earlier requests (the latest ``run_window`` tries)
+    _request: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0], repr=False)  # this request's
     c_estimate: float | None = field(init=False, default=None)
     overhead: float = field(init=False, default=0.0)  # per drafted pass, in one-token target passes
+    empty: float = field(init=False, default=0.0)  # per drafted pass: the empty drafts asked beside it, in passes
     start_cost: float = field(init=False, default=0.0)  # a request's first drafted pass's catch-up, in passes
     request_passes: float = field(init=False, default=0.0)  # passes a request takes (smoothed; 0: none ended)
     started: bool = field(init=False, default=False)  # this request's drafter paid its start (a drafted pass)
@@ -88,6 +98,7 @@ class AutoPolicy:
     _probing: bool = field(init=False, default=False, repr=False)
     _stretch: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # tokens,
     # cost, the interval when it began
+    _empties: float = field(init=False, default=0.0, repr=False)  # empty drafts' time since the last drafted pass
     _cold: bool = field(init=False, default=False, repr=False)  # the running stretch began before c was known
     _first_c: bool = field(init=False, default=False, repr=False)  # c is the drafter's first drafted pass's alone
     _steady: bool = field(init=False, default=False, repr=False)  # the latest pass verified a draft: no backlog
@@ -107,6 +118,8 @@ class AutoPolicy:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if not (math.isfinite(self.probe_cost) and self.probe_cost >= 1.0):
             raise ValueError(f"probe_cost must be a finite number >= 1, got {self.probe_cost!r}")
+        if not (math.isfinite(self.run_window) and self.run_window > 0):
+            raise ValueError(f"run_window must be a finite number > 0, got {self.run_window!r}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
             raise ValueError(f"prior_weight must be a finite number > 0, got {self.prior_weight!r}")
         self.tried, self.accepted = [0.0] * self.max_gamma, [0.0] * self.max_gamma
@@ -118,11 +131,17 @@ class AutoPolicy:
 
     def acceptance(self) -> list[float]:
         """Smoothed conditional acceptance at depths 1 .. max_gamma."""
-        out, prior = [], self.prior_alpha
+        out, prior = [], self.earlier_alpha()
         for tried, accepted in zip(self.tried, self.accepted, strict=True):
             prior = (accepted + prior * self.prior_weight) / (tried + self.prior_weight)
             out.append(prior)
         return out
+
+    def earlier_alpha(self) -> float:
+        """What depth 1's estimate is smoothed towards: the earlier requests' depth-1 acceptance (their latest
+        ``run_window`` tries), itself smoothed towards ``prior_alpha``."""
+        tried, accepted = self.earlier
+        return (accepted + self.prior_alpha * self.prior_weight) / (tried + self.prior_weight)
 
     def _cost(self, gamma: int) -> float:
         """Verify cost of a draft of depth gamma, at the running width (tokens per depth)."""
@@ -172,6 +191,9 @@ class AutoPolicy:
         docs/policy-costs.md, session 24, measured keeping short requests' counts whole: it did worse)."""
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
+        tried, accepted = (a + b for a, b in zip(self.earlier, self._request, strict=True))
+        keep = min(1.0, self.run_window / tried) if tried else 1.0
+        self.earlier, self._request = [tried * keep, accepted * keep], [0.0, 0.0]
         if self.request_pass:
             self.request_passes = self._smooth(self.request_passes or None, float(self.request_pass))
         self._steady, self.started, self.request_pass, self._choice = False, False, 0, None
@@ -220,7 +242,7 @@ class AutoPolicy:
 
     def _planned(self) -> tuple[int, int, float]:
         """:meth:`_choose`'s plan on the current estimates and start share, computed afresh, kept nowhere."""
-        acceptance, overhead = self.acceptance(), self.overhead + self._start_share()
+        acceptance, overhead = self.acceptance(), self.overhead + self.empty + self._start_share()
         gamma, speedup = best_draft_length(acceptance, self.c_estimate, self._cost, self.min_speedup, overhead)
         best = best_draft_length(acceptance, self.c_estimate, self._cost, 0.0, overhead)
         return gamma, gamma or best[0], speedup if gamma else best[1]
@@ -247,12 +269,20 @@ class AutoPolicy:
 
     def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
                verified: int | None = None, overhead: float | None = None) -> None:
-        """One verification. ``c``: this pass's draft-step time over its own verification time (catch-up left out);
+        """One verification. ``c``: this pass's draft-step time over its own verification time (catch-up left out;
+        for an empty draft the drafter was asked for, its proposal's time, charged to the running stretch: a probe
+        answered with nothing ends there and the next waits an interval, and while it drafts, the empty drafts' time
+        between two drafted passes joins ``empty``, a cost of each drafted pass like ``overhead``: a retrieval
+        drafter's lookups that found nothing cost it a few percent at batch 1 and were counted nowhere,
+        docs/policy-costs.md);
         ``verified``: the levels the verifier tried (None: a chain's ``min(proposed, accepted + 1)``);
         ``overhead``: this pass's catch-up time over its verification time (None: not measured)."""
         proposed, accepted = check_update(proposed, accepted)
         if proposed == 0:
             self._steady = False
+            if c is not None and math.isfinite(c) and c >= 0:  # asked, and answered with nothing
+                self._empties += 0.0 if self._probing else c
+                self._account(1.0, 1.0 + c)  # a probe ends here
             return
         self._choice = None
         tokens = tokens or proposed
@@ -260,6 +290,9 @@ class AutoPolicy:
         for depth in range(min(levels, self.max_gamma)):
             self.tried[depth] += 1
             self.accepted[depth] += int(depth < accepted)
+        if levels:
+            self._request[0] += 1
+            self._request[1] += int(accepted > 0)
         self.width += self.c_smoothing * (tokens / proposed - self.width)
         pass_cost = self._cost_of(tokens)  # this pass's verification, in one-token passes
         cold = self.c_estimate is None  # a pass of the start gamma, drafted before any decision
@@ -272,6 +305,7 @@ class AutoPolicy:
         if not self.started and measured:
             self.start_cost = self._smooth(self.start_cost or None, overhead * pass_cost)
         self.started = True
+        self.empty, self._empties = self._smooth(self.empty, self._empties), 0.0
         if steady and measured:
             self.overhead = self._smooth(self.overhead, overhead * pass_cost)
         self._account(accepted + 1, self._spent(proposed, tokens, pass_cost, c, overhead), cold)
@@ -322,7 +356,7 @@ class AutoPolicy:
         gain: the probes then only re-measure c, as rarely as before)."""
         tokens, cost, interval = self._stretch
         if not best_draft_length([1.0] * self.max_gamma, self.c_estimate, self._cost, self.min_speedup,
-                                 self.overhead)[0]:
+                                 self.overhead + self.empty)[0]:
             return cost > tokens
         return cost - tokens > (self.min_speedup - 1.0) * interval
 
@@ -340,7 +374,7 @@ class AutoPolicy:
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}, start {self.start_cost:.2f}; probes every {self.interval} idle passes; "
+                f"overhead {self.overhead:.2f}, empty drafts {self.empty:.2f}, start {self.start_cost:.2f}; probes every {self.interval} idle passes; "
                 f"{self.costs.describe((gamma or probe or self._probe_depth()) * self.width, self._prior)}")
 
 

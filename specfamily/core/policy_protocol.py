@@ -31,7 +31,8 @@ class Policy(Protocol):
                verified: int | None = None, overhead: float | None = None) -> None:
         """Report one verification: draft depth, draft tokens accepted, this pass's cost ratio c (one draft step's
         time over this verification pass's), the draft's token count (more than its depth for a tree), the levels
-        the verifier tried, and the drafter's catch-up time over the verification's."""
+        the verifier tried, and the drafter's catch-up time over the verification's. An empty draft the drafter
+        was asked for (``proposed`` 0) brings its proposal's time over the pass as c."""
 
 
 class PolicyHooks(Protocol):

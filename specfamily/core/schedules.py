@@ -140,6 +140,6 @@ class OptimalPolicy:
         proposed, accepted = check_update(proposed, accepted)
         self.accepted += accepted
         self.rejections += int(accepted < proposed)
-        if self.c is None and c is not None and math.isfinite(c) and c >= 0:
-            previous = self.c_estimate
+        if self.c is None and proposed and c is not None and math.isfinite(c) and c >= 0:  # an empty draft's c is
+            previous = self.c_estimate  # its proposal's time, not a draft step's
             self.c_estimate = c if previous is None else previous + self.c_smoothing * (c - previous)
