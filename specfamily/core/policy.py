@@ -118,8 +118,8 @@ class AutoPolicy:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if not (math.isfinite(self.probe_cost) and self.probe_cost >= 1.0):
             raise ValueError(f"probe_cost must be a finite number >= 1, got {self.probe_cost!r}")
-        if not (math.isfinite(self.run_window) and self.run_window > 0):
-            raise ValueError(f"run_window must be a finite number > 0, got {self.run_window!r}")
+        if not (math.isfinite(self.run_window) and self.run_window >= 0):
+            raise ValueError(f"run_window must be a finite number >= 0, got {self.run_window!r}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight > 0):
             raise ValueError(f"prior_weight must be a finite number > 0, got {self.prior_weight!r}")
         self.tried, self.accepted = [0.0] * self.max_gamma, [0.0] * self.max_gamma
@@ -139,7 +139,7 @@ class AutoPolicy:
 
     def earlier_alpha(self) -> float:
         """What depth 1's estimate is smoothed towards: the earlier requests' depth-1 acceptance (their latest
-        ``run_window`` tries), itself smoothed towards ``prior_alpha``."""
+        ``run_window`` tries; none when it is 0), itself smoothed towards ``prior_alpha``."""
         tried, accepted = self.earlier
         return (accepted + self.prior_alpha * self.prior_weight) / (tried + self.prior_weight)
 
@@ -192,7 +192,7 @@ class AutoPolicy:
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
         tried, accepted = (a + b for a, b in zip(self.earlier, self._request, strict=True))
-        keep = min(1.0, self.run_window / tried) if tried else 1.0
+        keep = min(1.0, self.run_window / tried) if tried else 0.0
         self.earlier, self._request = [tried * keep, accepted * keep], [0.0, 0.0]
         if self.request_pass:
             self.request_passes = self._smooth(self.request_passes or None, float(self.request_pass))

@@ -112,6 +112,43 @@ def test_c_leaves_catch_up_out_and_every_drafted_pass_reports_its_catch_up():
     assert kwargs["verified"] == 2
     loop._report(policy, sf.Draft.empty(), 0, [], draft_seconds=0.0, verify_seconds=0.1)
     assert policy.updates[-1][0][:3] == (0, 0, None) and policy.updates[-1][1]["overhead"] is None
+    loop._report(policy, sf.Draft.empty(), 0, [], draft_seconds=0.02, verify_seconds=0.1, asked=True)
+    assert policy.updates[-1][0][:2] == (0, 0) and policy.updates[-1][0][2] == pytest.approx(0.2)
+
+
+class _Empty(sf.BaseDrafter):
+    """Asked on every other pass (a constant policy's gamma 2, cut to 0 on the others), never finds anything."""
+
+    def __init__(self):
+        super().__init__(2, "constant")
+        self.policy = _Alternating()
+
+    def propose(self, ctx, gamma):
+        return sf.Draft.empty()
+
+
+class _Alternating(_Recorder):
+    def __init__(self):
+        super().__init__()
+        self.asked = 0
+
+    def reset(self):
+        pass
+
+    def next_gamma(self):
+        self.asked += 1
+        return 2 * (self.asked % 2)
+
+
+def test_an_empty_draft_the_drafter_was_asked_for_reports_its_proposals_time_and_a_pass_not_asked_none():
+    target = tiny_target("llama", vocab_size=32, dtype=torch.float32)
+    drafter = _Empty()
+    result = sf.generate(target, drafter, [1, 2, 3], max_new_tokens=9)
+    assert result.tokens == sf.generate(target, None, [1, 2, 3], max_new_tokens=9).tokens
+    cs = [args[2] for args, _ in drafter.policy.updates]
+    assert all(args[:2] == (0, 0) for args, _ in drafter.policy.updates) and len(cs) == 8
+    assert [c is None for c in cs] == [False, True] * 4  # asked on passes 1, 3, ...: the proposal timed
+    assert all(c >= 0 for c in cs[::2])
 
 
 @pytest.mark.parametrize("name", ["eagle", "eagle3"])

@@ -177,6 +177,35 @@ def test_auto_keeps_part_of_its_estimates_across_requests():
     assert policy.tried[:2] == [0.5, 0.5] and policy.c_estimate is not None
 
 
+def test_a_requests_depth_one_estimate_starts_from_the_earlier_requests():
+    """Depth 1 is smoothed towards the earlier requests' depth-1 acceptance (itself towards prior_alpha), not
+    towards the fixed prior: the request's own tries join it at its end, and only the latest run_window count."""
+    policy = AutoPolicy(1, max_gamma=1, verify_cost=1.0, prior_weight=2.0, run_window=16)
+    assert policy.earlier_alpha() == pytest.approx(0.6)
+    for _ in range(10):
+        policy.update(1, 0, 0.05, tokens=1)
+    assert policy.earlier_alpha() == pytest.approx(0.6)  # this request's counts are not its own prior
+    policy.reset()
+    assert policy.earlier == [10.0, 0.0] and policy.earlier_alpha() == pytest.approx(1.2 / 12)
+    assert policy.acceptance()[0] == pytest.approx((0 + 2 * 0.1) / (5 + 2))
+    for _ in range(12):
+        policy.update(1, 1, 0.05, tokens=1)
+    policy.reset()
+    assert policy.earlier == pytest.approx([16.0, 16.0 * 12 / 22])  # the latest 16 tries, at the rate of all 22
+    with pytest.raises(ValueError, match="run_window must be a finite number >= 0, got -1"):
+        AutoPolicy(1, run_window=-1)
+
+
+def test_a_drafter_that_never_pays_does_not_draft_again_at_each_requests_start():
+    """No draft is ever accepted (c 0.05, a flat verify cost). With counts halved at each request and smoothed
+    towards a fixed 0.6, a request's start looked like a 1.1x gain again and drafted until its own tries pulled the
+    estimate down; towards the earlier requests' acceptance, a later request drafts only its probes."""
+    policy = AutoPolicy(1, max_gamma=1, verify_cost=1.0, probe_every=16)
+    asked = run_requests(policy, 20, 30, lambda g: 0, lambda g: 0.05)
+    assert sum(asked[0]) >= 5  # the first request learns from the prior
+    assert all(sum(lengths) <= 2 for lengths in asked[5:]), asked
+
+
 def test_auto_charges_a_requests_start_until_it_drafts():
     """A draft model's prompt prefill (the catch-up of a request's first drafted pass) is paid once per request:
     spread over a 30-pass request it turns a 1.03x gain (alpha 0.17, c 0.11) into a loss, so the next request drafts

@@ -298,3 +298,44 @@ def test_a_probes_timed_pass_replaces_the_slow_window_that_made_the_policy_idle(
     drafted(policy, gamma, plain)  # the probe, at the normal cost
     assert policy.costs.scale(1) == pytest.approx(1.0)
     assert policy.next_gamma() == 1
+
+
+def test_a_probe_answered_with_nothing_ends_there_and_one_cut_by_the_loop_is_asked_again():
+    """Idle (accepted nothing, a dear verification) yet able to pay were drafts accepted: the probe comes after the
+    interval. Answered with an empty draft (the loop reports its lookup's time as c) it is over and the next waits
+    an interval, charged as a pass that brought one token for 1 + c; cut by the loop (no proposal, c None) it is
+    asked again on the next pass."""
+    policy = AutoPolicy(1, max_gamma=1, probe_every=3, verify_cost=1.2)
+    for _ in range(5):
+        policy.update(1, 0, 0.05, tokens=1)
+    policy.interval, policy.idle = 3, 0  # as after a stretch that paid
+    assert [policy.next_gamma() for _ in range(3)] == [0, 0, 1]
+    policy.update(0, 0, 0.02)  # the probe, answered with nothing
+    assert policy.interval == 3 and [policy.next_gamma() for _ in range(3)] == [0, 0, 1]
+    policy.update(0, 0, None)  # cut by the loop: never proposed
+    assert policy.next_gamma() == 1
+
+
+def test_empty_drafts_asked_for_while_drafting_are_a_cost_of_each_drafted_pass():
+    """A retrieval drafter finds a match on one pass in four and one drafted token in four is accepted. Told what its
+    three empty lookups between two drafted passes cost (c 0.1 each), the policy counts them in ``empty`` (0.3
+    passes a drafted pass) and stops drafting (1.25 tokens for 1.32 passes); not told (c None, as before), it drafts
+    on at a predicted 1.2x."""
+    asked = {}
+    for told in (True, False):
+        policy = AutoPolicy(1, max_gamma=1, verify_cost=1.0)
+        count = drafted = 0
+        for _ in range(400):
+            if not policy.next_gamma():
+                policy.update(0, 0)
+                continue
+            count += 1
+            if count % 4:
+                policy.update(0, 0, 0.1 if told else None)
+            else:
+                drafted += 1
+                policy.update(1, int(drafted % 4 == 0), 0.02, tokens=1)
+            if told and drafted == 2:
+                assert policy.empty == pytest.approx(0.3 * (1 - 0.7 ** 2))  # smoothed by c_smoothing 0.3
+        asked[told] = count
+    assert asked[False] == 400 and asked[True] < 100, asked

@@ -97,6 +97,8 @@ def test_optimal_c_is_an_moving_average_or_fixed():
     assert policy.c_estimate == pytest.approx(0.13)
     policy.update(4, 4, c=None)
     assert policy.c_estimate == pytest.approx(0.13)
+    policy.update(0, 0, c=0.9)  # an empty draft's c is its proposal's time, not a draft step's
+    assert policy.c_estimate == pytest.approx(0.13)
     fixed = make_policy("optimal", 4, c=0.1)
     assert fixed.next_gamma() == optimal_gamma(0.6, 0.1)  # the prior alpha
     fixed.update(4, 4, c=0.9)

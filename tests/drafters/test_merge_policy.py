@@ -142,3 +142,16 @@ def test_credit_is_checked():
         sf.create_drafter("merge", tiny_target("llama"), parts=["prompt_lookup"], credit="all")
     drafter = sf.create_drafter("merge", tiny_target("llama"), parts=["prompt_lookup"], credit="own")
     assert drafter.policy.credit == "own"
+
+
+@pytest.mark.parametrize(("credit", "windows"), [("marginal", [64.0, 0.0, 0.0]), ("own", [64.0, 64.0, 64.0])])
+def test_parts_credited_their_marginal_tokens_start_each_request_from_the_fixed_prior(credit, windows):
+    """A later part's marginal acceptance depends on what the parts before it covered in each request: its earlier
+    requests are no prior for the next (run_window 0); the first part's, and every part's own path, are."""
+    policies = [AutoPolicy(3) for _ in range(3)]
+    PartsPolicy(policies, [3, 3, 3], ["suffix", "eagle3", "recycling"], credit=credit)
+    assert [p.run_window for p in policies] == windows
+    later = policies[-1]
+    later.update(1, 0, 0.05, tokens=1)
+    later.reset()
+    assert later.earlier_alpha() == (0.6 if credit == "marginal" else pytest.approx(1.2 / 3))

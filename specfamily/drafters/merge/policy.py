@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specfamily.core.policy import AutoPolicy
 from specfamily.core.policy_protocol import Policy, policy_hooks
 from specfamily.core.theory import VerifyCost
 from specfamily.core.types import Draft
@@ -88,7 +89,11 @@ class PartsPolicy:
 
     ``policies``: each part's own policy; ``caps``: the most each part drafts (None: no cap); ``credit``: what a
     part's policy is told it got accepted, its ``"marginal"`` tokens (beyond the earlier parts' paths) or its
-    ``"own"`` path's (as if it had drafted alone). ``next_gamma`` leaves the parts' lengths in ``planned`` for the
+    ``"own"`` path's (as if it had drafted alone). A part credited its marginal tokens after the first starts each
+    request from the fixed prior, not from its earlier requests (``AutoPolicy.run_window`` 0): what it adds depends
+    on how much the parts before it covered in each request, no property of its own to carry (merged with suffix,
+    eagle3's marginal history said its drafts no longer paid and merge fell from 1.36x to 1.26x plain at batch 1,
+    docs/policy-costs.md). ``next_gamma`` leaves the parts' lengths in ``planned`` for the
     drafter's ``propose``; ``update`` keeps the merged pass's c and overhead until the drafter reports each part
     (:meth:`report_parts`)."""
 
@@ -103,6 +108,10 @@ class PartsPolicy:
     def __post_init__(self) -> None:
         if self.credit not in CREDITS:
             raise ValueError(f"merge credit must be one of {', '.join(CREDITS)}, got {self.credit!r}")
+        if self.credit == "marginal":
+            for policy in self.policies[1:]:
+                if isinstance(policy, AutoPolicy):
+                    policy.run_window = 0  # see below
 
     def bind(self, verify_cost: VerifyCost) -> None:
         """The target's verify-cost curve, for every part's policy that wants one."""
