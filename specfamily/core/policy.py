@@ -31,8 +31,8 @@ class AutoPolicy:
     from what was measured, not from an i.i.d. assumption; depth 1 towards the earlier requests' depth-1 acceptance
     (``earlier_alpha``: their latest ``run_window`` tries, smoothed towards ``prior_alpha``), so a request's start
     begins from what the drafter has done, not from a fixed guess that counts down-weighted at every request fall
-    back to (a drafter that never paid drafted again at each request's start: docs/policy-costs.md). c is one draft step's
-    time over one one-token target pass, each pass's own ratio converted with that pass's own size; a drafter's
+    back to (a drafter that never paid drafted again at each request's start: docs/policy-costs.md). c is one draft
+    step's time over one one-token target pass, each pass's own ratio converted with that pass's own size; a drafter's
     per-pass ``overhead`` (feeding what it had not seen, measured only on a pass that follows a drafted pass, so an
     idle stretch's backlog is not counted) is added to each drafted pass's cost, and so is ``empty``, the time of
     the drafts asked for between two drafted passes that came back empty (a lookup that matched nothing). A probe's
@@ -374,7 +374,8 @@ class AutoPolicy:
         verdict = (f"predicted speedup {speedup:.2f} at gamma {gamma}" if gamma else
                    f"predicted gain below {self.min_speedup:g} (best {speedup:.2f})")
         return (f"drafted in {share:.0%} of passes; {verdict} at alpha {alpha:.2f}, c {self.c_estimate:.2f}, "
-                f"overhead {self.overhead:.2f}, empty drafts {self.empty:.2f}, start {self.start_cost:.2f}; probes every {self.interval} idle passes; "
+                f"overhead {self.overhead:.2f}, empty drafts {self.empty:.2f}, start {self.start_cost:.2f}; "
+                f"probes every {self.interval} idle passes; "
                 f"{self.costs.describe((gamma or probe or self._probe_depth()) * self.width, self._prior)}")
 
 
