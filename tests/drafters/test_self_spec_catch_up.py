@@ -70,9 +70,9 @@ def test_a_generated_request_counts_the_prompt_pass_as_catch_up(monkeypatch):
     reports = []
     report = loop._report
 
-    def recorded(policy, draft, depth, accepted, draft_seconds, verify_seconds):
+    def recorded(policy, draft, depth, accepted, draft_seconds, verify_seconds, asked=False):
         reports.append((draft.catch_up_seconds, draft_seconds, depth))
-        return report(policy, draft, depth, accepted, draft_seconds, verify_seconds)
+        return report(policy, draft, depth, accepted, draft_seconds, verify_seconds, asked)
 
     monkeypatch.setattr(loop, "_report", recorded)
     prompt = list(range(3, 3 + 48))
