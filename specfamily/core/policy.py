@@ -36,10 +36,9 @@ class AutoPolicy:
     per-pass ``overhead`` (feeding what it had not seen, measured only on a pass that follows a drafted pass, so an
     idle stretch's backlog is not counted) is added to each drafted pass's cost, and so is ``empty``, the time of
     the drafts asked for between two drafted passes that came back empty (a lookup that matched nothing). A probe's
-    c replaces the estimate
-    (the newest evidence about a cost that made it idle: one dear cold start must not silence a run), and so does
-    the second drafted pass's c the first's (a fresh drafter's first forward is cold: eagle's head measured c 0.5-0.6
-    on it, 0.08 after).
+    c replaces the estimate (the newest evidence about a cost that made it idle: one dear cold start must not
+    silence a run), and so does the second drafted pass's c the first's (a fresh drafter's first forward is cold:
+    eagle's head measured c 0.5-0.6 on it, 0.08 after).
     ``bind(verify_cost)`` gives it t(g + 1) / t(1); until c is known it drafts ``gamma``. It drafts only when the
     predicted speedup beats ``min_speedup`` (a noise margin); while it drafts nothing it still probes (at the best
     length, or at ``gamma`` when none predicts a gain: a one-token probe never learns how deep drafts are accepted),
@@ -82,6 +81,7 @@ class AutoPolicy:
     earlier: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0], repr=False)  # depth 1's tries
     # and acceptances in the earlier requests (the latest ``run_window`` tries)
     _request: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0], repr=False)  # this request's
+    # (folded into ``earlier`` at its end)
     c_estimate: float | None = field(init=False, default=None)
     overhead: float = field(init=False, default=0.0)  # per drafted pass, in one-token target passes
     empty: float = field(init=False, default=0.0)  # per drafted pass: the empty drafts asked beside it, in passes
@@ -281,7 +281,8 @@ class AutoPolicy:
         if proposed == 0:
             self._steady = False
             if c is not None and math.isfinite(c) and c >= 0:  # asked, and answered with nothing
-                self._empties += 0.0 if self._probing else c
+                if not self._probing:
+                    self._empties += c  # a cost of the next drafted pass
                 self._account(1.0, 1.0 + c)  # a probe ends here
             return
         self._choice = None

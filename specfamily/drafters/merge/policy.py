@@ -93,9 +93,8 @@ class PartsPolicy:
     request from the fixed prior, not from its earlier requests (``AutoPolicy.run_window`` 0): what it adds depends
     on how much the parts before it covered in each request, no property of its own to carry (merged with suffix,
     eagle3's marginal history said its drafts no longer paid and merge fell from 1.36x to 1.26x plain at batch 1,
-    docs/policy-costs.md). ``next_gamma`` leaves the parts' lengths in ``planned`` for the
-    drafter's ``propose``; ``update`` keeps the merged pass's c and overhead until the drafter reports each part
-    (:meth:`report_parts`)."""
+    docs/policy-costs.md). ``next_gamma`` leaves the parts' lengths in ``planned`` for the drafter's ``propose``;
+    ``update`` keeps the merged pass's c and overhead until the drafter reports each part (:meth:`report_parts`)."""
 
     policies: list[Policy]
     caps: list[int | None]
@@ -111,7 +110,7 @@ class PartsPolicy:
         if self.credit == "marginal":
             for policy in self.policies[1:]:
                 if isinstance(policy, AutoPolicy):
-                    policy.run_window = 0  # see below
+                    policy.run_window = 0  # the class docstring says why
 
     def bind(self, verify_cost: VerifyCost) -> None:
         """The target's verify-cost curve, for every part's policy that wants one."""
