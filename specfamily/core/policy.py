@@ -80,8 +80,8 @@ class AutoPolicy:
     accepted: list[float] = field(init=False, repr=False)
     earlier: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0], repr=False)  # depth 1's tries
     # and acceptances in the earlier requests (the latest ``run_window`` tries)
-    _request: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0], repr=False)  # this request's
-    # (folded into ``earlier`` at its end)
+    _began: list[float] = field(init=False, default_factory=lambda: [0.0, 0.0], repr=False)  # depth 1's counts
+    # at this request's start (what they gained since is its own, folded into ``earlier`` at its end)
     c_estimate: float | None = field(init=False, default=None)
     overhead: float = field(init=False, default=0.0)  # per drafted pass, in one-token target passes
     empty: float = field(init=False, default=0.0)  # per drafted pass: the empty drafts asked beside it, in passes
@@ -189,11 +189,13 @@ class AutoPolicy:
     def reset(self) -> None:
         """A new request: the counts are down-weighted to ``memory`` of them (acceptance differs between requests;
         docs/policy-costs.md, session 24, measured keeping short requests' counts whole: it did worse)."""
+        tried = self.earlier[0] + self.tried[0] - self._began[0]
+        accepted = self.earlier[1] + self.accepted[0] - self._began[1]
+        keep = min(1.0, self.run_window / tried) if tried else 0.0
+        self.earlier = [tried * keep, accepted * keep]
         self.tried = [n * self.memory for n in self.tried]
         self.accepted = [n * self.memory for n in self.accepted]
-        tried, accepted = (a + b for a, b in zip(self.earlier, self._request, strict=True))
-        keep = min(1.0, self.run_window / tried) if tried else 0.0
-        self.earlier, self._request = [tried * keep, accepted * keep], [0.0, 0.0]
+        self._began = [self.tried[0], self.accepted[0]]
         if self.request_pass:
             self.request_passes = self._smooth(self.request_passes or None, float(self.request_pass))
         self._steady, self.started, self.request_pass, self._choice = False, False, 0, None
@@ -291,9 +293,6 @@ class AutoPolicy:
         for depth in range(min(levels, self.max_gamma)):
             self.tried[depth] += 1
             self.accepted[depth] += int(depth < accepted)
-        if levels:
-            self._request[0] += 1
-            self._request[1] += int(accepted > 0)
         self.width += self.c_smoothing * (tokens / proposed - self.width)
         pass_cost = self._cost_of(tokens)  # this pass's verification, in one-token passes
         cold = self.c_estimate is None  # a pass of the start gamma, drafted before any decision

@@ -117,7 +117,7 @@ def test_c_leaves_catch_up_out_and_every_drafted_pass_reports_its_catch_up():
 
 
 class _Empty(sf.BaseDrafter):
-    """Asked on every other pass (a constant policy's gamma 2, cut to 0 on the others), never finds anything."""
+    """Asked for 2 tokens on every other pass (its policy alternates 2 and 0), never finds anything."""
 
     def __init__(self):
         super().__init__(2, "constant")
