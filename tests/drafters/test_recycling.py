@@ -10,7 +10,7 @@ from specfamily.core.types import VerifyOutcome
 from specfamily.drafters.recycling.config import RecyclingConfig
 from specfamily.drafters.recycling.drafter import RecyclingDrafter
 from specfamily.drafters.recycling.scored import grow_scored
-from specfamily.drafters.recycling.table import AdjacencyTable, top_k
+from specfamily.drafters.recycling.table import AdjacencyTable, joined_rows, top_k
 from specfamily.drafters.recycling.template import TEMPLATES, grow, make_template, rank_paths
 from specfamily.testing import SAMPLING_MATRIX, assert_greedy_equivalent, assert_lossless, tiny_target
 
@@ -272,7 +272,7 @@ def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], [1, 4, 1, 4, 2, 1], [5, 5, 3, 5]]
     plain = [r.tokens for r in sf.generate_batch(target, None, prompts, max_new_tokens=20)]
     batched, scored, checked = RecyclingDrafter.observe_batch, AdjacencyTable.scored, []
-    calls = []
+    calls, views = [], []
 
     def counted(self, logits):
         calls.append(logits.shape[0])
@@ -288,6 +288,8 @@ def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_
         before, idle = len(calls), not any(d._fed for d in drafters) and len(drafters) > 1
         batched(self, drafters, outcomes)
         assert len(drafters[0].table.pending) == idle  # a pass no slot drafted for is scored when next read
+        if idle:  # its rows kept as a view of the pass's own logits where the slots' rows are consecutive in it
+            views.append(drafters[0].table.pending[-1][1].data_ptr() == outcomes[0].logits.data_ptr())
         drafters[0].table.flush()
         assert len(calls) == before + 1 and calls[-1] == sum(o.draft_size + 1 for o in outcomes)  # every row at once
         for drafter, twin in zip(drafters, twins, strict=True):
@@ -310,7 +312,22 @@ def test_a_batch_scores_every_slot_s_rows_in_one_call_and_learns_what_its_slots_
     results = sf.generate_batch(target, drafter, prompts, max_new_tokens=20, max_batch=3)
     assert [r.tokens for r in results] == plain
     assert max(slots for slots, _ in checked) == 3 and sum(nodes for _, nodes in checked) > 0
-    assert passes.count(False) >= 3
+    assert passes.count(False) >= 3 and any(views)
+
+
+def test_joined_rows_is_a_view_of_one_tensor_s_consecutive_rows_and_a_copy_otherwise():
+    rows = torch.randn(7, 16)
+    parts = [rows[0:2], rows[2:3], rows[3:6]]
+    joined = joined_rows(parts)
+    assert torch.equal(joined, rows[:6]) and joined.data_ptr() == rows.data_ptr()
+    for apart in ([rows[0:2], rows[3:5]], [rows[2:4], rows[0:2]], [rows[0:2], torch.randn(3, 16)],
+                  [rows[0:2], rows[2:4, :8]]):  # a gap, out of order, another tensor, another width
+        if apart[0].shape[1] == apart[1].shape[1]:
+            assert torch.equal(joined_rows(apart), torch.cat(apart))
+        else:
+            with pytest.raises(RuntimeError):
+                joined_rows(apart)
+    assert joined_rows([rows[1:3]]).data_ptr() == rows[1:3].data_ptr()
 
 
 def test_rows_waiting_in_any_slot_s_table_are_written_before_a_pass_s_newer_rows():

@@ -18,7 +18,7 @@ from specfamily.core.target import Target
 from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.recycling.config import SCORED, SCORED_DEPTH, SCORED_SIZE, RecyclingConfig
 from specfamily.drafters.recycling.scored import grow_scored
-from specfamily.drafters.recycling.table import AdjacencyTable, check_rows
+from specfamily.drafters.recycling.table import AdjacencyTable, check_rows, joined_rows
 from specfamily.drafters.recycling.template import grow, make_template
 
 
@@ -93,7 +93,7 @@ class RecyclingDrafter(BaseDrafter):
         fed = [d._fed_tokens(o) for d, o in zip(drafters, outcomes, strict=True)]
         for tokens, outcome in zip(fed, outcomes, strict=True):
             check_rows(tokens, outcome.logits)
-        logits = torch.cat([o.logits for o in outcomes])
+        logits = joined_rows([o.logits for o in outcomes])  # one view where they are one pass's rows
         if all(t is tables[0] for t in tables) and not any(d._fed for d in drafters):  # no slot asked: kept for later
             tables[0].defer([token for tokens in fed for token in tokens], logits)
             for drafter, outcome in zip(drafters, outcomes, strict=True):

@@ -40,8 +40,9 @@ class AdjacencyTable:
         self.write(tokens, *self.scored(logits))
 
     def defer(self, tokens: list[int], logits: torch.Tensor) -> None:
-        """Keep a pass's rows (``logits`` a tensor of the caller's own, not a view of the pass's) to be scored by
-        the next :meth:`flush`: a batched pass on which no slot drafted. Of a run of idle passes the latest
+        """Keep a pass's rows (``logits``: a tensor nobody writes again, e.g. a view of the batched pass's own
+        logits, which the batched loop allocates anew each pass) to be scored by the next :meth:`flush`: a batched
+        pass on which no slot drafted. Of a run of idle passes the latest
         ``PENDING_PASSES`` are scored when the table is next read; older ones are dropped unscored (the rows of a
         table that drafts nothing under load cost a top-k and a softmax over the vocabulary each, every pass)."""
         check_rows(tokens, logits)
@@ -52,7 +53,7 @@ class AdjacencyTable:
         if not self.pending:
             return
         tokens = [token for fed, _ in self.pending for token in fed]
-        logits = torch.cat([rows for _, rows in self.pending])
+        logits = joined_rows([rows for _, rows in self.pending])
         self.pending.clear()
         self.write(tokens, *self.scored(logits))
 
@@ -70,6 +71,25 @@ class AdjacencyTable:
         self.successors[rows, :k] = successors
         self.scores[rows, :k] = scores
         self.known[rows] = True
+
+
+def joined_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` of 2-d row blocks, as a view without a copy where they are consecutive rows of one tensor
+    (each slot's logits of one batched pass are: copying them cost recycling ~0.8 ms a pass at B=16 on 2 CPU threads,
+    idle, docs/batching.md, session 36)."""
+    first = parts[0]
+    offset, stride = first.storage_offset(), first.stride()
+    if first.dim() != 2 or stride[1] != 1 or len(parts) == 1:
+        return first if len(parts) == 1 else torch.cat(parts)
+    storage = first.untyped_storage().data_ptr()
+    for part in parts:
+        if part.dim() != 2 or part.stride() != stride or part.shape[1] != first.shape[1] or \
+                part.untyped_storage().data_ptr() != storage or part.storage_offset() != offset or \
+                part.dtype != first.dtype:
+            return torch.cat(parts)
+        offset += part.shape[0] * stride[0]
+    rows = sum(part.shape[0] for part in parts)
+    return first.as_strided((rows, first.shape[1]), stride, first.storage_offset())
 
 
 def check_rows(tokens: list[int], logits: torch.Tensor) -> None:
