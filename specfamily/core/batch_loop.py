@@ -83,7 +83,8 @@ def generate_batch(
     """Generate up to ``max_new_tokens`` after each prompt, at most ``max_batch`` requests at once (default: all):
     one GenerationResult per prompt, in order. Request i draws from its own generator seeded ``seed + i``, so its
     law (and, at temperature 0, its text) is what ``generate(..., seed=seed + i)`` gives it. ``drafter`` is the
-    prototype each batch slot copies (``SlotCopier``); with ``max_batch=1`` the requests run one after the other
+    prototype each batch slot copies (``SlotCopier``; a copy serves request after request in its slot, as a drafter
+    does at batch 1, begun and ended around each); with ``max_batch=1`` the requests run one after the other
     through ``generate`` itself, with ``drafter``. ``arrivals``: request i's arrival, seconds after the call (None:
     all at once); ``trace``: keep every pass in ``result.trace``; ``clock``: the loop's clock (a fake one in tests)."""
     sampling = SamplingConfig() if sampling is None else sampling
@@ -166,7 +167,8 @@ class _Batch(BatchPlanning, BatchRequests):
         self.live: list[Request] = []
         self.results: dict[int, GenerationResult] = {}
         self.features = drafter is not None and drafter.needs_features
-        self.copier = None if drafter is None else SlotCopier(drafter, target)  # each admission's slot_copy
+        self.copier = None if drafter is None else SlotCopier(drafter, target)  # a slot's first admission's copy
+        self.spare: list[Drafter] = []  # retired requests' drafters, ended: the next admissions' (BatchRequests)
         self.wave: int | None = None  # in the batch's last wave: the requests still waiting (batch_goodput.last_wave)
         self.passes = 0  # target passes so far (the debug log's count: batch_log)
 

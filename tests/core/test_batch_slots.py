@@ -117,6 +117,31 @@ def test_a_batch_1_drafter_outside_base_drafter_works_unchanged():
     assert all(r.metrics.draft_steps > 0 for r in results)
 
 
+def test_each_slot_s_copy_serves_request_after_request_ended_before_it_begins_again(monkeypatch):
+    """Four requests at max_batch=2: two copies of the prototype, each begun and ended around every request it
+    serves (one drafter per slot, as one drafter serves request after request at batch 1), texts as at batch 1."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    prompts = [[1, 2, 3, 1, 2, 3], [5, 6], [7, 8, 9, 10], [4, 4, 4]]
+    reference = [sf.generate(target, None, p, max_new_tokens=9).tokens for p in prompts]
+    copies, calls = [], []
+    own_copy = SlotCopier.copy
+
+    def counted(self):
+        copies.append(own_copy(self))
+        return copies[-1]
+
+    monkeypatch.setattr(SlotCopier, "copy", counted)
+    monkeypatch.setattr(BareDrafter, "begin", lambda self, ctx: calls.append((id(self), "begin", ctx.prompt_ids.tolist()))
+                        or setattr(self, "seen", list(ctx.prompt_ids.tolist())))
+    monkeypatch.setattr(BareDrafter, "end", lambda self: calls.append((id(self), "end", None)), raising=False)
+    results = sf.generate_batch(target, BareDrafter(), prompts, max_new_tokens=9, max_batch=2)
+    assert [r.tokens for r in results] == reference
+    assert len(copies) == 2 and sorted(c[2] for c in calls if c[1] == "begin") == sorted(prompts)
+    for drafter in copies:
+        own = [kind for who, kind, _ in calls if who == id(drafter)]
+        assert own == ["begin", "end"] * (len(own) // 2) and len(own) >= 2
+
+
 def test_propose_batch_loops_over_the_slots_with_gamma_0_as_an_empty_draft():
     target = tiny_target("llama", vocab_size=16)
     cache = BatchCache(target.model.config, 2)
