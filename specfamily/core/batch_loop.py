@@ -336,5 +336,5 @@ class _Batch(BatchPlanning, BatchRequests):
         if request.drafter is None:
             return None
         _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds)
-        return _outcome(draft, accepted, committed, out.features, m, start, out.logits, fresh=True)
+        return _outcome(draft, accepted, committed, out.features, m, start, out.logits)
 

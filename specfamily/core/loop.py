@@ -54,22 +54,17 @@ def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty:
 
 
 def _outcome(draft: Draft, accepted: list[int], committed: list[int], features, pending: int, start: int,
-             logits: torch.Tensor | None = None, side_logits: torch.Tensor | None = None,
-             fresh: bool = False) -> VerifyOutcome:
-    """What the drafter observes of a pass; ``fresh``: ``features`` are the pass's own, never written again (the
-    batched pass's), so its leading rows are handed over as a view, not copied."""
-    rows = None if features is None else _feature_rows(features, pending, accepted, fresh)
+             logits: torch.Tensor | None = None, side_logits: torch.Tensor | None = None) -> VerifyOutcome:
+    rows = None if features is None else _feature_rows(features, pending, accepted)
     return VerifyOutcome(committed, accepted, len(draft), rows, start, logits, side_logits, draft.tokens)
 
 
-def _feature_rows(features: torch.Tensor, pending: int, accepted: list[int], fresh: bool = False) -> torch.Tensor:
-    """The features (m + n, W) of the pending rows and the accepted nodes' rows, in path order, a copy: of the
-    leading rows when the path is the draft's first nodes (a chain's, or none: every pass that drafts nothing), and
-    then none where ``features`` are ``fresh`` (a view of them: one copy a slot a pass cost a feature drafter ~0.2%
-    of the batched pass at B=16, docs/batching.md, session 36)."""
+def _feature_rows(features: torch.Tensor, pending: int, accepted: list[int]) -> torch.Tensor:
+    """A copy of the features (m + n, W) of the pending rows and the accepted nodes' rows, in path order: one copy of
+    the leading rows when the path is the draft's first nodes (a chain's, or none: every pass that drafts nothing)."""
     k = len(accepted)
     if accepted == list(range(k)):
-        return features[: pending + k] if fresh else features[: pending + k].clone()
+        return features[: pending + k].clone()
     index = torch.cat([torch.arange(pending), pending + torch.tensor(accepted, dtype=torch.long)])
     return features.index_select(0, index.to(features.device))
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import specfamily as sf
-from specfamily.core.loop import _feature_rows, truncate
+from specfamily.core.loop import truncate
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import DraftProbabilityError
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
@@ -265,22 +265,3 @@ def test_auto_policy_measures_the_runs_own_passes_through_the_loop():
     costs = drafter.policy.costs
     assert costs.plain_seconds is not None and costs.points  # a plain pass measured, drafted sizes scaled
     assert "plain pass" in result.metrics.policy_note and "x measured" in result.metrics.policy_note
-
-
-def test_feature_rows_copy_the_path_s_rows_but_hand_a_fresh_pass_s_leading_rows_over_as_a_view():
-    features = torch.arange(24.0).reshape(6, 4)  # 2 pending rows, then 4 draft nodes
-    copied, viewed = _feature_rows(features, 2, [0, 1]), _feature_rows(features, 2, [0, 1], fresh=True)
-    assert torch.equal(copied, features[:4]) and torch.equal(viewed, features[:4])
-    assert copied.data_ptr() != features.data_ptr() and viewed.data_ptr() == features.data_ptr()
-    branch = _feature_rows(features, 2, [1, 3], fresh=True)  # not the leading nodes: gathered, a copy either way
-    assert torch.equal(branch, features[[0, 1, 3, 5]]) and branch.data_ptr() != features.data_ptr()
-
-
-def test_the_batched_loop_hands_its_pass_s_own_features_over_without_a_copy(monkeypatch):
-    from specfamily.core import batch_loop
-    own, fresh = batch_loop._outcome, []
-    monkeypatch.setattr(batch_loop, "_outcome", lambda *a, **k: fresh.append(k.get("fresh")) or own(*a, **k))
-    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
-    sf.generate_batch(target, sf.create_drafter("prompt_lookup", target), [[1, 2, 3, 1, 2], [4, 5, 4, 5]],
-                      max_new_tokens=4)
-    assert fresh and all(fresh)
