@@ -47,8 +47,8 @@ class Request:
 
 class BatchRequests:
     """Admission and retirement for the batched loop: its methods read the loop's ``target``, ``device``, ``batch``,
-    ``live``, ``results``, ``prototype``, ``copier``, ``spare``, ``sampling``, ``seed``, ``clock``, ``origin``, ``trace`` and
-    ``load``, and ``_alpha`` (:class:`~specfamily.core.batch_plan.BatchPlanning`)."""
+    ``live``, ``results``, ``prototype``, ``copier``, ``spare``, ``sampling``, ``seed``, ``clock``, ``origin``,
+    ``trace`` and ``load``, and ``_alpha`` (:class:`~specfamily.core.batch_plan.BatchPlanning`)."""
 
     def _admit(self, index: int, ids: torch.Tensor, arrival: float) -> None:
         slot = len(self.live)

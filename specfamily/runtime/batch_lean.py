@@ -7,8 +7,9 @@ projection, the MLP and the LM head on the N fed rows packed together (1, N, H),
 and values into the padded (B, heads, W, D) layout that the rope, the batched cache and sdpa take (a padding row's
 query, key and value are zeros; the mask keeps every fed row from seeing one). Each fed row meets the same values in
 the same order as in :class:`specfamily.runtime.lean.LeanLlama`'s padded pass, so under a batch-invariant matmul kind
-(``stream``) its logits are bit-identical to that pass's; under BLAS kinds the products' row counts differ, so the
-last bits may.
+(``stream``) its logits are bit-identical to that pass's where sdpa gives a slot's rows over its own keys the bits it
+gives them over the padded keys with the rest masked (torch's CPU kernel does on some CPUs, not on others: their last
+bits then differ, docs/batching.md); under BLAS kinds the products' row counts differ, so the last bits may.
 
 :func:`slot_forward` is the pass without any padding where the C++ layer loop and the attention kernel run: one
 native call for every layer, each slot's rows attending over its own cache row, bit-identical to batch-1 passes.

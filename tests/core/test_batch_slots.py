@@ -131,8 +131,10 @@ def test_each_slot_s_copy_serves_request_after_request_ended_before_it_begins_ag
         return copies[-1]
 
     monkeypatch.setattr(SlotCopier, "copy", counted)
-    monkeypatch.setattr(BareDrafter, "begin", lambda self, ctx: calls.append((id(self), "begin", ctx.prompt_ids.tolist()))
-                        or setattr(self, "seen", list(ctx.prompt_ids.tolist())))
+    own_begin = BareDrafter.begin
+    monkeypatch.setattr(BareDrafter, "begin",
+                        lambda self, ctx: calls.append((id(self), "begin", ctx.prompt_ids.tolist()))
+                        or own_begin(self, ctx))
     monkeypatch.setattr(BareDrafter, "end", lambda self: calls.append((id(self), "end", None)), raising=False)
     results = sf.generate_batch(target, BareDrafter(), prompts, max_new_tokens=9, max_batch=2)
     assert [r.tokens for r in results] == reference

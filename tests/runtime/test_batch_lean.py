@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import specfamily as sf
 from specfamily.core.batch_target import BatchTarget, SlotFeed
@@ -44,7 +45,22 @@ def test_packed_passes_score_as_the_padded_ones(monkeypatch, family, features):
         torch.testing.assert_close(a.features, b.features, rtol=0, atol=1e-12)
 
 
+def _sdpa_ignores_masked_keys(heads: int, head_dim: int, keys: int) -> bool:
+    """Whether this machine's sdpa gives a slot's rows over its own keys the bits it gives them over the padded
+    layout's ``keys`` keys, the rest masked: the packed pass attends each slot alone, the padded one over the padded
+    layout. torch 2.13's CPU kernel does on some CPUs and not on others (an AMD EPYC with AVX-512, session 36: last
+    bits differ once the padded keys fill a vector)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, head_dim, generator=generator) for n in (2, keys, keys))
+    mask = torch.full((1, 1, 2, keys), torch.finfo(torch.float32).min)
+    mask[0, 0, :, :2] = torch.tensor([[0.0, torch.finfo(torch.float32).min], [0.0, 0.0]])
+    own = F.scaled_dot_product_attention(q, k[:, :, :2], v[:, :, :2], attn_mask=mask[..., :2])
+    return torch.equal(own, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
 def test_under_the_stream_kernel_packed_logits_are_bit_identical(monkeypatch):
+    """Bit for bit where sdpa ignores masked keys exactly (the products are batch-invariant under ``stream``); where
+    it does not, within float32's rounding of the attention (a misplaced row would be off by far more)."""
     built = kernel.stream_kernel()
     if not built.available:
         pytest.skip(f"stream kernel unavailable: {built.reason}")
@@ -52,8 +68,14 @@ def test_under_the_stream_kernel_packed_logits_are_bit_identical(monkeypatch):
     target = sf.load_target(model, matmul="stream")
     packed, _ = _passes(target, True, monkeypatch, True)
     padded, _ = _passes(target, False, monkeypatch, True)
+    config = model.config
+    exact = _sdpa_ignores_masked_keys(config.num_attention_heads, config.hidden_size // config.num_attention_heads, 16)
     for a, b in zip(packed, padded, strict=True):
-        assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+        if exact:
+            assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+        else:
+            torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-6)
+            torch.testing.assert_close(a.features, b.features, rtol=0, atol=1e-5)
 
 
 def test_a_pass_without_padding_is_refused():
