@@ -42,9 +42,9 @@ class AdjacencyTable:
     def defer(self, tokens: list[int], logits: torch.Tensor) -> None:
         """Keep a pass's rows (``logits``: a tensor nobody writes again, e.g. a view of the batched pass's own
         logits, which the batched loop allocates anew each pass) to be scored by the next :meth:`flush`: a batched
-        pass on which no slot drafted. Of a run of idle passes the latest
-        ``PENDING_PASSES`` are scored when the table is next read; older ones are dropped unscored (the rows of a
-        table that drafts nothing under load cost a top-k and a softmax over the vocabulary each, every pass)."""
+        pass on which no slot drafted. Of a run of idle passes the latest ``PENDING_PASSES`` are scored when the
+        table is next read; older ones are dropped unscored (the rows of a table that drafts nothing under load cost
+        a top-k and a softmax over the vocabulary each, every pass)."""
         check_rows(tokens, logits)
         self.pending.append((list(tokens), logits))
 
