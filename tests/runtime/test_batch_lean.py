@@ -49,7 +49,7 @@ def _sdpa_ignores_masked_keys(heads: int, head_dim: int, keys: int) -> bool:
     """Whether this machine's sdpa gives a slot's rows over its own keys the bits it gives them over the padded
     layout's ``keys`` keys, the rest masked: the packed pass attends each slot alone, the padded one over the padded
     layout. torch 2.13's CPU kernel does on some CPUs and not on others (an AMD EPYC with AVX-512, session 36: last
-    bits differ once the padded keys fill a vector)."""
+    bits ~1e-7 apart for most shapes, under every ``ATEN_CPU_CAPABILITY``)."""
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, head_dim, generator=generator) for n in (2, keys, keys))
     mask = torch.full((1, 1, 2, keys), torch.finfo(torch.float32).min)

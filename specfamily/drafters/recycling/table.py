@@ -78,14 +78,13 @@ def joined_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     (each slot's logits of one batched pass are: copying them cost recycling ~0.8 ms a pass at B=16 on 2 CPU threads,
     idle, docs/batching.md, session 36)."""
     first = parts[0]
-    offset, stride = first.storage_offset(), first.stride()
-    if first.dim() != 2 or stride[1] != 1 or len(parts) == 1:
-        return first if len(parts) == 1 else torch.cat(parts)
-    storage = first.untyped_storage().data_ptr()
+    if len(parts) == 1:
+        return first
+    storage, offset, stride = first.untyped_storage().data_ptr(), first.storage_offset(), first.stride()
     for part in parts:
         if part.dim() != 2 or part.stride() != stride or part.shape[1] != first.shape[1] or \
-                part.untyped_storage().data_ptr() != storage or part.storage_offset() != offset or \
-                part.dtype != first.dtype:
+                part.dtype != first.dtype or part.untyped_storage().data_ptr() != storage or \
+                part.storage_offset() != offset:
             return torch.cat(parts)
         offset += part.shape[0] * stride[0]
     rows = sum(part.shape[0] for part in parts)
