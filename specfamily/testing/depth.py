@@ -158,6 +158,12 @@ class DepthRecorder:
     def policy(self):
         return self.inner.policy if self._override is None else self._override
 
+    @property
+    def config(self):
+        """The wrapped drafter's options; none where ``gamma`` drives it: a length chosen, which the loops' load gate
+        leaves alone (``core.batch_gate.gated``), as it leaves a drafter given a ``gamma``."""
+        return getattr(self.inner, "config", None) if self._override is None else None
+
     def __getattr__(self, name: str):  # anything else (``accept``, options) is the wrapped drafter's
         if name == "inner":
             raise AttributeError(name)
