@@ -1,9 +1,7 @@
 """The decode loop: propose -> verify (one target pass) -> commit -> observe.
 
 ``drafter=None`` is plain autoregressive decoding through the very same target calls, so that
-timings compare fairly. A drafter at lengths of its own (``batch_gate.gated``: lookahead's constant window, merge's
-parts) drafts them only while its drafted passes beat its plain ones, measured here as the batched loop measures them
-at every batch size (one :class:`~specfamily.core.batch_gate.LoadGate`, kept per drafter class on the target).
+timings compare fairly.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specfamily.core import acceptance
-from specfamily.core.batch_gate import LoadGate, gated, kept_gate
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, process_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
@@ -48,15 +45,11 @@ def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: Sampl
         raise TypeError(f"drafter must implement begin/propose/observe, got {type(drafter).__name__}")
 
 
-def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft,
-             gate: LoadGate | None = None, prefill: bool = False) -> Draft:
-    """The drafter's proposal, with gamma capped so no pass drafts past the token budget, and by ``gate`` where the
-    drafter is gated: a pass that prefills the prompt drafts only where the gate is open (``empty`` otherwise)."""
+def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft) -> Draft:
+    """The drafter's proposal, with gamma capped so no pass drafts past the token budget (``empty`` otherwise)."""
     if drafter is None:
         return empty
     gamma = min(drafter.policy.next_gamma(), remaining - 1)
-    if gate is not None:
-        gamma = (gamma if gate.opens(1) else 0) if prefill else gate.lengths([gamma])[0]
     return drafter.propose(ctx, gamma) if gamma > 0 else empty
 
 
@@ -97,8 +90,6 @@ def generate(
     accept = acceptance.acceptance(own, ctx)
     recorder, new_tokens, empty, device = MetricsRecorder(), [], Draft.empty(), target.device
     clock, cost_clock = device_clock(device), _planning_clock(device)
-    gate = kept_gate(target, drafter) if gated(drafter) else None  # its own lengths only while they pay
-    gate_clock = clock if cost_clock is None else cost_clock
     if drafter is not None:
         continue_policy(target, drafter)  # a fresh drafter continues from the last of its class on this target
     policy = policy_hooks(drafter.policy) if drafter is not None else None
@@ -114,8 +105,7 @@ def generate(
         while len(new_tokens) < max_new_tokens:
             remaining = max_new_tokens - len(new_tokens)
             t0 = clock()
-            g0 = gate_clock() if gate is not None and gate_clock is not clock else t0  # no extra device sync
-            draft = _propose(drafter, ctx, remaining, empty, gate, prefill=len(pending) > 1)
+            draft = _propose(drafter, ctx, remaining, empty)
             t1 = clock()
             c1 = cost_clock() if cost_clock is not None else t1
             start = target.cached_length
@@ -141,8 +131,6 @@ def generate(
                 _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, asked=draft is not empty)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start, out.logits,
                                          out.side_logits))
-                if gate is not None and len(pending) == 1:  # asked for drafts, whatever came back: drafted
-                    gate.record(1, draft is not empty, len(committed), gate_clock() - g0)
             pending = torch.tensor([next_token], dtype=torch.long, device=device)
     finally:
         if own is not None:

@@ -1,10 +1,9 @@
 """A drafter at lengths of its own drafts under load only while its drafted passes beat its plain ones."""
 
 import torch
-from batch_clock import FakeClock, priced_run
+from batch_clock import priced_run
 
 import specfamily as sf
-from specfamily.core import loop
 from specfamily.core.batch_gate import LoadGate, gated, kept_gate
 from specfamily.testing import OracleDrafter, tiny_target
 from specfamily.testing.depth import DepthRecorder
@@ -216,57 +215,3 @@ def test_a_batch_that_grows_and_shrinks_does_not_explore_each_size_where_drafts_
     gate = kept_gate(target, Costly())
     assert gate.closed(gate.windows[1]) and not gate.windows[4].drafted and not gate.windows[3].drafted
 
-
-def _priced_requests(monkeypatch, target, cost, drafter_of=Costly, requests: int = 3) -> list[tuple[int, int]]:
-    """``requests`` requests one after the other through ``sf.generate`` (``drafter_of(target)`` each) on a fake clock
-    where a pass of N fed rows costs ``cost(N)``; (rows fed before the draft, draft length) of every pass, the texts
-    asserted greedy's."""
-    max_new_tokens = 40
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 64, (3 + i,), generator=gen).tolist() for i in range(requests)]
-    greedy = [sf.generate(target, None, p, max_new_tokens=max_new_tokens).tokens for p in prompts]
-    clock, seen, forward = FakeClock(), [], target.forward
-
-    def priced(pending, draft=None, features=False):
-        drafted = 0 if draft is None else len(draft)
-        seen.append((pending.numel(), drafted))
-        clock.t += cost(pending.numel() + drafted)
-        return forward(pending, draft, features)
-
-    monkeypatch.setattr(loop, "device_clock", lambda device: clock.now)
-    monkeypatch.setattr(loop, "_planning_clock", lambda device: None)
-    monkeypatch.setattr(target, "forward", priced)
-    texts = [sf.generate(target, drafter_of(target), p, max_new_tokens=max_new_tokens).tokens for p in prompts]
-    monkeypatch.undo()
-    assert texts == greedy
-    return seen
-
-
-def test_at_batch_one_a_drafter_at_its_own_lengths_drafts_only_while_its_drafted_passes_win(monkeypatch):
-    """One request at a time (``sf.generate``): every draft accepted, but where a pass costs the square of its rows a
-    drafted pass commits 5 times a plain pass's tokens for 25 times its seconds, so after one plain and one drafted
-    pass only probes draft (the first request's prompt pass drafts nothing: nothing measured; the others' neither:
-    closed); the verdict is the one the batched loop keeps for B=1. Where a row costs next to nothing it stays open."""
-    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
-    seen = _priced_requests(monkeypatch, target, lambda rows: rows * rows / 16.0)
-    steady = [drafted for pending, drafted in seen if pending == 1]
-    prompts = [drafted for pending, drafted in seen if pending > 1]
-    assert len(steady) >= 60 and 1 <= sum(d > 0 for d in steady) <= 3, steady
-    assert prompts == [0, 0, 0]
-    gate = kept_gate(target, Costly())
-    assert gate.closed(gate.windows[1]) and list(gate.windows) == [1]
-    target.batch_realized.clear()
-    seen = _priced_requests(monkeypatch, target, lambda rows: 1.0 + 0.01 * rows)
-    steady = [drafted for pending, drafted in seen if pending == 1]
-    assert sum(d > 0 for d in steady) >= len(steady) - 3  # a plain pass first (and a refresh), the rest drafted
-    assert [drafted > 0 for pending, drafted in seen if pending > 1] == [False, True, True]  # open from request 2
-
-
-def test_at_batch_one_a_length_the_user_chose_is_not_gated(monkeypatch):
-    """The same dear rows, but ``gamma`` given: every pass with tokens left to draft drafts (the kit's fixed-gamma
-    runs rely on it)."""
-    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
-    seen = _priced_requests(monkeypatch, target, lambda rows: rows * rows / 16.0, lambda t: OracleDrafter(t, gamma=4),
-                            requests=1)
-    assert len(seen) < 15 and all(drafted > 0 for _, drafted in seen[:-1])
-    assert not [key for key in target.batch_realized if key[0] == "gate"]

@@ -67,7 +67,7 @@ def test_config_is_checked():
 
 def test_every_pass_carries_the_window_and_its_guesses_stay_off_the_verified_rows():
     target = tiny_target()
-    drafter = sf.create_drafter("lookahead", target, window=3, ngram=3, guesses=2, gamma=2)  # N - 1, every pass
+    drafter = sf.create_drafter("lookahead", target, window=3, ngram=3, guesses=2)
     drafts = []
     propose = drafter.propose
     drafter.propose = lambda ctx, gamma: drafts.append(propose(ctx, gamma)) or drafts[-1]
@@ -93,18 +93,15 @@ def test_the_jacobi_pool_alone_gets_tokens_accepted():
     """Without prompt n-grams every candidate comes from the window's side rows: accepted tokens prove the side
     logits feed the pool."""
     target = tiny_target(vocab_size=16)
-    drafter = sf.create_drafter("lookahead", target, prompt_pool=False, window=4, ngram=4, guesses=4, gamma=3)
+    drafter = sf.create_drafter("lookahead", target, prompt_pool=False, window=4, ngram=4, guesses=4)
     result = sf.generate(target, drafter, [1, 2, 3, 4, 5], max_new_tokens=48)
     assert result.tokens == sf.generate(target, None, [1, 2, 3, 4, 5], max_new_tokens=48).tokens
     assert result.metrics.target_passes < 48
 
 
 def test_cpu_defaults_feed_two_side_rows_and_a_chain_of_at_most_two():
-    """The default window, n-gram and guesses at their default length N - 1, given (at its defaults the drafter drafts
-    only while its drafted passes win: ``test_batch_gate``; on a random target they do not)."""
     target = tiny_target(vocab_size=16)
-    assert sf.create_drafter("lookahead", target).policy.next_gamma() == 2
-    drafter = sf.create_drafter("lookahead", target, gamma=2)
+    drafter = sf.create_drafter("lookahead", target)
     assert (drafter.config.window, drafter.config.ngram, drafter.config.guesses) == (1, 3, 1)
     shapes = []
     propose = drafter.propose
