@@ -214,4 +214,3 @@ def test_a_batch_that_grows_and_shrinks_does_not_explore_each_size_where_drafts_
     assert {b for b, _ in steady} == {1, 3, 4} and [b for b, drafted in steady if drafted] == [1]
     gate = kept_gate(target, Costly())
     assert gate.closed(gate.windows[1]) and not gate.windows[4].drafted and not gate.windows[3].drafted
-
