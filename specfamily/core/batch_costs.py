@@ -43,6 +43,7 @@ class RowCosts:
     history: int = 32
     refit_every: int = 16
     ridge: float = 32768.0  # tokens^2: the slopes' prior of no context term, worth 8 passes 64 tokens apart
+    cold: bool = False  # leave each shape's first pass out (``of``: a run's costs)
     passes: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)  # (B, N) -> (s, slots, drafted)
     steps: dict[int, deque] = field(default_factory=dict, repr=False)
     host: dict[tuple[int, bool], deque] = field(default_factory=dict, repr=False)  # (B, drafted) -> host seconds
@@ -54,10 +55,12 @@ class RowCosts:
     _host_means: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)  # host_seconds'
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False)
     _bases: dict[tuple[int, int], list[float]] = field(default_factory=dict, repr=False)  # table's before its terms
+    _widest: dict[int, int] = field(default_factory=dict, repr=False)  # B -> the most rows a pass of it fed
 
     def __post_init__(self) -> None:
         for key, kept in self.passes.items():
             self.passes[key] = deque(kept, maxlen=self.history)
+            self._widen(*key)
         self.refit()
 
     @classmethod
@@ -65,9 +68,11 @@ class RowCosts:
         """Costs over the target's ``batch_pass_costs`` (kept across runs: passes cost what they cost whichever
         drafter feeds them) and ``batch_draft_steps`` of ``drafter``'s class (kept across runs per class: a run's
         first drafted pass would otherwise be priced at a step of 0; docs/batching.md, session 29); either the
-        run's own where the target has no such record."""
+        run's own where the target has no such record. Each shape's first pass is left out (``cold``): it pays the
+        shape's one-time set-up, and a run's few passes of a shape kept it as their price (docs/batching.md,
+        session 38)."""
         passes = getattr(target, "batch_pass_costs", None)
-        costs = cls() if passes is None else cls(passes=passes)
+        costs = cls(cold=True) if passes is None else cls(passes=passes, cold=True)
         steps = getattr(target, "batch_draft_steps", None)
         if steps is not None and drafter is not None:
             costs.steps = steps.setdefault(type(drafter).__qualname__, {})
@@ -85,6 +90,9 @@ class RowCosts:
         kept = self.passes.get((batch, rows))
         if kept is None:  # not setdefault: a deque built on every pass for nothing
             kept = self.passes[batch, rows] = deque(maxlen=self.history)
+            self._widen(batch, rows)
+            if self.cold:  # its first pass: kept empty, the shape seen (a kept table does not leave it out again)
+                return
         kept.append((seconds, float(slots), float(drafted)))
         self._since += 1
         if self._since >= self.refit_every:
@@ -96,8 +104,9 @@ class RowCosts:
         """The slopes over every kept pass (:func:`context_slopes`), then every (B, N)'s context-free median."""
         self._since = 0
         self.slopes = context_slopes(list(self.passes.values()), self.ridge)
-        for batch, rows in self.passes:
-            self._note(batch, rows)
+        for (batch, rows), kept in self.passes.items():
+            if kept:  # a cold shape's first pass left none
+                self._note(batch, rows)
 
     def _note(self, batch: int, rows: int) -> None:
         """(B, N)'s context-free median over its latest ``window`` passes; the curve and the tables built on the
@@ -219,14 +228,17 @@ class RowCosts:
         return table
 
     def reach(self, batch: int) -> int:
-        """The most rows a pass of ``batch`` requests may be priced at: its largest measured pass plus one draft row
+        """The most rows a pass of ``batch`` requests may be priced at: the widest pass it fed plus one draft row
         a slot. Past the passes a batch size has measured its cost is a guess: the curve of other batch sizes,
         extended by its last segment's slope, which a flat or noisy last segment makes far too cheap for a product
         of 64-136 rows (suffix's trees feed up to 16 rows a slot; such products are compute-bound:
         docs/batching.md, session 26). Each drafted pass at the reach measures the next shape, so the reach grows
-        by what the plan chose to feed."""
-        own = self._by_batch.get(batch)
-        return (max(own) if own else batch) + batch
+        by what the plan chose to feed (a cold first pass included)."""
+        return self._widest.get(batch, batch) + batch
+
+    def _widen(self, batch: int, rows: int) -> None:
+        if rows > self._widest.get(batch, 0):
+            self._widest[batch] = rows
 
     def curve(self) -> tuple[list[int], list[float]]:
         """Rows N and the median context-free seconds over the batch sizes measured at N, sorted by N."""

@@ -123,7 +123,7 @@ def test_the_loop_decides_as_if_it_valued_and_planned_every_pass(monkeypatch):
     full = _run(monkeypatch, False)
     assert bounded[0] == full[0] and bounded[1] == full[1]
     idle = sum(kind == "idle" for _, kind, _ in full[0])
-    assert idle >= 40 and bounded[2]["hopeless"] >= 5  # the tied passes' (untied ones are valued: share 1)
+    assert idle >= 35 and bounded[2]["hopeless"] >= 5  # the tied passes' (untied ones are valued: share 1)
     assert bounded[2]["decide"] == full[2]["decide"] - bounded[2]["hopeless"]
     # a tied last wave, not near its end, is not valued (every token alike): fewer valuations than plans
     assert bounded[2]["finishing"] == full[2]["finishing"] < len(full[0])

@@ -1,6 +1,8 @@
 """A batched pass priced at its slots' contexts: the slopes fitted on passes of one shape at several contexts, the
 context-free t(B, N) under them, and plans that price each draft row over its own slot's cache."""
 
+import types
+
 import pytest
 import torch
 from flawed_oracle import FlawedOracle
@@ -245,3 +247,27 @@ def test_the_medians_and_means_are_the_statistics_modules():
     kept = hosts[-costs.history :]
     assert costs.host_seconds(4)[0] == statistics.fmean(kept)
     assert costs._means((4, False))[1] == statistics.fmean(h / 3 for h in kept)
+
+
+def test_a_runs_costs_leave_each_shapes_first_pass_out_and_a_kept_table_does_not_again():
+    """A shape's first pass pays its one-time set-up (session 37: t(4, 5) read 34 ms cold against 20 warm, and a
+    plan held idle on it): ``RowCosts.of`` leaves it out, the shape seen (its reach grown), and a table kept on the
+    target does not leave a shape out twice; a bare RowCosts keeps every pass."""
+    target = types.SimpleNamespace(batch_pass_costs={})
+    costs = RowCosts.of(target)
+    costs.observe(4, 4, 0.020)
+    costs.observe(4, 5, 0.034)  # cold
+    assert not costs.known(4, 5) and costs.reach(4) == 9 and (4, 5) in target.batch_pass_costs
+    costs.observe(4, 5, 0.021)
+    costs.observe(4, 4, 0.019)
+    assert costs.measured(4, 5) == pytest.approx(0.021) and costs.measured(4, 4) == pytest.approx(0.019)
+    costs.observe(4, 6, 0.040)  # cold: seen, nothing kept
+    costs.refit()  # a seen shape without a kept pass is no group and no median
+    assert not costs.known(4, 6) and costs.reach(4) == 10 and costs.known(4, 5)
+    again = RowCosts.of(target)
+    assert again.measured(4, 5) == pytest.approx(0.021) and again.reach(4) == 10
+    again.observe(4, 5, 0.023)  # the same process: warm, kept
+    assert again.measured(4, 5) == pytest.approx(0.022)
+    bare = RowCosts()
+    bare.observe(4, 5, 0.034)
+    assert bare.measured(4, 5) == pytest.approx(0.034)

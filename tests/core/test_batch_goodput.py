@@ -273,7 +273,7 @@ def test_generate_batch_stops_drafts_that_never_pay_and_keeps_plain_speed(monkey
                 max_new_tokens=120)
     steady = [sum(d) > 0 for batch, d, s in seen if s and batch == 4]
     assert len(steady) >= 100 and sum(steady[:6]) >= 3  # it did draft, as predicted, at first
-    assert sum(steady[6:]) <= 5  # then only probes
+    assert sum(steady[10:]) <= 3  # then only probes
     drafted_time = sum(cheap(b, b + sum(d)) for b, d, _ in seen)
     plain = []
     priced_run(monkeypatch, cheap, lambda t: None, arrivals, plain, max_new_tokens=120)

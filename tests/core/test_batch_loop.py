@@ -10,8 +10,8 @@ from flawed_oracle import FlawedOracle
 import specfamily as sf
 from specfamily.core import batch_loop
 from specfamily.core.arrivals import LoopClock
-from specfamily.core.batch_costs import RowCosts
 from specfamily.core.batch_lengths import LengthPolicy
+from specfamily.core.types import Draft
 from specfamily.testing import OracleDrafter, RandomTreeDrafter, tiny_model, tiny_target
 
 
@@ -74,9 +74,20 @@ def test_continuous_batching_admits_as_requests_retire(monkeypatch):
     assert len(admitted) == 1 and admitted[0][:2] == (0, 1)  # the third, alone, into the freed slot 0
 
 
+class Uneven(FlawedOracle):
+    """FlawedOracle's drafts, every token wrong for a prompt that starts at token 40 or above: requests that advance
+    a token a pass beside requests that advance up to four."""
+
+    def propose(self, ctx, gamma):
+        draft = super().propose(ctx, gamma)
+        if int(ctx.tokens[0]) < 40:
+            return draft
+        return Draft.chain([(t + 1) % 64 for t in draft.tokens.tolist()])
+
+
 def test_a_newcomer_is_prefilled_beside_the_other_requests_roots_and_a_last_wave_is_admitted_together(monkeypatch):
-    """max_batch 2, 6 requests whose drafts are accepted to different depths (prompts of different lengths), so
-    requests retire at different passes. While more requests wait than there are slots, each newcomer is admitted as
+    """max_batch 2, 6 requests whose drafts are accepted to different depths (the second's never), so requests
+    retire at different passes. While more requests wait than there are slots, each newcomer is admitted as
     its slot frees and its prompt fed in the pass that decodes the other slot's root (no live slot waits a pass for a
     prefill; such a pass drafts nothing under draft length by load). In the last wave (2 waiting for 2 slots) the
     freed slot is held until the other frees, and both newcomers are prefilled in one pass, as plain decoding's are.
@@ -89,10 +100,7 @@ def test_a_newcomer_is_prefilled_beside_the_other_requests_roots_and_a_last_wave
         return admit(self, index, ids, arrival)
 
     monkeypatch.setattr(batch_loop._Batch, "_admit", admitting)
-    # admissions apart from how far the plan prices a pass (RowCosts.reach grows a shape a row a slot a pass, which
-    # keeps these two requests' drafts, and so their ends, in step)
-    monkeypatch.setattr(RowCosts, "reach", lambda self, batch: 1 << 20)
-    drafter_of = lambda target: FlawedOracle(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
+    drafter_of = lambda target: Uneven(target, gamma=4, policy="auto", horizon=96)  # noqa: E731
     priced_run(monkeypatch, lambda b, n: 1.0, drafter_of, [0.0] * 6, passes=passes, max_batch=2, max_new_tokens=24)
     prefills = [(at, n) for at, (n, _, steady) in enumerate(passes) if not steady]
     assert all(n == 2 for _, n in prefills) and not any(any(g) for n, g, steady in passes if not steady)
@@ -101,7 +109,8 @@ def test_a_newcomer_is_prefilled_beside_the_other_requests_roots_and_a_last_wave
         by_pass.setdefault(at, []).append((index, live))
     assert by_pass[0] == [(0, 0), (1, 1)]
     singles = [at for at, joined in by_pass.items() if at and len(joined) == 1]
-    assert len(singles) >= 1 and all(by_pass[at][0][1] == 1 for at in singles)  # beside a live request's root
+    assert [by_pass[at][0][0] for at in singles] == [2, 3]  # the third and fourth, each alone
+    assert all(by_pass[at][0][1] == 1 for at in singles)  # beside a live request's root
     last = max(by_pass)
     assert [index for index, _ in by_pass[last]] == [4, 5] and by_pass[last][0][1] == 0  # the last wave, together
     assert len(prefills) == len(by_pass)  # one prefill pass per admission time
