@@ -8,18 +8,18 @@ row per cached token; docs/batching.md measures how a draft row's cost grows wit
 
     t(B, N, contexts) = t0(B, N) + k_slot * sum of the slots' cached lengths + k_row * sum over draft rows of theirs,
 
-t0 the context-free cost: medians of the latest few passes per (B, N) less their context terms (elsewhere a curve over
-N through the measured points, scaled by what this B measured against it), and the two slopes fitted on the run's
-passes within each (B, N), refitted as the caches grow (a pass of the same shape at another context is the
-measurement: plain passes at several contexts give k_slot, drafted ones then k_row). The seconds of one batched draft
-step per B are kept beside them, and the host seconds a steady pass spends outside its forward (its plan, its
-proposals, its drafts' commit), drafted and undrafted passes apart: the table prices a pass at what it costs whole,
-an undrafted pass's host seconds beside t(B, B) and a drafted pass's beside every t(B, N > B). A drafted pass plans on
-its proposals, cuts and verifies them and records them, host work that grows no cheaper with the forward's threads
-(docs/batching.md, session 29). A plan made once its drafts are proposed (lookahead: prompt lookup, suffix) has spent
-its seconds before the forward whichever way it goes, and prices only what is still to spend
-(``table(..., proposed=True)``: each pass's seconds after its forward are kept beside its host seconds;
-docs/batching.md, session 30).
+t0 the context-free cost: medians of the latest few passes per (B, N) less their context terms (elsewhere a curve over N
+through the measured points, scaled by what this B measured against it; a run's table leaves each shape's first pass
+out, which pays the shape's one-time set-up), and the two slopes fitted on the run's passes within each (B, N), refitted
+as the caches grow (a pass of the same shape at another context is the measurement: plain passes at several contexts
+give k_slot, drafted ones then k_row). The seconds of one batched draft step per B are kept beside them, and the host
+seconds a steady pass spends outside its forward (its plan, its proposals, its drafts' commit), drafted and undrafted
+passes apart: the table prices a pass at what it costs whole, an undrafted pass's host seconds beside t(B, B) and a
+drafted pass's beside every t(B, N > B). A drafted pass plans on its proposals, cuts and verifies them and records them,
+host work that grows no cheaper with the forward's threads (docs/batching.md, session 29). A plan made once its drafts
+are proposed (lookahead: prompt lookup, suffix) has spent its seconds before the forward whichever way it goes, and
+prices only what is still to spend (``table(..., proposed=True)``: each pass's seconds after its forward are kept beside
+its host seconds; docs/batching.md, session 30).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class RowCosts:
         shape's one-time set-up, and a run's few passes of a shape kept it as their price (docs/batching.md,
         session 38)."""
         passes = getattr(target, "batch_pass_costs", None)
-        costs = cls(cold=True) if passes is None else cls(passes=passes, cold=True)
+        costs = cls(passes={} if passes is None else passes, cold=True)
         steps = getattr(target, "batch_draft_steps", None)
         if steps is not None and drafter is not None:
             costs.steps = steps.setdefault(type(drafter).__qualname__, {})
