@@ -3,7 +3,8 @@
 Each arm makes one ``generate_batch`` call per turn (turn t of every prompt that has one, after the arm's own
 answers to the earlier turns), ``max_batch = batch_size``, the requests arriving at the seeded Poisson times of
 :func:`specfamily.eval.batching.poisson_arrivals` (every arm sees the same arrivals) or all at once. Arms run one
-after the other, each on the whole prompt set (a batched call is the unit that is timed).
+after the other, each on the whole prompt set (a batched call is the unit that is timed); plain decoding, the first,
+rehearses its calls untimed before it is timed.
 
 ``results.jsonl`` keeps one :class:`PromptRecord` per request; its ``batch`` field holds the call's size, wall and
 CPU seconds, and the request's arrival, first-token and finish times (seconds from the call's start), latency, time
@@ -68,7 +69,8 @@ def _generate_batch(plan: RunPlan, drafter: Any, ids: list[list[int]], max_new_t
 
 
 def _warm_up(plan: RunPlan, arm: Any, prompts: list[Prompt], writer: ResultWriter, steps: ArmSteps) -> None:
-    """Untimed batched generations (up to ``batch_size`` requests, all at once) on a drafter of their own."""
+    """Untimed batched generations (up to ``batch_size`` requests, all at once) on a drafter of their own; plain
+    decoding then rehearses its calls (:func:`_rehearse`)."""
     from specfamily.core.plugins import create_drafter
 
     ids = [p.ids for p in prompts[: plan.batching.batch_size]]
@@ -80,6 +82,21 @@ def _warm_up(plan: RunPlan, arm: Any, prompts: list[Prompt], writer: ResultWrite
             writer.write(steps.failure(arm, "warmup", err, plan.info.rank, prompts[0]))
             steps.drop(arm, plan)
             return
+    if arm.spec.plain and plan.warmup > 0:
+        _rehearse(plan, prompts)
+
+
+def _rehearse(plan: RunPlan, prompts: list[Prompt]) -> None:
+    """Plain decoding's calls once, untimed and all at once, before they are timed: the arms run one after the other
+    and plain decoding first, so it met every prompt's shapes first and read 3-8% slower than the same decoding run
+    after the drafters, which lifted every speedup by as much (docs/batching.md, session 38)."""
+    answers: dict[str, list[str]] = {p.id: [] for p in prompts}
+    for turn in range(1, max(p.n_turns for p in prompts) + 1):
+        asked = [p for p in prompts if p.n_turns >= turn]
+        ids = _call(plan, turn, asked, answers).ids
+        for prompt, result in zip(asked, _generate_batch(plan, None, ids, plan.dataset.max_new_tokens, None),
+                                  strict=True):
+            answers[prompt.id].append(answer_text(plan.target.tokenizer, result.tokens))
 
 
 def _record(plan: RunPlan, arm: Any, call: Call, i: int, result: Any, wall: float, cpu: float) -> PromptRecord:

@@ -109,6 +109,34 @@ def test_batched_chat_turns_follow_each_arms_own_answers(chat_pair, compose_conf
     assert all(r.batch["requests"] == 2 for r in records if r.turn == 1)
 
 
+@pytest.mark.parametrize("warmup", [1, 0])
+def test_plain_decoding_rehearses_its_calls_untimed_before_they_are_timed(chat_pair, compose_config, tmp_path,
+                                                                         monkeypatch, warmup):
+    """Plain decoding, the first arm, runs its calls once (every turn, after its own answers, all at once) before the
+    timed ones, so that it does not meet every prompt's shapes first; a drafter's arm does not; ``warmup=0``: neither
+    warms up."""
+    from specfamily.eval import batched
+
+    calls, generate = [], batched._generate_batch
+
+    def recorded(plan, drafter, ids, max_new_tokens, arrivals, trace=False):
+        calls.append((drafter is None, [len(i) for i in ids], max_new_tokens, arrivals))
+        return generate(plan, drafter, ids, max_new_tokens, arrivals, trace)
+
+    monkeypatch.setattr(batched, "_generate_batch", recorded)
+    run_experiment(compose_config(chat_overrides(chat_pair, "drafter.gamma=2", "batch_size=2", f"warmup={warmup}")),
+                   tmp_path)
+    turn_1, turn_2 = ([r.prompt_tokens for r in _prompts(tmp_path) if r.turn == t and r.drafter == "plain"]
+                      for t in (1, 2))
+    timed = [(True, turn_1, 10, None), (True, turn_2, 10, None)]
+    drafted = [(False, lengths, n, at) for _, lengths, n, at in timed]
+    if warmup:
+        warm = (turn_1, 2, None)  # the first batch_size prompts, warmup_tokens
+        assert calls == [(True, *warm), *timed, *timed, (False, *warm), *drafted]
+    else:
+        assert calls == [*timed, *drafted]
+
+
 def test_a_batched_run_resumes_and_refuses_another_batch_size(tiny_pair, compose_config, tmp_path):
     overrides = tiny_overrides(tiny_pair, "drafter.gamma=2", "dataset.num_examples=2")
     run_experiment(compose_config([*overrides, "batch_size=3"]), tmp_path)
