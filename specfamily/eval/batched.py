@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,16 +74,15 @@ def _warm_up(plan: RunPlan, arm: Any, prompts: list[Prompt], writer: ResultWrite
     from specfamily.core.plugins import create_drafter
 
     ids = [p.ids for p in prompts[: plan.batching.batch_size]]
-    for _ in range(plan.warmup):
-        try:
+    try:
+        for _ in range(plan.warmup):
             warm = None if arm.spec.plain else create_drafter(arm.spec.name, plan.target, **arm.spec.options)
             _generate_batch(plan, warm, ids, plan.warmup_tokens, None)
-        except Exception as err:
-            writer.write(steps.failure(arm, "warmup", err, plan.info.rank, prompts[0]))
-            steps.drop(arm, plan)
-            return
-    if arm.spec.plain and plan.warmup > 0:
-        _rehearse(plan, prompts)
+        if arm.spec.plain and plan.warmup > 0:
+            _rehearse(plan, prompts)
+    except Exception as err:
+        writer.write(steps.failure(arm, "warmup", err, plan.info.rank, prompts[0]))
+        steps.drop(arm, plan)
 
 
 def _rehearse(plan: RunPlan, prompts: list[Prompt]) -> None:
@@ -91,8 +90,7 @@ def _rehearse(plan: RunPlan, prompts: list[Prompt]) -> None:
     and plain decoding first, so it met every prompt's shapes first and read 3-8% slower than the same decoding run
     after the drafters, which lifted every speedup by as much (docs/batching.md, session 38)."""
     answers: dict[str, list[str]] = {p.id: [] for p in prompts}
-    for turn in range(1, max(p.n_turns for p in prompts) + 1):
-        asked = [p for p in prompts if p.n_turns >= turn]
+    for turn, asked in _turns(prompts):
         ids = _call(plan, turn, asked, answers).ids
         for prompt, result in zip(asked, _generate_batch(plan, None, ids, plan.dataset.max_new_tokens, None),
                                   strict=True):
@@ -131,6 +129,12 @@ def run_call(plan: RunPlan, arm: Any, call: Call) -> list[PromptRecord]:
     return [_record(plan, arm, call, i, result, wall, cpu) for i, result in enumerate(results)]
 
 
+def _turns(prompts: list[Prompt]) -> Iterator[tuple[int, list[Prompt]]]:
+    """Each turn of the prompt set in order, with the prompts that have it."""
+    for turn in range(1, max(p.n_turns for p in prompts) + 1):
+        yield turn, [p for p in prompts if p.n_turns >= turn]
+
+
 def _call(plan: RunPlan, turn: int, prompts: list[Prompt], answers: dict[str, list[str]]) -> Call:
     ids = [turn_prompt_ids(plan.dataset, p, answers[p.id], plan.target.tokenizer) for p in prompts]
     return Call(turn, prompts, ids, poisson_arrivals(len(prompts), plan.batching.arrival_rate, plan.seed + turn))
@@ -140,8 +144,7 @@ def _run_arm(plan: RunPlan, arm: Any, prompts: list[Prompt], writer: ResultWrite
              done: dict[tuple[str, str], PromptRecord], steps: ArmSteps) -> None:
     """Every turn of the arm, one call per turn; a turn whose records are all there is kept as it is."""
     answers: dict[str, list[str]] = {p.id: [] for p in prompts}
-    for turn in range(1, max(p.n_turns for p in prompts) + 1):
-        asked = [p for p in prompts if p.n_turns >= turn]
+    for turn, asked in _turns(prompts):
         kept = [done.get((arm.label, turn_id(p.id, turn))) for p in asked]
         if any(record is None for record in kept):
             try:

@@ -137,6 +137,21 @@ def test_plain_decoding_rehearses_its_calls_untimed_before_they_are_timed(chat_p
         assert calls == [*timed, *drafted]
 
 
+def test_a_rehearsal_that_raises_is_plain_decodings_warm_up_failure(tiny_pair, compose_config, tmp_path, monkeypatch):
+    from specfamily.eval import batched
+    from specfamily.eval.results import FailureRecord
+
+    def broken(plan, prompts):
+        raise RuntimeError("rehearsal broke")
+
+    monkeypatch.setattr(batched, "_rehearse", broken)
+    run_experiment(compose_config(_self_draft(tiny_pair, "batch_size=2")), tmp_path)
+    records = read_records(tmp_path / "results.jsonl")
+    (failure,) = [r for r in records if isinstance(r, FailureRecord)]
+    assert (failure.drafter, failure.stage, failure.error) == ("plain", "warmup", "RuntimeError: rehearsal broke")
+    assert {r.drafter for r in records if isinstance(r, PromptRecord)} == {"small_model"}  # the other arm went on
+
+
 def test_a_batched_run_resumes_and_refuses_another_batch_size(tiny_pair, compose_config, tmp_path):
     overrides = tiny_overrides(tiny_pair, "drafter.gamma=2", "dataset.num_examples=2")
     run_experiment(compose_config([*overrides, "batch_size=3"]), tmp_path)
