@@ -276,6 +276,25 @@ def table(result: Sweep, batches: list[int]) -> str:
     return "\n".join(lines)
 
 
+def floor_verdict(result: Sweep, batches: list[int], floor: float = 0.98) -> str:
+    """Issue 33's goal "each drafter at its defaults >= ``floor`` x plain at every batch size", judged cell by cell
+    on the 95% interval of its rounds' ratios: under (the whole interval below the floor: a measured loss), unsure
+    (the median below, the interval reaching over: not told apart from the floor) or met."""
+    under, unsure = [], []
+    for row in result.rows:
+        if row.method in ("plain", "hf") or row.batch not in batches:
+            continue
+        ratio, ci = result.speedup(row.method, row.batch), result.interval(row.method, row.batch)
+        cell = f"{row.method} B={row.batch} {ratio:.3f}"
+        if ci is not None and ci[1] < floor:
+            under.append(f"{cell} ({ci[0]:.3f}-{ci[1]:.3f})")
+        elif ratio < floor:
+            unsure.append(cell if ci is None else f"{cell} ({ci[0]:.3f}-{ci[1]:.3f})")
+    return (f">= {floor}x at every B: {'met' if not under and not unsure else 'not shown'}; measurably under "
+            f"(interval below {floor}): {', '.join(under) or 'none'}; median under, interval reaching {floor}: "
+            f"{', '.join(unsure) or 'none'}")
+
+
 def passes_table(result: Sweep, batches: list[int]) -> str:
     """Each arm's target passes over its requests (prefill included) and tau, per batch size (hf has none)."""
     done = [b for b in batches if result.tps("plain", b) is not None]
@@ -350,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batch_sizes.split(",")]
     print(table(result, batches))
     print(passes_table(result, batches))
+    print(floor_verdict(result, batches))
     print(f"prompt tokens: {result.prompt_tokens}")
     print(f"batched cache per request: {result.cache_bytes_per_request / 2**20:.1f} MiB at {result.cache_capacity} "
           f"entries ({result.cache_bytes_per_request // max(result.cache_capacity, 1) / 2**10:.1f} KiB per token); "

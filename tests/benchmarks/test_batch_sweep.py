@@ -154,3 +154,20 @@ def test_plain_runs_spread_through_the_round_from_where_it_stands(sweep_module):
     assert order(["plain", "a"], 5) == ["plain", "plain", "a"]  # at most as many runs as methods
     with pytest.raises(ValueError, match="--plain-runs must be at least 1, got 0"):
         order(methods, 0)
+
+
+def test_the_floor_verdict_tells_a_measured_loss_from_one_the_rounds_cannot_tell(sweep_module):
+    """Every ratio is plain's seconds over the cell's (each 10 tokens): suffix 0.95x with rounds far under 0.98 is a
+    measured loss, eagle 0.96x with rounds spread over 0.98 is unsure, medusa 1.00x met; hf is no drafter."""
+    result = sweep_module.Sweep(threads=1, clock="cpu", max_new_tokens=4)
+    Row = sweep_module.Row
+    result.rows += [Row("plain", 4, 1.0, 10, rounds=[1.0] * 3), Row("hf", 4, 4.0, 10, rounds=[0.25] * 3),
+                    Row("suffix", 4, 1 / 0.95, 10, rounds=[0.95, 0.951, 0.949]),
+                    Row("eagle", 4, 1 / 0.96, 10, rounds=[0.90, 0.96, 1.02]), Row("medusa", 4, 1.0, 10,
+                                                                                  rounds=[0.99, 1.0, 1.01])]
+    verdict = sweep_module.floor_verdict(result, [4])
+    assert verdict.startswith(">= 0.98x at every B: not shown; measurably under (interval below 0.98): "
+                              "suffix B=4 0.950 (0.948-0.952); median under, interval reaching 0.98: eagle B=4 0.960 ")
+    assert "medusa" not in verdict and "hf" not in verdict
+    result.rows = [r for r in result.rows if r.method in ("plain", "medusa")]
+    assert sweep_module.floor_verdict(result, [4]).startswith(">= 0.98x at every B: met; measurably under")
