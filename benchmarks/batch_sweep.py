@@ -116,10 +116,10 @@ class Sweep:
 
 def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...]) -> list[list[int]]:
     """transformers' greedy generate on the left-padded batch: each row's new tokens up to its first EOS."""
-    width = max(len(p) for p in prompts)
+    width, device = max(len(p) for p in prompts), next(model.parameters()).device
     pad = eos[0] if eos else 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad)
@@ -133,6 +133,12 @@ def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[in
 def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> float:
     """t(B, 5) / t(B, 1): one batched pass feeding 5 tokens per request (a root and a 4-token chain) against 1,
     over B caches holding ``prompt``; medians of ``repeats``."""
+    one, five = pass_seconds(target, prompt, batch, repeats, clock)
+    return five / one
+
+
+def pass_seconds(target, prompt: list[int], batch: int, repeats: int, clock) -> tuple[float, float]:
+    """(t(B, 1), t(B, 5)) in seconds, as :func:`pass_ratio` measures them."""
     engine = BatchTarget(target, batch)
     engine.forward(0, [SlotFeed(torch.tensor(prompt), Draft.empty())] * batch)
     for slot in range(batch):
@@ -151,7 +157,7 @@ def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> fl
         return statistics.median(times)
 
     timed(1)
-    return timed(PASS_TOKENS) / timed(1)
+    return timed(1), timed(PASS_TOKENS)
 
 
 def run_round(target, names: list[str], prompts: list[list[int]], args, clock, times: dict, hf: bool = True) -> None:

@@ -19,6 +19,10 @@
 #   4. real target shapes with random weights (benchmarks/gpu_shapes.py): SmolLM2-135M's architecture in float32 and
 #      bfloat16 and an 8B Llama-3-shaped target in bfloat16, built on the GPU: the pass-cost curve t(1 + g) / t(1) for
 #      g up to 64 over a 512-token cache, and plain decoding against transformers' generate() (tokens/s, identity).
+#   5. batched decoding, random SmolLM2 weights (benchmarks/gpu_batch.py): t(B, 5) / t(B, 1) for B = 1..64 (issue
+#      33's picture: verifying 5 tokens for B requests against writing 1), plain batched decoding against
+#      transformers' padded batch at B = 1 / 8 / 32 (tokens/s, identity) and prompt lookup beside it (informational);
+#      the batched greedy identity of every drafter is in step 1 (test_cuda_greedy.py, max_batch 4).
 # Then a summary, also as one JSON ($LOGS/gpu_check.json); the exit status is non-zero when a check failed.
 #
 #   bash benchmarks/gpu_check.sh        # from the repository root
@@ -32,6 +36,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LOGS=${GPU_CHECK_LOGS:-${OUT:-$(mktemp -d)}}
 mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)  # absolute: step 5 runs from benchmarks/
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if compgen -G ".whl/*.whl" > /dev/null && ! "$PY" -c "import sys, transformers, hydra
@@ -72,7 +77,7 @@ logs = pathlib.Path(sys.argv[1])
 checks = [dict(zip(("check", "status", "seconds", "note"), line.split("\t"), strict=True))
           for line in (logs / "summary.tsv").read_text().splitlines()]
 out = {"checks": checks}
-for name in ("shapes", "peer"):
+for name in ("shapes", "peer", "batch"):
     if (logs / f"{name}.json").is_file():
         out[name] = json.loads((logs / f"{name}.json").read_text())
 (logs / "gpu_check.json").write_text(json.dumps(out, indent=1))
@@ -199,6 +204,14 @@ t0=$SECONDS
 timeout "$(limit "${SHAPES_LIMIT:-150}")" "$PY" benchmarks/gpu_shapes.py --out "$LOGS/shapes.json" 2>&1 | tee "$LOGS/shapes.log"
 rc=$?
 record "shapes (informational)" "$([ "$rc" = 0 ] && echo INFO || echo WARN)" $((SECONDS - t0)) "see shapes.json"
+
+echo "== 5. batched decoding, random SmolLM2 weights: t(B, 5) / t(B, 1) and plain batched decoding vs transformers"
+t0=$SECONDS
+rm -f "$LOGS/batch.json"
+(cd benchmarks && timeout "$(limit "${BATCH_LIMIT:-120}")" "$PY" gpu_batch.py --out "$LOGS/batch.json") 2>&1 \
+    | tee "$LOGS/batch.log"
+rc=$?
+record "batched (informational)" "$([ "$rc" = 0 ] && echo INFO || echo WARN)" $((SECONDS - t0)) "see batch.json"
 
 summary
 exit "$FAILED"

@@ -73,3 +73,13 @@ def test_greedy_matches_transformers_on_cuda(name, family, dtype):
     print(f"\n{name} {family}: {report.describe()}")
     assert report.prompts == PROMPTS and report.tokens >= PROMPTS
     check_report(report)  # float32: no flip at all; bf16: flips at near-ties only
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_every_request_in_a_batch_gets_transformers_greedy_text_on_cuda(name):
+    """``generate_batch`` on the GPU, float32: 12 requests of 3-38 tokens at max_batch 4 (ragged caches and drafts,
+    continuous batching), each drafter at its defaults; every request's text is transformers' greedy text."""
+    case = cuda_case("llama", torch.float32)
+    results = sf.generate_batch(case.target, DRAFTERS[name](case.target), case.prompts, NEW_TOKENS, max_batch=4)
+    assert [r.tokens for r in results] == [reference for reference, _ in case.references]
+    assert all(r.metrics.target_passes > 0 for r in results)
