@@ -23,12 +23,11 @@ target's architecture with random weights on the device (``gpu_shapes.random_mod
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 from batch_sweep import hf_batch, pass_seconds
-from gpu_shapes import SHAPES, random_model
+from gpu_shapes import SHAPES, emit, random_model, save
 
 import specfamily as sf
 from specfamily.core.costs import device_clock
@@ -114,14 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spread", type=float, default=4.0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    records = []
-    for shape in args.shapes.split(","):
-        record = measure(shape, args)
-        records.append(record)
-        print(json.dumps(record), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "records": records}, f, indent=1)
+    save([emit(measure(shape, args)) for shape in args.shapes.split(",")], args.out)
 
 
 if __name__ == "__main__":

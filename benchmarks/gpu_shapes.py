@@ -141,11 +141,20 @@ def main() -> None:
         for dtype_name in args.dtypes.split(","):
             if shape == "llama-8b" and dtype_name == "float32":
                 continue
-            record = measure(shape, dtype_name, args)
-            records.append(record)
-            print(json.dumps(record), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
+            records.append(emit(measure(shape, dtype_name, args)))
+    save(records, args.out)
+
+
+def emit(record: dict) -> dict:
+    """``record`` printed as one JSON line (the log shows each shape as it is measured), returned."""
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def save(records: list[dict], out: str | None) -> None:
+    """The records and torch's version as one JSON file at ``out`` (None: nowhere)."""
+    if out:
+        with open(out, "w") as f:
             json.dump({"torch": torch.__version__, "records": records}, f, indent=1)
 
 
