@@ -23,15 +23,12 @@ target's architecture with random weights on the device (``gpu_shapes.random_mod
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from batch_sweep import hf_batch, pass_seconds
-from gpu_shapes import SHAPES, emit, random_model, save
+from gpu_shapes import SHAPES, built, emit, save
 
 import specfamily as sf
-from specfamily.core.costs import device_clock
-from specfamily.core.target import load_target
 
 
 def sizes(text: str) -> list[int]:
@@ -79,16 +76,10 @@ def peer(target, model, prompts: list[list[int]], tokens: int, clock) -> dict:
 
 
 def measure(shape: str, args) -> dict:
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    started = time.perf_counter()
-    model = random_model(shape, device, dtype, args.spread)
-    target = load_target(model)
-    built = time.perf_counter() - started
-    clock = device_clock(device)
-    gen = torch.Generator().manual_seed(1)
+    device = torch.device(args.device)
+    model, target, seconds, clock, gen, context = built(shape, args.dtype, args)
     vocab = model.config.vocab_size
-    context = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
-    record = {"shape": shape, "dtype": args.dtype, "device": str(device), "build_seconds": round(built, 2),
+    record = {"shape": shape, "dtype": args.dtype, "device": str(device), "build_seconds": round(seconds, 2),
               "lean_forward": target.lean is not None, "context": args.context,
               "picture": picture(target, context, args.batches, args.repeats, clock), "peer": {}}
     for batch in args.peer_batches:

@@ -93,23 +93,30 @@ def plain_vs_transformers(target, model, prompts: list[list[int]], tokens: int, 
             "identical": f"{identical}/{len(prompts)}"}
 
 
-def measure(shape: str, dtype_name: str, args) -> dict:
+def built(shape: str, dtype_name: str, args):
+    """(model, target, seconds to build them, the device's clock, a seeded generator, a random ``args.context``-token
+    context) for ``shape`` on ``args.device`` in ``dtype_name``."""
     device, dtype = torch.device(args.device), getattr(torch, dtype_name)
     started = time.perf_counter()
     model = random_model(shape, device, dtype, args.spread)
     target = load_target(model)
-    built = time.perf_counter() - started
-    clock = device_clock(device)
+    seconds = time.perf_counter() - started
     gen = torch.Generator().manual_seed(1)
+    context = torch.randint(0, model.config.vocab_size, (args.context,), generator=gen).tolist()
+    return model, target, seconds, device_clock(device), gen, context
+
+
+def measure(shape: str, dtype_name: str, args) -> dict:
+    device = torch.device(args.device)
+    model, target, built_seconds, clock, gen, context = built(shape, dtype_name, args)
     vocab = model.config.vocab_size
-    context = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
     seconds = measure_pass_seconds(target, context, args.sizes, repeats=args.repeats, clock=clock)
     prompts = [torch.randint(0, vocab, (64,), generator=gen).tolist() for _ in range(args.prompts)]
     decoding = plain_vs_transformers(target, model, prompts, args.tokens, clock)
     record = {
         "shape": shape, "dtype": dtype_name, "device": str(device),
         "parameters": sum(p.numel() for p in model.parameters()), "lean_forward": target.lean is not None,
-        "build_seconds": round(built, 2),
+        "build_seconds": round(built_seconds, 2),
         "pass_ms": {g: round(1000 * s, 3) for g, s in seconds.items()},
         "pass_ratio": {g: round(s / seconds[0], 3) for g, s in seconds.items()},
         "decoding": decoding,
