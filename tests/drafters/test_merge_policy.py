@@ -8,6 +8,7 @@ import torch
 
 import specfamily as sf
 from specfamily.core.policy import AutoPolicy
+from specfamily.core.policy_kept import continue_policy
 from specfamily.core.schedules import ConstantPolicy
 from specfamily.core.types import Draft
 from specfamily.drafters.merge.drafter import MergeDrafter
@@ -155,3 +156,39 @@ def test_parts_credited_their_marginal_tokens_start_each_request_from_the_fixed_
     later.update(1, 0, 0.05, tokens=1)
     later.reset()
     assert later.earlier_alpha() == (0.6 if credit == "marginal" else pytest.approx(1.2 / 3))
+
+
+def test_a_fresh_merge_resumes_each_parts_policy_from_the_last_merge_of_the_same_parts():
+    """Each part's policy continues from the same part's in the merge that ran before (its costs and counts, as
+    ``AutoPolicy.resume`` copies them); a merge of other parts, caps or credit does not, nor one that already ran."""
+    ran = [AutoPolicy(3, verify_cost=1.0), AutoPolicy(3, verify_cost=1.0)]
+    previous = PartsPolicy(ran, [3, 3], ["suffix", "eagle3"])
+    for _ in range(4):
+        previous.next_gamma()
+        for policy in ran:
+            policy.update(2, 1, 0.05, tokens=2)
+    fresh = PartsPolicy([AutoPolicy(3), AutoPolicy(3)], [3, 3], ["suffix", "eagle3"])
+    assert fresh.resume(previous)
+    assert [p.tried for p in fresh.policies] == [p.tried for p in ran] and fresh.policies[0].tried is not ran[0].tried
+    assert [p.c_estimate for p in fresh.policies] == [p.c_estimate for p in ran] and ran[0].c_estimate is not None
+    for other in (PartsPolicy([AutoPolicy(3), AutoPolicy(3)], [3, 3], ["suffix", "recycling"]),
+                  PartsPolicy([AutoPolicy(3), AutoPolicy(3)], [3, 2], ["suffix", "eagle3"]),
+                  PartsPolicy([AutoPolicy(3), AutoPolicy(3)], [3, 3], ["suffix", "eagle3"], credit="own")):
+        assert not other.resume(previous) and all(p.c_estimate is None for p in other.policies)
+    assert not previous.resume(previous) and not fresh.resume(AutoPolicy(3))
+    constant = PartsPolicy([Spy(3), Spy(3)], [3, 3], ["suffix", "eagle3"])  # parts without resume: nothing to do
+    assert not constant.resume(PartsPolicy([Spy(3), Spy(3)], [3, 3], ["suffix", "eagle3"]))
+
+
+def test_a_fresh_merge_drafter_continues_its_parts_after_one_ran_on_the_same_target():
+    """What ``generate`` does before each request (``continue_policy``): a fresh merge drafter's parts start from the
+    last merge's on the target, where before this hook they started cold."""
+    target = tiny_target("llama")
+    options = {"eagle3": {"weights": "random", "total_tokens": 8}}
+    first = sf.create_drafter("merge", target, parts=["prompt_lookup", "eagle3"], options=options)
+    sf.generate(target, first, list(LOOKUP_PROMPT), max_new_tokens=12)
+    assert first.policy.policies[0].c_estimate is not None
+    second = sf.create_drafter("merge", target, parts=["prompt_lookup", "eagle3"], options=options)
+    assert continue_policy(target, second)
+    assert [p.c_estimate for p in second.policy.policies] == [p.c_estimate for p in first.policy.policies]
+    assert target.batch_realized[("policy", "MergeDrafter")].policy is second.policy

@@ -125,6 +125,19 @@ class PartsPolicy:
         for policy in self.policies:
             policy_hooks(policy).timed(tokens, seconds)
 
+    def resume(self, previous: object) -> bool:
+        """Continue each part's policy from ``previous``'s for the same part (a fresh merge drafter on a target where
+        one of its class ran: ``core.policy_kept``), through the part policy's own ``resume`` where it has one; only
+        from a PartsPolicy of the same parts, caps and credit. Returns whether any part resumed."""
+        if previous is self or not isinstance(previous, PartsPolicy) or \
+                (previous.names, previous.caps, previous.credit) != (self.names, self.caps, self.credit):
+            return False
+        resumed = False
+        for mine, theirs in zip(self.policies, previous.policies, strict=True):
+            resume = getattr(mine, "resume", None)
+            resumed = (callable(resume) and bool(resume(theirs))) or resumed
+        return resumed
+
     def reset(self) -> None:
         """Nothing of its own: each part's ``begin`` resets its policy."""
         self.planned, self._pass = None, None
