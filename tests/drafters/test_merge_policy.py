@@ -192,3 +192,25 @@ def test_a_fresh_merge_drafter_continues_its_parts_after_one_ran_on_the_same_tar
     assert continue_policy(target, second)
     assert [p.c_estimate for p in second.policy.policies] == [p.c_estimate for p in first.policy.policies]
     assert target.batch_realized[("policy", "MergeDrafter")].policy is second.policy
+
+
+def test_a_part_asked_for_a_draft_that_came_back_empty_reports_its_share_of_the_draft_time():
+    """As the loop does for an empty draft it asked for (``core.loop._report``): its proposal's time over the pass
+    is its c. Beside a part that drafted, its share of the merged pass's draft time, priced against a pass of its
+    own size (a plain one); in a pass where every part came back empty, its share of the loop's c."""
+    asked = part_report(PartPass(Draft.empty(), 0.002, asked=True), [], (0.25, 0.0), 0.8, None, 1.5)
+    assert (asked.proposed, asked.accepted, asked.tokens) == (0, 0, 0) and asked.c == pytest.approx(0.8 * 0.25 * 1.5)
+    drafted, empty = Spy(3), Spy(3)
+    policy = PartsPolicy([drafted, empty], [3, 3], ["suffix", "rest"], verify_cost=lambda n: 1.0 + n / 10)
+    policy.next_gamma(), policy.take()
+    policy.update(2, 1, c=0.1, tokens=2)  # the merged pass: part 0's 2-token chain; part 1 asked, found nothing
+    policy.report_parts([PartPass(_chain(2), 0.003, asked=True), PartPass(Draft.empty(), 0.001, asked=True)],
+                        [[0], []])
+    assert empty.heard[0][:2] == (0, 0) and empty.heard[0][2] == pytest.approx(0.1 * 2 * 0.25 * 1.2 / 1.0)
+    policy.next_gamma(), policy.take()
+    policy.update(0, 0, c=0.05)  # a pass where both came back empty: the loop's c is the whole proposal time
+    policy.report_parts([PartPass(Draft.empty(), 0.003, asked=True), PartPass(Draft.empty())], [[], []])
+    assert drafted.heard[1][:3] == (0, 0, pytest.approx(0.05)) and empty.heard[1][:3] == (0, 0, None)  # not asked
+    policy.update(0, 0, c=None)  # not asked at all: nothing to tell
+    policy.report_parts([PartPass(Draft.empty()), PartPass(Draft.empty())], [[], []])
+    assert len(drafted.heard) == len(empty.heard) == 2

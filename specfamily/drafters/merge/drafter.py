@@ -108,7 +108,7 @@ class MergeDrafter(BaseDrafter):
                 continue
             started = time.perf_counter()
             part_draft = part.propose(ctx, part_gamma)
-            passes.append(PartPass(part_draft, time.perf_counter() - started))
+            passes.append(PartPass(part_draft, time.perf_counter() - started, asked=True))
             drafted += len(part_draft)
         return self._merged(passes, ctx.target.vocab_size)
 
@@ -133,7 +133,7 @@ class MergeDrafter(BaseDrafter):
                 drafts = propose_batch(part, [d.parts[k] for d in drafters], ctxs, ask)
                 share = (time.perf_counter() - started) / sum(gamma > 0 for gamma in ask)
             for i in asking:
-                passes[i].append(PartPass(drafts[i], share) if ask[i] else PartPass(Draft.empty()))
+                passes[i].append(PartPass(drafts[i], share, asked=True) if ask[i] else PartPass(Draft.empty()))
                 drafted[i] += len(drafts[i])
         merged = [Draft.empty()] * len(drafters)
         for i in asking:

@@ -29,10 +29,12 @@ from specfamily.drafters.merge.config import CREDITS
 
 @dataclass(frozen=True)
 class PartPass:
-    """What one part did in a pass: its draft and the seconds its ``propose`` took (0 and empty when not asked)."""
+    """What one part did in a pass: its draft and the seconds its ``propose`` took (0 and empty when not asked), and
+    whether it was asked for a draft (one asked that came back empty reports its proposal's time)."""
 
     draft: Draft
     seconds: float = 0.0
+    asked: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,14 @@ def part_report(own: PartPass, path: list[int], shares: tuple[float, float], pas
     that depth: see :meth:`PartsPolicy.update`); ``cost_ratio`` t(merged size + 1) / t(part size + 1), which turns
     a c measured against the merged pass into one against a pass of the part's own size (what its policy assumes).
     ``credited``: the accepted tokens to report instead of ``len(path)`` (its depth after them counted as tried
-    and rejected); None: its own path's."""
+    and rejected); None: its own path's. A part asked for a draft that came back empty reports its share of the
+    draft time as c, as the loop reports an empty draft it asked for (``core.loop._report``)."""
     proposed = _depth(own.draft)
     c = overhead = None
     if proposed and pass_c is not None:
         c = pass_c * shares[0] / proposed * cost_ratio
+    elif own.asked and pass_c is not None:
+        c = pass_c * shares[0] * cost_ratio
     if proposed and pass_overhead is not None:
         overhead = pass_overhead * shares[1] * cost_ratio
     verified = own.draft.verified_depth(path) if proposed else 0
@@ -154,8 +159,12 @@ class PartsPolicy:
 
     def update(self, proposed: int, accepted: int, c: float | None = None, tokens: int | None = None,
                verified: int | None = None, overhead: float | None = None) -> None:
-        """The merged pass: kept (as draft time over the verification's, c times the merged depth) for the parts."""
-        self._pass = (tokens or proposed, None if c is None else c * proposed, overhead) if proposed else None
+        """The merged pass: kept (as draft time over the verification's: c times the merged depth, or c itself for an
+        empty draft the loop asked for) for the parts."""
+        if proposed or c is not None:
+            self._pass = (tokens or proposed, None if c is None else c * max(proposed, 1), overhead)
+        else:
+            self._pass = None
 
     def report_parts(self, passes: Sequence[PartPass], paths: Sequence[list[int]]) -> None:
         """Each part's policy hears its own part of the last merged pass."""
@@ -165,7 +174,7 @@ class PartsPolicy:
         size, pass_c, pass_overhead = measured
         reached = 0  # the longest path the parts before this one had accepted
         for policy, own, path, share in zip(self.policies, passes, paths, shares(passes), strict=True):
-            ratio = self._cost(size) / self._cost(len(own.draft)) if len(own.draft) else 1.0
+            ratio = self._cost(size) / self._cost(len(own.draft))
             credited = max(0, len(path) - reached) if self.credit == "marginal" else None
             r = part_report(own, path, share, pass_c, pass_overhead, ratio, credited)
             policy.update(r.proposed, r.accepted, r.c, tokens=r.tokens, verified=r.verified, overhead=r.overhead)
