@@ -46,9 +46,9 @@ def accepted_part(draft: Draft, continuation: list[int]) -> Draft:
     return Draft.chain(torch.tensor(chain, dtype=torch.long))
 
 
-def oracle(drafter, texts: list[tuple[list[int], int]]):
-    """``drafter`` with every proposal cut to its accepted part; ``texts``: each request's prompt + greedy tokens and
-    its prompt's length."""
+def oracle(drafter, texts: dict[tuple[int, ...], list[int]]):
+    """``drafter`` with every proposal cut to its accepted part; ``texts``: each request's prompt (a tuple) -> its
+    prompt + greedy tokens."""
     base = type(drafter)
 
     class Oracle(base):  # a subclass, so that batch slots' copies (deep copies) keep the cut
@@ -61,7 +61,7 @@ def oracle(drafter, texts: list[tuple[list[int], int]]):
 
     Oracle.__name__ = f"Oracle{base.__name__}"
     drafter.__class__ = Oracle
-    drafter.oracle_texts = {tuple(t[:length]): t for t, length in texts}
+    drafter.oracle_texts = texts
     return drafter
 
 
@@ -81,7 +81,7 @@ def run(target, arm, prompts, texts, args, clock) -> tuple[float, list[list[int]
     if name:
         drafter = sf.create_drafter(name, target) if gamma is None else sf.create_drafter(name, target, gamma=gamma)
         if cut:
-            drafter = oracle(drafter, [(t, len(p)) for t, p in zip(texts, prompts, strict=True)])
+            drafter = oracle(drafter, texts)
     start = clock()
     results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=args.batch)
     seconds = clock() - start
@@ -107,18 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     clock, target, prompts = workload(args)
     prompts = prompts[: args.batch * args.requests_per_slot]
     plain = sf.generate_batch(target, None, prompts, args.max_new_tokens, max_batch=args.batch)
-    texts = [list(map(int, p)) + r.tokens for p, r in zip(prompts, plain, strict=True)]
+    texts = {tuple(map(int, p)): list(map(int, p)) + r.tokens for p, r in zip(prompts, plain, strict=True)}
+    expected = [r.tokens for r in plain]
     arms = methods_of([n for n in args.drafters.split(",") if n], [int(g) for g in args.gammas.split(",")])
     times: dict[str, list[tuple[float, int]]] = {label: [] for label, *_ in arms}
     for round_ in range(args.warmup + args.repeats):
         shift = round_ % len(arms)
         for arm in arms[shift:] + arms[:shift]:
             seconds, tokens, passes = run(target, arm, prompts, texts, args, clock)
-            if tokens != [t[len(p):] for t, p in zip(texts, prompts, strict=True)]:
+            if tokens != expected:
                 raise RuntimeError(f"{arm[0]}: its text differs from plain decoding's")
             if round_ >= args.warmup:
                 times[arm[0]].append((seconds, passes))
-    tokens = sum(len(t) - len(p) for t, p in zip(texts, prompts, strict=True))
+    tokens = sum(map(len, expected))
     base = times["plain"]
     cut = f"their last {args.max_prompt_tokens} tokens" if args.max_prompt_tokens > 0 else "whole"
     print(f"B={args.batch}, {len(prompts)} requests, {args.max_new_tokens} new tokens, prompts {cut}, "

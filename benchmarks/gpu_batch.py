@@ -26,7 +26,7 @@ import argparse
 
 import torch
 from batch_sweep import hf_batch, pass_seconds
-from gpu_shapes import SHAPES, built, emit, save
+from gpu_shapes import SHAPES, built, emit, save, timed
 
 import specfamily as sf
 
@@ -42,12 +42,6 @@ def picture(target, prompt: list[int], batches: list[int], repeats: int, clock) 
         one, five = pass_seconds(target, prompt, batch, repeats, clock)
         rows[batch] = {"t1_ms": round(1000 * one, 3), "t5_ms": round(1000 * five, 3), "ratio": round(five / one, 3)}
     return rows
-
-
-def timed(fn, clock) -> tuple[float, list[list[int]]]:
-    start = clock()
-    rows = fn()
-    return clock() - start, rows
 
 
 def peer(target, model, prompts: list[list[int]], tokens: int, clock) -> dict:

@@ -59,10 +59,11 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype, spread: f
     return model.eval()
 
 
-def decode_seconds(fn, prompt: list[int], clock) -> tuple[float, list[int]]:
+def timed(fn, clock, *args):
+    """(seconds ``fn(*args)`` took on ``clock``, what it returned)."""
     start = clock()
-    tokens = fn(prompt)
-    return clock() - start, tokens
+    out = fn(*args)
+    return clock() - start, out
 
 
 def plain_vs_transformers(target, model, prompts: list[list[int]], tokens: int, clock) -> dict:
@@ -82,8 +83,8 @@ def plain_vs_transformers(target, model, prompts: list[list[int]], tokens: int, 
     seconds = {"ours": 0.0, "transformers": 0.0}
     identical = 0
     for prompt in prompts:
-        s_ours, t_ours = decode_seconds(ours, prompt, clock)
-        s_theirs, t_theirs = decode_seconds(theirs, prompt, clock)
+        s_ours, t_ours = timed(ours, clock, prompt)
+        s_theirs, t_theirs = timed(theirs, clock, prompt)
         seconds["ours"] += s_ours
         seconds["transformers"] += s_theirs
         identical += t_ours == t_theirs

@@ -40,9 +40,8 @@ def test_an_oracle_drafter_feeds_only_what_the_target_accepts_in_a_batch(oracle_
     target = tiny_target("llama", vocab_size=32, spread=1.0)
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [6, 7, 6, 7, 6, 7], [3, 4, 5, 3, 4, 5, 3]]
     plain = sf.generate_batch(target, None, prompts, 12, max_batch=2)
-    texts = [p + r.tokens for p, r in zip(prompts, plain, strict=True)]
-    drafter = oracle_module.oracle(sf.create_drafter("prompt_lookup", target, gamma=3),
-                                   [(t, len(p)) for t, p in zip(texts, prompts, strict=True)])
+    texts = {tuple(p): p + r.tokens for p, r in zip(prompts, plain, strict=True)}
+    drafter = oracle_module.oracle(sf.create_drafter("prompt_lookup", target, gamma=3), texts)
     results = sf.generate_batch(target, drafter, prompts, 12, max_batch=2)
     assert [r.tokens for r in results] == [r.tokens for r in plain]
     proposed = sum(r.metrics.proposed_tokens for r in results)

@@ -78,8 +78,10 @@ def test_greedy_matches_transformers_on_cuda(name, family, dtype):
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_every_request_in_a_batch_gets_transformers_greedy_text_on_cuda(name):
     """``generate_batch`` on the GPU, float32: 12 requests of 3-38 tokens at max_batch 4 (ragged caches and drafts,
-    continuous batching), each drafter at its defaults; every request's text is transformers' greedy text."""
+    continuous batching), each drafter as DRAFTERS builds it (a constant draft length, so it drafts every pass it
+    can: on the CPU with this model every one proposed 46-3072 tokens); every request's text is transformers'."""
     case = cuda_case("llama", torch.float32)
+    assert case.target.device.type == "cuda"
     results = sf.generate_batch(case.target, DRAFTERS[name](case.target), case.prompts, NEW_TOKENS, max_batch=4)
     assert [r.tokens for r in results] == [reference for reference, _ in case.references]
-    assert all(r.metrics.target_passes > 0 for r in results)
+    assert (sum(r.metrics.proposed_tokens for r in results) > 0) == (name != "plain")  # the drafts were verified
