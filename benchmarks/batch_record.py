@@ -1,4 +1,4 @@
-"""Record every steady batched pass's plan beside what it measured, through the CLI (docs/batching.md, session 26).
+"""Record every steady batched pass's plan beside what it measured, through the CLI (docs/batching-log.md, session 26).
 
     python benchmarks/batch_record.py rec.json hydra.run.dir=work/b8 batch_size=8 'drafter.names=[suffix]' \
         threads=2 progress=false plots=false noise.repeats=0

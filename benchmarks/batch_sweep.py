@@ -195,7 +195,7 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
 def round_order(methods: list[str], plain_runs: int) -> list[str]:
     """``methods`` (plain among them once) with plain run ``plain_runs`` times (at most as many as methods), spread
     through the round from where it stands. Plain's time is every drafter's reference in the round, so their ratios
-    share its noise (one lucky plain run moves every drafter's cell at a batch size together: docs/batching.md,
+    share its noise (one lucky plain run moves every drafter's cell at a batch size together: docs/batching-log.md,
     session 33); it runs more often than any one drafter and its runs' mean is the round's reference."""
     if plain_runs < 1:
         raise ValueError(f"--plain-runs must be at least 1, got {plain_runs}")

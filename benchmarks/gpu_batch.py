@@ -2,9 +2,9 @@
 transformers' padded batch (issue 33 on the machine its goals were written for).
 
 On this project's 2-core CPU a pass feeding 5 tokens a request costs 2.2x a 1-token pass at 4 requests, and even a
-drafter fed only the tokens the target accepts gains nothing from 4 requests on (docs/batching.md, session 39). A GPU
-reads the weights once for every row of a pass, so the picture should differ. The weights of a real checkpoint cannot
-reach a lent GPU (benchmarks/gpu_shapes.py says why) and timing does not depend on their values, so this builds a
+drafter fed only the tokens the target accepts gains nothing from 4 requests on (docs/batching-log.md, session 39). A
+GPU reads the weights once for every row of a pass, so the picture should differ. The weights of a real checkpoint
+cannot reach a lent GPU (benchmarks/gpu_shapes.py says why) and timing does not depend on their values, so this builds a
 target's architecture with random weights on the device (``gpu_shapes.random_model``) and measures, per shape:
 
 - the method's picture: t(B, 5) / t(B, 1), one batched pass feeding a root and a 4-token chain per request against

@@ -3,7 +3,7 @@
 A batched pass over B requests feeding N rows in all costs t(B, N) plus what its rows' attention reads and computes
 over their slots' caches, and that grows with the contexts: each slot's root row reads its slot's cached keys and
 values (a cost per slot per cached token), and each draft row attends the same cache again (a smaller one per draft
-row per cached token; docs/batching.md measures how a draft row's cost grows with its slot's context).
+row per cached token; docs/batching-log.md measures how a draft row's cost grows with its slot's context).
 :class:`RowCosts` prices a pass as
 
     t(B, N, contexts) = t0(B, N) + k_slot * sum of the slots' cached lengths + k_row * sum over draft rows of theirs,
@@ -16,10 +16,10 @@ give k_slot, drafted ones then k_row). The seconds of one batched draft step per
 seconds a steady pass spends outside its forward (its plan, its proposals, its drafts' commit), drafted and undrafted
 passes apart: the table prices a pass at what it costs whole, an undrafted pass's host seconds beside t(B, B) and a
 drafted pass's beside every t(B, N > B). A drafted pass plans on its proposals, cuts and verifies them and records them,
-host work that grows no cheaper with the forward's threads (docs/batching.md, session 29). A plan made once its drafts
-are proposed (lookahead: prompt lookup, suffix) has spent its seconds before the forward whichever way it goes, and
-prices only what is still to spend (``table(..., proposed=True)``: each pass's seconds after its forward are kept beside
-its host seconds; docs/batching.md, session 30).
+host work that grows no cheaper with the forward's threads (docs/batching-log.md, session 29). A plan made once its
+drafts are proposed (lookahead: prompt lookup, suffix) has spent its seconds before the forward whichever way it goes,
+and prices only what is still to spend (``table(..., proposed=True)``: each pass's seconds after its forward are kept
+beside its host seconds; docs/batching-log.md, session 30).
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ class RowCosts:
     def of(cls, target, drafter=None) -> RowCosts:
         """Costs over the target's ``batch_pass_costs`` (kept across runs: passes cost what they cost whichever
         drafter feeds them) and ``batch_draft_steps`` of ``drafter``'s class (kept across runs per class: a run's
-        first drafted pass would otherwise be priced at a step of 0; docs/batching.md, session 29); either the
+        first drafted pass would otherwise be priced at a step of 0; docs/batching-log.md, session 29); either the
         run's own where the target has no such record. Each shape's first pass is left out (``cold``): it pays the
-        shape's one-time set-up, and a run's few passes of a shape kept it as their price (docs/batching.md,
+        shape's one-time set-up, and a run's few passes of a shape kept it as their price (docs/batching-log.md,
         session 38)."""
         passes = getattr(target, "batch_pass_costs", None)
         costs = cls(passes={} if passes is None else passes, cold=True)
@@ -232,7 +232,7 @@ class RowCosts:
         a slot. Past the passes a batch size has measured its cost is a guess: the curve of other batch sizes,
         extended by its last segment's slope, which a flat or noisy last segment makes far too cheap for a product
         of 64-136 rows (suffix's trees feed up to 16 rows a slot; such products are compute-bound:
-        docs/batching.md, session 26). Each drafted pass at the reach measures the next shape, so the reach grows
+        docs/batching-log.md, session 26). Each drafted pass at the reach measures the next shape, so the reach grows
         by what the plan chose to feed (a cold first pass included)."""
         return self._widest.get(batch, batch) + batch
 

@@ -3,7 +3,7 @@
 Prompt lookup and suffix report what they matched to propose (``Draft.evidence``: the n-gram's or the suffix's
 length), and a draft copied behind a long match is accepted far more often than one behind a single token. The
 batched plan valued both alike, from counts over the passes it drafted: it saw only the drafts it chose, and a pooled
-depth-1 acceptance of ~0.35 declined most of them (docs/batching.md, session 27).
+depth-1 acceptance of ~0.35 declined most of them (docs/batching-log.md, session 27).
 
 A deterministic proposal's acceptance needs no verification: once the request's text has gone past it, the deepest
 path of its tree that the text continues is what drafting it whole would have had accepted (under greedy decoding
@@ -14,7 +14,7 @@ it, then counted in its evidence's bucket (:func:`bucket`) as the request's own 
 decides it (:class:`Held`), not once the whole proposal is decided: a proposal missed at depth 1 is decided by the next
 token and one accepted deep only tokens later, so counting whole proposals counted the misses first, and the
 acceptances still pending at any time pulled every estimate below what the drafts were accepted at
-(docs/batching.md, session 29). A request's text copies itself more as it grows, so its proposals are accepted more
+(docs/batching-log.md, session 29). A request's text copies itself more as it grows, so its proposals are accepted more
 the later they come: counts are also kept by the proposal's position in its text (:func:`band`). A draft's per-depth
 acceptance is its request's counts in its bucket at its band over the batch's there, over the batch's in that bucket,
 over the batch's pooled drafted passes (:meth:`Evidence.alpha`); a proposal with no evidence (0) is valued as before.

@@ -89,8 +89,9 @@ class LoadGate:
         """For a batch size the drafter has not drafted at, the window (drafted and plain passes measured, drafts
         losing) whose verdict it goes by until its own first drafted pass: drafts lose more the fuller the batch, so
         losing at a batch size no fuller says they lose here, and losing at one at most ``near`` times fuller is the
-        best guess there is (exploring every size a last wave shrinks through cost merge a drafted pass each, 9 plain
-        ones at B=16: docs/batching.md, session 33); the nearest by ratio of them, else None (it drafts to measure)."""
+        best guess there is (exploring every size a last wave shrinks through cost merge a drafted pass each, 9
+        plain ones at B=16: docs/batching-log.md, session 33); the nearest by ratio of them, else None (it drafts to
+        measure)."""
         near = sorted((abs(math.log(size / batch)), size) for size in self.windows if size <= self.near * batch)
         return next((self.windows[size] for _, size in near if self.closed(self.windows[size])), None)
 

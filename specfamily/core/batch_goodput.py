@@ -88,7 +88,7 @@ class Realized:
         without any): a drafted pass's realized gain is a single pass's seconds against the table's median of
         plain ones, so what every pass suffers alike (the plan's host work, the load's slow passes, which a mean
         of single passes counts and a median does not) reads as drafts under-delivering unless an undrafted pass,
-        measured the same way, is the yardstick (docs/batching.md, session 28)."""
+        measured the same way, is the yardstick (docs/batching-log.md, session 28)."""
         priced, measured = sum(p for p, _ in self.plain), sum(m for _, m in self.plain)
         return priced / measured if measured > 0 else 1.0
 
@@ -96,7 +96,7 @@ class Realized:
         """The correction over this window's passes and ``borrowed`` ones (a neighbouring load's): their ratio, shrunk
         towards the prior, and from ``least`` passes on lifted by its own standard error (:func:`ratio_error`): a
         window's ratio swings by that much with what its passes happened to accept, and a correction capped at 1 that
-        took every low swing in full held back plans that were right on average (docs/batching.md, session 25)."""
+        took every low swing in full held back plans that were right on average (docs/batching-log.md, session 25)."""
         passes = [*self.passes, *borrowed]
         if not passes:
             return min(1.0, self.doubt)
@@ -192,7 +192,7 @@ def wave_of(waiting: int, slots: int, live: int, arrived: bool) -> int | None:
     In a last wave the waiting requests are admitted together once a slot is free for each (the free slots are held
     for them), so they are prefilled in one pass as plain decoding's are: the batch's projected end is unchanged (the
     last of them cannot start before its slot frees, the others end no later), where admitting each as its slot
-    frees feeds its prompt rows in a pass of its own (docs/batching.md, session 21)."""
+    frees feeds its prompt rows in a pass of its own (docs/batching-log.md, session 21)."""
     if waiting > slots or not arrived:
         return None
     return max(0, waiting - (slots - live))
@@ -238,7 +238,7 @@ def end_odds(behind: Sequence[int], horizon: int, spread: float, pace: float = 1
     (a slot that far ahead is worth nothing to the batch), the rest scaled to sum to 1. With ``spread`` 0 the slots
     at the latest end share it equally, as do slots all tied (by symmetry, without the grid: the 32/32 sweep's
     waves are tied on most passes). The grid is numpy's: on arrays this small each torch op's dispatch is host work
-    every pass (docs/batching.md, session 26)."""
+    every pass (docs/batching-log.md, session 26)."""
     if not behind:
         return []
     if min(behind) == max(behind):

@@ -10,7 +10,7 @@ not pay, the passes whose time is plain decoding's; so a verdict to draft nothin
 the batch's tied last slots, planned together, draft nothing) is kept while its key holds (the same slots, the same
 wave, the same side of the last wave's joint end, no count added, no probe due) and re-planned every ``passes``
 passes against the drift, or every ``per_slot`` passes a slot where that is longer: a plan's host time grows with the
-batch (each slot's prospect, and a copy drafter's full-length proposals: docs/batching.md, session 34) while a batch
+batch (each slot's prospect, and a copy drafter's full-length proposals: docs/batching-log.md, session 34) while a batch
 that full seldom drafts. A verdict to draft, and ``none`` (a table not measured yet, a refresh due), is never held.
 """
 

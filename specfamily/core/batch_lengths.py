@@ -201,7 +201,7 @@ class LengthPolicy:
                  contexts: Sequence[int] | None = None) -> Decision:
         """:meth:`lengths`' plan on these prospects (already proposed), recording nothing: (lengths, predicted gain,
         kind), a probe included. The batched loop asks it on each slot's longest possible chain before proposing
-        under lookahead and skips proposals no plan could use (docs/batching.md, sessions 25-26); pass it to
+        under lookahead and skips proposals no plan could use (docs/batching-log.md, sessions 25-26); pass it to
         :meth:`lengths` as ``decided`` to record it without planning twice."""
         if contexts is not None:
             prospects = _at_contexts(prospects, contexts)
@@ -213,7 +213,7 @@ class LengthPolicy:
         anyhow (each slot at most ``share`` of their sum, some slot with levels valued above 0), would plan an idle
         pass, told without valuing or planning them: no probe is due, the table is measured, and :func:`pay_bound`
         times the correction is within ``min_gain``. Records nothing; pass ``(zeros, 0.0, "idle")`` to
-        :meth:`lengths` as ``decided`` to record the idle pass (docs/batching.md, session 27)."""
+        :meth:`lengths` as ``decided`` to record the idle pass (docs/batching-log.md, session 27)."""
         batch = len(prospects)
         if not any(p.acceptance for p in prospects) or not self.may_draft(batch) or self.probe_due(batch):
             return False
@@ -293,7 +293,7 @@ class LengthPolicy:
         it was priced at are the load's yardstick (``Realized.baseline``). A probe that paid ends the back-off. A
         joint pass at the batch's end is neither learned nor probed: its advance (the least of its tied requests'
         acceptances) swings far from its expectation pass by pass, and a window of them held back the next run's
-        plans at that load (docs/batching.md, session 23)."""
+        plans at that load (docs/batching-log.md, session 23)."""
         if self.predicted is None:
             if self.priced is not None:  # an undrafted pass: the yardstick of drafted ones (``Realized.baseline``)
                 kept = self.realized.get(len(committed))  # not setdefault: a Realized built every pass for nothing
@@ -336,7 +336,7 @@ class LengthPolicy:
 
 def _at_contexts(prospects: Sequence[Prospect], contexts: Sequence[int]) -> list[Prospect]:
     """The prospects at their slots' cached lengths (built directly: ``dataclasses.replace`` inspects the fields on
-    every call, host work between two forwards; docs/batching.md, session 27)."""
+    every call, host work between two forwards; docs/batching-log.md, session 27)."""
     return [Prospect(p.acceptance, p.rows, p.value, p.behind, p.horizon, c, p.start) for p, c in zip(prospects,
                                                                                                      contexts,
                                                                                                      strict=True)]

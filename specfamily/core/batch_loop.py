@@ -238,7 +238,7 @@ class _Batch(BatchPlanning, BatchRequests):
         if self.gate is not None and prefilled:
             # drafted: any pass that asked for drafts, whatever came back (lookahead's window fed alone while its pool
             # holds no match is what its drafted passes cost too; left out, the gate saw only passes whose pool
-            # matched and kept open a drafter that lost under load: docs/batching.md, session 31)
+            # matched and kept open a drafter that lost under load: docs/batching-log.md, session 31)
             self.gate.record(len(group), any(gammas), self._brought(group, verdicts, horizon),
                              self.cost_clock() - planning)
         self.passes += 1
@@ -250,7 +250,7 @@ class _Batch(BatchPlanning, BatchRequests):
         """What a pass brought the batch, for the gate: the tokens it committed; in a last wave (``horizon``: the
         batch's projected end before the pass) its end's advance for every slot, as a plain pass brings one token
         each: tokens of slots that only run ahead of the others end the batch no sooner (``batch_waves``; lookahead
-        at B=4 opened on its committed tokens and lost 4%, docs/batching.md, session 32), as the wave ledger counts
+        at B=4 opened on its committed tokens and lost 4%, docs/batching-log.md, session 32), as the wave ledger counts
         it (``_advance``)."""
         if horizon is None:
             return float(sum(len(accepted) + 1 for accepted, _ in verdicts))

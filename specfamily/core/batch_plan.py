@@ -63,7 +63,7 @@ class BatchPlanning:
     def _prefill_gammas(self, group: list[Request]) -> list[int]:
         """Draft lengths on a pass that prefills newcomers: each slot's own policy's, but none under draft length by
         load: nothing measured prices drafting beside a prefill, and under load the draft rows added to every
-        newcomer's prompt rows cost more than the token or so each request gains (docs/batching.md)."""
+        newcomer's prompt rows cost more than the token or so each request gains (docs/batching-log.md)."""
         if self.load is not None:
             return [0] * len(group)
         return [0 if r.drafter is None else self._capped(r, r.drafter.policy.next_gamma()) for r in group]
@@ -220,7 +220,7 @@ class BatchPlanning:
         """A slot's case before it proposes: its own acceptance (:meth:`_alpha`), its text so far having decided its
         earlier proposals (:meth:`~specfamily.core.batch_evidence.Evidence.learn`). Not its best evidence bucket's:
         valued that way a slot proposes on nearly every pass (suffix at B=8: 234 proposals for 17 drafted) and its
-        trees cost more than the plan then keeps (docs/batching.md, session 27)."""
+        trees cost more than the plan then keeps (docs/batching-log.md, session 27)."""
         self.evidence.learn(request.index, request.new_tokens)
         return self._alpha(request, pooled)
 

@@ -118,7 +118,7 @@ class BatchRequests:
     def _finish(self, request: Request) -> None:
         """The request's result; its drafter, ended, serves the next admission (one instance per slot, as one
         drafter serves request after request at batch 1: a copy at every admission cost hydra, merge and suffix
-        up to ~0.15% of a run at B=16; docs/batching.md, session 36)."""
+        up to ~0.15% of a run at B=16; docs/batching-log.md, session 36)."""
         if request.own is not None:
             request.own.end()
         drafter = request.drafter

@@ -81,7 +81,7 @@ def slot_copy(drafter: Drafter, target) -> Drafter:
 
 class SlotCopier:
     """:func:`slot_copy` for many slots of one prototype: what the copies share is found once (walking the
-    prototype, the target's model and its lean forward's tensors cost more than the copy itself: docs/batching.md,
+    prototype, the target's model and its lean forward's tensors cost more than the copy itself: docs/batching-log.md,
     session 22), then each copy deep-copies the rest. The prototype must not gain
     modules or ``batch_shared`` attributes while the copier is in use (the batched loop never runs it)."""
 
@@ -97,7 +97,7 @@ class SlotCopier:
 def _share_modules(obj, memo: dict[int, object], seen: set[int], depth: int) -> None:
     """Put into ``memo`` every nn.Module reachable from ``obj`` (with its submodules, parameters, buffers and
     ``__dict__``: :func:`_share_module_state`), every lean forward (a draft model's: copying its rope table and the
-    rest cost most of a small_model slot's copy, docs/batching.md, session 26), every tokenizer (read-only; copying
+    rest cost most of a small_model slot's copy, docs/batching-log.md, session 26), every tokenizer (read-only; copying
     a draft model's costs more than a batched pass) and the attributes each reachable object names in
     ``batch_shared``."""
     if depth < 0 or id(obj) in seen:

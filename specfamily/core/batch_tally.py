@@ -50,5 +50,5 @@ def kept_tally(target, drafter) -> Tally:
     (beside the realized windows, ``Target.batch_realized``; a target without it: a fresh tally, the run's own).
     A call that started from the drafter's prior (worth ``batch_plan._POOL_WEIGHT`` passes) let its first requests'
     first few misses pull every request's estimate to ~0.1, which then drafted nothing to learn otherwise
-    (docs/batching.md, session 25)."""
+    (docs/batching-log.md, session 25)."""
     return kept_record(target, drafter, "acceptance", Tally)

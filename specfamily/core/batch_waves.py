@@ -11,7 +11,7 @@ plain pass does per second (the table's price, its measured-over-priced ratio ta
 passes). A run whose wave drafted apart and came out below plain pricing closes its load to apart plans in last
 waves (:func:`judge`, on the load's kept :class:`~specfamily.core.batch_goodput.Realized`): for the next
 ``closed_runs`` runs only joint plans (every slot at the batch's end drafting to one depth, or none:
-``batch_goodput.plan_together``) draft there, then the load tries again (docs/batching.md, session 29).
+``batch_goodput.plan_together``) draft there, then the load tries again (docs/batching-log.md, session 29).
 """
 
 from __future__ import annotations

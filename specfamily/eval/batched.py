@@ -88,7 +88,7 @@ def _warm_up(plan: RunPlan, arm: Any, prompts: list[Prompt], writer: ResultWrite
 def _rehearse(plan: RunPlan, prompts: list[Prompt]) -> None:
     """Plain decoding's calls once, untimed and all at once, before they are timed: the arms run one after the other
     and plain decoding first, so it met every prompt's shapes first and read 3-8% slower than the same decoding run
-    after the drafters, which lifted every speedup by as much (docs/batching.md, session 38)."""
+    after the drafters, which lifted every speedup by as much (docs/batching-log.md, session 38)."""
     answers: dict[str, list[str]] = {p.id: [] for p in prompts}
     for turn, asked in _turns(prompts):
         ids = _call(plan, turn, asked, answers).ids

@@ -261,7 +261,7 @@ class WrongOracle(OracleDrafter):
 
 def _hopeful(monkeypatch):
     """Every request's acceptance estimate stays at 0.9 a depth whatever its passes accepted: a plan that keeps
-    predicting drafts to pay (as prompt lookup's seen drafts did at B=8, docs/batching.md)."""
+    predicting drafts to pay (as prompt lookup's seen drafts did at B=8, docs/batching-log.md)."""
     monkeypatch.setattr(batch_loop._Batch, "_alpha", lambda self, request, pooled=None: [0.9] * 4)
 
 

@@ -1,5 +1,5 @@
 """EAGLE and Medusa on the stream kernel pack the weights their drafting multiplies when they are made, so a run's
-first proposal packs nothing (docs/batching.md, session 29: 0.1 s of a B=4 eagle run's CPU, 2-3 plain passes)."""
+first proposal packs nothing (docs/batching-log.md, session 29: 0.1 s of a B=4 eagle run's CPU, 2-3 plain passes)."""
 
 import os
 

@@ -222,8 +222,8 @@ def test_a_warm_start_from_medusa_heads_proposes_what_they_propose(target):
 
 
 def test_a_drafter_drafts_one_full_tree_at_load(target, monkeypatch):
-    """Its heads' first tree costs ~60 ms more than the next on SmolLM2 (docs/batching.md, session 32): paid at load,
-    not by the first drafted pass, which the length policy would count as that pass's cost."""
+    """Its heads' first tree costs ~60 ms more than the next on SmolLM2 (docs/batching-log.md, session 32): paid at
+    load, not by the first drafted pass, which the length policy would count as that pass's cost."""
     depths = []
     draft_tokens = HydraDrafter.draft_tokens
     monkeypatch.setattr(HydraDrafter, "draft_tokens",

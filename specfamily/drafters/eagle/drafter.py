@@ -87,7 +87,7 @@ class EagleFamilyDrafter(FeatureDrafter):
         """One dry call of the draft layer and the head, so the stream kernel packs every weight they multiply now,
         with the weights' loading, not on the first proposal of the drafter's first run (the kernel packs a weight on
         its first product and keeps the copy on it: a fresh drafter's draft-vocabulary head rows and layer would be
-        packed inside a timed run, docs/batching.md, session 29). Nothing of it is kept but the packed copies."""
+        packed inside a timed run, docs/batching-log.md, session 29). Nothing of it is kept but the packed copies."""
         with torch.no_grad():
             features = torch.zeros(1, self._feature_width(), dtype=target.dtype, device=target.device)
             token = torch.zeros(1, 1, dtype=torch.long, device=target.device)

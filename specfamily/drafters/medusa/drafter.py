@@ -57,7 +57,7 @@ class HeadsDrafter(BaseDrafter):
     default_gamma = 4
     auto_max_gamma = None  # cost-aware depths stay within the calibrated tree
     # read-only after setup: batch slot copies share them (copying the checkpoint's metadata and the tree cost most
-    # of a slot's copy; docs/batching.md, session 26)
+    # of a slot's copy; docs/batching-log.md, session 26)
     batch_shared = ("checkpoint", "tree", "_gather", "_head_options")
     family: ClassVar[str]
     kind: ClassVar[HeadsFormat]
@@ -132,7 +132,7 @@ class MedusaDrafter(HeadsDrafter):
     def _pack_products(self, target) -> None:
         """One dry call of every head, so the stream kernel packs the shared projection's weight now, with the heads'
         loading, not on the first proposal of the drafter's first run (the kernel packs a weight on its first product
-        and keeps the copy on it; docs/batching.md, session 29)."""
+        and keeps the copy on it; docs/batching-log.md, session 29)."""
         with torch.no_grad():
             features = torch.zeros(2, self.heads.shape.hidden_size, dtype=target.dtype, device=target.device)
             self.heads(features, **self._head_options)

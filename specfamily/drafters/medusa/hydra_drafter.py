@@ -84,7 +84,7 @@ class HydraDrafter(HeadsDrafter):
 
     def _warm_up(self, target) -> None:
         """One full tree at load, from a zero feature: a fresh drafter's first tree cost ~60 ms more than the next
-        (SmolLM2's heads, 5 ms warm: docs/batching.md, session 32), which its first drafted pass would otherwise pay
+        (SmolLM2's heads, 5 ms warm: docs/batching-log.md, session 32), which its first drafted pass would otherwise pay
         and the length policy count as that pass's cost (as small_model's draft model warms up at load)."""
         feature = torch.zeros(self.heads.shape.hidden_size, device=target.device, dtype=target.dtype)
         self.draft_tokens(feature, 0, self.tree.depth)

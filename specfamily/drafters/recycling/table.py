@@ -76,7 +76,7 @@ class AdjacencyTable:
 def joined_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(parts)`` of 2-d row blocks, as a view without a copy where they are consecutive rows of one tensor
     (each slot's logits of one batched pass are: copying them cost recycling ~0.8 ms a pass at B=16 on 2 CPU threads,
-    idle, docs/batching.md, session 36)."""
+    idle, docs/batching-log.md, session 36)."""
     first = parts[0]
     if len(parts) == 1:
         return first
