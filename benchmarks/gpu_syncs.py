@@ -1,5 +1,5 @@
 """Host synchronisations per verification pass on a CUDA GPU, each named by its aten op and line (torch.cuda's sync
-debug mode, through specfamily.testing.syncs.CudaSyncOps), beside the CPU stand-in count of the same pass
+debug mode, through specfamily.testing.cuda_syncs.CudaSyncOps), beside the CPU stand-in count of the same pass
 (SyncCounter). Step 1c of benchmarks/gpu_check.sh; exit status 1 when any pass synchronises more than once. The
 first pass also shows the notice torch warns on a process's first set_sync_debug_mode, not counted (session 15's
 tests counted it: their "2 a pass" was 1 and the notice, docs/gpu-h200.md).
@@ -19,7 +19,8 @@ from specfamily.core.acceptance import verify_draft
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import verify_tree
-from specfamily.testing.syncs import CudaSyncOps, SyncCounter, on_device
+from specfamily.testing.cuda_syncs import CudaSyncOps
+from specfamily.testing.syncs import SyncCounter, on_device
 
 TREE, CHAIN = [-1, -1, 0, 1, 1, 2, 4], [-1, 0, 1, 2, 3, 4, 5]
 

@@ -44,7 +44,6 @@ value back under a name not listed above. A count here is a lower bound of the G
 from __future__ import annotations
 
 import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +55,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 STAND_IN = torch.device("meta")  # the device stand-ins report
-SYNC_WARNING = "called a synchronizing CUDA operation"  # torch.cuda's debug mode, at each flagged call (c10/cuda)
-DEBUG_MODE_NOTICE = "Synchronization debug mode is a prototype feature"  # once a process: no synchronisation
 
 _aten = torch.ops.aten
 _DATA_DEPENDENT = {
@@ -93,11 +90,21 @@ class StandIn(torch.Tensor):
         if func in _HOST_READS:  # C++ refuses these on a subclass: read through a (counted) copy to the host
             return func(args[0].to("cpu"), *args[1:], **(kwargs or {}))
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+        return _kept(out, args[0] if args else None)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return execute(*as_copy(func, args, kwargs or {}))  # outside a SyncCounter: computed, not counted
+
+
+def _kept(out, source):
+    """``out`` itself, or the stand-in ``source`` where a call that changes nothing (``.to`` its own device and
+    dtype, ``.contiguous()`` of a contiguous one) handed back its bare device tensor."""
+    if (isinstance(out, torch.Tensor) and not isinstance(out, StandIn) and out.device == STAND_IN
+            and isinstance(source, StandIn) and (out.shape, out.dtype) == (source.shape, source.dtype)):
+        return source
+    return out
 
 
 def on_device(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -105,6 +112,18 @@ def on_device(tensor: torch.Tensor | None) -> torch.Tensor | None:
     if tensor is None or isinstance(tensor, StandIn):
         return tensor
     return StandIn(tensor)
+
+
+def stand_in_module(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with every parameter and buffer a stand-in (in place; values shared): a model "on an accelerator"
+    whose whole forward a :class:`SyncCounter` follows. Build what derives from it (a Target, its caches and lean
+    forward) inside the counter, so that the tensors made from its weights are stand-ins too."""
+    for owner in module.modules():
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in table.items():
+                if tensor is not None:
+                    table[name] = on_device(tensor.detach())
+    return module
 
 
 def on_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -300,84 +319,11 @@ def execute(func, args: tuple, kwargs: dict):
     return tree_map(wrap, out)
 
 
-def caller() -> str:
-    """file:line of the innermost frame outside torch and this module: the code that made the call."""
+def caller(*skipped: str) -> str:
+    """file:line of the innermost frame outside torch, this module and the ``skipped`` files (resolved paths): the
+    code that made the call."""
     for frame in reversed(traceback.extract_stack()):
         path = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
-        if path != _HERE and not path.startswith(_TORCH):
+        if path != _HERE and path not in skipped and not path.startswith(_TORCH):
             return f"{frame.filename}:{frame.lineno}"
     return "<unknown>"
-
-
-class CudaSyncOps(TorchDispatchMode):
-    """On a CUDA machine: which aten ops torch.cuda's sync debug mode flagged while the code inside ran, each with
-    the caller's file:line (``syncs``, kind ``"cuda"``); a flagged call outside any aten op is listed as op
-    ``"(outside aten)"``. For tracing what :class:`SyncCounter` may not model (tests/gpu, benchmarks/gpu_check.sh).
-    ``notices``: the debug mode's one-time notice, when this count got it (not counted: :func:`is_sync_warning`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.syncs: list[Sync] = []
-        self.notices: list[str] = []
-
-    def __enter__(self):
-        self._outer = warnings.catch_warnings(record=True)
-        self._caught = self._outer.__enter__()
-        warnings.simplefilter("always")
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            self._outer.__exit__(None, None, None)
-            for w in self._caught:  # flagged outside any op: counted; the others go on to the caller's filters
-                if is_sync_warning(w.message):
-                    self.syncs.append(Sync("cuda", "(outside aten)", f"{w.filename}:{w.lineno}"))
-                    continue
-                if DEBUG_MODE_NOTICE in str(w.message):
-                    self.notices.append(str(w.message))
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-
-    @property
-    def count(self) -> int:
-        return len(self.syncs)
-
-    def __repr__(self) -> str:
-        return f"{self.count} synchronisation(s): {[str(sync) for sync in self.syncs]}"
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = func(*args, **(kwargs or {}))
-        flagged = [w for w in caught if is_sync_warning(w.message)]
-        self.syncs += [Sync("cuda", str(func), caller()) for _ in flagged]
-        for w in caught:  # everything else goes on to the code's own filters
-            if w not in flagged:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return out
-
-
-def is_sync_warning(message: Warning | str) -> bool:
-    """Whether a warning is torch.cuda's sync debug mode flagging a synchronising call (c10's warn_or_error_on_sync:
-    "called a synchronizing CUDA operation"). Not the notice the first ``set_sync_debug_mode`` of a process warns
-    (torch/csrc/cuda/Module.cpp, TORCH_WARN_ONCE: "... does not yet detect all synchronizing operations"): a filter
-    on "synchronizing" took it for a flagged call, one more in the first count of each process (session 15's 2)."""
-    return SYNC_WARNING in str(message)
-
-
-def debug_mode_syncs(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
-    """On a CUDA machine: fn()'s result and the file:line of each call torch.cuda's sync debug mode flagged while it
-    ran, with no dispatch mode in between (tests/gpu counts with it; :class:`CudaSyncOps` names the ops)."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            result = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return result, [f"{w.filename}:{w.lineno}" for w in caught if is_sync_warning(w.message)]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from specfamily.core import host
+from specfamily.testing.cuda_syncs import debug_mode_syncs
 from specfamily.testing.power import DEFAULT_SIGNIFICANCE
 from specfamily.testing.stats import chi_square
-from specfamily.testing.syncs import debug_mode_syncs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]

@@ -17,14 +17,8 @@ from test_cuda_verify import _case, _cuda
 import specfamily.core.verify as verify
 from specfamily.core import host
 from specfamily.core.verify import verify_tree
-from specfamily.testing.syncs import (
-    DEBUG_MODE_NOTICE,
-    CudaSyncOps,
-    SyncCounter,
-    debug_mode_syncs,
-    is_sync_warning,
-    on_device,
-)
+from specfamily.testing.cuda_syncs import DEBUG_MODE_NOTICE, CudaSyncOps, debug_mode_syncs, is_sync_warning
+from specfamily.testing.syncs import SyncCounter, on_device
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]

@@ -12,9 +12,9 @@ from specfamily.core.acceptance import verify_draft
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import device_verify_tree, verify_tree
+from specfamily.testing.cuda_syncs import debug_mode_syncs
 from specfamily.testing.power import DEFAULT_SIGNIFICANCE
 from specfamily.testing.stats import chi_square
-from specfamily.testing.syncs import debug_mode_syncs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
