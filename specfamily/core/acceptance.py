@@ -9,16 +9,17 @@ target's logits after the processors its generation config sets, each row with i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from specfamily.core import host
 from specfamily.core.context import DecodeContext
 from specfamily.core.drafter import AcceptRule, Hooks
 from specfamily.core.processors import processors_for
 from specfamily.core.sampling import greedy_tokens, native_available, warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import greedy_tree, verify_tree, verify_tree_rows
+from specfamily.core.verify import greedy_tree, greedy_walk, verify_tree, verify_tree_rows
 
 
 def verify_draft(
@@ -35,6 +36,18 @@ def verify_draft(
         p_row = lazy_rows(logits, sampling, draft.parents.tolist() == list(range(-1, draft.tokens.numel() - 1)))
         return verify_tree_rows(draft.tokens, draft.parents, draft.q, p_row, tuple(logits.shape), generator)
     return verify_tree(draft.tokens, draft.parents, draft.q, warp(logits, sampling), generator)
+
+
+def verify_greedy_slots(drafts: Sequence[Draft], logits: Sequence[torch.Tensor]) -> list[tuple[list[int], int]]:
+    """:func:`verify_draft` at temperature 0 for every request of a batched pass at once: each slot's argmax rows
+    (``logits[i]`` (n_i + 1, V) for ``drafts[i]``) and every draft's tokens reach the host in one copy, where slot
+    by slot each request's verdict waited for its own (on an accelerator, one synchronisation a pass, not one a
+    request). The same verdicts, slot for slot, as ``verify_draft`` gives."""
+    n = len(drafts)
+    moved = host.to_host([*(greedy_tokens(rows) for rows in logits), *(d.tokens for d in drafts),
+                          *(d.parents for d in drafts)])
+    return [greedy_walk(tokens.tolist(), parents.tolist(), best.tolist())
+            for best, tokens, parents in zip(moved[:n], moved[n : 2 * n], moved[2 * n :], strict=True)]
 
 
 def lazy_rows(logits: torch.Tensor, sampling: SamplingConfig, chain: bool) -> Callable[[int], torch.Tensor]:

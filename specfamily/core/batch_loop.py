@@ -27,6 +27,7 @@ from dataclasses import replace
 import torch
 
 from specfamily.core import batch_log
+from specfamily.core.acceptance import verify_draft, verify_greedy_slots
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_catchup import kept_catch_up
 from specfamily.core.batch_evidence import Evidence, kept_evidence
@@ -213,17 +214,14 @@ class _Batch(BatchPlanning, BatchRequests):
         contexts = self.batch.lengths[: len(group)]  # each slot's cached tokens: what its rows attend
         feeds = [SlotFeed(r.pending, d) for r, d in zip(group, drafts, strict=True)]
         outs = self.batch.forward(0, feeds, self.features)
-        verdicts = []
-        for slot, (request, draft, out) in enumerate(zip(group, drafts, outs, strict=True)):
-            accepted, next_token = _verified(request.accept, request.drafter, draft, out.logits, self.sampling,
-                                             request.ctx.generator)
-            self.batch.commit(slot, accepted)
-            verdicts.append((accepted, next_token))
+        verdicts = self._verify(group, drafts, outs)
+        self.batch.commit_all({slot: accepted for slot, (accepted, _) in enumerate(verdicts)})
         t2, c2 = self.clock(), self.cost_clock()
         rows = self.batch.rows
-        told = [self._commit(request, draft, out, accepted, token, seconds, t2 - t1, t2)
-                for request, draft, out, seconds, (accepted, token) in zip(group, drafts, outs, draft_seconds,
-                                                                          verdicts, strict=True)]
+        roots = torch.tensor([token for _, token in verdicts], dtype=torch.long, device=self.device)  # one copy
+        told = [self._commit(request, draft, out, verdict, roots[slot : slot + 1], seconds, t2 - t1, t2)
+                for slot, (request, draft, out, seconds, verdict) in enumerate(
+                    zip(group, drafts, outs, draft_seconds, verdicts, strict=True))]
         self._observed(group, told)
         if steady:
             c3 = self.cost_clock()
@@ -245,6 +243,15 @@ class _Batch(BatchPlanning, BatchRequests):
         if logged:
             lines = batch_log.slot_lines([r.index for r in group], left, drafts, verdicts)
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
+
+    def _verify(self, group: list[Request], drafts: list[Draft], outs: list) -> list[tuple[list[int], int]]:
+        """Each request's (accepted nodes, next token): at temperature 0 under the exact rule, every slot's at once
+        (``verify_greedy_slots``: one host copy a pass, not one a request); else by each request's own rule (sampled,
+        a lossy drafter's, or under the target's logits processors)."""
+        if self.sampling.greedy and all(request.accept is verify_draft for request in group):
+            return verify_greedy_slots(drafts, [out.logits for out in outs])
+        return [_verified(request.accept, request.drafter, draft, out.logits, self.sampling, request.ctx.generator)
+                for request, draft, out in zip(group, drafts, outs, strict=True)]
 
     def _brought(self, group: list[Request], verdicts: list, horizon: int | None) -> float:
         """What a pass brought the batch, for the gate: the tokens it committed; in a last wave (``horizon``: the
@@ -310,10 +317,12 @@ class _Batch(BatchPlanning, BatchRequests):
         if going:
             observe_batch(self.prototype, [drafter for drafter, _ in going], [outcome for _, outcome in going])
 
-    def _commit(self, request: Request, draft: Draft, out, accepted: list[int], next_token: int,
+    def _commit(self, request: Request, draft: Draft, out, verdict: tuple[list[int], int], root: torch.Tensor,
                 draft_seconds: float, verify_seconds: float, end: float) -> VerifyOutcome | None:
         """Record the pass for ``request``, append its new tokens, report to its drafter's policy; the outcome its
-        drafter observes (None: the request is done, or has no drafter)."""
+        drafter observes (None: the request is done, or has no drafter). ``verdict``: (accepted nodes, next token);
+        ``root``: that token on the target's device (every slot's made in one copy), its root in the next pass."""
+        accepted, next_token = verdict
         depth = _depth(draft)
         verified = draft.verified_depth(accepted) if depth else 0
         request.recorder.record_pass(depth, len(accepted), draft_seconds, verify_seconds, proposed_tokens=len(draft),
@@ -332,7 +341,7 @@ class _Batch(BatchPlanning, BatchRequests):
         if finished or self.budget == 0:
             request.done = True
             return None
-        request.pending = torch.tensor([next_token], dtype=torch.long, device=self.device)
+        request.pending = root
         if request.drafter is None:
             return None
         _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds)

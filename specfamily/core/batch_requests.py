@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specfamily.core import acceptance
+from specfamily.core import acceptance, host
 from specfamily.core.batch_slots import SlotTarget
 from specfamily.core.batch_tally import Tally
 from specfamily.core.context import DecodeContext
@@ -52,7 +52,7 @@ class BatchRequests:
 
     def _admit(self, index: int, ids: torch.Tensor, arrival: float) -> None:
         slot = len(self.live)
-        generator = torch.Generator(device=self.device).manual_seed(self.seed + index)
+        generator = host.seeded_generator(self.device, self.seed + index)
         view = SlotTarget(self.target, self.batch.cache, slot)
         ctx = DecodeContext(view, ids, self.sampling, generator, tokens=ids.tolist())
         drafter = own = None

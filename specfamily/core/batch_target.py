@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specfamily.core import host
 from specfamily.core.target import Target, TargetOutput
 from specfamily.core.target_cache import check_draft_tokens, check_path
 from specfamily.core.tree_mask import TreeLayout, tree_layout
@@ -58,6 +59,18 @@ class SlotFeed:
     draft: Draft
 
 
+def _checked(tokens: list[torch.Tensor], vocab_size: int, device: torch.device) -> list[torch.Tensor]:
+    """Every slot's draft ids checked against the vocabulary (those on an accelerator together: one read for all)
+    and on ``device`` (those on the host in one copy: ``host.to_device``)."""
+    away = [ids for ids in tokens if ids.numel() and ids.device.type != "cpu"]
+    for ids in tokens:
+        if ids.numel() and ids.device.type == "cpu":
+            check_draft_tokens(ids, vocab_size)
+    if away:
+        check_draft_tokens(torch.cat(away) if len(away) > 1 else away[0], vocab_size)
+    return host.to_device(tokens, device)
+
+
 class BatchTarget:
     """A :class:`Target`'s model run over batch slots, with a :class:`BatchCache` and per-slot rollback."""
 
@@ -83,16 +96,14 @@ class BatchTarget:
         if isinstance(features, tuple):
             target.check_feature_layers(features)
         parents = [tuple(feed.draft.parents.tolist()) for feed in feeds]
-        for feed, tree in zip(feeds, parents, strict=True):
-            if tree:
-                check_draft_tokens(feed.draft.tokens, target.vocab_size)
+        drafted = _checked([feed.draft.tokens for feed in feeds], target.vocab_size, device)
         m = [feed.pending.numel() for feed in feeds]
         fed = [mi + len(tree) for mi, tree in zip(m, parents, strict=True)]
         width, hi = max(fed), lo + len(feeds)
         plan = self.cache.plan_pass(lo, hi, width, device)
         lengths = self.cache.lengths[lo:hi]
         if self._native(lengths, fed, parents):
-            outputs = self._slots(lo, feeds, parents, lengths, m, features)
+            outputs = self._slots(lo, feeds, drafted, parents, lengths, m, features)
             if outputs is not None:
                 return outputs
             plan = self.cache.plan_pass(lo, hi, width, device)  # the failed call ended its pass: the fallback's
@@ -100,7 +111,7 @@ class BatchTarget:
         positions = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
         mask = torch.full((len(feeds), 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
         for b, (feed, tree) in enumerate(zip(feeds, parents, strict=True)):
-            self._place(b, feed, tree, lengths[b], m[b], width, ids, positions, mask)
+            self._place(b, feed.pending, drafted[b], tree, lengths[b], m[b], width, (ids, positions, mask))
         if self._packs(len(feeds), width, sum(fed)):
             return self._packed(lo, feeds, parents, lengths, m, fed, (ids, positions, mask), features)
         keep = width - (min(m) - 1)  # from the earliest root to the last row
@@ -135,8 +146,8 @@ class BatchTarget:
             return False
         return lean.native.slots_ready(lean) and lean.ready()
 
-    def _slots(self, lo: int, feeds: Sequence[SlotFeed], parents: list[tuple[int, ...]], lengths: list[int],
-               m: list[int], features: bool | tuple[int, ...]) -> list[TargetOutput] | None:
+    def _slots(self, lo: int, feeds: Sequence[SlotFeed], drafted: list[torch.Tensor], parents: list[tuple[int, ...]],
+               lengths: list[int], m: list[int], features: bool | tuple[int, ...]) -> list[TargetOutput] | None:
         """The pass through :func:`slot_forward`: each slot's logits (root and draft rows), its fed rows' features;
         None where the native call failed (one warning, and the other paths for good: :func:`native_failure`)."""
         device = self.target.device
@@ -145,7 +156,7 @@ class BatchTarget:
             layout, f = self._layout(m[b], tree), m[b] + len(tree)
             ids.append(feed.pending.to(device))
             if tree:
-                ids.append(feed.draft.tokens.to(device))
+                ids.append(drafted[b])
             positions.append(layout.offsets + lengths[b])
             slots.append(SlotRows(lo + b, lengths[b], f, layout.visible(lengths[b]) if f > 1 else None))
             heads.extend(range(first + m[b] - 1, first + f))
@@ -181,9 +192,10 @@ class BatchTarget:
         starts = [sum(fed[:b]) for b in range(len(fed))]  # each slot's first packed row
         heads = [s + j for s, mb, f in zip(starts, m, fed, strict=True) for j in range(mb - 1, f)]
         try:
+            index = torch.tensor(rows + heads, device=device)  # the fed rows and the rows scored: one copy
             logits, hidden = packed_forward(self.target.lean, ids, positions, mask, self.cache.cache,
-                                            torch.tensor(rows, device=device), torch.tensor(heads, device=device),
-                                            features, [(f, length + f) for length, f in zip(lengths, fed, strict=True)])
+                                            index[: len(rows)], index[len(rows) :], features,
+                                            [(f, length + f) for length, f in zip(lengths, fed, strict=True)])
         except BaseException:
             self.cache.end_pass()
             raise
@@ -197,14 +209,16 @@ class BatchTarget:
             self._last[lo + b] = (lengths[b] + m[b], parents[b])
         return outputs
 
-    def _place(self, b: int, feed: SlotFeed, tree: tuple[int, ...], length: int, m: int, width: int,
-               ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> None:
-        """Write slot row b's ids, positions and mask (cached entries, its local tree mask, padding rows)."""
+    def _place(self, b: int, pending: torch.Tensor, tokens: torch.Tensor, tree: tuple[int, ...], length: int, m: int,
+               width: int, padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """Write slot row b's ids, positions and mask (cached entries, its local tree mask, padding rows):
+        ``pending`` its root (or prompt), ``tokens`` its draft's ids on the device."""
+        ids, positions, mask = padded
         layout = self._layout(m, tree)
         f = m + len(tree)
-        ids[b, :m] = feed.pending
+        ids[b, :m] = pending
         if tree:
-            ids[b, m:f] = feed.draft.tokens.to(ids.device)
+            ids[b, m:f] = tokens
         positions[b, :f] = layout.offsets + length
         positions[b, f:] = length
         mask[b, 0, :f, :length] = 0
@@ -225,15 +239,18 @@ class BatchTarget:
             return logits, torch.cat([out.hidden_states[i] for i in features], dim=-1)
         return logits, (out.hidden_states[-1] if features else None)
 
-    @torch.inference_mode()
     def commit(self, slot: int, accepted_nodes: Sequence[int]) -> None:
         """Keep in slot's cache its pending tokens of the last pass and the accepted nodes (root down)."""
-        if slot not in self._last:
-            raise RuntimeError(f"slot {slot} has no forward to commit")
-        base, parents = self._last.pop(slot)
-        accepted = list(accepted_nodes)
-        check_path(accepted, parents)
-        self.cache.keep(slot, base, accepted)
+        self.commit_all({slot: accepted_nodes})
+
+    @torch.inference_mode()
+    def commit_all(self, accepted: dict[int, Sequence[int]]) -> None:
+        """:meth:`commit` of every slot given (slot -> its accepted nodes), their moved entries in one copy."""
+        for slot, nodes in accepted.items():  # every path checked before any slot's cache moves
+            if slot not in self._last:
+                raise RuntimeError(f"slot {slot} has no forward to commit")
+            check_path(list(nodes), self._last[slot][1])
+        self.cache.keep_all([(slot, self._last.pop(slot)[0], list(nodes)) for slot, nodes in accepted.items()])
 
     @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:

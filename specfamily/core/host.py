@@ -1,6 +1,7 @@
 """Host transfer for the verifier: what of tokens, p and q lives on an accelerator reaches the CPU in one packed copy
-per device (``to_host``), and where the walk's uniforms come from (``HostDraws``: one per try from a CPU generator;
-``BlockDraws``: one block per pass drawn on the accelerator's generator and moved with p and q).
+per device (``to_host``; the other way, a batched pass's host token ids in one copy: ``to_device``), and where the
+walk's uniforms come from (``HostDraws``: one per try from a CPU generator; ``BlockDraws``: one block per pass drawn
+on the accelerator's generator and moved with p and q).
 
 Every final token is drawn by inversion (:func:`inverse_cdf`) from one uniform: one cumulative sum over the row's
 blocks with mass, no draw per vocabulary entry (``torch.multinomial`` draws V exponentials). Tokens without mass are
@@ -15,6 +16,13 @@ import torch
 
 _CPU = torch.device("cpu")
 BLOCK = 64  # inverse_cdf skips the all-zero blocks of this many tokens of a row
+
+
+def seeded_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A request's generator: on ``device`` (an accelerator's own stream), on the host for the CPU and for a device
+    that has no generators (``meta``, the stand-in device of :mod:`specfamily.testing.syncs`)."""
+    own = device.type not in ("cpu", "meta")
+    return (torch.Generator(device=device) if own else torch.Generator()).manual_seed(seed)
 
 
 def uniform(generator: torch.Generator | None, device: torch.device) -> float:
@@ -128,6 +136,20 @@ def to_host(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]
         for k, i in enumerate(indices):
             host[i] = flat[offsets[k] : offsets[k] + raw[k].numel()].view(tensors[i].dtype).view(tensors[i].shape)
     return host
+
+
+def to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Integer tensors (token ids) on ``device``: those on the host moved in one copy (joined, moved, and handed
+    back as views of the one device tensor), those already on an accelerator as they are; on the CPU all as they
+    are."""
+    moved = list(tensors)
+    away = [i for i, tensor in enumerate(tensors) if tensor.device.type == "cpu" and tensor.numel()]
+    if device.type == "cpu" or not away:
+        return moved
+    joined = torch.cat([tensors[i].reshape(-1).to(torch.long) for i in away]).to(device)
+    for i, part in zip(away, joined.split([tensors[i].numel() for i in away]), strict=True):
+        moved[i] = part.view(tensors[i].shape)
+    return moved
 
 
 def _aligned_offsets(sizes: Sequence[int]) -> list[int]:

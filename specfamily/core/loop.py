@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specfamily.core import acceptance
+from specfamily.core import acceptance, host
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, process_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
@@ -83,7 +83,7 @@ def generate(
     sampling = SamplingConfig() if sampling is None else sampling
     _check_request(drafter, max_new_tokens, sampling)
     ids = target.check_ids(prompt_ids)
-    generator = torch.Generator(device=target.device).manual_seed(seed)
+    generator = host.seeded_generator(target.device, seed)
     ctx = DecodeContext(target, ids, sampling, generator, tokens=ids.tolist())
     needs_features = drafter is not None and drafter.needs_features
     own = hooks(drafter) if drafter is not None else None

@@ -22,7 +22,7 @@ final draw are computed in float64); :func:`verify_tree_rows` takes p row by row
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -265,12 +265,16 @@ def greedy_tree(tokens: torch.Tensor, parents: torch.Tensor, target_argmax: torc
     Returns exactly what verify_tree returns for p = one-hot(target_argmax).
     """
     tokens, parents, target_argmax = host.to_host([tokens, parents, target_argmax])
-    token_list, parent_list, best = tokens.tolist(), parents.tolist(), target_argmax.tolist()
+    return greedy_walk(tokens.tolist(), parents.tolist(), target_argmax.tolist())
+
+
+def greedy_walk(tokens: Sequence[int], parents: Sequence[int], best: Sequence[int]) -> tuple[list[int], int]:
+    """:func:`greedy_tree` on host lists: the draft's tokens and parents, the target's argmax per row (n + 1)."""
     path: list[int] = []
     node = -1
-    for child, parent in enumerate(parent_list):
+    for child, parent in enumerate(parents):
         # children of a node come after it; the first matching child in index order wins
-        if parent == node and token_list[child] == best[node + 1]:
+        if parent == node and tokens[child] == best[node + 1]:
             path.append(child)
             node = child
     return path, best[node + 1]

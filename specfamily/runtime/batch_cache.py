@@ -9,6 +9,7 @@ every slot of the range up to the longest. Rollback is per slot and moves only t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -120,16 +121,28 @@ class BatchCache:
     def keep(self, slot: int, base: int, accepted: list[int]) -> None:
         """After a pass: slot keeps its entries up to ``base`` (its length plus the pending tokens) and the accepted
         draft nodes (node i was written at ``base + i``), moved to follow ``base``."""
-        k = len(accepted)
-        kept = next((i for i, node in enumerate(accepted) if node != i), k)  # the prefix already in place
-        if kept < k:
-            device = self.layers[0].key_buffer.device
-            src = torch.tensor(accepted[kept:], dtype=torch.long, device=device) + base
+        self.keep_all([(slot, base, accepted)])
+
+    def keep_all(self, passes: Sequence[tuple[int, int, list[int]]]) -> None:
+        """:meth:`keep` for each (slot, base, accepted) of a pass, the positions of every slot's moved entries
+        reaching the device in one copy."""
+        moving = []  # (slot, base, the prefix already in place, accepted)
+        for slot, base, accepted in passes:
+            kept = next((i for i, node in enumerate(accepted) if node != i), len(accepted))
+            if kept < len(accepted):
+                moving.append((slot, base, kept, accepted))
+            self.lengths[slot] = base + len(accepted)
+        if not moving:
+            return
+        device = self.layers[0].key_buffer.device
+        sources = torch.tensor([base + node for _, base, kept, accepted in moving for node in accepted[kept:]],
+                               dtype=torch.long, device=device)
+        for (slot, base, kept, accepted), src in zip(
+                moving, sources.split([len(a) - kept for _, _, kept, a in moving]), strict=True):
             for layer in self.layers:
                 for buffer in (layer.key_buffer, layer.value_buffer):
                     row = buffer[slot]  # (heads, capacity, D)
-                    row[:, base + kept : base + k] = row.index_select(1, src)
-        self.lengths[slot] = base + k
+                    row[:, base + kept : base + len(accepted)] = row.index_select(1, src)
 
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s committed entries into slot ``dst`` (retiring ``dst`` keeps the live slots packed)."""

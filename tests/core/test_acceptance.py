@@ -14,6 +14,7 @@ from specfamily.core.acceptance import verify_draft
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft, SamplingConfig
 from specfamily.core.verify import verify_tree
+from specfamily.testing.syncs import SyncCounter, on_device
 
 CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=5),
            SamplingConfig(1.3, top_k=20, top_p=0.8)]
@@ -90,3 +91,32 @@ def test_logits_without_n_plus_one_rows_are_refused():
     with pytest.raises(ValueError, match="p must have shape"):
         verify_draft(Draft(tokens=torch.tensor([1]), parents=torch.tensor([-1]), q=None), torch.zeros(3, 4),
                      SamplingConfig(1.0), torch.Generator())
+
+
+def test_every_slots_greedy_verdict_at_once_is_each_slots_own():
+    """verify_greedy_slots (the batched loop's rule at temperature 0) gives, slot for slot, what verify_draft gives:
+    random trees drawn from the target's own argmax (deep walks) or at random (rejections), and empty drafts; on
+    stand-in device tensors with one host copy for all of them."""
+    cases, greedy = torch.Generator().manual_seed(5), SamplingConfig(0.0)
+    depths = []
+    for _ in range(40):
+        drafts, rows = [], []
+        for _slot in range(int(torch.randint(1, 6, (1,), generator=cases))):
+            n = int(torch.randint(0, 7, (1,), generator=cases))
+            logits = 3 * torch.randn(n + 1, 50, generator=cases)
+            if n and bool(torch.rand(1, generator=cases) < 0.7):  # every node its parent's argmax: accepted
+                parents = torch.tensor([int(torch.randint(-1, i, (1,), generator=cases)) if i else -1
+                                        for i in range(n)])
+                draft = Draft(logits[parents + 1].argmax(-1), parents)
+            else:
+                draft = Draft.chain(torch.randint(0, 50, (n,), generator=cases)) if n else Draft.empty()
+            drafts.append(draft)
+            rows.append(logits)
+        expected = [verify_draft(d, r, greedy, torch.Generator()) for d, r in zip(drafts, rows, strict=True)]
+        assert acceptance.verify_greedy_slots(drafts, rows) == expected
+        depths += [len(path) for path, _ in expected]
+        stand_ins = [Draft(on_device(d.tokens), d.parents) for d in drafts]
+        with SyncCounter() as syncs:
+            got = acceptance.verify_greedy_slots(stand_ins, [on_device(r) for r in rows])
+        assert got == expected and syncs.count == 1, syncs
+    assert max(depths) >= 4 and min(depths) == 0  # deep walks and rejections both reached

@@ -14,6 +14,7 @@ import torch
 import specfamily.core.host as host
 from specfamily.core.host import to_host
 from specfamily.core.verify import greedy_tree, verify_tree
+from specfamily.testing.syncs import STAND_IN, SyncCounter, on_device, on_host
 
 P = torch.tensor([0.42, 0.26, 0.16, 0.10, 0.06], dtype=torch.float64)
 Q = torch.tensor([0.20, 0.45, 0.10, 0.05, 0.20], dtype=torch.float64)
@@ -259,3 +260,22 @@ def test_inverse_cdf_over_the_blocks_with_mass_is_the_whole_rows(dtype):
     for row in rows:
         assert [host.inverse_cdf(row, u) for u in us] == [_whole_row_inverse(row, u) for u in us]
     assert host.inverse_cdf(last, 1 - 2**-53) == vocab - 1 and host.inverse_cdf(last * 3, 1.0) == vocab - 1
+
+
+def test_a_batched_passs_host_token_ids_reach_the_device_in_one_copy():
+    """to_device: the host tensors (any integer dtype) as long views of one device tensor, one blocking copy for all;
+    a tensor already on the device and an empty one are handed back as they are; on the CPU nothing moves."""
+    host_ids = [torch.tensor([3, 1]), torch.tensor([[7, 8, 9]], dtype=torch.int32), torch.zeros(0, dtype=torch.long)]
+    there = on_device(torch.tensor([5]))
+    with SyncCounter() as syncs:
+        moved = host.to_device([*host_ids, there], STAND_IN)
+    assert syncs.count == 1 and [s.kind for s in syncs.syncs] == ["copy to device"], syncs
+    assert all(t.device == STAND_IN for t in moved[:2]) and moved[2] is host_ids[2] and moved[3] is there
+    assert [on_host(t).tolist() for t in moved[:2]] == [[3, 1], [[7, 8, 9]]] and moved[1].dtype == torch.long
+    assert all(a is b for a, b in zip(host.to_device(host_ids, torch.device("cpu")), host_ids, strict=True))
+
+
+def test_a_requests_generator_lives_on_its_device_and_on_the_host_for_the_cpu_and_stand_ins():
+    for device in ("cpu", "meta"):
+        generator = host.seeded_generator(torch.device(device), 7)
+        assert generator.device.type == "cpu" and generator.initial_seed() == 7

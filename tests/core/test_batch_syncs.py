@@ -1,0 +1,73 @@
+"""Host synchronisations of the batched loop, counted on a stand-in model (specfamily.testing.syncs: its weights
+"on an accelerator", the whole pass followed by the counter): a steady pass waits for the host a fixed number of
+times whatever the batch size (its cache plan, every request's verdict, every next root, and where they are fed its
+draft ids, a packed pass's row index and the positions of the accepted tree nodes its slots move, one copy each),
+where slot by slot it waited once a request for its verdict, its next root, its draft and its moved nodes. The rest
+are one-time: a request's admission and a draft shape's first mask."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import specfamily as sf
+from specfamily.core.batch_target import BatchTarget
+from specfamily.core.target import load_target
+from specfamily.testing import RandomTreeDrafter, tiny_model
+from specfamily.testing.syncs import SyncCounter, stand_in_module
+
+ONE_TIME = {"target.py", "batch_requests.py", "tree_mask.py", "cache_utils.py"}  # admission, masks, the HF cache
+
+
+def _prompts(count: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.randint(3, 10, (count,), generator=gen).tolist()
+    return [torch.randint(0, 64, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _run(monkeypatch, drafted: bool, max_batch: int, stand_ins: bool, generation: dict | None = None):
+    """(each request's tokens, the syncs of generate_batch by (kind, file), its passes, its slot-passes)."""
+    model = tiny_model("llama", 64, 0, torch.float32, spread=1.0)
+    for name, value in (generation or {}).items():
+        setattr(model.generation_config, name, value)
+    fed = []
+    forward = BatchTarget.forward
+    monkeypatch.setattr(BatchTarget, "forward", lambda self, lo, feeds, *a: fed.append(len(feeds)) or forward(
+        self, lo, feeds, *a))
+    with SyncCounter() as counted:
+        if stand_ins:
+            stand_in_module(model)
+        target = load_target(model)
+        drafter = RandomTreeDrafter(target, gamma=2, nodes=3) if drafted else None
+        before = len(counted.syncs)
+        results = sf.generate_batch(target, drafter, _prompts(8), 8, max_batch=max_batch, trace=False)
+    sites = Counter((s.kind, Path(s.where.rsplit(":", 1)[0]).name) for s in counted.syncs[before:])
+    return [r.tokens for r in results], sites, len(fed), sum(fed)
+
+
+@pytest.mark.parametrize("drafted", [False, True], ids=["plain", "drafted"])
+def test_a_steady_pass_waits_for_the_host_as_often_at_any_batch_size(monkeypatch, drafted):
+    for max_batch in (2, 4):
+        tokens, sites, passes, _ = _run(monkeypatch, drafted, max_batch, stand_ins=True)
+        assert tokens == _run(monkeypatch, drafted, max_batch, stand_ins=False)[0]  # the same decoding
+        steady = {site: n for site, n in sites.items() if site[1] not in ONE_TIME}
+        drafts = steady.pop(("copy to device", "host.py"), 0)  # the passes' draft ids, one copy a drafted pass
+        packed = steady.pop(("copy to device", "batch_target.py"), 0)  # a packed pass's row index, one copy
+        cache = steady.pop(("copy to device", "batch_cache.py"), 0)  # its plan; the tree paths kept, moved
+        assert steady == {("copy to host", "host.py"): passes,  # every request's verdict
+                          ("copy to device", "batch_loop.py"): passes}, (max_batch, sites)  # every next root
+        assert passes <= cache <= 2 * passes and (cache > passes) == drafted, (max_batch, sites)
+        assert (0 < drafts <= passes) if drafted else drafts == 0, (max_batch, sites)
+        assert 0 < packed < passes, (max_batch, sites)  # a newcomer's prompt beside the roots; ragged drafts
+        assert sites[("copy to device", "target.py")] == 8 and sites[("copy to host", "batch_requests.py")] == 8
+
+
+def test_a_rule_of_the_requests_own_waits_once_a_request(monkeypatch):
+    """Under the target's logits processors each request is verified by its own rule, each verdict a wait: the
+    counter sees per-request waits where there are some (the count above is not blind to them)."""
+    _, sites, passes, slot_passes = _run(monkeypatch, False, 4, stand_ins=True,
+                                          generation={"repetition_penalty": 1.3})
+    assert sites[("copy to host", "host.py")] == slot_passes > passes, sites
