@@ -19,7 +19,16 @@ from specfamily.core.drafter import AcceptRule, Hooks
 from specfamily.core.processors import processors_for
 from specfamily.core.sampling import greedy_tokens, native_available, warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import greedy_tree, greedy_walk, verify_tree, verify_tree_rows
+from specfamily.core.verify import (
+    DraftProbabilityError,
+    check_shapes,
+    device_walk,
+    greedy_tree,
+    greedy_walk,
+    verify_tree,
+    verify_tree_rows,
+    walk_verdict,
+)
 
 
 def verify_draft(
@@ -48,6 +57,33 @@ def verify_greedy_slots(drafts: Sequence[Draft], logits: Sequence[torch.Tensor])
                           *(d.parents for d in drafts)])
     return [greedy_walk(tokens.tolist(), parents.tolist(), best.tolist())
             for best, tokens, parents in zip(moved[:n], moved[n : 2 * n], moved[2 * n :], strict=True)]
+
+
+def walks_on_device(logits: torch.Tensor, generator: torch.Generator | None) -> bool:
+    """Whether :func:`verify_draft` under sampling walks on the logits' device (its uniforms come from an
+    accelerator) rather than on the host."""
+    return host.draw_device(logits, generator).type != "cpu"
+
+
+def verify_sampled_slots(drafts: Sequence[Draft], logits: Sequence[torch.Tensor], sampling: SamplingConfig,
+                         generators: Sequence[torch.Generator], names: Sequence[str]) -> list[tuple[list[int], int]]:
+    """:func:`verify_draft` under sampling for every request of a batched pass whose walks run on the device
+    (:func:`walks_on_device`): each request's p warped and its walk queued there with its own generator's uniforms,
+    every result reaching the host in one copy, where slot by slot each waited for its own. The same verdicts and
+    generator states as ``verify_draft`` slot by slot; a q it refuses is named with ``names[i]``, its drafter."""
+    walks = []
+    for draft, rows, generator in zip(drafts, logits, generators, strict=True):
+        n, p = draft.tokens.numel(), warp(rows, sampling)
+        check_shapes(n, tuple(p.shape), draft.q)
+        walks.append(device_walk(draft.tokens, draft.parents, draft.q, p,
+                                 host.uniform_block(n + 1, generator, host.draw_device(p, generator))))
+    verdicts = []
+    for draft, values, name in zip(drafts, host.to_host(walks), names, strict=True):
+        try:
+            verdicts.append(walk_verdict(values.tolist(), draft.tokens, draft.q))
+        except DraftProbabilityError as err:
+            raise DraftProbabilityError(f"{name}: {err}") from err
+    return verdicts
 
 
 def lazy_rows(logits: torch.Tensor, sampling: SamplingConfig, chain: bool) -> Callable[[int], torch.Tensor]:

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from specfamily.core import batch_log
-from specfamily.core.acceptance import verify_draft, verify_greedy_slots
+from specfamily.core.acceptance import verify_draft, verify_greedy_slots, verify_sampled_slots, walks_on_device
 from specfamily.core.arrivals import LoopClock, arrival_order, check_arrivals
 from specfamily.core.batch_catchup import kept_catch_up
 from specfamily.core.batch_evidence import Evidence, kept_evidence
@@ -42,7 +42,7 @@ from specfamily.core.batch_tally import kept_tally
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.batch_waves import WaveLedger, judge
 from specfamily.core.costs import device_clock
-from specfamily.core.drafter import Drafter
+from specfamily.core.drafter import Drafter, drafter_name
 from specfamily.core.loop import (
     _check_request,
     _depth,
@@ -245,11 +245,18 @@ class _Batch(BatchPlanning, BatchRequests):
             batch_log.log_pass(self.passes, prefilled, self.wave, self.budget, lines, self.batch.rows, c2 - c0)
 
     def _verify(self, group: list[Request], drafts: list[Draft], outs: list) -> list[tuple[list[int], int]]:
-        """Each request's (accepted nodes, next token): at temperature 0 under the exact rule, every slot's at once
-        (``verify_greedy_slots``: one host copy a pass, not one a request); else by each request's own rule (sampled,
-        a lossy drafter's, or under the target's logits processors)."""
-        if self.sampling.greedy and all(request.accept is verify_draft for request in group):
-            return verify_greedy_slots(drafts, [out.logits for out in outs])
+        """Each request's (accepted nodes, next token): under the exact rule every slot's at once, one host copy a
+        pass (``verify_greedy_slots`` at temperature 0; ``verify_sampled_slots`` where the walks run on the device),
+        where slot by slot each waited for its own; else by each request's own rule (on the host, a lossy drafter's,
+        or under the target's logits processors)."""
+        logits = [out.logits for out in outs]
+        if all(request.accept is verify_draft for request in group):
+            generators = [request.ctx.generator for request in group]
+            if self.sampling.greedy:
+                return verify_greedy_slots(drafts, logits)
+            if all(walks_on_device(rows, generator) for rows, generator in zip(logits, generators, strict=True)):
+                return verify_sampled_slots(drafts, logits, self.sampling, generators,
+                                            [drafter_name(request.drafter) for request in group])
         return [_verified(request.accept, request.drafter, draft, out.logits, self.sampling, request.ctx.generator)
                 for request, draft, out in zip(group, drafts, outs, strict=True)]
 

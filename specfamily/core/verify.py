@@ -158,7 +158,7 @@ def _walk(children: dict[int, list[int]], tokens: list[int], q64: Rows | None, p
         node, residual = accepted, p64[accepted + 1]
 
 
-def _check_shapes(n: int, p_shape: tuple[int, ...], q: torch.Tensor | None) -> None:
+def check_shapes(n: int, p_shape: tuple[int, ...], q: torch.Tensor | None) -> None:
     if len(p_shape) != 2 or p_shape[0] != n + 1:
         raise ValueError(f"p must have shape (n + 1 = {n + 1}, V), got {tuple(p_shape)}")
     if q is not None and q.shape != (n, p_shape[1]):
@@ -192,7 +192,7 @@ def verify_tree(
     uniforms come from an accelerator (the generator's device, or p's for torch's default generator).
     """
     n = tokens.numel()
-    _check_shapes(n, tuple(p.shape), q)
+    check_shapes(n, tuple(p.shape), q)
     device = host.draw_device(p, generator)
     on_device = device.type != "cpu" if device_walk is None else device_walk
     if on_device:
@@ -216,7 +216,7 @@ def verify_tree_rows(
 
     For CPU tensors and a CPU generator (or none): the same draws, so the same result, as verify_tree on the
     stacked rows."""
-    _check_shapes(tokens.numel(), tuple(p_shape), q)
+    check_shapes(tokens.numel(), tuple(p_shape), q)
     if generator is not None and generator.device.type != "cpu":
         raise ValueError(f"verify_tree_rows draws on the host; got a generator on {generator.device}")
     tokens, parents, q = host.to_host([tokens, parents, q])
@@ -228,6 +228,14 @@ def device_verify_tree(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Ten
     """verify_tree's law with the walk on p's device (:mod:`specfamily.core.device_verify`; a chain in one block when
     parents is a host tensor that says so), uniforms u (n + 1,): node i's try reads u[i], the final token u[n]. The
     accept mask, the next token and what a refused q needs cross to the host in one copy: one synchronisation."""
+    return walk_verdict(device_walk(tokens, parents, q, p, u).tolist(), tokens, q)  # the one synchronisation
+
+
+def device_walk(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                u: torch.Tensor) -> torch.Tensor:
+    """:func:`device_verify_tree`'s walk, left on p's device, packed for one copy to the host: (n + 2,) long, or
+    (n + 3,) with a q: the accept mask, the next token, the first tried node whose token q gives 0 (-1: none), and
+    whether a row of q is not a distribution."""
     n = tokens.numel()
     u = u if u.device == p.device else u.to(p.device)
     chain = parents.device.type == "cpu" and parents.tolist() == list(range(-1, n - 1))
@@ -235,9 +243,15 @@ def device_verify_tree(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Ten
     flags = [result.next_token.view(1), result.zero_q.view(1)]
     if q is not None:
         flags.append((~plain_rows(q, sum_tolerance(q.dtype))).any().long().view(1))
-    values = torch.cat([result.accepted.long(), *flags]).tolist()  # the one synchronisation
+    return torch.cat([result.accepted.long(), *flags])
+
+
+def walk_verdict(values: list[int], tokens: torch.Tensor, q: torch.Tensor | None) -> tuple[list[int], int]:
+    """A :func:`device_walk`'s packed result read on the host: (accepted nodes, next token), or the error a refused
+    q gets (the exact checks name the node and what is wrong with its row)."""
+    n = tokens.numel()
     if q is not None and values[n + 2]:
-        check_q(q)  # the exact checks: raises, naming the node and what is wrong with its row
+        check_q(q)
     if values[n + 1] >= 0:
         node = values[n + 1]
         raise _zero_q_error(int(tokens[node]), node)

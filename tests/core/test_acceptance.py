@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specfamily.core import acceptance
+from specfamily.core import acceptance, host
 from specfamily.core.acceptance import verify_draft
 from specfamily.core.sampling import warp
 from specfamily.core.types import Draft, SamplingConfig
-from specfamily.core.verify import verify_tree
+from specfamily.core.verify import DraftProbabilityError, verify_tree
 from specfamily.testing.syncs import SyncCounter, on_device
 
 CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=5),
@@ -120,3 +120,40 @@ def test_every_slots_greedy_verdict_at_once_is_each_slots_own():
             got = acceptance.verify_greedy_slots(stand_ins, [on_device(r) for r in rows])
         assert got == expected and syncs.count == 1, syncs
     assert max(depths) >= 4 and min(depths) == 0  # deep walks and rejections both reached
+
+
+@pytest.mark.parametrize("sampling", CONFIGS[:2], ids=str)
+def test_every_slots_sampled_verdict_on_the_device_at_once_is_each_slots_own(monkeypatch, sampling):
+    """verify_sampled_slots (the batched loop's rule where the walks run on the device) gives, slot for slot, what
+    verify_draft gives with the same generators, and leaves them in the same states: sampled and deterministic
+    trees, empty drafts; on stand-in device tensors (uniforms drawn on the stand-in device) with one host copy."""
+    monkeypatch.setattr(host, "draw_device", lambda p, generator: p.device)
+    cases, depths = torch.Generator().manual_seed(8), []
+    for seed in range(12):
+        drafts, rows = [], []
+        for slot in range(int(torch.randint(2, 6, (1,), generator=cases))):
+            n = int(torch.randint(0, 6, (1,), generator=cases))
+            logits = 3 * torch.randn(n + 1, 80, generator=cases)
+            draft = _random_draft(cases, logits, sampling, sampled=slot % 2 == 0) if n else Draft.empty()
+            drafts.append(Draft(on_device(draft.tokens), draft.parents, on_device(draft.q)))
+            rows.append(on_device(logits))
+        alone = [torch.Generator().manual_seed(seed * 10 + i) for i in range(len(drafts))]
+        together = [torch.Generator().manual_seed(seed * 10 + i) for i in range(len(drafts))]
+        with SyncCounter() as syncs:
+            got = acceptance.verify_sampled_slots(drafts, rows, sampling, together, ["d"] * len(drafts))
+        with SyncCounter() as each:  # stand-ins' uniforms are drawn inside a counter's view
+            expected = [verify_draft(d, r, sampling, g) for d, r, g in zip(drafts, rows, alone, strict=True)]
+        assert syncs.count == 1 and each.count == len(drafts), (syncs, each)
+        assert got == expected
+        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(alone, together, strict=True))
+        depths += [len(path) for path, _ in got]
+    assert max(depths) >= 3 and min(depths) == 0
+
+
+def test_a_q_refused_among_a_batchs_walks_is_named_with_its_drafter(monkeypatch):
+    monkeypatch.setattr(host, "draw_device", lambda p, generator: p.device)
+    good, bad = Draft.chain([1]), Draft.chain([2], q=torch.full((1, 5), 0.5))  # q sums to 2.5
+    rows = [on_device(torch.randn(2, 5)) for _ in range(2)]
+    with SyncCounter(), pytest.raises(DraftProbabilityError, match=r"^mine: q of draft node 0 is not a distribution"):
+        acceptance.verify_sampled_slots([good, bad], rows, SamplingConfig(1.0), [torch.Generator()] * 2,
+                                        ["plain", "mine"])

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import specfamily as sf
+from specfamily.core import batch_loop, host
 from specfamily.core.batch_target import BatchTarget
 from specfamily.core.target import load_target
 from specfamily.testing import RandomTreeDrafter, tiny_model
@@ -28,7 +29,8 @@ def _prompts(count: int) -> list[list[int]]:
     return [torch.randint(0, 64, (n,), generator=gen).tolist() for n in lengths]
 
 
-def _run(monkeypatch, drafted: bool, max_batch: int, stand_ins: bool, generation: dict | None = None):
+def _run(monkeypatch, drafted: bool, max_batch: int, stand_ins: bool, generation: dict | None = None,
+         sampling: sf.SamplingConfig | None = None):
     """(each request's tokens, the syncs of generate_batch by (kind, file), its passes, its slot-passes)."""
     model = tiny_model("llama", 64, 0, torch.float32, spread=1.0)
     for name, value in (generation or {}).items():
@@ -43,7 +45,8 @@ def _run(monkeypatch, drafted: bool, max_batch: int, stand_ins: bool, generation
         target = load_target(model)
         drafter = RandomTreeDrafter(target, gamma=2, nodes=3) if drafted else None
         before = len(counted.syncs)
-        results = sf.generate_batch(target, drafter, _prompts(8), 8, max_batch=max_batch, trace=False)
+        results = sf.generate_batch(target, drafter, _prompts(8), 8, sampling=sampling, max_batch=max_batch,
+                                    trace=False)
     sites = Counter((s.kind, Path(s.where.rsplit(":", 1)[0]).name) for s in counted.syncs[before:])
     return [r.tokens for r in results], sites, len(fed), sum(fed)
 
@@ -71,3 +74,17 @@ def test_a_rule_of_the_requests_own_waits_once_a_request(monkeypatch):
     _, sites, passes, slot_passes = _run(monkeypatch, False, 4, stand_ins=True,
                                           generation={"repetition_penalty": 1.3})
     assert sites[("copy to host", "host.py")] == slot_passes > passes, sites
+
+
+@pytest.mark.parametrize("drafted", [False, True], ids=["plain", "drafted"])
+def test_sampled_walks_on_the_device_reach_the_host_in_one_copy_a_pass(monkeypatch, drafted):
+    """Under sampling, with each request's uniforms drawn on the device (as an accelerator's generator draws them),
+    every request's walk runs there and their verdicts cross in one copy a pass: the same tokens as each walk
+    crossing on its own, which waits once a request."""
+    monkeypatch.setattr(host, "draw_device", lambda p, generator: p.device)
+    sampling = sf.SamplingConfig(0.8, top_p=0.9)
+    tokens, sites, passes, slot_passes = _run(monkeypatch, drafted, 4, stand_ins=True, sampling=sampling)
+    assert sites[("copy to host", "host.py")] == passes and sites[("copy to host", "verify.py")] == 0, sites
+    monkeypatch.setattr(batch_loop, "walks_on_device", lambda logits, generator: False)  # each request on its own
+    alone, each, _, _ = _run(monkeypatch, drafted, 4, stand_ins=True, sampling=sampling)
+    assert alone == tokens and each[("copy to host", "verify.py")] == slot_passes > passes, each
