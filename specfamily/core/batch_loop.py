@@ -351,6 +351,7 @@ class _Batch(BatchPlanning, BatchRequests):
         request.pending = root
         if request.drafter is None:
             return None
-        _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds)
+        # asked (its share of the proposal timed: draft_seconds > 0) and empty: that share is its c, as at batch 1
+        _report(request.drafter.policy, draft, depth, accepted, draft_seconds, verify_seconds, draft_seconds > 0)
         return _outcome(draft, accepted, committed, out.features, m, start, out.logits)
 

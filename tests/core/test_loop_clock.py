@@ -166,3 +166,31 @@ def test_the_policy_is_timed_on_cpu_time_on_one_thread_and_on_the_loops_clock_ot
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert loop._planning_clock(torch.device("cpu")) is None
     assert loop._planning_clock(torch.device("cuda", 0)) is None
+
+
+class _EmptyInBatches(_Empty):
+    """Asked for 2 tokens on every pass, never finds anything; one policy for every batch slot (``batch_shared``)."""
+
+    batch_shared = ("policy",)
+
+    def __init__(self):
+        super().__init__()
+        self.policy = _Always()
+
+
+class _Always(_Alternating):
+    def next_gamma(self):
+        return 2
+
+
+def test_a_batched_request_asked_for_a_draft_that_came_back_empty_reports_its_share_of_the_proposal():
+    """generate_batch's slots report as generate does: a pass whose drafter was asked and found nothing tells the
+    policy its share of the proposal's time as c (it reported None, as for a pass not asked)."""
+    target = tiny_target("llama", vocab_size=32, dtype=torch.float32)
+    drafter = _EmptyInBatches()
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    results = sf.generate_batch(target, drafter, prompts, max_new_tokens=6, max_batch=3)
+    assert [r.tokens for r in results] == [r.tokens for r in sf.generate_batch(target, None, prompts, 6)]
+    cs = [args[2] for args, _ in drafter.policy.updates]
+    assert all(args[:2] == (0, 0) for args, _ in drafter.policy.updates) and len(cs) == 15  # a request's last pass
+    assert all(c is not None and c >= 0 for c in cs), cs  # reports nothing: it is done
