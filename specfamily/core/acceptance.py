@@ -51,10 +51,14 @@ def verify_greedy_slots(drafts: Sequence[Draft], logits: Sequence[torch.Tensor])
     """:func:`verify_draft` at temperature 0 for every request of a batched pass at once: each slot's argmax rows
     (``logits[i]`` (n_i + 1, V) for ``drafts[i]``) and every draft's tokens reach the host in one copy, where slot
     by slot each request's verdict waited for its own (on an accelerator, one synchronisation a pass, not one a
-    request). The same verdicts, slot for slot, as ``verify_draft`` gives."""
+    request, and one argmax over every slot's rows, not one kernel a request). The same verdicts, slot for slot, as
+    ``verify_draft`` gives."""
     n = len(drafts)
-    moved = host.to_host([*(greedy_tokens(rows) for rows in logits), *(d.tokens for d in drafts),
-                          *(d.parents for d in drafts)])
+    if logits[0].device.type == "cpu":  # the C++ argmax over each slot's rows where they are (no joined copy)
+        best = [greedy_tokens(rows) for rows in logits]
+    else:
+        best = list(greedy_tokens(torch.cat(list(logits))).split([rows.shape[0] for rows in logits]))
+    moved = host.to_host([*best, *(d.tokens for d in drafts), *(d.parents for d in drafts)])
     return [greedy_walk(tokens.tolist(), parents.tolist(), best.tolist())
             for best, tokens, parents in zip(moved[:n], moved[n : 2 * n], moved[2 * n :], strict=True)]
 

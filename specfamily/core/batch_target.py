@@ -71,6 +71,18 @@ def _checked(tokens: list[torch.Tensor], vocab_size: int, device: torch.device) 
     return host.to_device(tokens, device)
 
 
+def _roots_alone(roots: list[torch.Tensor], index: torch.Tensor, extent: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, positions, mask) of a pass where every slot feeds one token, its root, in a few tensor ops whatever the
+    number of slots (slot by slot each took several, each a kernel launch on an accelerator): the same values as
+    :meth:`BatchTarget._place` writes. ``index``: the cache plan's (B, 1, 1, 1) write positions, each slot's length:
+    its root's position, and the last key it sees (its cached entries and itself)."""
+    positions = index.view(-1, 1)
+    keys = torch.arange(extent, device=index.device).view(1, 1, 1, extent)
+    mask = torch.full((len(roots), 1, 1, extent), torch.finfo(dtype).min, dtype=dtype, device=index.device)
+    return torch.cat(roots).view(-1, 1), positions, mask.masked_fill_(keys <= index, 0)
+
+
 class BatchTarget:
     """A :class:`Target`'s model run over batch slots, with a :class:`BatchCache` and per-slot rollback."""
 
@@ -107,11 +119,14 @@ class BatchTarget:
             if outputs is not None:
                 return outputs
             plan = self.cache.plan_pass(lo, hi, width, device)  # the failed call ended its pass: the fallback's
-        ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
-        positions = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
-        mask = torch.full((len(feeds), 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
-        for b, (feed, tree) in enumerate(zip(feeds, parents, strict=True)):
-            self._place(b, feed.pending, drafted[b], tree, lengths[b], m[b], width, (ids, positions, mask))
+        if width == 1:  # every slot feeds its root alone (a pass that drafts nothing): built for all slots at once
+            ids, positions, mask = _roots_alone([feed.pending for feed in feeds], plan.index, plan.extent, dtype)
+        else:
+            ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
+            positions = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
+            mask = torch.full((len(feeds), 1, width, plan.extent), torch.finfo(dtype).min, dtype=dtype, device=device)
+            for b, (feed, tree) in enumerate(zip(feeds, parents, strict=True)):
+                self._place(b, feed.pending, drafted[b], tree, lengths[b], m[b], width, (ids, positions, mask))
         if self._packs(len(feeds), width, sum(fed)):
             return self._packed(lo, feeds, parents, lengths, m, fed, (ids, positions, mask), features)
         keep = width - (min(m) - 1)  # from the earliest root to the last row

@@ -2,11 +2,14 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import specfamily as sf
-from specfamily.core.batch_target import BatchTarget, SlotFeed
+from specfamily.core.batch_target import BatchTarget, SlotFeed, _roots_alone
+from specfamily.core.target import load_target
 from specfamily.core.types import Draft
-from specfamily.testing import tiny_target
+from specfamily.testing import tiny_model, tiny_target
+from specfamily.testing.syncs import SyncCounter, stand_in_module
 
 
 def _batch_1(target, prompt, draft, features=False):
@@ -85,3 +88,51 @@ def test_guards_name_the_problem():
         batch.commit(0, [1])
     with pytest.raises(ValueError, match=r"draft token id 40 is outside the target's vocabulary \[0, 32\)"):
         BatchTarget(target, slots=1).forward(0, [SlotFeed(torch.tensor([1]), Draft.chain([40]))])
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops that compute (views left out): on an accelerator, one kernel launch each, about."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_pass_of_roots_alone_builds_its_inputs_as_the_slot_by_slot_writes_do():
+    target = tiny_target("llama", vocab_size=32, spread=1.0)
+    batch = BatchTarget(target, slots=3, capacity=16)
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    batch.forward(0, [SlotFeed(torch.tensor(p), Draft.empty()) for p in prompts])
+    batch.commit_all({slot: [] for slot in range(3)})
+    roots = [torch.tensor([p[-1]]) for p in prompts]
+    plan = batch.cache.plan_pass(0, 3, 1, target.device)
+    ids, positions, mask = _roots_alone(roots, plan.index, plan.extent, target.dtype)
+    padded = (torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long),
+              torch.full((3, 1, 1, plan.extent), torch.finfo(target.dtype).min, dtype=target.dtype))
+    for b, root in enumerate(roots):
+        batch._place(b, root, root[:0], (), batch.lengths[b], 1, 1, padded)
+    assert all(torch.equal(a, b) for a, b in zip((ids, positions, mask), padded, strict=True))
+    batch.cache.end_pass()
+
+
+def test_a_pass_of_roots_alone_runs_as_many_tensor_ops_at_any_batch_size():
+    """On stand-ins (what an accelerator would launch): a pass where every slot feeds its root alone, its inputs
+    built and the model run, computes as many aten ops at 6 slots as at 2 (slot by slot its inputs took ~8 a slot)."""
+    ops = {}
+    for slots in (2, 6):
+        model = tiny_model("llama", 32, 0, torch.float32, spread=1.0)
+        with SyncCounter():
+            stand_in_module(model)
+            batch = BatchTarget(load_target(model), slots=slots, capacity=16)
+            batch.forward(0, [SlotFeed(torch.tensor([1, 2, 3 + b]), Draft.empty()) for b in range(slots)])
+            batch.commit_all({slot: [] for slot in range(slots)})
+            feeds = [SlotFeed(torch.tensor([4]), Draft.empty()) for _ in range(slots)]
+            with _Ops() as counted:
+                outs = batch.forward(0, feeds)
+            ops[slots] = counted.count
+            assert len(outs) == slots
+    assert ops[2] == ops[6], ops
