@@ -6,47 +6,20 @@ at near-ties only (``specfamily.testing.greedy``'s criterion: a logit gap within
 
 from __future__ import annotations
 
-import functools
-import tempfile
-
 import pytest
 import torch
 
 import specfamily as sf
 from specfamily.core.target import load_target
-from specfamily.testing import draft_model_for, tiny_model
+from specfamily.testing import tiny_model
+from specfamily.testing.every_drafter import covered, every_drafter
 from specfamily.testing.greedy import GreedyCase, check_report, compare_greedy, greedy_prompts, reference_greedy
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 VOCAB, PROMPTS, NEW_TOKENS = 256, 12, 24
-DRAFTERS = {
-    "plain": lambda t: None,
-    "small_model": lambda t: sf.create_drafter("small_model", t, model=draft_model_for(t).to(t.device), gamma=4),
-    "prompt_lookup": lambda t: sf.create_drafter("prompt_lookup", t, gamma=4, branches=2),
-    "self_spec": lambda t: sf.create_drafter("self_spec", t, skip=["mlp:1"], gamma=4),
-    "medusa": lambda t: sf.create_drafter("medusa", t, weights="random", gamma=3),
-    "hydra": lambda t: sf.create_drafter("hydra", t, weights="random", gamma=3),
-    "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
-    "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
-    "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
-    "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3, template="2.2.2"),
-    "rest": lambda t: sf.create_drafter("rest", t, gamma=4, datastore=_rest_datastore(t.vocab_size)),
-    "merge": lambda t: sf.create_drafter("merge", t, parts=["prompt_lookup", "eagle3"], gamma=3,
-                                         options={"eagle3": {"weights": "random"}}),
-    "lookahead": lambda t: sf.create_drafter("lookahead", t, gamma=3, guesses=3, window=4, ngram=4),
-}
+DRAFTERS = every_drafter([p.tolist() for p in greedy_prompts(VOCAB, PROMPTS)])
 CASES: dict[tuple[str, torch.dtype], GreedyCase] = {}
-
-
-@functools.cache
-def _rest_datastore(vocab_size: int) -> str:
-    """A datastore of the greedy prompts, each followed by the next (as tests/testing/test_greedy.py's)."""
-    from specfamily.drafters.rest.datastore import build_datastore
-
-    prompts = greedy_prompts(vocab_size, PROMPTS)
-    sequences = [a.tolist() + b.tolist() for a, b in zip(prompts, prompts[1:] + prompts[:1], strict=True)]
-    return str(build_datastore(sequences, tempfile.mkdtemp(prefix="rest-"), vocab_size, progress=False))
 
 
 def cuda_case(family: str, dtype: torch.dtype) -> GreedyCase:
@@ -60,7 +33,7 @@ def cuda_case(family: str, dtype: torch.dtype) -> GreedyCase:
 
 
 def test_every_registered_drafter_is_covered():
-    assert set(sf.list_drafters()) <= set(DRAFTERS)
+    assert not covered(DRAFTERS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
