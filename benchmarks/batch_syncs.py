@@ -3,7 +3,7 @@
 whole loop followed by the counter, values computed on the CPU), per pass at two batch sizes, by the line that made
 them. Waits a pass that grow with the batch size are waits a GPU pays once a request a pass.
 
-Each drafter as the CUDA tests build it (``specfamily.testing.every_drafter``: a constant draft length, random weights
+Each drafter as the CUDA tests build it (``specfamily.recipes.every_drafter``: a constant draft length, random weights
 where it needs trained ones), on a tiny random Llama, greedy. A drafter the counter cannot follow (a tensor made
 outside its view) is listed with the error. No GPU needed; the same count under torch.cuda's own debug mode is
 tests/gpu/test_cuda_syncs.py.
@@ -25,8 +25,8 @@ import torch
 import specfamily as sf
 from specfamily.core.batch_target import BatchTarget
 from specfamily.core.target import load_target
+from specfamily.recipes.every_drafter import every_drafter
 from specfamily.testing import tiny_model
-from specfamily.testing.every_drafter import every_drafter
 from specfamily.testing.greedy import greedy_prompts
 from specfamily.testing.syncs import SyncCounter, stand_in_module
 

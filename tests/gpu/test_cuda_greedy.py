@@ -11,8 +11,8 @@ import torch
 
 import specfamily as sf
 from specfamily.core.target import load_target
+from specfamily.recipes.every_drafter import covered, every_drafter
 from specfamily.testing import tiny_model
-from specfamily.testing.every_drafter import covered, every_drafter
 from specfamily.testing.greedy import GreedyCase, check_report, compare_greedy, greedy_prompts, reference_greedy
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -1,7 +1,7 @@
 """Every registered drafter as a test on a tiny random target builds it: at a constant draft length, so it drafts on
 every pass it can (random weights where it needs trained ones, a datastore of the test's own prompts for REST).
-Used by the CUDA tests (tests/gpu) and ``benchmarks/batch_syncs.py``; ``covered`` says whether a registered drafter is
-missing from the table."""
+Used by the CUDA tests (tests/gpu) and ``benchmarks/batch_syncs.py``; a recipe, above the drafters, as it builds
+REST's datastore. ``covered`` says whether a registered drafter is missing from the table."""
 
 from __future__ import annotations
 
