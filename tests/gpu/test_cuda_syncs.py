@@ -120,7 +120,7 @@ def test_the_device_walks_synchronisations_by_aten_op(monkeypatch, chain, sample
 
 
 def test_a_batched_pass_synchronises_as_often_at_any_batch_size_on_cuda(monkeypatch):
-    """tests/core/test_batch_syncs.py's count on stand-ins, under torch.cuda's own debug mode: plain batched greedy
+    """tests/core/test_batch_loop_syncs.py's count on stand-ins, under torch.cuda's own debug mode: plain batched greedy
     decoding of 8 requests at max_batch 2 and 4 waits for the host about as often per pass at either batch size
     (a fixed few a pass: the cache plan, the verdicts, the next roots; plus each request's admission), where slot
     by slot the waits grew with the batch."""
