@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import tempfile
-
 import pytest
 import torch
 
-import specfamily as sf
 from specfamily.core.drafter import BaseDrafter
 from specfamily.core.types import Draft
-from specfamily.testing import draft_model_for
+from specfamily.recipes.every_drafter import covered, every_drafter
 from specfamily.testing.greedy import (
     GAMMA,
     TIE_ULPS,
@@ -31,32 +27,7 @@ from specfamily.testing.tiny import single_thread
 BF16 = {"family": "llama", "dtype": torch.bfloat16, "vocab_size": 256, "prompts": 50, "max_new_tokens": 24,
         "hidden": 64, "layers": 4}
 
-DRAFTERS = {
-    "plain": lambda t: None,
-    "small_model": lambda t: sf.create_drafter("small_model", t, model=draft_model_for(t), gamma=4),
-    "prompt_lookup": lambda t: sf.create_drafter("prompt_lookup", t, gamma=4, branches=2),
-    "self_spec": lambda t: sf.create_drafter("self_spec", t, skip=["mlp:1"], gamma=4),
-    "medusa": lambda t: sf.create_drafter("medusa", t, weights="random", gamma=3),
-    "hydra": lambda t: sf.create_drafter("hydra", t, weights="random", gamma=3),
-    "eagle": lambda t: sf.create_drafter("eagle", t, weights="random", gamma=3),
-    "eagle3": lambda t: sf.create_drafter("eagle3", t, weights="random", gamma=3),
-    "suffix": lambda t: sf.create_drafter("suffix", t, gamma=4, max_spec_offset=2),
-    "merge": lambda t: sf.create_drafter("merge", t, parts=["prompt_lookup", "eagle3"], gamma=3,
-                                         options={"eagle3": {"weights": "random"}}),
-    "recycling": lambda t: sf.create_drafter("recycling", t, gamma=3, template="2.2.2"),
-    "rest": lambda t: sf.create_drafter("rest", t, gamma=4, datastore=_rest_datastore(t.vocab_size)),
-    "lookahead": lambda t: sf.create_drafter("lookahead", t, gamma=3, guesses=3, window=4, ngram=4),
-}
-
-
-@functools.cache
-def _rest_datastore(vocab_size: int) -> str:
-    """A datastore of the greedy prompts, each followed by the next: the end of a prompt is followed by text."""
-    from specfamily.drafters.rest.datastore import build_datastore
-
-    prompts = greedy_prompts(vocab_size, BF16["prompts"])
-    sequences = [a.tolist() + b.tolist() for a, b in zip(prompts, prompts[1:] + prompts[:1], strict=True)]
-    return str(build_datastore(sequences, tempfile.mkdtemp(prefix="rest-"), vocab_size, progress=False))
+DRAFTERS = every_drafter([p.tolist() for p in greedy_prompts(BF16["vocab_size"], BF16["prompts"])])
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +37,7 @@ def bf16_case():
 
 
 def test_every_registered_drafter_is_measured():
-    assert set(sf.list_drafters()) <= set(DRAFTERS)
+    assert not covered(DRAFTERS)
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
