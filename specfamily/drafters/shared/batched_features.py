@@ -29,6 +29,7 @@ from specfamily.core.types import Draft
 from specfamily.drafters.shared.draft_rows import DraftRows
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter, TopkRows, TreeFeeder, drawn_q
+from specfamily.drafters.shared.lockstep_tree import grow_lockstep
 from specfamily.drafters.shared.ragged import RowFeed, ragged_call
 from specfamily.runtime.batch_cache import BatchCache
 
@@ -90,7 +91,7 @@ def _call(lead: FeatureDrafter, span: _Span, feeds: list[RowFeed | None]) -> tor
     if span.ordered:
         return out
     index = span.index.clamp(max=out.shape[0] - 1)  # the call ends at the last fed row: unfed slots read nothing
-    return out.index_select(0, index.to(out.device))
+    return out.index_select(0, index.to(out.device, non_blocking=True))
 
 
 def _catch_up(lead: FeatureDrafter, cache: _Span, drafters: list[FeatureDrafter],
@@ -105,7 +106,7 @@ def _catch_up(lead: FeatureDrafter, cache: _Span, drafters: list[FeatureDrafter]
         if len(ctx.tokens) < start + m + 1:
             raise RuntimeError(f"the context has {len(ctx.tokens)} tokens; features cover {start + m} positions")
         device = inputs.device
-        ids = torch.tensor(ctx.tokens[start + 1 : start + m + 1], dtype=torch.long, device=device)
+        ids = torch.tensor(ctx.tokens[start + 1 : start + m + 1], dtype=torch.long).to(device, non_blocking=True)
         causal = torch.ones(m, m, dtype=torch.bool, device=device).tril()
         feeds.append(RowFeed(ids, inputs, torch.arange(start, start + m, device=device), start, causal))
     out = _call(lead, cache, feeds)
@@ -150,11 +151,16 @@ def _chains(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor
 
 
 def _trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor) -> list[Draft]:
-    """Each slot's EAGLE-2 tree (top-k, or sampled as its drafter's ``tree_sampling`` says), grown in lockstep."""
+    """Each slot's EAGLE-2 tree (top-k, or sampled as its drafter's ``tree_sampling`` says), grown in lockstep: in
+    fixed shapes with one host copy when every slot's tree is top-k (``lockstep_tree``), else slot by slot."""
     root_logits = lead._draft_logits(roots)  # (B, N)
+    top_ks = {drafter.top_k for _, drafter, _, _ in slots}
+    if not any(_draws(drafter, ctx) for _, drafter, ctx, _ in slots) and len(top_ks) == 1 \
+            and top_ks.pop() <= root_logits.shape[-1]:
+        return _topk_trees(lead, cache, slots, roots, root_logits)
     growing, feeders, sampled, trees = {}, [], [], [None] * len(slots)
     for b, (_, drafter, ctx, gamma) in enumerate(slots):
-        draws = drafter.tree_sampling == "sampled" and not ctx.sampling.greedy
+        draws = _draws(drafter, ctx)
         rows = partial(warp, sampling=ctx.sampling) if draws else TopkRows(ctx.sampling.temperature or 1.0)
         expand = partial(expand_sampled, top_k=drafter.top_k, generator=ctx.generator) if draws else None
         feeders.append(TreeFeeder(lead.model, lead._step, drafter.state, roots[b], drafter.top_k, gamma,
@@ -177,6 +183,42 @@ def _trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor)
             feeders[b].record(output)
             requests[b] = _advance(growing[b], feeders[b].rows(rows), trees, b)
     return [_tree_draft(lead, tree, draws) for tree, draws in zip(trees, sampled, strict=True)]
+
+
+def _draws(drafter: FeatureDrafter, ctx: DecodeContext) -> bool:
+    """Whether the slot's tree draws its children (a sampled tree) rather than taking the top-k."""
+    return drafter.tree_sampling == "sampled" and not ctx.sampling.greedy
+
+
+def _topk_trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor,
+                root_logits: torch.Tensor) -> list[Draft]:
+    """Every slot's top-k tree grown in fixed shapes (``top_k`` nodes fed a depth, one layer call a depth for the
+    slots still growing), read to the host in one copy: the trees ``grow_tree`` gives each slot alone."""
+    top_k = slots[0][1].top_k
+    rows = [TopkRows(ctx.sampling.temperature or 1.0) for _, _, ctx, _ in slots]
+    feeders = [TreeFeeder(lead.model, lead._step, drafter.state, roots[b], top_k, gamma, lead._draft_logits, rows[b])
+               for b, (_, drafter, _, gamma) in enumerate(slots)]
+
+    def step(active: list[int], nodes: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        feeds: list[RowFeed | None] = [None] * len(slots)
+        for b in active:
+            ids, inputs, position, visible = feeders[b].prepare(nodes[b], tokens[b], parents[b])
+            positions = torch.full((top_k,), position, dtype=torch.long, device=ids.device)
+            feeds[b] = RowFeed(ids, inputs, positions, feeders[b].state.real, visible)
+        out = _call(lead, cache, feeds)
+        outputs = [out[b, :top_k] for b in active]
+        logits = lead._draft_logits(torch.cat(outputs)).split(top_k)  # (top_k, N) each
+        for b, output in zip(active, outputs, strict=True):
+            feeders[b].record(output)
+        return torch.stack([rows[b](row) for b, row in zip(active, logits, strict=True)])
+
+    root_rows = torch.stack([rows[b](row) for b, row in enumerate(root_logits)])
+    kept = grow_lockstep(root_rows, [gamma for *_, gamma in slots], top_k,
+                         [drafter.total_tokens for _, drafter, _, _ in slots], step)
+    tokens, parents, counts, open_ = to_host([lead.model.token_ids(kept.tokens), kept.parents, kept.counts, kept.open])
+    if open_.any():
+        raise RuntimeError("a top-k tree kept a node without its parent or an earlier sibling")
+    return [Draft(tokens[b, :n], parents[b, :n], None) for b, n in enumerate(counts.tolist())]
 
 
 def _advance(steps, rows: torch.Tensor | None, trees: list, b: int):
