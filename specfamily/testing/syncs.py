@@ -76,9 +76,13 @@ class StandIn(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor) -> StandIn:
-        wrapper = torch.Tensor._make_wrapper_subclass(
-            cls, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(), dtype=inner.dtype,
-            device=STAND_IN, requires_grad=False)
+        # a normal tensor even under inference mode: a view of a normal tensor made there must be one (autograd sets
+        # the view's version counter from its base's, which an inference tensor refuses), and a normal tensor may be
+        # used wherever an inference tensor may
+        with torch.inference_mode(False):
+            wrapper = torch.Tensor._make_wrapper_subclass(
+                cls, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(), dtype=inner.dtype,
+                device=STAND_IN, requires_grad=False)
         wrapper.inner = inner
         return wrapper
 
@@ -197,11 +201,13 @@ class _HostData(TorchFunctionMode):
         device = kwargs.get("device", args[0].device if method else None)
         data = args[1] if method else args[0]
         if device is None or torch.device(device) != STAND_IN or isinstance(data, StandIn):
-            return func(*args, **kwargs)
+            return _kept(func(*args, **kwargs), data)  # ``as_tensor`` of a stand-in as it is: the stand-in
         if method:
             kwargs = {"dtype": args[0].dtype, **kwargs}
-        self.counter.syncs.append(Sync("copy to device", func.__name__, caller()))
-        return StandIn(func(*map(on_host, args), **{**kwargs, "device": torch.device("cpu")}))
+        made = func(*map(on_host, args), **{**kwargs, "device": torch.device("cpu")})
+        if made.numel():  # an empty tensor's copy returns before it copies (Copy.cpp: nothing to wait for)
+            self.counter.syncs.append(Sync("copy to device", func.__name__, caller()))
+        return StandIn(made)
 
 
 def count_syncs(fn: Callable[[], Any]) -> tuple[Any, SyncCounter]:
@@ -284,7 +290,7 @@ def _transfer(func, args: tuple, kwargs: dict) -> tuple[str | None, bool]:
         non_blocking = args[2] if len(args) > 2 else non_blocking
         to_device = isinstance(target, StandIn)
         moves = to_device != isinstance(source, StandIn)
-    if not moves:
+    if not moves or source.numel() == 0:  # an empty copy returns before it copies (Copy.cpp)
         return None, False
     return ("copy to device" if to_device else "copy to host"), bool(non_blocking)
 

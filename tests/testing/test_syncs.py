@@ -177,6 +177,27 @@ def test_a_call_that_changes_nothing_keeps_a_stand_in():
     assert all(k is x for k in kept) and isinstance(y, StandIn) and syncs.count == 0
 
 
+def test_as_tensor_of_a_stand_in_in_its_own_dtype_is_the_stand_in():
+    """``torch.as_tensor(ids, dtype=torch.long)`` of long stand-in ids made under inference mode (a Draft of device
+    tokens, medusa's) came back a bare device tensor the counter then refused."""
+    with SyncCounter() as syncs, torch.inference_mode():
+        ids = on_device(torch.tensor([4, 2])) * 1
+        same = torch.as_tensor(ids, dtype=torch.long)
+        doubled = same.reshape(-1) * 2
+    assert same is ids and on_host(doubled).tolist() == [8, 4] and syncs.count == 0
+
+
+def test_a_view_taken_under_inference_mode_of_a_stand_in_made_outside_it():
+    """A drafter's buffer made at its creation, sliced in its ``torch.inference_mode`` proposal (medusa's gather
+    index): torch refused the view ("Cannot set version_counter for inference tensor") while stand-ins were
+    inference tensors."""
+    index = on_device(torch.arange(6))
+    with SyncCounter() as syncs, torch.inference_mode():
+        part = index[:3]
+        picked = on_device(torch.arange(10, 16)).index_select(0, part)
+    assert isinstance(part, StandIn) and on_host(picked).tolist() == [10, 11, 12] and syncs.count == 0
+
+
 def test_a_stand_in_module_runs_its_forward_under_the_counter_as_on_the_cpu():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
