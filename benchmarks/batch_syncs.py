@@ -60,14 +60,22 @@ def row(counts: list[Count]) -> str:
 
 
 def count(name: str, factory, prompts: list[list[int]], batch: int, new_tokens: int) -> Count:
-    """``name``'s waits on a fresh stand-in model (its passes counted through ``BatchTarget.forward``)."""
+    """``name``'s waits on a fresh stand-in model (the target's passes counted through ``BatchTarget.forward``; a
+    drafter's own batched passes, small_model's, are not passes of the decoding)."""
     fed: list[int] = []
-    forward = BatchTarget.forward
-    BatchTarget.forward = lambda self, lo, feeds, *rest: fed.append(len(feeds)) or forward(self, lo, feeds, *rest)
+    forward, models = BatchTarget.forward, []
+
+    def counted(self, lo, feeds, *rest):
+        if self.target.model in models:
+            fed.append(len(feeds))
+        return forward(self, lo, feeds, *rest)
+
+    BatchTarget.forward = counted
     try:
         with SyncCounter() as counter:
             model = stand_in_module(tiny_model("llama", VOCAB, seed=0, dtype=torch.float32, spread=1.0, hidden=64,
                                                layers=4))
+            models.append(model)
             target = load_target(model)
             drafter = factory(target)
             start = len(counter.syncs)

@@ -43,6 +43,7 @@ from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.batch_waves import WaveLedger, judge
 from specfamily.core.costs import device_clock
 from specfamily.core.drafter import Drafter, drafter_name
+from specfamily.core.host import to_host
 from specfamily.core.loop import (
     _check_request,
     _depth,
@@ -218,8 +219,11 @@ class _Batch(BatchPlanning, BatchRequests):
         self.batch.commit_all({slot: accepted for slot, (accepted, _) in enumerate(verdicts)})
         t2, c2 = self.clock(), self.cost_clock()
         rows = self.batch.rows
-        roots = torch.tensor([token for _, token in verdicts], dtype=torch.long, device=self.device)  # one copy
-        told = [self._commit(request, draft, out, verdict, roots[slot : slot + 1], seconds, t2 - t1, t2)
+        roots = torch.tensor([token for _, token in verdicts], dtype=torch.long).to(self.device, non_blocking=True)
+        # the tokens of the drafts with accepted nodes: those on the device (eagle's chains, medusa's trees) in one copy
+        taken = to_host([draft.tokens if accepted else None for draft, (accepted, _) in zip(drafts, verdicts,
+                                                                                           strict=True)])
+        told = [self._commit(request, draft, out, verdict, taken[slot], roots[slot : slot + 1], seconds, t2 - t1, t2)
                 for slot, (request, draft, out, seconds, verdict) in enumerate(
                     zip(group, drafts, outs, draft_seconds, verdicts, strict=True))]
         self._observed(group, told)
@@ -324,11 +328,12 @@ class _Batch(BatchPlanning, BatchRequests):
         if going:
             observe_batch(self.prototype, [drafter for drafter, _ in going], [outcome for _, outcome in going])
 
-    def _commit(self, request: Request, draft: Draft, out, verdict: tuple[list[int], int], root: torch.Tensor,
-                draft_seconds: float, verify_seconds: float, end: float) -> VerifyOutcome | None:
+    def _commit(self, request: Request, draft: Draft, out, verdict: tuple[list[int], int], taken: torch.Tensor | None,
+                root: torch.Tensor, draft_seconds: float, verify_seconds: float, end: float) -> VerifyOutcome | None:
         """Record the pass for ``request``, append its new tokens, report to its drafter's policy; the outcome its
         drafter observes (None: the request is done, or has no drafter). ``verdict``: (accepted nodes, next token);
-        ``root``: that token on the target's device (every slot's made in one copy), its root in the next pass."""
+        ``taken``: the draft's tokens on the host where it has accepted nodes; ``root``: the next token on the
+        target's device (every slot's made in one copy), its root in the next pass."""
         accepted, next_token = verdict
         depth = _depth(draft)
         verified = draft.verified_depth(accepted) if depth else 0
@@ -337,7 +342,7 @@ class _Batch(BatchPlanning, BatchRequests):
         if verified:
             request.tally.add(verified, len(accepted))
             self.pooled.add(verified, len(accepted))
-        committed = [*_tokens_at(draft, accepted), next_token]
+        committed = [*_tokens_at(taken, accepted), next_token]
         kept, finished = truncate(committed, self.budget - len(request.new_tokens), self.target.eos_token_ids)
         request.tracer.record(draft.tokens, draft.parents, accepted, next_token, len(kept), draft_seconds,
                               verify_seconds, end)

@@ -207,7 +207,7 @@ class BatchTarget:
         starts = [sum(fed[:b]) for b in range(len(fed))]  # each slot's first packed row
         heads = [s + j for s, mb, f in zip(starts, m, fed, strict=True) for j in range(mb - 1, f)]
         try:
-            index = torch.tensor(rows + heads, device=device)  # the fed rows and the rows scored: one copy
+            index = torch.tensor(rows + heads).to(device, non_blocking=True)  # fed rows, scored rows: one copy
             logits, hidden = packed_forward(self.target.lean, ids, positions, mask, self.cache.cache,
                                             index[: len(rows)], index[len(rows) :], features,
                                             [(f, length + f) for length, f in zip(lengths, fed, strict=True)])

@@ -141,12 +141,13 @@ def to_host(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]
 def to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Integer tensors (token ids) on ``device``: those on the host moved in one copy (joined, moved, and handed
     back as views of the one device tensor), those already on an accelerator as they are; on the CPU all as they
-    are."""
+    are. The copy is queued, not waited on: CUDA stages a non-blocking copy from pageable host memory at once (the
+    host tensor may go), and only a blocking one waits for the stream."""
     moved = list(tensors)
     away = [i for i, tensor in enumerate(tensors) if tensor.device.type == "cpu" and tensor.numel()]
     if device.type == "cpu" or not away:
         return moved
-    joined = torch.cat([tensors[i].reshape(-1).to(torch.long) for i in away]).to(device)
+    joined = torch.cat([tensors[i].reshape(-1).to(torch.long) for i in away]).to(device, non_blocking=True)
     for i, part in zip(away, joined.split([tensors[i].numel() for i in away]), strict=True):
         moved[i] = part.view(tensors[i].shape)
     return moved

@@ -66,7 +66,7 @@ def _feature_rows(features: torch.Tensor, pending: int, accepted: list[int]) -> 
     if accepted == list(range(k)):
         return features[: pending + k].clone()
     index = torch.cat([torch.arange(pending), pending + torch.tensor(accepted, dtype=torch.long)])
-    return features.index_select(0, index.to(features.device))
+    return features.index_select(0, index.to(features.device, non_blocking=True))
 
 
 def generate(
@@ -118,7 +118,7 @@ def generate(
             recorder.record_pass(depth, len(accepted), t1 - t0, t2 - t1, proposed_tokens=len(draft),
                                  catch_up_seconds=draft.catch_up_seconds,
                                  verified_depth=draft.verified_depth(accepted) if depth else 0)
-            committed = [*_tokens_at(draft, accepted), next_token]
+            committed = [*_tokens_at(draft.tokens, accepted), next_token]
             kept, finished = truncate(committed, remaining, target.eos_token_ids)
             tracer.record(draft.tokens, draft.parents, accepted, next_token, len(kept), t1 - t0, t2 - t1, t2)
             new_tokens += kept
@@ -184,11 +184,11 @@ def _report(policy, draft: Draft, depth: int, accepted: list[int], draft_seconds
     policy.update(depth, len(accepted), c, tokens=len(draft), verified=verified, overhead=overhead)
 
 
-def _tokens_at(draft: Draft, nodes: list[int]) -> list[int]:
-    """The draft's tokens at ``nodes``, as ints."""
+def _tokens_at(tokens: torch.Tensor | None, nodes: list[int]) -> list[int]:
+    """A draft's ``tokens`` at ``nodes``, as ints (``tokens`` may be None when ``nodes`` is empty)."""
     if not nodes:
         return []
-    tokens = draft.tokens.tolist()
+    tokens = tokens.tolist()
     return [tokens[i] for i in nodes]
 
 

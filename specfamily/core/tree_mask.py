@@ -148,5 +148,5 @@ def tree_layout(
     tree = _as_parents(parents)
     local = local_mask(m, tree, dtype)
     offsets = torch.cat((torch.arange(m), m - 1 + tree_positions(tree)))
-    local = local.to(device)
-    return TreeLayout(local, offsets.to(device), is_chain(parents), PrefixMask(local), local == 0)
+    local = local.to(device, non_blocking=True)  # queued, not waited on (host.to_device)
+    return TreeLayout(local, offsets.to(device, non_blocking=True), is_chain(parents), PrefixMask(local), local == 0)

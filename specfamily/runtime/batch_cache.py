@@ -104,7 +104,8 @@ class BatchCache:
         extent = int(lengths.max()) + fed
         if extent > self.capacity:
             self.capacity = extent + max(extent // 2, 64)
-        index = (lengths[:, None] + torch.arange(fed)).view(hi - lo, 1, fed, 1).to(device)
+        index = (lengths[:, None] + torch.arange(fed)).view(hi - lo, 1, fed, 1)
+        index = index.to(device, non_blocking=True)  # queued: staged from pageable memory, no wait for the stream
         self.plan = PassPlan(lo, hi, index, extent)
         return self.plan
 
@@ -136,7 +137,7 @@ class BatchCache:
             return
         device = self.layers[0].key_buffer.device
         sources = torch.tensor([base + node for _, base, kept, accepted in moving for node in accepted[kept:]],
-                               dtype=torch.long, device=device)
+                               dtype=torch.long).to(device, non_blocking=True)
         for (slot, base, kept, accepted), src in zip(
                 moving, sources.split([len(a) - kept for _, _, kept, a in moving]), strict=True):
             for layer in self.layers:

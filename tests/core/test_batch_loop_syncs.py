@@ -1,9 +1,9 @@
 """Host synchronisations of the batched loop, counted on a stand-in model (specfamily.testing.syncs: its weights
-"on an accelerator", the whole pass followed by the counter): a steady pass waits for the host a fixed number of
-times whatever the batch size (its cache plan, every request's verdict, every next root, and where they are fed its
-draft ids, a packed pass's row index and the positions of the accepted tree nodes its slots move, one copy each),
-where slot by slot it waited once a request for its verdict, its next root, its draft and its moved nodes. The rest
-are one-time: a request's admission and a draft shape's first mask."""
+"on an accelerator", the whole pass followed by the counter): a steady pass waits for the host once whatever the
+batch size (every request's verdict, in one copy), where slot by slot it waited once a request for its verdict, its
+next root, its draft and its moved nodes; what it sends the device (its cache plan, every next root, and where they
+are fed its draft ids, a packed pass's row index and the positions of the accepted tree nodes its slots move, one copy
+each) is queued, never waited on. The rest are one-time: a request's admission."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def _run(monkeypatch, drafted: bool, max_batch: int, stand_ins: bool, generation
         results = sf.generate_batch(target, drafter, _prompts(8), 8, sampling=sampling, max_batch=max_batch,
                                     trace=False)
     sites = Counter((s.kind, Path(s.where.rsplit(":", 1)[0]).name) for s in counted.syncs[before:])
+    sites.update(("queued " + s.kind, Path(s.where.rsplit(":", 1)[0]).name) for s in counted.queued)
     return [r.tokens for r in results], sites, len(fed), sum(fed)
 
 
@@ -56,12 +57,13 @@ def test_a_steady_pass_waits_for_the_host_as_often_at_any_batch_size(monkeypatch
     for max_batch in (2, 4):
         tokens, sites, passes, _ = _run(monkeypatch, drafted, max_batch, stand_ins=True)
         assert tokens == _run(monkeypatch, drafted, max_batch, stand_ins=False)[0]  # the same decoding
-        steady = {site: n for site, n in sites.items() if site[1] not in ONE_TIME}
-        drafts = steady.pop(("copy to device", "host.py"), 0)  # the passes' draft ids, one copy a drafted pass
-        packed = steady.pop(("copy to device", "batch_target.py"), 0)  # a packed pass's row index, one copy
-        cache = steady.pop(("copy to device", "batch_cache.py"), 0)  # its plan; the tree paths kept, moved
-        assert steady == {("copy to host", "host.py"): passes,  # every request's verdict
-                          ("copy to device", "batch_loop.py"): passes}, (max_batch, sites)  # every next root
+        steady = {site: n for site, n in sites.items() if site[1] not in ONE_TIME and "queued" not in site[0]}
+        assert steady == {("copy to host", "host.py"): passes}, (max_batch, sites)  # every request's verdict
+        queued = {site[1]: n for site, n in sites.items() if site[0] == "queued copy to device"}  # never waited on
+        drafts = queued.pop("host.py", 0)  # the passes' draft ids, one copy a drafted pass
+        packed = queued.pop("batch_target.py", 0)  # a packed pass's row index, one copy
+        cache = queued.pop("batch_cache.py", 0)  # its plan; the tree paths kept, moved
+        assert queued.pop("batch_loop.py") == passes, (max_batch, sites)  # every next root
         assert passes <= cache <= 2 * passes and (cache > passes) == drafted, (max_batch, sites)
         assert (0 < drafts <= passes) if drafted else drafts == 0, (max_batch, sites)
         assert 0 < packed < passes, (max_batch, sites)  # a newcomer's prompt beside the roots; ragged drafts

@@ -263,13 +263,14 @@ def test_inverse_cdf_over_the_blocks_with_mass_is_the_whole_rows(dtype):
 
 
 def test_a_batched_passs_host_token_ids_reach_the_device_in_one_copy():
-    """to_device: the host tensors (any integer dtype) as long views of one device tensor, one blocking copy for all;
+    """to_device: the host tensors (any integer dtype) as long views of one device tensor, one copy for all, queued
+    (non-blocking: nothing waits);
     a tensor already on the device and an empty one are handed back as they are; on the CPU nothing moves."""
     host_ids = [torch.tensor([3, 1]), torch.tensor([[7, 8, 9]], dtype=torch.int32), torch.zeros(0, dtype=torch.long)]
     there = on_device(torch.tensor([5]))
     with SyncCounter() as syncs:
         moved = host.to_device([*host_ids, there], STAND_IN)
-    assert syncs.count == 1 and [s.kind for s in syncs.syncs] == ["copy to device"], syncs
+    assert syncs.count == 0 and [s.kind for s in syncs.queued] == ["copy to device"], syncs.queued
     assert all(t.device == STAND_IN for t in moved[:2]) and moved[2] is host_ids[2] and moved[3] is there
     assert [on_host(t).tolist() for t in moved[:2]] == [[3, 1], [[7, 8, 9]]] and moved[1].dtype == torch.long
     assert all(a is b for a, b in zip(host.to_device(host_ids, torch.device("cpu")), host_ids, strict=True))

@@ -19,6 +19,7 @@ import torch
 from specfamily.core.batch_slots import SlotTarget
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
+from specfamily.core.host import to_host
 from specfamily.core.types import Draft
 from specfamily.drafters.shared.ragged import RowFeed, ragged_call
 
@@ -54,7 +55,7 @@ def propose_self_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[i
         return None
     cache = views[0].batch_cache
     slots = [_Slot(i, v.slot, ctxs[i], gammas[i], v.cached_length,
-                   torch.tensor(ctxs[i].tokens[v.cached_length :], dtype=torch.long, device=v.device))
+                   torch.tensor(ctxs[i].tokens[v.cached_length :], dtype=torch.long).to(v.device, non_blocking=True))
              for i, v in zip(live, views, strict=True)]
     lo, hi = min(s.slot for s in slots), max(s.slot for s in slots) + 1
     lead = drafters[live[0]]
@@ -70,10 +71,12 @@ def propose_self_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[i
                 _draw(drafters[s.index], s, row, step)
     finally:
         cache.lengths[lo:hi] = committed  # the draft entries lie past the committed lengths: dropped
-    for s in slots:
+    n = len(slots)  # every slot's tokens, then every slot's q (None at temperature 0): one wait for them all
+    host = to_host([torch.cat(s.tokens) for s in slots] + [torch.stack(s.qs) if s.qs else None for s in slots])
+    for b, s in enumerate(slots):
         drafter = drafters[s.index]
         drafter._drafted, drafter._cut = len(s.tokens), s.cut
-        drafts[s.index] = Draft.chain(torch.cat(s.tokens).cpu(), torch.stack(s.qs) if s.qs else None)
+        drafts[s.index] = Draft.chain(host[b], host[n + b])
         drafts[s.index].catch_up_seconds = s.catch_up_seconds
     return drafts
 
