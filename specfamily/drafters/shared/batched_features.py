@@ -29,7 +29,7 @@ from specfamily.core.types import Draft
 from specfamily.drafters.shared.draft_rows import DraftRows
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter, TopkRows, TreeFeeder, drawn_q
-from specfamily.drafters.shared.lockstep_tree import grow_lockstep
+from specfamily.drafters.shared.lockstep_tree import grow_lockstep, kept_drafts
 from specfamily.drafters.shared.ragged import RowFeed, ragged_call
 from specfamily.runtime.batch_cache import BatchCache
 
@@ -215,10 +215,7 @@ def _topk_trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Te
     root_rows = torch.stack([rows[b](row) for b, row in enumerate(root_logits)])
     kept = grow_lockstep(root_rows, [gamma for *_, gamma in slots], top_k,
                          [drafter.total_tokens for _, drafter, _, _ in slots], step)
-    tokens, parents, counts, open_ = to_host([lead.model.token_ids(kept.tokens), kept.parents, kept.counts, kept.open])
-    if open_.any():
-        raise RuntimeError("a top-k tree kept a node without its parent or an earlier sibling")
-    return [Draft(tokens[b, :n], parents[b, :n], None) for b, n in enumerate(counts.tolist())]
+    return kept_drafts(kept, lead.model.token_ids)
 
 
 def _advance(steps, rows: torch.Tensor | None, trees: list, b: int):

@@ -28,6 +28,7 @@ from specfamily.core.tree_mask import additive, attention_mask, local_mask
 from specfamily.core.types import Draft, VerifyOutcome
 from specfamily.drafters.shared.draft_rows import DraftRows
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree, is_draw_prefix, sibling_q
+from specfamily.drafters.shared.lockstep_tree import grow_lockstep, kept_drafts
 
 TREE_SAMPLING = ("topk", "sampled")  # how a tree's children are chosen at temperature > 0
 
@@ -187,7 +188,11 @@ class FeatureDrafter(BaseDrafter):
         temperature = ctx.sampling.temperature or 1.0
         rows = TopkRows(temperature)
         feeder = TreeFeeder(self.model, self._step, self.state, root, self.top_k, gamma, self._draft_logits, rows)
-        tree = grow_tree(rows(self._draft_logits(root)), feeder.step, gamma, self.top_k, self.total_tokens)
+        root_row = rows(self._draft_logits(root))
+        if root.device.type != "cpu" and self.top_k <= root_row.shape[-1]:  # one host copy, not one a depth
+            kept = grow_lockstep(root_row[None], [gamma], self.top_k, [self.total_tokens], partial(_one_slot, feeder))
+            return kept_drafts(kept, self.model.token_ids)[0]
+        tree = grow_tree(root_row, feeder.step, gamma, self.top_k, self.total_tokens)
         return Draft(self.model.token_ids(tree.tokens).cpu(), tree.parents.cpu(), None)
 
     def _sampled_tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
@@ -200,6 +205,12 @@ class FeatureDrafter(BaseDrafter):
         tree = grow_tree(rows(self._draft_logits(root)), feeder.step, gamma, self.top_k, self.total_tokens, expand)
         q = self._full_q(drawn_q(tree).float())
         return Draft(self.model.token_ids(tree.tokens).cpu(), tree.parents.cpu(), q.cpu())
+
+
+def _one_slot(feeder: TreeFeeder, active: list[int], nodes: torch.Tensor, tokens: torch.Tensor,
+              parents: torch.Tensor) -> torch.Tensor:
+    """:func:`grow_lockstep`'s step for a batch of one: the feeder's step on the slot's nodes, as (1, k, N)."""
+    return feeder.step(nodes[0], tokens[0], parents[0])[None]
 
 
 def drawn_q(tree: DraftTree) -> torch.Tensor:

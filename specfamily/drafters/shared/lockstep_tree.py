@@ -19,7 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KeptTrees", "LockstepStep", "grow_lockstep", "select_lockstep"]
+from specfamily.core.host import to_host
+from specfamily.core.types import Draft
+
+__all__ = ["KeptTrees", "LockstepStep", "grow_lockstep", "kept_drafts", "select_lockstep"]
 
 # step(active slots, nodes (B, k), tokens (B, k), parents (B, k)) -> the fed nodes' rows (A, k, V), one per active
 # slot in that order (log-probabilities); nodes and parents are candidate indices (parents -1: the root).
@@ -138,3 +141,12 @@ def select_lockstep(candidates: Candidates, totals: torch.Tensor, width: int, to
     sibling_kept = (order % top_k == 0) | kept.gather(-1, earlier)
     open_ = (real & ~(parent_kept & sibling_kept)).any(-1)
     return KeptTrees(candidates.tokens.gather(-1, order), torch.where(real, parents, -1), counts, open_)
+
+
+def kept_drafts(kept: KeptTrees, token_ids: Callable[[torch.Tensor], torch.Tensor]) -> list[Draft]:
+    """Every slot's kept tree as a draft (q None: a top-k tree is deterministic), its target ids ``token_ids`` of the
+    draft-vocabulary indices; all of them, and whether each is closed, read to the host in one copy."""
+    tokens, parents, counts, open_ = to_host([token_ids(kept.tokens), kept.parents, kept.counts, kept.open])
+    if open_.any():
+        raise RuntimeError("a top-k tree kept a node without its parent or an earlier sibling")
+    return [Draft(tokens[b, :n], parents[b, :n], None) for b, n in enumerate(counts.tolist())]

@@ -7,8 +7,9 @@ from collections import Counter
 import pytest
 import torch
 
+import specfamily as sf
 from specfamily.drafters.shared.dynamic_tree import grow_tree
-from specfamily.drafters.shared.lockstep_tree import Candidates, grow_lockstep, select_lockstep
+from specfamily.drafters.shared.lockstep_tree import Candidates, KeptTrees, grow_lockstep, kept_drafts, select_lockstep
 
 V = 9
 
@@ -85,6 +86,93 @@ def test_a_kept_later_sibling_without_the_earlier_one_is_reported():
     assert select_lockstep(candidates, torch.tensor([2]), 2, top_k=2).open.tolist() == [False]
 
 
+def test_a_kept_set_not_closed_is_refused_when_read_as_drafts():
+    kept = KeptTrees(torch.tensor([[5, 6]]), torch.tensor([[-1, 0]]), torch.tensor([2]), torch.tensor([True]))
+    with pytest.raises(RuntimeError, match="^a top-k tree kept a node without its parent or an earlier sibling$"):
+        kept_drafts(kept, lambda ids: ids)
+    kept.open[0] = False
+    draft = kept_drafts(kept, lambda ids: ids + 100)[0]
+    assert draft.tokens.tolist() == [105, 106] and draft.parents.tolist() == [-1, 0] and draft.q is None
+
+
 def test_bad_shapes_are_refused_by_name():
     with pytest.raises(ValueError, match=r"top_k must be in 1\.\.9, depths and totals >= 1; got top_k 10"):
         grow_lockstep(torch.zeros(1, V), [2], 10, [4], lambda *a: None)
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3"])
+def test_a_batched_tree_proposal_waits_for_the_host_once_whatever_the_slots(name, monkeypatch):
+    """On a stand-in model (weights "on an accelerator", specfamily.testing.syncs), every batched proposal of top-k
+    trees waits once, for the kept trees of all its slots (grow_tree waited per depth and per request: eagle 53
+    waits a pass at 4 requests); the decoding is the CPU's."""
+    from specfamily.core.target import load_target
+    from specfamily.drafters.eagle import drafter as eagle_drafter
+    from specfamily.testing import tiny_model
+    from specfamily.testing.syncs import SyncCounter, stand_in_module
+
+    prompts = [[int(t) for t in torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n))]
+               for n in (5, 7, 4, 9, 6)]
+
+    def run(stand_ins: bool) -> tuple[list, list[tuple[int, int]]]:
+        waits, propose = [], eagle_drafter.propose_feature_batch
+
+        def counted(drafters, ctxs, gammas, rows):
+            before = len(counter.syncs)
+            drafts = propose(drafters, ctxs, gammas, rows)
+            waits.append((sum(1 for d in drafts if len(d)), len(counter.syncs) - before))
+            return drafts
+
+        monkeypatch.setattr(eagle_drafter, "propose_feature_batch", counted)
+        with SyncCounter() as counter:
+            model = tiny_model("llama", 64, 0, torch.float32, spread=1.0)
+            if stand_ins:
+                stand_in_module(model)
+            target = load_target(model)
+            drafter = sf.create_drafter(name, target, weights="random", gamma=3)
+            results = sf.generate_batch(target, drafter, prompts, 8, max_batch=4, trace=False)
+        monkeypatch.undo()
+        return [r.tokens for r in results], waits
+
+    tokens, waits = run(stand_ins=True)
+    assert tokens == run(stand_ins=False)[0]
+    assert max(slots for slots, _ in waits) >= 3  # proposals for several slots at once were counted
+    assert all(n == 1 for slots, n in waits if slots), waits
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3"])
+def test_at_batch_1_off_the_cpu_a_tree_proposal_waits_once_and_keeps_grow_trees_tree(name, monkeypatch):
+    """At batch 1 on a stand-in model (an accelerator's path) a top-k tree grows in lockstep too: each proposal waits
+    once, for its kept tree (grow_tree waits once a depth and more); every draft is the one the CPU grows with
+    grow_tree, token for token and parent for parent."""
+    from specfamily.core.target import load_target
+    from specfamily.drafters.shared.feature_drafting import FeatureDrafter
+    from specfamily.testing import tiny_model
+    from specfamily.testing.syncs import SyncCounter, on_host, stand_in_module
+
+    prompt = [3, 17, 9, 40, 2, 33, 8]
+
+    def run(stand_ins: bool) -> tuple[list, list[int]]:
+        drafts, waits, tree = [], [], FeatureDrafter._tree
+
+        def counted(self, ctx, root, gamma):
+            before = len(counter.syncs)
+            draft = tree(self, ctx, root, gamma)
+            waits.append(len(counter.syncs) - before)
+            drafts.append((on_host(draft.tokens).tolist(), on_host(draft.parents).tolist()))
+            return draft
+
+        monkeypatch.setattr(FeatureDrafter, "_tree", counted)
+        with SyncCounter() as counter:
+            model = tiny_model("llama", 64, 0, torch.float32, spread=1.0)
+            if stand_ins:
+                stand_in_module(model)
+            target = load_target(model)
+            drafter = sf.create_drafter(name, target, weights="random", gamma=4, top_k=3, total_tokens=8)
+            sf.generate(target, drafter, prompt, 16)
+        monkeypatch.undo()
+        return drafts, waits
+
+    drafts, waits = run(stand_ins=True)
+    assert len(drafts) >= 4 and waits == [1] * len(drafts), waits
+    assert drafts == run(stand_ins=False)[0]
+    assert max(len(tokens) for tokens, _ in drafts) == 8  # trees of the full budget were compared
