@@ -77,7 +77,7 @@ class HydraDrafter(HeadsDrafter):
         device = target.device
         self.levels = [Level(lv.ancestors.to(device), lv.rows.to(device), lv.ranks.to(device), lv.nodes, lv.top_k)
                        for lv in tree_levels(self.tree)]
-        self.parents = self.tree.parents.to(device)
+        self.parents = self.tree.parents  # on the host, as every draft's: the verifier reads them there
         self._root: int | None = None
         self._linear = None if target.matmul == "exact" else linear_for(target.matmul)
         self._warm_up(target)
@@ -99,7 +99,8 @@ class HydraDrafter(HeadsDrafter):
         heads, n = self.heads, self.tree.prefix[depth]
         tokens = torch.empty(n, dtype=torch.long, device=feature.device)
         emb = torch.empty(n, feature.shape[-1], dtype=feature.dtype, device=feature.device)
-        base = torch.cat([feature, heads.embed(torch.tensor([root], device=feature.device))[0].to(feature.dtype)])
+        root_id = torch.tensor([root]).to(feature.device, non_blocking=True)  # queued, not waited on
+        base = torch.cat([feature, heads.embed(root_id)[0].to(feature.dtype)])
         for d, level in enumerate(self.levels[:depth], start=1):
             m = level.ancestors.shape[0]
             path = emb[level.ancestors.reshape(-1)].reshape(m, (d - 1) * feature.shape[-1])

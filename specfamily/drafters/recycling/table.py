@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from specfamily.core.host import to_host
+
 _BLOCK = 64  # logits per block of the two-stage top-k (top_k)
 PENDING_PASSES = 8  # idle batched passes whose rows wait to be scored (defer); older ones are dropped unscored
 
@@ -62,7 +64,8 @@ class AdjacencyTable:
         softmax's top-k, without writing a (n, V) softmax."""
         values, indices = top_k(logits, min(self.k, logits.shape[-1]))
         probs = torch.exp(values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
-        return indices.cpu().numpy(), probs.cpu().numpy()
+        indices, probs = to_host([indices, probs])  # one wait for both
+        return indices.numpy(), probs.numpy()
 
     def write(self, tokens: list[int], successors: np.ndarray, scores: np.ndarray) -> None:
         """Rows ``tokens`` rewritten with ``scored``'s successors and probabilities (the last of a repeated token's
