@@ -96,6 +96,7 @@ class Sweep:
     skipped: dict[str, str] = field(default_factory=dict)
     plain_runs: int = 1  # plain's runs a round (their mean: the round's reference)
     hf_rounds: int | None = None  # the timed rounds hf ran in, the first ones (None: every one)
+    categories: str | None = None  # the Spec-Bench categories kept, comma-separated (None: all)
 
     def tps(self, method: str, batch: int) -> float | None:
         row = next((r for r in self.rows if r.method == method and r.batch == batch), None)
@@ -225,7 +226,7 @@ def sweep(args) -> Sweep:
         raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")
     result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.max_prompt_tokens,
                    args.per_category, [len(p) for p in prompts], args.requests_per_slot, args.arrival_rate,
-                   plain_runs=args.plain_runs, hf_rounds=args.hf_rounds)
+                   plain_runs=args.plain_runs, hf_rounds=args.hf_rounds, categories=args.categories)
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:
@@ -352,6 +353,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-prompt-tokens", type=int, default=96, help="keep each prompt's last N tokens; 0: whole")
     parser.add_argument("--per-category", type=int, default=3,
                         help="Spec-Bench questions per category (13 categories; the default run: 1)")
+    parser.add_argument("--categories", default=None,
+                        help="comma-separated Spec-Bench categories to keep (e.g. summarization,rag: input-grounded "
+                             "tasks, where copy drafters find their matches); default: all 13")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones, at every B")
     parser.add_argument("--plain-runs", type=int, default=3,

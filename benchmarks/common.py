@@ -242,17 +242,30 @@ def add_matmul_option(parser) -> None:
                              "always multiply as transformers does")
 
 
+def of_categories(prompts: list, categories: list[str], wanted: str | None) -> list:
+    """The prompts of the comma-separated Spec-Bench ``wanted`` categories (None or empty: all), in their order; an
+    unknown name is refused with the names there are."""
+    if not wanted:
+        return prompts
+    names = wanted.split(",")
+    unknown = sorted(set(names) - set(categories))
+    if unknown:
+        raise ValueError(f"unknown Spec-Bench categories {unknown}; there are {sorted(set(categories))}")
+    return [p for p, category in zip(prompts, categories, strict=True) if category in names]
+
+
 def workload(args):
     """(clock, target, prompts) for a batch benchmark's ``args`` (threads, clock, target, matmul, per_category,
-    max_prompt_tokens): the threads set, the target loaded, Spec-Bench's first turns cut to their last
-    ``max_prompt_tokens`` (0: whole)."""
+    max_prompt_tokens, optionally categories): the threads set, the target loaded, Spec-Bench's first turns (of the
+    chosen categories) cut to their last ``max_prompt_tokens`` (0: whole)."""
     import specfamily as sf
 
     set_threads(args.threads)
     quiet_transformers()
     clock = make_clock(args.clock)
     target = sf.load_target(args.target, matmul=args.matmul)
-    prompts, _ = spec_bench_prompts(args.per_category, target.tokenizer)
+    prompts, categories = spec_bench_prompts(args.per_category, target.tokenizer)
+    prompts = of_categories(prompts, categories, getattr(args, "categories", None))
     if args.max_prompt_tokens > 0:
         prompts = [p[-args.max_prompt_tokens :] for p in prompts]
     return clock, target, prompts

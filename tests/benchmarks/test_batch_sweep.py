@@ -73,6 +73,19 @@ def test_the_default_runs_workload_keeps_whole_prompts(sweep_module, monkeypatch
     assert {r.method for r in cut.rows} == {"plain", "prompt_lookup"} and all(r.passes > 0 for r in cut.rows)
 
 
+def test_categories_keep_the_chosen_spec_bench_categories_and_refuse_an_unknown_one(sweep_module, monkeypatch):
+    """--categories summarization,rag: the input-grounded tasks' prompts only, in their order, recorded."""
+    monkeypatch.setattr(sys.modules["common"], "spec_bench_prompts", lambda per_category, tokenizer: (
+        [list(range(40)), list(range(50)), list(range(60))], ["summarization", "qa", "rag"]))
+    monkeypatch.setattr(sweep_module.sf, "load_target", lambda *a, **k: tiny_target("llama", vocab_size=64))
+    args = ["--batch-sizes", "1", "--drafters", "prompt_lookup", "--no-hf", "--max-new-tokens", "2", "--clock", "wall",
+            "--max-prompt-tokens", "0"]
+    kept = sweep_module.sweep(sweep_module.parse_args([*args, "--categories", "summarization,rag"]))
+    assert kept.prompt_tokens == [40, 60] and kept.categories == "summarization,rag"
+    with pytest.raises(ValueError, match=r"unknown Spec-Bench categories \['code'\]; there are \['qa', 'rag', "):
+        sweep_module.sweep(sweep_module.parse_args([*args, "--categories", "rag,code"]))
+
+
 def test_gamma_gives_every_drafter_a_constant_length_the_length_policy_leaves_alone(sweep_module):
     from specfamily.core.policy import AutoPolicy
 
