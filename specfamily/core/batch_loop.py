@@ -220,7 +220,7 @@ class _Batch(BatchPlanning, BatchRequests):
         t2, c2 = self.clock(), self.cost_clock()
         rows = self.batch.rows
         roots = torch.tensor([token for _, token in verdicts], dtype=torch.long).to(self.device, non_blocking=True)
-        # the tokens of the drafts with accepted nodes: those on the device (eagle's chains, medusa's trees) in one copy
+        # the tokens of the drafts with accepted nodes: those on the device (medusa's, hydra's trees) in one copy
         taken = to_host([draft.tokens if accepted else None for draft, (accepted, _) in zip(drafts, verdicts,
                                                                                            strict=True)])
         told = [self._commit(request, draft, out, verdict, taken[slot], roots[slot : slot + 1], seconds, t2 - t1, t2)

@@ -8,8 +8,13 @@ import pytest
 import torch
 
 import specfamily as sf
+from specfamily.core.target import load_target
+from specfamily.drafters.eagle import drafter as eagle_drafter
 from specfamily.drafters.shared.dynamic_tree import grow_tree
+from specfamily.drafters.shared.feature_drafting import FeatureDrafter
 from specfamily.drafters.shared.lockstep_tree import Candidates, KeptTrees, grow_lockstep, kept_drafts, select_lockstep
+from specfamily.testing import tiny_model
+from specfamily.testing.syncs import SyncCounter, on_host, stand_in_module
 
 V = 9
 
@@ -100,16 +105,21 @@ def test_bad_shapes_are_refused_by_name():
         grow_lockstep(torch.zeros(1, V), [2], 10, [4], lambda *a: None)
 
 
+def _eagle_on(stand_ins: bool, name: str, **options):
+    """(a tiny target, its random-weight ``name`` drafter), the target's weights stand-ins for an accelerator's or
+    on the CPU; made inside a SyncCounter."""
+    model = tiny_model("llama", 64, 0, torch.float32, spread=1.0)
+    if stand_ins:
+        stand_in_module(model)
+    target = load_target(model)
+    return target, sf.create_drafter(name, target, weights="random", **options)
+
+
 @pytest.mark.parametrize("name", ["eagle", "eagle3"])
 def test_a_batched_tree_proposal_waits_for_the_host_once_whatever_the_slots(name, monkeypatch):
     """On a stand-in model (weights "on an accelerator", specfamily.testing.syncs), every batched proposal of top-k
     trees waits once, for the kept trees of all its slots (grow_tree waited per depth and per request: eagle 53
     waits a pass at 4 requests); the decoding is the CPU's."""
-    from specfamily.core.target import load_target
-    from specfamily.drafters.eagle import drafter as eagle_drafter
-    from specfamily.testing import tiny_model
-    from specfamily.testing.syncs import SyncCounter, stand_in_module
-
     prompts = [[int(t) for t in torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(n))]
                for n in (5, 7, 4, 9, 6)]
 
@@ -124,11 +134,7 @@ def test_a_batched_tree_proposal_waits_for_the_host_once_whatever_the_slots(name
 
         monkeypatch.setattr(eagle_drafter, "propose_feature_batch", counted)
         with SyncCounter() as counter:
-            model = tiny_model("llama", 64, 0, torch.float32, spread=1.0)
-            if stand_ins:
-                stand_in_module(model)
-            target = load_target(model)
-            drafter = sf.create_drafter(name, target, weights="random", gamma=3)
+            target, drafter = _eagle_on(stand_ins, name, gamma=3)
             results = sf.generate_batch(target, drafter, prompts, 8, max_batch=4, trace=False)
         monkeypatch.undo()
         return [r.tokens for r in results], waits
@@ -144,11 +150,6 @@ def test_at_batch_1_off_the_cpu_a_tree_proposal_waits_once_and_keeps_grow_trees_
     """At batch 1 on a stand-in model (an accelerator's path) a top-k tree grows in lockstep too: each proposal waits
     once, for its kept tree (grow_tree waits once a depth and more); every draft is the one the CPU grows with
     grow_tree, token for token and parent for parent."""
-    from specfamily.core.target import load_target
-    from specfamily.drafters.shared.feature_drafting import FeatureDrafter
-    from specfamily.testing import tiny_model
-    from specfamily.testing.syncs import SyncCounter, on_host, stand_in_module
-
     prompt = [3, 17, 9, 40, 2, 33, 8]
 
     def run(stand_ins: bool) -> tuple[list, list[int]]:
@@ -163,11 +164,7 @@ def test_at_batch_1_off_the_cpu_a_tree_proposal_waits_once_and_keeps_grow_trees_
 
         monkeypatch.setattr(FeatureDrafter, "_tree", counted)
         with SyncCounter() as counter:
-            model = tiny_model("llama", 64, 0, torch.float32, spread=1.0)
-            if stand_ins:
-                stand_in_module(model)
-            target = load_target(model)
-            drafter = sf.create_drafter(name, target, weights="random", gamma=4, top_k=3, total_tokens=8)
+            target, drafter = _eagle_on(stand_ins, name, gamma=4, top_k=3, total_tokens=8)
             sf.generate(target, drafter, prompt, 16)
         monkeypatch.undo()
         return drafts, waits
