@@ -144,3 +144,32 @@ def test_a_batched_pass_synchronises_as_often_at_any_batch_size_on_cuda(monkeypa
     # stand-ins read 1.0 a pass at either batch size once admissions are taken out (session 41; 3.7 and 4.25 before
     # the pass's copies to the device were queued); slot by slot each pass waited twice more a request
     assert per_pass[4] <= per_pass[2] + 1 and per_pass[4] <= 4, per_pass
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["batch-1", "batched"])
+def test_an_eagle_tree_proposal_waits_once_on_cuda(batched, monkeypatch):
+    """tests/drafters/shared/test_lockstep_tree.py's count under torch.cuda's own debug mode: an EAGLE-2 top-k tree
+    proposal (random weights, tiny target on the GPU) waits for the host once, for its kept trees, at batch 1 and in
+    a batched pass of 4 requests (grow_tree waited 13 times a proposal on stand-ins)."""
+    from specfamily.drafters.eagle import drafter as eagle_drafter
+    from specfamily.drafters.shared.feature_drafting import FeatureDrafter
+
+    target = load_target(tiny_model("llama", 64, 0, torch.float32, spread=1.0).to("cuda"))
+    drafter = sf.create_drafter("eagle", target, weights="random", gamma=4, top_k=3, total_tokens=8)
+    waits = []
+    if batched:
+        propose = eagle_drafter.propose_feature_batch
+        monkeypatch.setattr(eagle_drafter, "propose_feature_batch", lambda *a: waits.append(
+            debug_mode_syncs(lambda: propose(*a))) or waits[-1][0])
+    else:
+        tree = FeatureDrafter._tree
+        monkeypatch.setattr(FeatureDrafter, "_tree", lambda *a: waits.append(
+            debug_mode_syncs(lambda: tree(*a))) or waits[-1][0])
+    prompts = [[3, 17, 9, 40, 2], [8, 1, 5], [22, 4, 61, 7], [9, 9, 30]]
+    if batched:
+        sf.generate_batch(target, drafter, prompts, 12, max_batch=4, trace=False)
+    else:
+        sf.generate(target, drafter, prompts[0], 12)
+    drafted = [where for drafts, where in waits if not isinstance(drafts, list) or any(len(d) for d in drafts)]
+    print([len(where) for where in drafted], drafted[:2])
+    assert len(drafted) >= 3 and all(len(where) == 1 for where in drafted), drafted
