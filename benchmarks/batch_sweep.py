@@ -67,6 +67,7 @@ class Row:
     latency: float = float("nan")  # median over rounds of the median request's latency, wall seconds (not hf)
     passes: int = 0  # target passes over the batch's requests, prefill included (last round; not hf)
     rounds: list[float] = field(default_factory=list)  # tokens/s over plain's in the same round, round by round
+    round_taus: list[float] = field(default_factory=list)  # tau round by round (a policy may draft in some only)
 
     @property
     def tau(self) -> float:
@@ -247,7 +248,7 @@ def sweep(args) -> Sweep:
                       for r, p in zip(rounds, plain[: len(rounds)], strict=True)]  # over plain's, round by round
             result.rows.append(Row(method, batch, statistics.median(r[0] for r in rounds), rounds[-1][1],
                                    max(r[2] for r in rounds), statistics.median(r[3] for r in rounds),
-                                   rounds[-1][4], paired))
+                                   rounds[-1][4], paired, [r[1] / r[4] for r in rounds if r[4]]))
         result.pass_ratio[batch] = pass_ratio(target, chosen[0], batch, args.repeats * 3, clock)
         print(table(result, batches), flush=True)
         print(passes_table(result, batches), flush=True)
@@ -303,15 +304,21 @@ def floor_verdict(result: Sweep, batches: list[int], floor: float = 0.98) -> str
 
 
 def passes_table(result: Sweep, batches: list[int]) -> str:
-    """Each arm's target passes over its requests (prefill included) and tau, per batch size (hf has none)."""
+    """Each arm's target passes over its requests (prefill included) and tau in the last round, per batch size (hf has
+    none), with the range of its rounds' taus where they differ (a cost-aware policy may draft in some rounds only)."""
     done = [b for b in batches if result.tps("plain", b) is not None]
     methods = [m for m in dict.fromkeys(r.method for r in result.rows) if m != "hf"]
     lines = ["| passes (tau) | " + " | ".join(f"B={b}" for b in done) + " |", "| --- |" + " --- |" * len(done)]
     for method in methods:
         rows = [next((r for r in result.rows if r.method == method and r.batch == b), None) for b in done]
-        lines.append(f"| {method} | " + " | ".join("-" if r is None else f"{r.passes} ({r.tau:.2f})" for r in rows)
-                     + " |")
+        lines.append(f"| {method} | " + " | ".join("-" if r is None else _passes_cell(r) for r in rows) + " |")
     return "\n".join(lines)
+
+
+def _passes_cell(row: Row) -> str:
+    low, high = min(row.round_taus, default=row.tau), max(row.round_taus, default=row.tau)
+    spread = f"; rounds {low:.2f}-{high:.2f}" if f"{low:.2f}" != f"{high:.2f}" else ""
+    return f"{row.passes} ({row.tau:.2f}{spread})"
 
 
 def plot(result: Sweep, batches: list[int], path: str) -> None:

@@ -50,9 +50,11 @@ def test_pass_ratio_and_crossover(sweep_module):
 def test_passes_table_gives_each_arm_its_passes_and_tau(sweep_module):
     result = sweep_module.Sweep(threads=1, clock="cpu", max_new_tokens=4)
     Row = sweep_module.Row
-    result.rows += [Row("plain", 1, 1.0, 10, passes=11), Row("hf", 1, 1.0, 10), Row("suffix", 1, 0.5, 10, passes=8)]
+    result.rows += [Row("plain", 1, 1.0, 10, passes=11, round_taus=[0.91, 0.91]), Row("hf", 1, 1.0, 10),
+                    Row("suffix", 1, 0.5, 10, passes=8, round_taus=[1.0, 1.52, 1.25])]
     table = sweep_module.passes_table(result, [1])
-    assert table.splitlines()[2:] == ["| plain | 11 (0.91) |", "| suffix | 8 (1.25) |"]  # hf counts no passes
+    assert table.splitlines()[2:] == ["| plain | 11 (0.91) |",  # hf counts no passes
+                                      "| suffix | 8 (1.25; rounds 1.00-1.52) |"]  # a round that drafted nothing shows
 
 
 def test_the_default_runs_workload_keeps_whole_prompts(sweep_module, monkeypatch):
