@@ -230,3 +230,22 @@ def test_a_drafter_drafts_one_full_tree_at_load(target, monkeypatch):
                         lambda self, f, r, d: depths.append(d) or draft_tokens(self, f, r, d))
     drafter = sf.create_drafter("hydra", target, weights="random")
     assert depths == [drafter.tree.depth]
+
+
+def test_a_hydra_draft_on_an_accelerator_keeps_its_parents_on_the_host():
+    """On a stand-in target (an accelerator's path): the tree's parents stay on the host, as the verifier reads them
+    (on the device, the Draft checks, is_chain and verified_depth read them back, four waits a request a pass); a
+    decoding under the counter reads no value back from a draft's parents."""
+    from pathlib import Path
+
+    from specfamily.core.target import load_target
+    from specfamily.testing import tiny_model
+    from specfamily.testing.syncs import SyncCounter, stand_in_module
+
+    with SyncCounter() as syncs:
+        model = stand_in_module(tiny_model("llama", 64, 0, torch.float32, spread=1.0))
+        target = load_target(model)
+        drafter = sf.create_drafter("hydra", target, weights="random", gamma=3)
+        result = sf.generate(target, drafter, [3, 17, 9, 40, 2], 12)
+    assert drafter.parents.device.type == "cpu" and result.metrics.proposed_tokens > 0
+    assert not [s for s in syncs.syncs if s.kind == "read" and Path(s.where.rsplit(":", 1)[0]).name == "types.py"]

@@ -346,3 +346,16 @@ def test_rows_waiting_in_any_slot_s_table_are_written_before_a_pass_s_newer_rows
                              VerifyOutcome([2], [], 0, logits=newer, drafted=torch.tensor([], dtype=torch.long))])
     b.table.flush()
     assert not b.table.pending and b.table.successors[7][0] == 5
+
+
+def test_scored_rows_reach_the_host_in_one_copy():
+    """On stand-ins for an accelerator's tensors: the successors and their probabilities in one wait, not two."""
+    from specfamily.testing.syncs import SyncCounter, on_device
+
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    table = AdjacencyTable.empty(40, 4)
+    with SyncCounter() as syncs:
+        successors, scores = table.scored(on_device(logits))
+    assert syncs.count == 1, syncs
+    expected, indices = torch.softmax(logits, dim=-1).topk(4, dim=-1)
+    assert successors.tolist() == indices.tolist() and np.allclose(scores, expected.numpy(), atol=1e-6)

@@ -19,8 +19,8 @@ import torch
 from specfamily.core.batch_slots import SlotTarget
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
-from specfamily.core.host import to_host
 from specfamily.core.types import Draft
+from specfamily.drafters.shared.host_drafts import chain_drafts
 from specfamily.drafters.shared.ragged import RowFeed, ragged_call
 
 __all__ = ["propose_self_batch"]
@@ -71,12 +71,10 @@ def propose_self_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[i
                 _draw(drafters[s.index], s, row, step)
     finally:
         cache.lengths[lo:hi] = committed  # the draft entries lie past the committed lengths: dropped
-    n = len(slots)  # every slot's tokens, then every slot's q (None at temperature 0): one wait for them all
-    host = to_host([torch.cat(s.tokens) for s in slots] + [torch.stack(s.qs) if s.qs else None for s in slots])
-    for b, s in enumerate(slots):
+    for s, draft in zip(slots, chain_drafts([s.tokens for s in slots], [s.qs for s in slots]), strict=True):
         drafter = drafters[s.index]
         drafter._drafted, drafter._cut = len(s.tokens), s.cut
-        drafts[s.index] = Draft.chain(host[b], host[n + b])
+        drafts[s.index] = draft
         drafts[s.index].catch_up_seconds = s.catch_up_seconds
     return drafts
 

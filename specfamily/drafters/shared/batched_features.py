@@ -23,12 +23,13 @@ import torch
 
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
-from specfamily.core.host import draw, to_host
+from specfamily.core.host import draw
 from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.types import Draft
 from specfamily.drafters.shared.draft_rows import DraftRows
 from specfamily.drafters.shared.dynamic_tree import DraftTree, expand_sampled, grow_tree_steps
 from specfamily.drafters.shared.feature_drafting import FeatureDrafter, TopkRows, TreeFeeder, drawn_q
+from specfamily.drafters.shared.host_drafts import chain_drafts
 from specfamily.drafters.shared.lockstep_tree import grow_lockstep, kept_drafts
 from specfamily.drafters.shared.ragged import RowFeed, ragged_call
 from specfamily.runtime.batch_cache import BatchCache
@@ -145,22 +146,20 @@ def _chains(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor
             for b, feed in enumerate(feeds):
                 if feed is not None:
                     hidden[b] = out[b, 0]
-    n = len(slots)  # every slot's tokens, then every slot's q (None at temperature 0): one wait for them all
-    host = to_host([torch.cat(t) for t in tokens] + [torch.stack(q) if q else None for q in qs])
-    return [Draft.chain(host[b], host[n + b]) for b in range(n)]
+    return chain_drafts(tokens, qs)
 
 
 def _trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor) -> list[Draft]:
     """Each slot's EAGLE-2 tree (top-k, or sampled as its drafter's ``tree_sampling`` says), grown in lockstep: in
     fixed shapes with one host copy when every slot's tree is top-k (``lockstep_tree``), else slot by slot."""
     root_logits = lead._draft_logits(roots)  # (B, N)
-    top_ks = {drafter.top_k for _, drafter, _, _ in slots}
-    if not any(_draws(drafter, ctx) for _, drafter, ctx, _ in slots) and len(top_ks) == 1 \
-            and top_ks.pop() <= root_logits.shape[-1]:
+    top_k = slots[0][1].top_k
+    if (not any(drafter.draws_children(ctx) for _, drafter, ctx, _ in slots)
+            and all(drafter.top_k == top_k for _, drafter, _, _ in slots) and top_k <= root_logits.shape[-1]):
         return _topk_trees(lead, cache, slots, roots, root_logits)
     growing, feeders, sampled, trees = {}, [], [], [None] * len(slots)
     for b, (_, drafter, ctx, gamma) in enumerate(slots):
-        draws = _draws(drafter, ctx)
+        draws = drafter.draws_children(ctx)
         rows = partial(warp, sampling=ctx.sampling) if draws else TopkRows(ctx.sampling.temperature or 1.0)
         expand = partial(expand_sampled, top_k=drafter.top_k, generator=ctx.generator) if draws else None
         feeders.append(TreeFeeder(lead.model, lead._step, drafter.state, roots[b], drafter.top_k, gamma,
@@ -169,25 +168,29 @@ def _trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor)
         growing[b] = grow_tree_steps(rows(root_logits[b]), gamma, drafter.top_k, drafter.total_tokens, expand)
     requests = {b: _advance(steps, None, trees, b) for b, steps in growing.items()}
     while any(r is not None for r in requests.values()):
-        feeds: list[RowFeed | None] = [None] * len(slots)
-        for b, request in requests.items():
-            if request is not None:
-                ids, inputs, position, visible = feeders[b].prepare(*request)
-                positions = torch.full((ids.numel(),), position, dtype=torch.long, device=ids.device)
-                feeds[b] = RowFeed(ids, inputs, positions, feeders[b].state.real, visible)
-        out = _call(lead, cache, feeds)
-        fed = [b for b, feed in enumerate(feeds) if feed is not None]
-        outputs = [out[b, : feeds[b].ids.numel()] for b in fed]
-        logits = lead._draft_logits(torch.cat(outputs)).split([o.shape[0] for o in outputs])  # (k_b, N) each
-        for b, output, rows in zip(fed, outputs, logits, strict=True):
-            feeders[b].record(output)
-            requests[b] = _advance(growing[b], feeders[b].rows(rows), trees, b)
+        fed = {b: request for b, request in requests.items() if request is not None}
+        for b, rows in _feed_depth(lead, cache, feeders, fed).items():
+            requests[b] = _advance(growing[b], rows, trees, b)
     return [_tree_draft(lead, tree, draws) for tree, draws in zip(trees, sampled, strict=True)]
 
 
-def _draws(drafter: FeatureDrafter, ctx: DecodeContext) -> bool:
-    """Whether the slot's tree draws its children (a sampled tree) rather than taking the top-k."""
-    return drafter.tree_sampling == "sampled" and not ctx.sampling.greedy
+def _feed_depth(lead: FeatureDrafter, cache: _Span, feeders: list[TreeFeeder],
+                fed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    """One depth of every growing tree in one layer call: slot b feeds ``fed[b]`` (nodes, tokens, parents) through
+    its feeder; each fed slot's children's rows (k_b, N), as its feeder's ``rows`` makes them."""
+    feeds: list[RowFeed | None] = [None] * len(feeders)
+    for b, request in fed.items():
+        ids, inputs, position, visible = feeders[b].prepare(*request)
+        positions = torch.full((ids.numel(),), position, dtype=torch.long, device=ids.device)
+        feeds[b] = RowFeed(ids, inputs, positions, feeders[b].state.real, visible)
+    out = _call(lead, cache, feeds)
+    outputs = {b: out[b, : feeds[b].ids.numel()] for b in fed}
+    logits = lead._draft_logits(torch.cat(list(outputs.values()))).split([o.shape[0] for o in outputs.values()])
+    rows = {}
+    for (b, output), row in zip(outputs.items(), logits, strict=True):
+        feeders[b].record(output)
+        rows[b] = feeders[b].rows(row)
+    return rows
 
 
 def _topk_trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Tensor,
@@ -200,17 +203,8 @@ def _topk_trees(lead: FeatureDrafter, cache: _Span, slots: list, roots: torch.Te
                for b, (_, drafter, _, gamma) in enumerate(slots)]
 
     def step(active: list[int], nodes: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        feeds: list[RowFeed | None] = [None] * len(slots)
-        for b in active:
-            ids, inputs, position, visible = feeders[b].prepare(nodes[b], tokens[b], parents[b])
-            positions = torch.full((top_k,), position, dtype=torch.long, device=ids.device)
-            feeds[b] = RowFeed(ids, inputs, positions, feeders[b].state.real, visible)
-        out = _call(lead, cache, feeds)
-        outputs = [out[b, :top_k] for b in active]
-        logits = lead._draft_logits(torch.cat(outputs)).split(top_k)  # (top_k, N) each
-        for b, output in zip(active, outputs, strict=True):
-            feeders[b].record(output)
-        return torch.stack([rows[b](row) for b, row in zip(active, logits, strict=True)])
+        fed = _feed_depth(lead, cache, feeders, {b: (nodes[b], tokens[b], parents[b]) for b in active})
+        return torch.stack([fed[b] for b in active])
 
     root_rows = torch.stack([rows[b](row) for b, row in enumerate(root_logits)])
     kept = grow_lockstep(root_rows, [gamma for *_, gamma in slots], top_k,

@@ -180,10 +180,15 @@ class FeatureDrafter(BaseDrafter):
                 hidden = self._step(token[None], hidden[None, None], position, None, self.state.cache)[0, 0]
         return Draft.chain(*to_host([torch.cat(tokens), torch.stack(qs) if qs else None]))  # one wait for both
 
+    def draws_children(self, ctx: DecodeContext) -> bool:
+        """Whether its tree for ``ctx`` draws each node's children from q (a sampled tree) rather than taking the
+        top-k."""
+        return self.tree_sampling == "sampled" and not ctx.sampling.greedy
+
     def _tree(self, ctx: DecodeContext, root: torch.Tensor, gamma: int) -> Draft:
         """EAGLE-2 dynamic tree over draft-vocabulary indices: top-k children scored at the sampling temperature
         (q = None), or, sampling with ``tree_sampling == "sampled"``, children drawn from the warped q."""
-        if self.tree_sampling == "sampled" and not ctx.sampling.greedy:
+        if self.draws_children(ctx):
             return self._sampled_tree(ctx, root, gamma)
         temperature = ctx.sampling.temperature or 1.0
         rows = TopkRows(temperature)

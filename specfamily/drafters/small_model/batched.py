@@ -18,10 +18,11 @@ import torch
 from specfamily.core.batch_target import BatchTarget, SlotFeed
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock
-from specfamily.core.host import draw, to_host
+from specfamily.core.host import draw
 from specfamily.core.sampling import greedy_tokens, warp
 from specfamily.core.target import Target
 from specfamily.core.types import Draft
+from specfamily.drafters.shared.host_drafts import chain_drafts
 
 __all__ = ["CATCH_UP_TOKENS", "propose_small_batch"]
 
@@ -76,13 +77,11 @@ def propose_small_batch(drafters: list, ctxs: list[DecodeContext], gammas: list[
         for s, row in zip(slots, rows, strict=True):
             if row is not None:
                 _sample(s, row, confidence)
-    n = len(slots)  # every slot's tokens, then every slot's q (None at temperature 0): one wait for them all
-    host = to_host([torch.cat(s.tokens) for s in slots] + [torch.stack(s.qs) if s.qs else None for s in slots])
-    for b, (s, runner) in enumerate(zip(slots, runners, strict=True)):
+    chains = chain_drafts([s.tokens for s in slots], [s.qs for s in slots])
+    for b, (s, runner, draft) in enumerate(zip(slots, runners, chains, strict=True)):
         _unpack(batch, runner, b, batch.lengths[b])
         drafter = drafters[s.index]
         drafter._base, drafter._gamma = len(s.ctx.tokens), len(s.tokens)
-        draft = Draft.chain(host[b], host[n + b])
         draft.catch_up_seconds = catch_up
         drafts[s.index] = draft
     return drafts
