@@ -3,24 +3,12 @@ t(rows)/t(1)) and the chain's visibility, not its numbers. The --baseline build 
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-import torch
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture
-def attention_rows(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("attention_rows", None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("attention_rows")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("attention_rows", None)
+def attention_rows(benchmark_module):
+    return benchmark_module("attention_rows")
 
 
 def test_a_chain_row_sees_the_cache_up_to_its_own_key(attention_rows):

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-import torch
 
 from specfamily.runtime.attention import attention_build
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def script(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("attention", "pass_cost", "bandwidth"):
-        sys.modules.pop(name, None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("attention")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("attention", None)
+def script(benchmark_module):
+    return benchmark_module("attention")
 
 
 @pytest.mark.skipif(not attention_build().available, reason=f"no attention kernel: {attention_build().reason}")

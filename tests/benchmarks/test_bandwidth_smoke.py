@@ -3,25 +3,14 @@ its numbers."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
-import torch
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture
-def bandwidth(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("bandwidth", None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("bandwidth")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("bandwidth", None)
+def bandwidth(benchmark_module):
+    return benchmark_module("bandwidth")
 
 
 def test_tiny_run_reports_every_kind_beside_the_floor(bandwidth, tmp_path, capsys):

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from specfamily.testing import tiny_target
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def one_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("batch_one", "common", "pairs", "bench_report"):
-        sys.modules.pop(name, None)
-    yield importlib.import_module("batch_one")
-    sys.modules.pop("batch_one", None)
+def one_module(benchmark_module):
+    return benchmark_module("batch_one")
 
 
 @pytest.mark.parametrize("name", ["plain", "prompt_lookup"])

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,16 +9,10 @@ import specfamily as sf
 from specfamily.core.types import Draft
 from specfamily.testing import tiny_target
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def oracle_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("batch_oracle", "common", "pairs", "bench_report"):
-        sys.modules.pop(name, None)
-    yield importlib.import_module("batch_oracle")
-    sys.modules.pop("batch_oracle", None)
+def oracle_module(benchmark_module):
+    return benchmark_module("batch_oracle")
 
 
 def test_the_accepted_part_of_a_chain_and_of_a_tree(oracle_module):

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
 from specfamily.testing import tiny_model
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def plain_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("batch_plain", "batch_sweep", "common", "pairs", "bench_report"):
-        sys.modules.pop(name, None)
-    yield importlib.import_module("batch_plain")
-    for name in ("batch_plain", "batch_sweep"):
-        sys.modules.pop(name, None)
+def plain_module(benchmark_module):
+    return benchmark_module("batch_plain")
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -3,26 +3,16 @@ claims)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import specfamily as sf
 from specfamily.testing import tiny_target
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def plans(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("batch_plans", "common", "pairs", "bench_report"):
-        sys.modules.pop(name, None)
-    yield importlib.import_module("batch_plans")
-    sys.modules.pop("batch_plans", None)
+def plans(benchmark_module):
+    return benchmark_module("batch_plans")
 
 
 @pytest.mark.parametrize("gamma", [None, 2])

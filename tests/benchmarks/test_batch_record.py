@@ -3,10 +3,6 @@ lengths it fed agree with it) and joined with its pass's measurement (no timing 
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,19 +11,13 @@ from specfamily.core.batch_lengths import LengthPolicy
 from specfamily.core.batch_plan import BatchPlanning
 from specfamily.testing import tiny_target
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def batch_record(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("batch_record", None)
+def batch_record(benchmark_module, monkeypatch):
     for name in ("_plan", "timed", "settle"):  # _install patches these: undone after the test
         monkeypatch.setattr(LengthPolicy, name, getattr(LengthPolicy, name))
     monkeypatch.setattr(BatchPlanning, "_planned", BatchPlanning._planned)
-    module = importlib.import_module("batch_record")
-    yield module
-    sys.modules.pop("batch_record", None)
+    return benchmark_module("batch_record")
 
 
 def test_each_plan_is_recorded_as_decided_and_joined_with_its_pass(batch_record):

@@ -3,9 +3,7 @@ claims)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,16 +11,10 @@ import torch
 import specfamily as sf
 from specfamily.testing import tiny_target
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def sweep_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("batch_sweep", "sweep_results", "common", "pairs", "bench_report"):
-        sys.modules.pop(name, None)
-    yield importlib.import_module("batch_sweep")
-    sys.modules.pop("batch_sweep", None)
+def sweep_module(benchmark_module):
+    return benchmark_module("batch_sweep")
 
 
 def test_transformers_padded_batch_gives_each_row_its_own_greedy_text(sweep_module):
@@ -186,3 +178,48 @@ def test_the_floor_verdict_tells_a_measured_loss_from_one_the_rounds_cannot_tell
     assert "medusa" not in verdict and "hf" not in verdict
     result.rows = [r for r in result.rows if r.method in ("plain", "medusa")]
     assert sweep_module.floor_verdict(result, [4]).startswith(">= 0.98x at every B: met; measurably under")
+
+
+def test_a_sampled_sweep_samples_every_method_and_leaves_the_texts_uncompared(sweep_module, monkeypatch):
+    """--temperature: generate_batch gets the sweep's sampling for plain and every drafter, transformers' generate
+    samples too (without its model's default top-k and top-p), and a drafter's text, one draw of the target's law,
+    is not held against plain decoding's; a bad temperature is refused before the target loads."""
+    loads = []
+    monkeypatch.setattr(sweep_module.sf, "load_target",
+                        lambda *a, **k: loads.append(1) or tiny_target("llama", vocab_size=64))
+    monkeypatch.setattr(sys.modules["common"], "spec_bench_prompts",
+                        lambda per_category, tokenizer: ([list(range(3, 13)), list(range(20, 30))], ["a", "b"]))
+    seen, real = [], sweep_module.sf.generate_batch
+
+    def generate_batch(target, drafter, prompts, max_new_tokens, sampling, **kwargs):
+        seen.append(sampling)
+        return real(target, drafter, prompts, max_new_tokens, sampling, **kwargs)
+
+    monkeypatch.setattr(sweep_module.sf, "generate_batch", generate_batch)
+    hf, real_hf = [], sweep_module.hf_batch
+    monkeypatch.setattr(sweep_module, "hf_batch", lambda *a: hf.append(a[-1]) or real_hf(*a))
+    args = ["--batch-sizes", "2", "--drafters", "prompt_lookup,suffix", "--max-new-tokens", "6", "--clock", "wall",
+            "--max-prompt-tokens", "8", "--plain-runs", "1"]
+    result = sweep_module.sweep(sweep_module.parse_args([*args, "--temperature", "1.5", "--top-p", "0.9"]))
+    sampled = sweep_module.SamplingConfig(temperature=1.5, top_p=0.9)
+    assert seen == [sampled] * 6 and hf == [sampled] * 2  # warm-up and timed round: plain and two drafters, and hf
+    assert result.sampling == {"temperature": 1.5, "top_k": 0, "top_p": 0.9}
+    assert all(r.mismatched == 0 and r.tokens == 12 for r in result.rows)  # 2 requests of 6 tokens (no EOS here)
+    assert sweep_module.hf_sampling(sampled) == {"do_sample": True, "temperature": 1.5, "top_k": None, "top_p": 0.9}
+    assert sweep_module.hf_sampling(None) == {"do_sample": False}
+    with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0, got -1.0"):
+        sweep_module.sweep(sweep_module.parse_args([*args, "--temperature", "-1"]))
+    assert len(loads) == 1
+
+
+def test_transformers_sampled_batch_draws_from_the_seeded_global_generator(sweep_module):
+    """hf_batch sampling: rows of at most 8 new tokens (up to an EOS drawn), the same rows again under the same torch
+    seed, other rows under another."""
+    target = tiny_target("llama", vocab_size=32, spread=1.0)
+    prompts, sampled = [[1, 2, 3, 4, 5], [6, 7]], sweep_module.SamplingConfig(temperature=1.0)
+    draws = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        draws.append(sweep_module.hf_batch(target.model, prompts, 8, target.eos_token_ids, sampled))
+    assert draws[0] == draws[1] != draws[2]
+    assert all(0 < len(row) <= 8 for row in draws[0])

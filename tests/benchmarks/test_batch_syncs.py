@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def batch_syncs(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("batch_syncs", None)
-    yield importlib.import_module("batch_syncs")
-    sys.modules.pop("batch_syncs", None)
+def batch_syncs(benchmark_module):
+    return benchmark_module("batch_syncs")
 
 
 def test_the_table_counts_each_drafters_waits_a_pass_at_each_batch_size(batch_syncs, capsys, tmp_path):

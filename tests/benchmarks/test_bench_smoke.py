@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,21 +11,14 @@ import torch
 from specfamily.testing import tiny_model, tiny_target
 from specfamily.testing.tiny import single_thread
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 VOCAB = 64
 
 
 @pytest.fixture
-def bench(monkeypatch):
+def bench(benchmark_module):
     """The scripts' modules (common, peer, overhead), imported from benchmarks/ and forgotten afterwards."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
     names = ("pairs", "bench_report", "common", "peer_setup", "peer_rows", "ceiling", "peer", "overhead", "defaults")
-    for name in names:
-        sys.modules.pop(name, None)
-    modules = argparse.Namespace(**{name: importlib.import_module(name) for name in names})
-    yield modules
-    for name in names:
-        sys.modules.pop(name, None)
+    return argparse.Namespace(**{name: benchmark_module(name) for name in names})
 
 
 @pytest.fixture(scope="module")

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 CURVE = {0: 1.0, 1: 1.2, 2: 1.6, 4: 1.9, 8: 2.5, 12: 3.0}
 
 
 @pytest.fixture
-def bounds(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("bounds", None)
-    yield importlib.import_module("bounds")
-    sys.modules.pop("bounds", None)
+def bounds(benchmark_module):
+    return benchmark_module("bounds")
 
 
 def test_best_speedup_is_the_theory_maximum_over_chain_lengths(bounds):

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def table(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("eagle3_table", None)
-    yield importlib.import_module("eagle3_table")
-    sys.modules.pop("eagle3_table", None)
+def table(benchmark_module):
+    return benchmark_module("eagle3_table")
 
 
 def prompt(drafter: str, index: int, passes: int, wall: float, alpha: float | None, depth: list) -> dict:

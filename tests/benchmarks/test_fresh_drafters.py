@@ -7,8 +7,6 @@ call order are checked, never a time."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,15 +23,10 @@ TOKENS = 8
 
 
 @pytest.fixture
-def bench(monkeypatch):
+def bench(benchmark_module):
     """The scripts' modules, imported from benchmarks/ and forgotten afterwards (those that exist)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
     names = [name for name in MODULES if (BENCHMARKS / f"{name}.py").is_file()]
-    for name in names:
-        sys.modules.pop(name, None)
-    yield argparse.Namespace(**{name: importlib.import_module(name) for name in names})
-    for name in names:
-        sys.modules.pop(name, None)
+    return argparse.Namespace(**{name: benchmark_module(name) for name in names})
 
 
 @pytest.fixture(scope="module")

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
             vocab_size=96, rope_theta=10000.0)
 
 
 @pytest.fixture
-def gpu_batch(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("gpu_batch", "gpu_shapes", "batch_sweep", "common", "pairs", "bench_report"):
-        sys.modules.pop(name, None)
-    module = importlib.import_module("gpu_batch")
+def gpu_batch(benchmark_module, monkeypatch):
+    module = benchmark_module("gpu_batch")
     monkeypatch.setitem(sys.modules["gpu_shapes"].SHAPES, "tiny", TINY)
-    yield module
-    sys.modules.pop("gpu_batch", None)
+    return module
 
 
 def test_a_dry_run_records_the_picture_and_the_peer_per_batch_size(gpu_batch, tmp_path):

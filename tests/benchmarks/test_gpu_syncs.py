@@ -4,24 +4,15 @@ torch.cuda's debug-mode switches stubbed (nothing to flag there: CudaSyncOps cou
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def gpu_syncs(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("gpu_syncs", None)
+def gpu_syncs(benchmark_module, monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
-    yield importlib.import_module("gpu_syncs")
-    sys.modules.pop("gpu_syncs", None)
+    return benchmark_module("gpu_syncs")
 
 
 def test_every_case_runs_and_its_stand_in_pass_synchronises_once(gpu_syncs, capsys):

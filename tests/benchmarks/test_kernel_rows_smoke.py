@@ -3,25 +3,14 @@ weight, the same-bits check between kernels), not its numbers. The --baseline bu
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def kernel_rows(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("kernel_rows", None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("kernel_rows")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("kernel_rows", None)
+def kernel_rows(benchmark_module):
+    return benchmark_module("kernel_rows")
 
 
 def _stream_or_skip():

@@ -63,13 +63,8 @@ class LlamaPromptLookupDecoding:
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in NAMES:
-        sys.modules.pop(name, None)
-    yield importlib.import_module("llama_cpp_peer")
-    for name in NAMES:
-        sys.modules.pop(name, None)
+def bench(benchmark_module):
+    return benchmark_module("llama_cpp_peer")
 
 
 @pytest.fixture

@@ -3,24 +3,16 @@ alternated in fresh processes (this checkout against itself), not its numbers.""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture
-def pass_ab(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("pass_ab", None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("pass_ab")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("pass_ab", None)
+def pass_ab(benchmark_module):
+    return benchmark_module("pass_ab")
 
 
 def test_every_arm_at_every_length(pass_ab, tmp_path):

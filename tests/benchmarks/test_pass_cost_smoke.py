@@ -14,14 +14,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture
-def pass_cost(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("pass_cost", "bandwidth"):
-        sys.modules.pop(name, None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("pass_cost")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("pass_cost", None)
+def pass_cost(benchmark_module):
+    return benchmark_module("pass_cost")
 
 
 def test_tiny_run_times_every_kind_and_profiles(pass_cost, capsys):

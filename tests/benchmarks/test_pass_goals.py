@@ -4,7 +4,6 @@ lines and each miss's parts), the drafts' shapes, the verdicts, and the run fold
 from __future__ import annotations
 
 import csv
-import importlib
 import math
 import sys
 from pathlib import Path
@@ -21,16 +20,8 @@ TINY = ["--model", "zoo:code-target", "--matmul", "skinny", "--threads", "1", "-
 
 
 @pytest.fixture
-def goals(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    names = ("pass_goals", "pass_goals_runs", "pass_cost", "bandwidth")
-    for name in names:
-        sys.modules.pop(name, None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("pass_goals")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    for name in names:
-        sys.modules.pop(name, None)
+def goals(benchmark_module):
+    return benchmark_module("pass_goals")
 
 
 def test_a_tiny_run_times_every_arm_over_growing_caches_and_splits_each_miss(goals, capsys, tmp_path):

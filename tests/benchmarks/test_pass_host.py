@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-import torch
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture
-def pass_host(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("pass_host", "pass_cost"):
-        sys.modules.pop(name, None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("pass_host")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("pass_host", None)
+def pass_host(benchmark_module):
+    return benchmark_module("pass_host")
 
 
 def test_every_kind_is_split_into_its_host_steps(pass_host, capsys):

@@ -3,28 +3,15 @@ target every step of every arm timed through a marked build, not its numbers."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-import torch
 
 from specfamily.runtime.kernel import stream_kernel
 from specfamily.runtime.native_layers import native_build
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def pass_marks(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("pass_marks", "pass_rest", "pass_cost"):
-        sys.modules.pop(name, None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("pass_marks")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("pass_marks", None)
+def pass_marks(benchmark_module):
+    return benchmark_module("pass_marks")
 
 
 def test_a_products_inner_steps_are_named_after_the_layer_step_that_follows(pass_marks):

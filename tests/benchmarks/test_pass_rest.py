@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from specfamily.runtime.native_layers import native_build
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def pass_rest(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("pass_rest", "pass_cost"):
-        sys.modules.pop(name, None)
-    threads = torch.get_num_threads()
-    yield importlib.import_module("pass_rest")
-    torch.set_num_threads(threads)  # the script fixes its own thread count
-    sys.modules.pop("pass_rest", None)
+def pass_rest(benchmark_module):
+    return benchmark_module("pass_rest")
 
 
 def test_ops_are_booked_to_their_items(pass_rest):

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from specfamily.testing import tiny_target
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("suffix", None)
-    yield importlib.import_module("suffix")
-    sys.modules.pop("suffix", None)
+def bench(benchmark_module):
+    return benchmark_module("suffix")
 
 
 def _items(bench, count=3):
@@ -87,11 +78,8 @@ def test_warm_cache_is_saved_and_loaded(bench, tmp_path):
 
 
 @pytest.fixture
-def replay(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("suffix_replay", None)
-    yield importlib.import_module("suffix_replay")
-    sys.modules.pop("suffix_replay", None)
+def replay(benchmark_module):
+    return benchmark_module("suffix_replay")
 
 
 @pytest.mark.parametrize(("name", "options"), [("prompt_lookup", {}), ("suffix", {}), ("suffix", {"mode": "chain"}),

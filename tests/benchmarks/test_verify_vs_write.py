@@ -3,26 +3,17 @@ timing claims)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from specfamily.testing import tiny_target
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def picture_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    for name in ("verify_vs_write", "common"):
-        sys.modules.pop(name, None)
-    yield importlib.import_module("verify_vs_write")
-    sys.modules.pop("verify_vs_write", None)
+def picture_module(benchmark_module):
+    return benchmark_module("verify_vs_write")
 
 
 def test_passes_feed_each_request_and_leave_the_cache_as_it_was(picture_module):
