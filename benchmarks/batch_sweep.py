@@ -2,7 +2,8 @@
 
 For each batch size B (``--batch-sizes``), the first R B prompts (Spec-Bench first turns through the chat template,
 ``--per-category`` questions of each of its 13 categories, cut to their last ``--max-prompt-tokens``, 0: whole; R =
-``--requests-per-slot``) are decoded greedily, ``--max-new-tokens`` each, at most B at once (``max_batch=B``: a request
+``--requests-per-slot``) are decoded greedily (or sampled: ``--temperature``, ``--top-k``, ``--top-p``, request i
+seeded i, transformers' generate sampling too), ``--max-new-tokens`` each, at most B at once (``max_batch=B``: a request
 that finishes makes room for a waiting one, so with R > 1 the batch stays full until the queue runs dry, as a server at
 concurrency B; with R = 1 every request starts together and the batch runs as many passes as its slowest request needs),
 in one process at a fixed thread count and matmul kind (``--matmul``):
@@ -16,16 +17,17 @@ methods interleaved within each round (each round starting one method later than
 always runs first; plain ``--plain-runs`` times a round, default 3, spread through it: its runs' mean is the reference
 of every drafter's ratio in the round; hf in the first ``--hf-rounds`` timed rounds only, if given), ``--warmup``
 untimed rounds at every B (default 1: a B's first run meets new pass shapes and learns t(B, n)), then ``--repeats``
-timed rounds, the median time kept. Tokens/s counts each request's new tokens; every drafter's tokens are compared with
-plain batched decoding's, request by request. The table gives each method's tokens/s and its ratio to plain batched
-decoding at the same B (medians' ratio; with two or more rounds, after it, the 95% t interval of the mean of the rounds'
-own ratios: each round runs every method back to back, so the interval says whether a cell's gap to 1 is more than the
-machine's drift), and each drafter's crossover (the smallest B at which it is slower than plain); a second table gives
-each arm's target passes over its requests (the prefill passes included) and tau (new tokens per pass, summed over the
-requests). Beside it, the method's own picture measured here: the time of one batched pass feeding 5 tokens per request
-against one feeding 1 (t(B, 5) / t(B, 1)), and the batched cache's bytes per request at the capacity these runs
-preallocate. ``--plot`` writes speedup against B per drafter with the crossovers marked. Numbers are as quiet as the
-machine: the CPU clock (``--clock cpu``, one thread) is steadier where other processes share the cores.
+timed rounds, the median time kept. Tokens/s counts each request's new tokens; greedy, every drafter's tokens are
+compared with plain batched decoding's, request by request (sampled, they are not: ``sampling_of``). The table gives
+each method's tokens/s and its ratio to plain batched decoding at the same B (medians' ratio; with two or more rounds,
+after it, the 95% t interval of the mean of the rounds' own ratios: each round runs every method back to back, so the
+interval says whether a cell's gap to 1 is more than the machine's drift), and each drafter's crossover (the smallest B
+at which it is slower than plain); a second table gives each arm's target passes over its requests (the prefill passes
+included) and tau (new tokens per pass, summed over the requests). Beside it, the method's own picture measured here:
+the time of one batched pass feeding 5 tokens per request against one feeding 1 (t(B, 5) / t(B, 1)), and the batched
+cache's bytes per request at the capacity these runs preallocate. ``--plot`` writes speedup against B per drafter with
+the crossovers marked. Numbers are as quiet as the machine: the CPU clock (``--clock cpu``, one thread) is steadier
+where other processes share the cores.
 
     python benchmarks/batch_sweep.py --threads 1 --matmul stream --batch-sizes 1,2,4,8,16,32 --plot docs/batching.png
 
@@ -49,26 +51,37 @@ from sweep_results import Row, Sweep, floor_verdict, passes_table, plot, table
 import specfamily as sf
 from specfamily.core.batch_loop import cache_capacity
 from specfamily.core.batch_target import BatchTarget, SlotFeed
-from specfamily.core.types import Draft
+from specfamily.core.types import Draft, SamplingConfig
 from specfamily.eval.batching import poisson_arrivals
 
 PASS_TOKENS = 5  # the method's picture: verify 5 tokens per request against writing 1
 
 
-def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...]) -> list[list[int]]:
-    """transformers' greedy generate on the left-padded batch: each row's new tokens up to its first EOS."""
+def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[int, ...],
+             sampling: SamplingConfig | None = None) -> list[list[int]]:
+    """transformers' generate on the left-padded batch, greedy or as ``sampling`` warps (temperature, top-k,
+    top-p): each row's new tokens up to its first EOS."""
     width, device = max(len(p) for p in prompts), next(model.parameters()).device
     pad = eos[0] if eos else 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                             pad_token_id=pad)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                             **hf_sampling(sampling))
     rows = []
     for row in out[:, width:].tolist():
         end = next((i for i, t in enumerate(row) if t in eos), None)
         rows.append(row if end is None else row[: end + 1])
     return rows
+
+
+def hf_sampling(sampling: SamplingConfig | None) -> dict:
+    """transformers' generate arguments for ``sampling`` (None or temperature 0: greedy; its model's own
+    generation config would otherwise add its default top-k and top-p)."""
+    if sampling is None or sampling.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
+            "top_p": sampling.top_p}
 
 
 def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> float:
@@ -108,10 +121,12 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
     cannot take arrivals, is left out, as it is with ``--no-hf``."""
     batch = len(prompts) // args.requests_per_slot
     arrivals = poisson_arrivals(len(prompts), args.arrival_rate, seed=0)
+    sampling = sampling_of(args)
     if hf and arrivals is None and not args.no_hf:
         start = clock()
         hf_rows = [row for i in range(0, len(prompts), batch)
-                   for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids)]
+                   for row in hf_batch(target.model, prompts[i:i + batch], args.max_new_tokens, target.eos_token_ids,
+                                       sampling)]
         times.setdefault("hf", []).append((clock() - start, sum(map(len, hf_rows)), 0, float("nan"), 0))
     methods = ["plain", *names]
     shift = len(times.get("plain", ())) % len(methods)  # each round starts one method later: no method always first
@@ -119,15 +134,16 @@ def run_round(target, names: list[str], prompts: list[list[int]], args, clock, t
     for name in round_order(methods[shift:] + methods[:shift], args.plain_runs):
         drafter = None if name == "plain" else make_drafter(name, target, args.gamma)  # loading is not timed
         start = clock()
-        results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, max_batch=batch, arrivals=arrivals)
+        results = sf.generate_batch(target, drafter, prompts, args.max_new_tokens, sampling, max_batch=batch,
+                                    arrivals=arrivals)
         runs.setdefault(name, []).append((clock() - start, results))
     plain = [r.tokens for r in runs["plain"][0][1]]
     for name in methods:
         seconds, results = statistics.mean(s for s, _ in runs[name]), runs[name][0][1]
-        if any([r.tokens for r in again] != plain for _, again in runs[name][1:]):
-            raise RuntimeError(f"{name}: its runs in one round decoded different tokens")
         out = [r.tokens for r in results]
-        mismatched = sum(a != b for a, b in zip(out, plain, strict=True))
+        if sampling.greedy and any([r.tokens for r in again] != plain for _, again in runs[name][1:]):
+            raise RuntimeError(f"{name}: its runs in one round decoded different tokens")
+        mismatched = sum(a != b for a, b in zip(out, plain, strict=True)) if sampling.greedy else 0
         latency = statistics.median(r.metrics.finish_s - r.metrics.arrival_s for r in results)
         passes = sum(r.metrics.target_passes for r in results)
         times.setdefault(name, []).append((seconds, sum(map(len, out)), mismatched, latency, passes))
@@ -151,6 +167,14 @@ def round_order(methods: list[str], plain_runs: int) -> list[str]:
     return order
 
 
+def sampling_of(args) -> SamplingConfig:
+    """The sweep's sampling (``--temperature``, ``--top-k``, ``--top-p``; temperature 0: greedy). Sampled texts are
+    not compared with plain decoding's: a request draws its tokens from its own seeded generator, and how many draws a
+    pass makes follows its draft lengths, so its text is one draw of the target's law, not plain decoding's text (the
+    conformance kit tests each request's law inside a batch)."""
+    return SamplingConfig(getattr(args, "temperature", 0.0), getattr(args, "top_k", 0), getattr(args, "top_p", 1.0))
+
+
 def make_drafter(name: str, target, gamma: int | None):
     """The drafter at its defaults, or, with ``gamma``, drafting ``gamma`` tokens on every pass (a constant policy:
     the batch's length policy, which plans only cost-aware drafters, leaves it alone)."""
@@ -160,13 +184,15 @@ def make_drafter(name: str, target, gamma: int | None):
 def sweep(args) -> Sweep:
     if args.hf_rounds is not None and args.hf_rounds < 1:  # refused before the target loads
         raise ValueError(f"--hf-rounds must be at least 1, got {args.hf_rounds} (--no-hf leaves hf out)")
+    sampling = sampling_of(args)  # refused before the target loads
     clock, target, prompts = workload(args)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     if max(batches) * args.requests_per_slot > len(prompts):
         raise ValueError(f"{len(prompts)} prompts, batch sizes up to {max(batches)} x {args.requests_per_slot}")
     result = Sweep(args.threads, args.clock, args.max_new_tokens, args.matmul, args.max_prompt_tokens,
                    args.per_category, [len(p) for p in prompts], args.requests_per_slot, args.arrival_rate,
-                   plain_runs=args.plain_runs, hf_rounds=args.hf_rounds, categories=args.categories)
+                   plain_runs=args.plain_runs, hf_rounds=args.hf_rounds, categories=args.categories,
+                   sampling=asdict(sampling))
     names = args.drafters.split(",") if args.drafters else sf.list_drafters()
     for name in list(names):
         try:
@@ -216,6 +242,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--categories", default=None,
                         help="comma-separated Spec-Bench categories to keep (e.g. summarization,rag: input-grounded "
                              "tasks, where copy drafters find their matches); default: all 13")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature (default 0: greedy, texts compared with plain decoding's)")
+    parser.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most probable (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus mass (1: off)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones, at every B")
     parser.add_argument("--plain-runs", type=int, default=3,
@@ -244,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batched cache per request: {result.cache_bytes_per_request / 2**20:.1f} MiB at {result.cache_capacity} "
           f"entries ({result.cache_bytes_per_request // max(result.cache_capacity, 1) / 2**10:.1f} KiB per token); "
           f"matmul {args.matmul}; {args.requests_per_slot} request(s) per slot; skipped: {result.skipped}")
+    print("greedy: every drafter's text compared with plain decoding's" if sampling_of(args).greedy else
+          f"sampled ({result.sampling}): texts not compared (each is one draw of the target's law)")
     if args.plot:
         plot(result, batches, args.plot)
     if args.json:

@@ -54,6 +54,7 @@ class Sweep:
     plain_runs: int = 1  # plain's runs a round (their mean: the round's reference)
     hf_rounds: int | None = None  # the timed rounds hf ran in, the first ones (None: every one)
     categories: str | None = None  # the Spec-Bench categories kept, comma-separated (None: all)
+    sampling: dict = field(default_factory=dict)  # SamplingConfig's fields ({} or temperature 0: greedy)
 
     def tps(self, method: str, batch: int) -> float | None:
         row = next((r for r in self.rows if r.method == method and r.batch == batch), None)
