@@ -16,7 +16,9 @@ A plain pass is measured first at each batch size and again every ``refresh_ever
 a newcomer is not measured; on it the drafter drafts only where the gate is open (:meth:`LoadGate.opens`): no probe, no
 measurement, rows beside a prompt's. Only a drafter at its defaults is gated (:func:`gated`): a length a user chose (a
 ``gamma`` or ``policy`` given) is left alone, as the conformance kit's and the sweep's fixed-gamma runs need. The
-verdict is kept across runs per drafter class on the target.
+verdict is kept across runs per drafter class on the target. ``generate`` gates such a drafter at batch 1 too when its
+policy weighs no costs (:func:`gated_alone`: lookahead at its defaults lost 13% to plain decoding at batch 1 under
+sampling, docs/batching.md), with the same verdicts as a batch's last lone slot.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from specfamily.core.batch_kept import kept_record
 from specfamily.core.policy import AutoPolicy
 
-__all__ = ["GateWindow", "LoadGate", "gated", "kept_gate"]
+__all__ = ["GateWindow", "LoadGate", "gated", "gated_alone", "kept_gate"]
 
 
 @dataclass
@@ -145,6 +147,13 @@ def gated(drafter) -> bool:
         return False
     config = getattr(drafter, "config", None)
     return config is not None and getattr(config, "gamma", 0) is None and getattr(config, "policy", 0) is None
+
+
+def gated_alone(drafter) -> bool:
+    """Whether ``generate`` gates ``drafter`` at batch 1: gated by load (:func:`gated`) and its policy plans with no
+    costs at all (no ``bind`` hook taking the verify-cost curve: merge's parts' cost-aware policies already decide
+    alone whether their drafts pay; lookahead's constant length never does)."""
+    return gated(drafter) and not callable(getattr(drafter.policy, "bind", None))
 
 
 def kept_gate(target, drafter) -> LoadGate:

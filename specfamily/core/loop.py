@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specfamily.core import acceptance, host
+from specfamily.core.batch_gate import LoadGate, gated_alone, kept_gate
 from specfamily.core.context import DecodeContext
 from specfamily.core.costs import device_clock, process_clock, target_cost_curve
 from specfamily.core.drafter import Drafter, drafter_name, hooks
@@ -45,11 +46,17 @@ def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: Sampl
         raise TypeError(f"drafter must implement begin/propose/observe, got {type(drafter).__name__}")
 
 
-def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft) -> Draft:
-    """The drafter's proposal, with gamma capped so no pass drafts past the token budget (``empty`` otherwise)."""
+def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft,
+             gate: LoadGate | None = None, steady: bool = True) -> Draft:
+    """The drafter's proposal, with gamma capped so no pass drafts past the token budget (``empty`` otherwise), and,
+    for a drafter at lengths of its own (``gate``: lookahead's, merge's), drafted only where its drafted passes beat
+    its plain ones at batch 1, as the batched loop gates it at every batch size (``batch_gate``); a pass that prefills
+    the prompt (not ``steady``) drafts only where the gate is open."""
     if drafter is None:
         return empty
     gamma = min(drafter.policy.next_gamma(), remaining - 1)
+    if gate is not None:
+        gamma = gate.lengths([gamma])[0] if steady else gamma if gate.opens(1) else 0
     return drafter.propose(ctx, gamma) if gamma > 0 else empty
 
 
@@ -93,6 +100,7 @@ def generate(
     if drafter is not None:
         continue_policy(target, drafter)  # a fresh drafter continues from the last of its class on this target
     policy = policy_hooks(drafter.policy) if drafter is not None else None
+    gate = kept_gate(target, drafter) if gated_alone(drafter) else None  # its own lengths where they pay (batch_gate)
     if policy is not None:
         recorder.calibration_seconds = _bind_costs(policy, target, ids, clock)
     started = clock()  # after the one-time cost measurement, which the metrics keep apart
@@ -105,7 +113,8 @@ def generate(
         while len(new_tokens) < max_new_tokens:
             remaining = max_new_tokens - len(new_tokens)
             t0 = clock()
-            draft = _propose(drafter, ctx, remaining, empty)
+            c0 = cost_clock() if cost_clock is not None else t0
+            draft = _propose(drafter, ctx, remaining, empty, gate, steady=len(pending) == 1)
             t1 = clock()
             c1 = cost_clock() if cost_clock is not None else t1
             start = target.cached_length
@@ -131,6 +140,8 @@ def generate(
                 _report(drafter.policy, draft, depth, accepted, t1 - t0, t2 - t1, asked=draft is not empty)
                 drafter.observe(_outcome(draft, accepted, committed, out.features, len(pending), start, out.logits,
                                          out.side_logits))
+            if gate is not None and len(pending) == 1:  # a steady pass, whole: proposal, verification, observation
+                gate.record(1, draft is not empty, len(accepted) + 1, (cost_clock or clock)() - c0)
             pending = torch.tensor([next_token], dtype=torch.long, device=device)
     finally:
         if own is not None:

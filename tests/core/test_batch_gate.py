@@ -1,10 +1,11 @@
 """A drafter at lengths of its own drafts under load only while its drafted passes beat its plain ones."""
 
 import torch
-from batch_clock import priced_run
+from batch_clock import FakeClock, priced_run
 
 import specfamily as sf
-from specfamily.core.batch_gate import LoadGate, gated, kept_gate
+import specfamily.core.loop as loop
+from specfamily.core.batch_gate import LoadGate, gated, gated_alone, kept_gate
 from specfamily.testing import OracleDrafter, tiny_target
 from specfamily.testing.depth import DepthRecorder
 
@@ -79,6 +80,9 @@ def test_only_a_drafter_at_lengths_of_its_own_by_default_is_gated():
     assert not gated(OracleDrafter(target, gamma=4)) and not gated(None)  # no config: a test's or a user's class
     lookahead = sf.create_drafter("lookahead", target)
     assert gated(DepthRecorder(lookahead)) and not gated(DepthRecorder(lookahead, gamma=3))  # the kit's pinned length
+    merge = sf.create_drafter("merge", target, parts=["prompt_lookup", "suffix"])
+    assert gated_alone(lookahead) and not gated_alone(merge)  # at batch 1 merge's parts weigh their own costs
+    assert not gated_alone(sf.create_drafter("lookahead", target, gamma=2)) and not gated_alone(None)
 
 
 class Costly(OracleDrafter):
@@ -214,3 +218,53 @@ def test_a_batch_that_grows_and_shrinks_does_not_explore_each_size_where_drafts_
     assert {b for b, _ in steady} == {1, 3, 4} and [b for b, drafted in steady if drafted] == [1]
     gate = kept_gate(target, Costly())
     assert gate.closed(gate.windows[1]) and not gate.windows[4].drafted and not gate.windows[3].drafted
+
+
+def batch_one_run(monkeypatch, cost, drafter, target, prompt, max_new_tokens=40) -> list[tuple[bool, int]]:
+    """``sf.generate`` on a fake clock where a target pass over n fed rows costs ``cost(n)`` seconds: (steady, draft
+    length) of every pass; the text is greedy's."""
+    clock, seen = FakeClock(), []
+    monkeypatch.setattr(loop, "device_clock", lambda device: clock.now)
+    monkeypatch.setattr(loop, "_planning_clock", lambda device: None)  # the pass's cost read on the fake clock too
+    forward = type(target).forward
+
+    def priced(self, pending, draft=None, features=False):
+        fed = 0 if draft is None else len(draft)
+        seen.append((pending.numel() == 1, fed))
+        clock.t += cost(pending.numel() + fed)
+        return forward(self, pending, draft, features)
+
+    monkeypatch.setattr(type(target), "forward", priced)
+    result = sf.generate(target, drafter, prompt, max_new_tokens=max_new_tokens)
+    monkeypatch.undo()
+    assert result.tokens == sf.generate(target, None, prompt, max_new_tokens=max_new_tokens).tokens
+    return seen
+
+
+def test_at_batch_one_drafts_that_cost_more_than_they_commit_stop_and_are_probed(monkeypatch):
+    """``sf.generate`` gates a drafter at lengths of its own as the batched loop does, at batch size 1 (lookahead at
+    its defaults lost 13% under sampling there: docs/batching.md): every draft accepted, but a pass costs the square
+    of its rows, so a drafted pass commits 5 tokens for 25 plain passes' seconds. A plain pass is measured first,
+    then a drafted one, and after that only probes draft; at nearly free rows nearly every pass drafts."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    seen = batch_one_run(monkeypatch, lambda rows: rows * rows, Costly(target), target, [5, 9, 2])
+    steady = [fed for is_steady, fed in seen if is_steady]
+    assert seen[0] == (False, 0)  # the prompt's pass: nothing measured at batch 1, no draft beside it
+    assert steady[:2] == [0, 4] and len(steady) >= 30 and sum(fed > 0 for fed in steady) <= 3
+    gate = kept_gate(target, Costly())
+    assert gate.closed(gate.windows[1]) and set(gate.windows) == {1}
+    target.batch_realized.clear()
+    seen = batch_one_run(monkeypatch, lambda rows: 1.0 + 0.01 * rows, Costly(target), target, [5, 9, 2])
+    steady = [fed for is_steady, fed in seen if is_steady]
+    assert sum(fed > 0 for fed in steady) >= len(steady) - 2  # a plain pass first (and a refresh), the rest drafted
+    again = batch_one_run(monkeypatch, lambda rows: 1.0 + 0.01 * rows, Costly(target), target, [7, 1, 3])
+    assert again[0][1] > 0  # open at batch 1 now: the next request's prompt pass drafts too
+
+
+def test_at_batch_one_a_drafter_the_loop_plans_or_a_user_fixed_is_not_gated(monkeypatch):
+    """A length a user chose (gamma given) drafts on every pass however dear its rows; no gate is kept for it."""
+    target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
+    fixed = OracleDrafter(target, gamma=4)
+    seen = batch_one_run(monkeypatch, lambda rows: rows * rows, fixed, target, [5, 9, 2])
+    assert all(fed > 0 for is_steady, fed in seen[1:-1])
+    assert [kind for kind, _ in target.batch_realized] == ["policy"]  # its policy, continued by the next of its class

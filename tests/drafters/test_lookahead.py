@@ -67,7 +67,9 @@ def test_config_is_checked():
 
 def test_every_pass_carries_the_window_and_its_guesses_stay_off_the_verified_rows():
     target = tiny_target()
-    drafter = sf.create_drafter("lookahead", target, window=3, ngram=3, guesses=2)
+    # its default length N - 1, pinned: at its defaults the batch-1 gate would stop a tiny model's side rows, dear
+    # beside its cheap passes (tests/core/test_batch_gate.py); these tests are about the passes lookahead makes
+    drafter = sf.create_drafter("lookahead", target, gamma=2, window=3, ngram=3, guesses=2)
     drafts = []
     propose = drafter.propose
     drafter.propose = lambda ctx, gamma: drafts.append(propose(ctx, gamma)) or drafts[-1]
@@ -93,7 +95,7 @@ def test_the_jacobi_pool_alone_gets_tokens_accepted():
     """Without prompt n-grams every candidate comes from the window's side rows: accepted tokens prove the side
     logits feed the pool."""
     target = tiny_target(vocab_size=16)
-    drafter = sf.create_drafter("lookahead", target, prompt_pool=False, window=4, ngram=4, guesses=4)
+    drafter = sf.create_drafter("lookahead", target, gamma=3, prompt_pool=False, window=4, ngram=4, guesses=4)
     result = sf.generate(target, drafter, [1, 2, 3, 4, 5], max_new_tokens=48)
     assert result.tokens == sf.generate(target, None, [1, 2, 3, 4, 5], max_new_tokens=48).tokens
     assert result.metrics.target_passes < 48
@@ -101,8 +103,9 @@ def test_the_jacobi_pool_alone_gets_tokens_accepted():
 
 def test_cpu_defaults_feed_two_side_rows_and_a_chain_of_at_most_two():
     target = tiny_target(vocab_size=16)
-    drafter = sf.create_drafter("lookahead", target)
-    assert (drafter.config.window, drafter.config.ngram, drafter.config.guesses) == (1, 3, 1)
+    defaults = sf.create_drafter("lookahead", target).config
+    assert (defaults.window, defaults.ngram, defaults.guesses, defaults.gamma) == (1, 3, 1, None)  # gamma: N - 1
+    drafter = sf.create_drafter("lookahead", target, gamma=2)  # N - 1 pinned (the gate: see above)
     shapes = []
     propose = drafter.propose
 
