@@ -114,6 +114,23 @@ def max_positions(target: Target) -> int | None:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
+def monotone_curve(curve: dict[int, float]) -> dict[int, float]:
+    """The least-squares fit of ``curve`` (t(g + 1) / t(1) by g) that never falls as g grows (isotonic regression). A
+    pass over more tokens does no less work, but medians of a few timed passes are noisy: one measurement here read
+    1.28 at g = 1 and 1.10 at g = 2 (docs/batching.md, session 42), which told a policy that two draft tokens cost less
+    than one; pooled, both read 1.17. g = 0 keeps its 1, and no g > 0 is fitted below it (clipping an isotonic fit
+    at a bound is the bounded fit)."""
+    from scipy.optimize import isotonic_regression
+
+    sizes = sorted(g for g in curve if g > 0)
+    floor = float(curve.get(0, 1.0))  # t(1) / t(1): 1 by definition, never refitted
+    if not sizes:
+        return dict(curve)
+    fitted = isotonic_regression([float(curve[g]) for g in sizes], increasing=True).x
+    kept = {0: floor} if 0 in curve else {}
+    return {**kept, **{g: max(float(v), floor) for g, v in zip(sizes, fitted, strict=True)}}
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """t(g + 1) / t(1) as a callable of g, the measured points sorted once (a policy asks every pass)."""
@@ -151,12 +168,13 @@ def target_cost_curve(target: Target, context: Sequence[int], repeats: int = 3) 
     """This target's t(g + 1) / t(1) as a function of g, measured on this machine once per Target (the first
     time a cost-aware policy needs it, over ``CURVE_CONTEXT`` tokens of ``context``: ``timing_context``) and kept in
     ``target.verify_costs``, which a run may also fill with its own measurement. A context too long for the model
-    to time leaves the paper's assumption, 1."""
+    to time leaves the paper's assumption, 1. The measured ratios are kept fitted non-decreasing in g
+    (:func:`monotone_curve`)."""
     if target.verify_costs is None:
         try:
             clock = process_clock(target.device)
             ids = timing_context(target, context, CURVE_CONTEXT, CURVE_SIZES, repeats)
-            target.verify_costs = measure_verify_cost(target, ids, CURVE_SIZES, repeats, clock)
+            target.verify_costs = monotone_curve(measure_verify_cost(target, ids, CURVE_SIZES, repeats, clock))
         except ValueError as err:
             log.warning("verify cost not measured (%s); assuming t(g + 1) = t(1)", err)
             target.verify_costs = {0: 1.0}

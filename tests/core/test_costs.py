@@ -76,3 +76,26 @@ def test_a_fresh_pass_replaces_the_window_at_its_size_only():
     assert costs.scale(2) == pytest.approx(3.0)
     assert costs.observe(2, 0.010, 1.0, fresh=True)
     assert costs.scale(2) == pytest.approx(1.0) and costs.scale(4) == pytest.approx(3.0)
+
+
+def test_the_measured_curve_is_fitted_never_falling_as_g_grows():
+    """One measurement read 1.28 at one draft token and 1.10 at two: pooled with 1.13 at three, all read 1.17; g = 0
+    keeps its 1, a monotone curve is left as it is, and a point under 1 is raised to it."""
+    from specfamily.core.costs import monotone_curve
+
+    fitted = monotone_curve({0: 1.0, 1: 1.28, 2: 1.10, 3: 1.13, 4: 1.26})
+    assert list(fitted) == [0, 1, 2, 3, 4] and fitted[0] == 1.0 and fitted[4] == pytest.approx(1.26)
+    assert [fitted[g] for g in (1, 2, 3)] == pytest.approx([(1.28 + 1.10 + 1.13) / 3] * 3)
+    assert monotone_curve({0: 1.0, 2: 1.1, 8: 1.5}) == {0: 1.0, 2: 1.1, 8: 1.5}
+    assert monotone_curve({0: 1.0, 1: 0.9, 2: 0.95}) == {0: 1.0, 1: 1.0, 2: 1.0}
+    assert monotone_curve({}) == {} and monotone_curve({0: 1.0}) == {0: 1.0}
+
+
+def test_the_policy_curve_a_target_keeps_is_the_monotone_fit_of_its_measurement(monkeypatch):
+    import specfamily.core.costs as costs
+
+    target = tiny_target("llama", vocab_size=16)
+    monkeypatch.setattr(costs, "measure_verify_cost", lambda *a, **k: {0: 1.0, 1: 1.3, 2: 1.1, 4: 1.5})
+    curve = costs.target_cost_curve(target, list(range(10)))
+    assert target.verify_costs == pytest.approx({0: 1.0, 1: 1.2, 2: 1.2, 4: 1.5})
+    assert curve(1) == pytest.approx(1.2) and curve(3) == pytest.approx(1.35)
