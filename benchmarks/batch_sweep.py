@@ -76,12 +76,11 @@ def hf_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: tuple[in
 
 
 def hf_sampling(sampling: SamplingConfig | None) -> dict:
-    """transformers' generate arguments for ``sampling`` (None or temperature 0: greedy; its model's own
-    generation config would otherwise add its default top-k and top-p)."""
+    """transformers' generate arguments for ``sampling`` (None or temperature 0: greedy). Every warp is given, off
+    ones too (top-k 0, top-p 1): left out, transformers fills in its defaults (top-k 50)."""
     if sampling is None or sampling.greedy:
         return {"do_sample": False}
-    return {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
-            "top_p": sampling.top_p}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
 
 
 def pass_ratio(target, prompt: list[int], batch: int, repeats: int, clock) -> float:

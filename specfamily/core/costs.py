@@ -116,10 +116,10 @@ def max_positions(target: Target) -> int | None:
 
 def monotone_curve(curve: dict[int, float]) -> dict[int, float]:
     """The least-squares fit of ``curve`` (t(g + 1) / t(1) by g) that never falls as g grows (isotonic regression). A
-    pass over more tokens does no less work, but medians of a few timed passes are noisy: one measurement here read
-    1.28 at g = 1 and 1.10 at g = 2 (docs/batching.md, session 42), which told a policy that two draft tokens cost less
-    than one; pooled, both read 1.17. g = 0 keeps its 1, and no g > 0 is fitted below it (clipping an isotonic fit
-    at a bound is the bounded fit)."""
+    pass over more tokens does no less work, but medians of a few timed passes are noisy: one measurement here read 1.28
+    at g = 1 and 1.10 at g = 2 (docs/batching.md, session 42), which told a policy that two draft tokens cost less
+    than one; pooled with 1.13 at g = 3, all three read 1.17. g = 0 keeps its 1, and no g > 0 is fitted below it
+    (clipping an isotonic fit at a bound is the bounded fit)."""
     from scipy.optimize import isotonic_regression
 
     sizes = sorted(g for g in curve if g > 0)

@@ -182,8 +182,8 @@ def test_the_floor_verdict_tells_a_measured_loss_from_one_the_rounds_cannot_tell
 
 def test_a_sampled_sweep_samples_every_method_and_leaves_the_texts_uncompared(sweep_module, monkeypatch):
     """--temperature: generate_batch gets the sweep's sampling for plain and every drafter, transformers' generate
-    samples too (without its model's default top-k and top-p), and a drafter's text, one draw of the target's law,
-    is not held against plain decoding's; a bad temperature is refused before the target loads."""
+    samples too (every warp given, off ones too, else transformers fills in top-k 50), and a drafter's text, one draw of
+    the target's law, is not held against plain decoding's; a bad temperature is refused before the target loads."""
     loads = []
     monkeypatch.setattr(sweep_module.sf, "load_target",
                         lambda *a, **k: loads.append(1) or tiny_target("llama", vocab_size=64))
@@ -205,7 +205,7 @@ def test_a_sampled_sweep_samples_every_method_and_leaves_the_texts_uncompared(sw
     assert seen == [sampled] * 6 and hf == [sampled] * 2  # warm-up and timed round: plain and two drafters, and hf
     assert result.sampling == {"temperature": 1.5, "top_k": 0, "top_p": 0.9}
     assert all(r.mismatched == 0 and r.tokens == 12 for r in result.rows)  # 2 requests of 6 tokens (no EOS here)
-    assert sweep_module.hf_sampling(sampled) == {"do_sample": True, "temperature": 1.5, "top_k": None, "top_p": 0.9}
+    assert sweep_module.hf_sampling(sampled) == {"do_sample": True, "temperature": 1.5, "top_k": 0, "top_p": 0.9}
     assert sweep_module.hf_sampling(None) == {"do_sample": False}
     with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0, got -1.0"):
         sweep_module.sweep(sweep_module.parse_args([*args, "--temperature", "-1"]))
