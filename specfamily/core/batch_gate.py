@@ -135,6 +135,19 @@ class LoadGate:
         if closed:  # a probe: the back-off grows while drafting keeps losing
             window.losing = window.losing + 1 if self.closed(window) else 0
 
+    def describe(self) -> str:
+        """Its verdict at every batch size it measured, for results (a drafter it closes drafts only in probes and
+        would otherwise read as a drafter that found nothing)."""
+        parts = []
+        for batch, window in sorted(self.windows.items()):
+            plain, drafted = GateWindow.rate(window.plain), GateWindow.rate(window.drafted)
+            if plain is None or drafted is None:
+                parts.append(f"B={batch} measuring")
+                continue
+            verdict = f"closed, probes every {self.interval(window)} passes" if self.closed(window) else "open"
+            parts.append(f"B={batch} {verdict} (drafted passes {drafted:.3g} tokens/s, plain {plain:.3g})")
+        return "load gate: " + ("; ".join(parts) or "nothing measured")
+
     def closed(self, window: GateWindow) -> bool:
         """Whether ``window``'s drafted passes, both kinds measured, do not beat its plain ones by ``min_gain``."""
         return self.beats(window) is False

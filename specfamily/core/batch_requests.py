@@ -48,7 +48,7 @@ class Request:
 class BatchRequests:
     """Admission and retirement for the batched loop: its methods read the loop's ``target``, ``device``, ``batch``,
     ``live``, ``results``, ``prototype``, ``copier``, ``spare``, ``sampling``, ``seed``, ``clock``, ``origin``,
-    ``trace`` and ``load``, and ``_alpha`` (:class:`~specfamily.core.batch_plan.BatchPlanning`)."""
+    ``trace``, ``load`` and ``gate``, and ``_alpha`` (:class:`~specfamily.core.batch_plan.BatchPlanning`)."""
 
     def _admit(self, index: int, ids: torch.Tensor, arrival: float) -> None:
         slot = len(self.live)
@@ -105,11 +105,13 @@ class BatchRequests:
 
     def _note(self, request: Request) -> str:
         """What planned this request's drafts: the batch's length policy (the slot's own policy only lent it its
-        acceptance estimate) or, without one, the slot's own policy."""
+        acceptance estimate) or, without one, the slot's own policy, with the load gate's verdicts for a drafter it
+        gates (one it closed drafts only in probes: the note says so)."""
         if request.drafter is None:
             return ""
         if self.load is None:
-            return policy_hooks(request.drafter.policy).describe()
+            own = policy_hooks(request.drafter.policy).describe()
+            return "; ".join(filter(None, [own, self.gate.describe() if self.gate is not None else ""]))
         alpha = ", ".join(f"{a:.2f}" for a in self._alpha(request)[:4])
         return (f"{self.load.describe()} (the batch's length policy decided every pass; this request's drafter "
                 f"proposed in {request.given} of the {request.asked} passes it was asked to, acceptance at depths 1-4 "

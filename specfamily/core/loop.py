@@ -49,14 +49,16 @@ def _check_request(drafter: Drafter | None, max_new_tokens: int, sampling: Sampl
 def _propose(drafter: Drafter | None, ctx: DecodeContext, remaining: int, empty: Draft,
              gate: LoadGate | None = None, steady: bool = True) -> Draft:
     """The drafter's proposal, with gamma capped so no pass drafts past the token budget (``empty`` otherwise), and,
-    for a drafter at lengths of its own (``gate``: lookahead's, merge's), drafted only where its drafted passes beat
-    its plain ones at batch 1, as the batched loop gates it at every batch size (``batch_gate``); a pass that prefills
-    the prompt (not ``steady``) drafts only where the gate is open."""
+    for a drafter at lengths of its own whose policy weighs no costs (``gate``: lookahead's at its defaults), drafted
+    only where its drafted passes beat its plain ones at batch 1, as the batched loop gates it at every batch size
+    (``batch_gate``); a pass that prefills the prompt (not ``steady``) drafts only where the gate is open."""
     if drafter is None:
         return empty
     gamma = min(drafter.policy.next_gamma(), remaining - 1)
-    if gate is not None:
-        gamma = gate.lengths([gamma])[0] if steady else gamma if gate.opens(1) else 0
+    if gate is not None and steady:
+        gamma = gate.lengths([gamma])[0]
+    elif gate is not None and not gate.opens(1):
+        gamma = 0
     return drafter.propose(ctx, gamma) if gamma > 0 else empty
 
 
@@ -147,7 +149,8 @@ def generate(
         if own is not None:
             own.end()
     lossy = bool(drafter is not None and drafter.lossy)
-    note = policy.describe() if policy is not None else ""
+    note = "; ".join(filter(None, [policy.describe() if policy is not None else "",
+                                    gate.describe() if gate is not None else ""]))
     metrics = recorder.finish(len(new_tokens), clock() - started, lossy=lossy, policy_note=note)
     metrics, passes = tracer.finish(metrics)
     return GenerationResult(new_tokens, metrics, lossy, passes)

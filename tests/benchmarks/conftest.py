@@ -12,14 +12,12 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def forget_benchmarks() -> list[str]:
-    """Drop every module imported from ``benchmarks/`` (a script and the siblings it imports: common, pairs, ...);
-    their names, sorted."""
-    names = sorted(name for name, module in list(sys.modules.items())
-                   if getattr(module, "__file__", None) and Path(module.__file__).resolve().parent == BENCHMARKS)
+def forget_benchmarks() -> None:
+    """Drop every module imported from ``benchmarks/`` (a script and the siblings it imports: common, pairs, ...)."""
+    names = [name for name, module in list(sys.modules.items())
+             if getattr(module, "__file__", None) and Path(module.__file__).resolve().parent == BENCHMARKS]
     for name in names:
         sys.modules.pop(name, None)
-    return names
 
 
 @pytest.fixture

@@ -149,10 +149,11 @@ def test_a_pass_that_asked_for_drafts_is_a_drafted_pass_whatever_came_back(monke
     (recorded as neither, nothing ever measured the drafted side and every pass kept asking)."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     seen = []
-    priced_run(monkeypatch, lambda batch, rows: 1.0 + 0.01 * rows, lambda t: Fruitless(t), [0.0] * 4, seen,
-               max_batch=4, max_new_tokens=40, target=target)
+    results, _ = priced_run(monkeypatch, lambda batch, rows: 1.0 + 0.01 * rows, lambda t: Fruitless(t), [0.0] * 4,
+                            seen, max_batch=4, max_new_tokens=40, target=target)
     gate = kept_gate(target, Fruitless())
     assert len(gate.windows[4].drafted) >= 1 and gate.closed(gate.windows[4])
+    assert "load gate: B=4 closed, probes every " in results[-1].metrics.policy_note  # said in the batched results too
 
 
 class OneSlotOracle(Costly):
@@ -220,9 +221,9 @@ def test_a_batch_that_grows_and_shrinks_does_not_explore_each_size_where_drafts_
     assert gate.closed(gate.windows[1]) and not gate.windows[4].drafted and not gate.windows[3].drafted
 
 
-def batch_one_run(monkeypatch, cost, drafter, target, prompt, max_new_tokens=40) -> list[tuple[bool, int]]:
+def batch_one_run(monkeypatch, cost, drafter, target, prompt, max_new_tokens=40, notes=None) -> list[tuple[bool, int]]:
     """``sf.generate`` on a fake clock where a target pass over n fed rows costs ``cost(n)`` seconds: (steady, draft
-    length) of every pass; the text is greedy's."""
+    length) of every pass, the result's policy note appended to ``notes``; the text is greedy's."""
     clock, seen = FakeClock(), []
     monkeypatch.setattr(loop, "device_clock", lambda device: clock.now)
     monkeypatch.setattr(loop, "_planning_clock", lambda device: None)  # the pass's cost read on the fake clock too
@@ -238,6 +239,8 @@ def batch_one_run(monkeypatch, cost, drafter, target, prompt, max_new_tokens=40)
     result = sf.generate(target, drafter, prompt, max_new_tokens=max_new_tokens)
     monkeypatch.undo()
     assert result.tokens == sf.generate(target, None, prompt, max_new_tokens=max_new_tokens).tokens
+    if notes is not None:
+        notes.append(result.metrics.policy_note)
     return seen
 
 
@@ -247,17 +250,20 @@ def test_at_batch_one_drafts_that_cost_more_than_they_commit_stop_and_are_probed
     of its rows, so a drafted pass commits 5 tokens for 25 plain passes' seconds. A plain pass is measured first,
     then a drafted one, and after that only probes draft; at nearly free rows nearly every pass drafts."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
-    seen = batch_one_run(monkeypatch, lambda rows: rows * rows, Costly(target), target, [5, 9, 2])
+    notes = []
+    seen = batch_one_run(monkeypatch, lambda rows: rows * rows, Costly(target), target, [5, 9, 2], notes=notes)
     steady = [fed for is_steady, fed in seen if is_steady]
     assert seen[0] == (False, 0)  # the prompt's pass: nothing measured at batch 1, no draft beside it
     assert steady[:2] == [0, 4] and len(steady) >= 30 and sum(fed > 0 for fed in steady) <= 3
     gate = kept_gate(target, Costly())
     assert gate.closed(gate.windows[1]) and set(gate.windows) == {1}
+    assert notes[-1].startswith("load gate: B=1 closed, probes every ")  # a default that switched itself off says so
     target.batch_realized.clear()
     seen = batch_one_run(monkeypatch, lambda rows: 1.0 + 0.01 * rows, Costly(target), target, [5, 9, 2])
     steady = [fed for is_steady, fed in seen if is_steady]
     assert sum(fed > 0 for fed in steady) >= len(steady) - 2  # a plain pass first (and a refresh), the rest drafted
-    again = batch_one_run(monkeypatch, lambda rows: 1.0 + 0.01 * rows, Costly(target), target, [7, 1, 3])
+    again = batch_one_run(monkeypatch, lambda rows: 1.0 + 0.01 * rows, Costly(target), target, [7, 1, 3], notes=notes)
+    assert notes[-1].startswith("load gate: B=1 open (drafted passes ")
     assert again[0][1] > 0  # open at batch 1 now: the next request's prompt pass drafts too
 
 
@@ -265,6 +271,7 @@ def test_at_batch_one_a_drafter_the_loop_plans_or_a_user_fixed_is_not_gated(monk
     """A length a user chose (gamma given) drafts on every pass however dear its rows; no gate is kept for it."""
     target = tiny_target("llama", vocab_size=64, spread=1.0, dtype=torch.float32)
     fixed = OracleDrafter(target, gamma=4)
-    seen = batch_one_run(monkeypatch, lambda rows: rows * rows, fixed, target, [5, 9, 2])
-    assert all(fed > 0 for is_steady, fed in seen[1:-1])
+    notes = []
+    seen = batch_one_run(monkeypatch, lambda rows: rows * rows, fixed, target, [5, 9, 2], notes=notes)
+    assert all(fed > 0 for _, fed in seen[1:-1]) and "load gate" not in notes[0]
     assert [kind for kind, _ in target.batch_realized] == ["policy"]  # its policy, continued by the next of its class
